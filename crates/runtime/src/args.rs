@@ -1,0 +1,58 @@
+use std::{net::SocketAddr, path::PathBuf};
+
+/// The arguments every service shares. Services flatten this into their own `Args`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RuntimeArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    #[command(flatten)]
+    pub grpc: GrpcArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// How long shutdown waits for in-flight work and streams to finish before giving up
+    #[arg(long, env = "SWITCHYARD_DRAIN_TIMEOUT", default_value = "30s")]
+    pub drain_timeout: humantime::Duration,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct AdminArgs {
+    /// Address of the admin HTTP server (/livez, /readyz, /metrics)
+    #[arg(long, env = "SWITCHYARD_ADMIN_ADDR", default_value = "0.0.0.0:9990")]
+    pub admin_addr: SocketAddr,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct GrpcArgs {
+    /// Address of the gRPC server
+    #[arg(long, env = "SWITCHYARD_GRPC_ADDR", default_value = "0.0.0.0:8443")]
+    pub grpc_addr: SocketAddr,
+    /// PEM certificate chain served by the gRPC server; enables TLS
+    #[arg(long, env = "SWITCHYARD_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of --grpc-tls-cert
+    #[arg(long, env = "SWITCHYARD_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// PEM CA bundle that client certificates must chain to; enables mutual TLS
+    #[arg(
+        long,
+        env = "SWITCHYARD_GRPC_TLS_CLIENT_CA",
+        requires = "grpc_tls_cert"
+    )]
+    pub grpc_tls_client_ca: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct LogArgs {
+    /// Log filter in tracing's EnvFilter syntax, for example "info,switchyard_queue=debug"
+    #[arg(long, env = "SWITCHYARD_LOG", default_value = "info")]
+    pub log_level: String,
+    /// Log line format
+    #[arg(long, env = "SWITCHYARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
+}

@@ -1,0 +1,197 @@
+//! The shell every Switchyard service runs in.
+//!
+//! ```text
+//!  main.rs ── Args::parse ──► Runtime::start ──► telemetry (fmt + optional OTLP)
+//!                                │              admin port: /livez /readyz /metrics
+//!                                │              signal watcher (SIGTERM/SIGINT)
+//!                                ├─ serve_grpc(routes)    health + reflection (+ mTLS)
+//!                                ├─ spawn(name, |drain| task)
+//!                                └─ run() ── first signal: not ready, drain every task and
+//!                                            stream (bounded); second signal: abort
+//! ```
+
+mod admin;
+mod args;
+mod grpc;
+mod kube_client;
+mod metrics;
+mod shutdown;
+mod telemetry;
+
+use std::{future::Future, net::SocketAddr, time::Duration};
+
+use tokio::net::TcpListener;
+use tracing::{Instrument, info, info_span, warn};
+
+pub use admin::{Gate, Readiness};
+pub use args::{AdminArgs, GrpcArgs, LogArgs, LogFormat, RuntimeArgs};
+pub use grpc::GrpcServer;
+pub use kube_client::{KubeArgs, KubeError, await_apiserver};
+pub use metrics::Metrics;
+pub use shutdown::{Drain, ShutdownHandle};
+
+/// Errors of the runtime shell.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to bind the {what} address {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("failed to set up telemetry: {0}")]
+    Telemetry(String),
+    #[error("failed to read {what} from {path}: {source}")]
+    ReadTls {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid gRPC server configuration: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("failed to build the reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("tasks still running after the drain timeout of {0:?}")]
+    DrainTimeout(Duration),
+    #[error("aborted by a second shutdown signal")]
+    Aborted,
+    #[error("failed to install the signal handler: {0}")]
+    Signal(std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A running service: its telemetry, admin port, readiness and shutdown.
+#[derive(Debug)]
+pub struct Runtime {
+    service: &'static str,
+    grpc: GrpcArgs,
+    drain_timeout: Duration,
+    readiness: Readiness,
+    metrics: Metrics,
+    shutdown: shutdown::Shutdown,
+    admin_addr: SocketAddr,
+    admin_task: tokio::task::JoinHandle<()>,
+    startup: Gate,
+    _telemetry: telemetry::Guard,
+}
+
+impl Runtime {
+    /// Sets up telemetry, binds and serves the admin port and starts listening for signals.
+    pub async fn start(service: &'static str, args: RuntimeArgs) -> Result<Self> {
+        let RuntimeArgs {
+            admin,
+            grpc,
+            log,
+            drain_timeout,
+        } = args;
+        let telemetry = telemetry::init(service, &log)?;
+        let metrics = Metrics::new(service);
+        let readiness = Readiness::default();
+        // Closed until run(): services register their own gates before that.
+        let startup = readiness.gate("startup");
+        let shutdown = shutdown::Shutdown::new()?;
+
+        let listener = TcpListener::bind(admin.admin_addr)
+            .await
+            .map_err(|source| Error::Bind {
+                what: "admin",
+                addr: admin.admin_addr,
+                source,
+            })?;
+        let admin_addr = listener.local_addr().map_err(|source| Error::Bind {
+            what: "admin",
+            addr: admin.admin_addr,
+            source,
+        })?;
+        let admin_task = tokio::spawn(
+            admin::serve(listener, readiness.clone(), metrics.clone())
+                .instrument(info_span!("admin", addr = %admin_addr)),
+        );
+        info!(%admin_addr, version = env!("CARGO_PKG_VERSION"), "starting");
+
+        Ok(Self {
+            service,
+            grpc,
+            drain_timeout: drain_timeout.into(),
+            readiness,
+            metrics,
+            shutdown,
+            admin_addr,
+            admin_task,
+            startup,
+            _telemetry: telemetry,
+        })
+    }
+
+    pub fn service(&self) -> &'static str {
+        self.service
+    }
+
+    /// The bound admin address (useful when the configured port was 0).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// A handle that triggers the same graceful shutdown as SIGTERM.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.handle()
+    }
+
+    /// Spawns a long-lived task that is given a drain handle; shutdown waits for it.
+    pub fn spawn<F, Fut>(&self, name: &'static str, task: F)
+    where
+        F: FnOnce(Drain) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let fut = task(self.shutdown.drain());
+        self.shutdown
+            .tracker()
+            .spawn(fut.instrument(info_span!("task", name)));
+    }
+
+    /// Binds the gRPC port and serves `server`'s routes plus health and reflection until
+    /// shutdown. Returns the bound address.
+    pub async fn serve_grpc(&self, server: GrpcServer) -> Result<SocketAddr> {
+        let gate = self.readiness.gate("grpc");
+        let (addr, serve) = server.bind(&self.grpc, self.shutdown.drain()).await?;
+        self.shutdown
+            .tracker()
+            .spawn(serve.instrument(info_span!("grpc", %addr)));
+        gate.ready();
+        Ok(addr)
+    }
+
+    /// Waits for a shutdown signal (or [`ShutdownHandle::trigger`]), then turns not-ready,
+    /// drains every task and stream within the drain timeout and stops the admin port.
+    /// A second signal aborts the drain.
+    pub async fn run(self) -> Result<()> {
+        let Self {
+            drain_timeout,
+            readiness,
+            mut shutdown,
+            admin_task,
+            startup,
+            ..
+        } = self;
+        startup.ready();
+        let signal = shutdown.signaled().await;
+        info!(%signal, "shutting down");
+        readiness.shutting_down();
+        let result = shutdown.drain_all(drain_timeout).await;
+        admin_task.abort();
+        match &result {
+            Ok(()) => info!("stopped"),
+            Err(error) => warn!(%error, "stopped without a clean drain"),
+        }
+        result
+    }
+}

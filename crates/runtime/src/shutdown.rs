@@ -1,0 +1,126 @@
+//! One shutdown path: the first SIGTERM/SIGINT (or a [`ShutdownHandle`]) cancels the drain
+//! token every task holds; the runtime then waits, bounded, for every tracked task. A second
+//! signal aborts the wait.
+
+use std::time::Duration;
+
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{Error, Result};
+
+/// Given to every long-lived task and server stream; resolves when shutdown begins.
+#[derive(Clone, Debug)]
+pub struct Drain(CancellationToken);
+
+impl Drain {
+    /// Resolves once shutdown has begun.
+    pub async fn signaled(self) {
+        self.0.cancelled_owned().await
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.0.is_cancelled()
+    }
+}
+
+/// Starts a graceful shutdown from code (tests, fatal errors in a task).
+#[derive(Clone, Debug)]
+pub struct ShutdownHandle(CancellationToken);
+
+impl ShutdownHandle {
+    pub fn trigger(&self) {
+        self.0.cancel();
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Shutdown {
+    drain: CancellationToken,
+    requested: CancellationToken,
+    tracker: TaskTracker,
+    sigterm: Signal,
+    sigint: Signal,
+}
+
+impl Shutdown {
+    pub(crate) fn new() -> Result<Self> {
+        Ok(Self {
+            drain: CancellationToken::new(),
+            requested: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            sigterm: signal(SignalKind::terminate()).map_err(Error::Signal)?,
+            sigint: signal(SignalKind::interrupt()).map_err(Error::Signal)?,
+        })
+    }
+
+    pub(crate) fn drain(&self) -> Drain {
+        Drain(self.drain.clone())
+    }
+
+    pub(crate) fn handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.requested.clone())
+    }
+
+    pub(crate) fn tracker(&self) -> &TaskTracker {
+        &self.tracker
+    }
+
+    /// Waits for the first signal or a triggered handle; names what it was.
+    pub(crate) async fn signaled(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.sigterm.recv() => "SIGTERM",
+            _ = self.sigint.recv() => "SIGINT",
+            _ = self.requested.cancelled() => "requested",
+        }
+    }
+
+    /// Cancels the drain token and waits for every tracked task, at most `timeout`.
+    pub(crate) async fn drain_all(&mut self, timeout: Duration) -> Result<()> {
+        self.drain.cancel();
+        self.tracker.close();
+        tokio::select! {
+            _ = self.tracker.wait() => Ok(()),
+            _ = tokio::time::sleep(timeout) => Err(Error::DrainTimeout(timeout)),
+            _ = self.sigterm.recv() => Err(Error::Aborted),
+            _ = self.sigint.recv() => Err(Error::Aborted),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_waits_for_tasks_that_observe_the_token() {
+        let mut shutdown = Shutdown::new().expect("signal handlers");
+        let drain = shutdown.drain();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        shutdown.tracker().spawn(async move {
+            drain.signaled().await;
+            // Finishing in-flight work takes a while after the signal.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let _ = tx.send(());
+        });
+        shutdown.handle().trigger();
+        assert_eq!(shutdown.signaled().await, "requested");
+        shutdown
+            .drain_all(Duration::from_secs(10))
+            .await
+            .expect("drains in time");
+        rx.await
+            .expect("task finished its work before drain returned");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drain_gives_up_after_the_timeout() {
+        let mut shutdown = Shutdown::new().expect("signal handlers");
+        shutdown.tracker().spawn(std::future::pending::<()>());
+        let err = shutdown
+            .drain_all(Duration::from_secs(3))
+            .await
+            .expect_err("a stuck task times out");
+        assert!(matches!(err, Error::DrainTimeout(d) if d == Duration::from_secs(3)));
+    }
+}

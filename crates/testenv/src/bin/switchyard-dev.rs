@@ -1,0 +1,287 @@
+//! `switchyard-dev`: the local control plane for people.
+//!
+//! - `up`: start etcd, kube-apiserver, kube-scheduler and kwok and keep them running
+//!   (`--detach` returns once the cluster is ready; `make cluster-up`);
+//! - `down`: stop a detached cluster (`make cluster-down`);
+//! - `run`: start a control plane and every Switchyard service against it, show them ready,
+//!   and stop everything on Ctrl-C (`make run`).
+
+use std::{
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use switchyard_testenv::{Binaries, ControlPlane, ControlPlaneOptions, ServiceProcess};
+use tokio::signal::unix::{SignalKind, signal};
+
+const SERVICES: [&str; 4] = [
+    "switchyard-watcher",
+    "switchyard-queue",
+    "switchyard-reconciler",
+    "switchyard-elector",
+];
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "switchyard-dev",
+    about = "A local Kubernetes control plane for Switchyard"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Start a control plane and keep it running until SIGTERM or Ctrl-C
+    Up {
+        /// Directory for certificates, data, logs and the kubeconfig
+        #[arg(long, env = "SWITCHYARD_CLUSTER_DIR", default_value_os_t = default_dir())]
+        dir: PathBuf,
+        /// Number of fake kwok Nodes
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Run in the background and return once the control plane is ready
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Stop a control plane started with `up --detach`
+    Down {
+        /// The directory given to `up`
+        #[arg(long, env = "SWITCHYARD_CLUSTER_DIR", default_value_os_t = default_dir())]
+        dir: PathBuf,
+    },
+    /// Start a control plane and every Switchyard service against it
+    Run {
+        /// Where the service binaries are (default: beside this binary)
+        #[arg(long)]
+        services_dir: Option<PathBuf>,
+        /// Exit as soon as everything is ready (a smoke test)
+        #[arg(long)]
+        exit_when_ready: bool,
+    },
+}
+
+fn default_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("switchyard/cluster")
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SWITCHYARD_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Args::parse().command {
+        Cmd::Up {
+            dir,
+            nodes,
+            detach: true,
+        } => up_detached(&dir, nodes).await,
+        Cmd::Up { dir, nodes, .. } => up(&dir, nodes).await,
+        Cmd::Down { dir } => down(&dir).await,
+        Cmd::Run {
+            services_dir,
+            exit_when_ready,
+        } => run(services_dir, exit_when_ready).await,
+    }
+}
+
+async fn up(dir: &Path, nodes: usize) -> anyhow::Result<()> {
+    if let Some(pid) = running_pid(dir) {
+        bail!(
+            "a control plane is already running from {} (pid {pid}); stop it with `make cluster-down`",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(dir)?;
+    let _ = std::fs::remove_file(dir.join("ready"));
+    std::fs::write(dir.join("pid"), std::process::id().to_string())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let plane = ControlPlane::start(ControlPlaneOptions {
+        nodes,
+        dir: Some(dir.to_owned()),
+    })
+    .await
+    .context("starting the control plane")?;
+    std::fs::write(dir.join("ready"), plane.server())?;
+    println!("control plane ready: {}", plane.server());
+    println!("kubeconfig: {}", plane.kubeconfig().display());
+    tokio::select! {
+        _ = sigterm.recv() => {}
+        _ = sigint.recv() => {}
+    }
+    println!("stopping the control plane");
+    plane.stop();
+    let _ = std::fs::remove_file(dir.join("ready"));
+    let _ = std::fs::remove_file(dir.join("pid"));
+    Ok(())
+}
+
+async fn up_detached(dir: &Path, nodes: usize) -> anyhow::Result<()> {
+    if let Some(pid) = running_pid(dir) {
+        bail!(
+            "a control plane is already running from {} (pid {pid}); stop it with `make cluster-down`",
+            dir.display()
+        );
+    }
+    // Build (or find) the binaries here, where the person sees the progress.
+    let binaries = Binaries::locate()?;
+    std::fs::create_dir_all(dir)?;
+    let _ = std::fs::remove_file(dir.join("ready"));
+    let log_path = dir.join("switchyard-dev.log");
+    let log = std::fs::File::create(&log_path)?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["up", "--nodes", &nodes.to_string(), "--dir"])
+        .arg(dir)
+        .env("SWITCHYARD_TESTENV_BIN", binaries.dir())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting the background control plane")?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !dir.join("ready").exists() {
+        if let Some(status) = child.try_wait()? {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            bail!(
+                "the control plane exited ({status}); {}:\n{log}",
+                log_path.display()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the control plane was not ready after 300 s; see {}",
+                log_path.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "control plane ready (pid {}, log {})",
+        child.id(),
+        log_path.display()
+    );
+    println!("kubeconfig: {}", dir.join("kubeconfig").display());
+    println!(
+        "try: kubectl --kubeconfig {} get nodes",
+        dir.join("kubeconfig").display()
+    );
+    Ok(())
+}
+
+async fn down(dir: &Path) -> anyhow::Result<()> {
+    let Some(pid) = running_pid(dir) else {
+        println!("no control plane running from {}", dir.display());
+        return Ok(());
+    };
+    signal_pid(pid, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while alive(pid) {
+        if Instant::now() > deadline {
+            signal_pid(pid, libc::SIGKILL);
+            bail!("the control plane (pid {pid}) did not stop within 60 s; killed it");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = std::fs::remove_file(dir.join("pid"));
+    println!("control plane stopped");
+    Ok(())
+}
+
+async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Result<()> {
+    let services_dir = match services_dir {
+        Some(dir) => dir,
+        None => std::env::current_exe()?
+            .parent()
+            .context("the binary has no directory")?
+            .to_owned(),
+    };
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let plane = ControlPlane::start(ControlPlaneOptions::default())
+        .await
+        .context("starting the control plane")?;
+    println!("control plane ready: {}", plane.server());
+    println!("kubeconfig: {}", plane.kubeconfig().display());
+
+    let kubeconfig = plane.kubeconfig().display().to_string();
+    let mut running = Vec::new();
+    for service in SERVICES {
+        let program = services_dir.join(service);
+        anyhow::ensure!(
+            program.exists(),
+            "{} is missing; build it with `cargo build --bins`",
+            program.display()
+        );
+        let mut process = ServiceProcess::start(&program, &[], &[("KUBECONFIG", &kubeconfig)])
+            .await
+            .with_context(|| format!("starting {service}"))?;
+        process
+            .wait_ready()
+            .await
+            .with_context(|| format!("{service} did not become ready:\n{}", process.log()))?;
+        println!(
+            "{service:<22} ready   admin http://{}  grpc {}",
+            process.admin_addr(),
+            process.grpc_addr()
+        );
+        running.push((service, process));
+    }
+    if !exit_when_ready {
+        println!("everything is ready; Ctrl-C stops it");
+        tokio::select! {
+            _ = sigterm.recv() => {}
+            _ = sigint.recv() => {}
+        }
+    }
+    let mut clean = true;
+    while let Some((service, process)) = running.pop() {
+        let (status, log) = process.terminate().await?;
+        println!("{service:<22} stopped ({status})");
+        if !status.success() {
+            clean = false;
+            eprintln!("{log}");
+        }
+    }
+    plane.stop();
+    anyhow::ensure!(clean, "a service did not stop cleanly");
+    Ok(())
+}
+
+/// The pid recorded by `up` in `dir`, if that process is still alive.
+fn running_pid(dir: &Path) -> Option<libc::pid_t> {
+    let pid = std::fs::read_to_string(dir.join("pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    alive(pid).then_some(pid)
+}
+
+#[allow(unsafe_code)]
+fn alive(pid: libc::pid_t) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+#[allow(unsafe_code)]
+fn signal_pid(pid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}

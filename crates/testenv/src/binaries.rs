@@ -1,0 +1,81 @@
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use crate::{Error, Result};
+
+/// The control-plane binaries, built from their Go modules by `scripts/testenv.sh`.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    dir: PathBuf,
+}
+
+impl Binaries {
+    /// `$SWITCHYARD_TESTENV_BIN` when set (as `make` sets it); otherwise runs
+    /// `scripts/testenv.sh build`, which builds whatever is missing and prints the directory.
+    pub fn locate() -> Result<Self> {
+        if let Some(dir) = std::env::var_os("SWITCHYARD_TESTENV_BIN") {
+            let binaries = Self { dir: dir.into() };
+            binaries.check()?;
+            return Ok(binaries);
+        }
+        let script = workspace_root().join("scripts/testenv.sh");
+        let output = Command::new(&script)
+            .arg("build")
+            .output()
+            .map_err(|e| Error::Build(format!("failed to run {}: {e}", script.display())))?;
+        if !output.status.success() {
+            return Err(Error::Build(format!(
+                "{} build failed:\n{}",
+                script.display(),
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        let dir = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        let binaries = Self { dir: dir.into() };
+        binaries.check()?;
+        Ok(binaries)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The kwok Stage definitions (node initialize and heartbeat, pod ready/complete/delete).
+    pub fn kwok_stages(&self) -> PathBuf {
+        self.dir.join("kwok-stages.yaml")
+    }
+
+    fn check(&self) -> Result<()> {
+        let needed = [
+            "etcd",
+            "kube-apiserver",
+            "kube-scheduler",
+            "kube-controller-manager",
+            "kubectl",
+            "kwok",
+            "kwok-stages.yaml",
+        ];
+        match needed.iter().find(|b| !self.dir.join(b).exists()) {
+            Some(missing) => Err(Error::Build(format!(
+                "{missing} is missing from {}; run `scripts/testenv.sh build`",
+                self.dir.display()
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The workspace root, found from this crate's manifest directory.
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}

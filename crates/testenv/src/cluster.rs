@@ -1,0 +1,530 @@
+use std::{
+    path::{Path, PathBuf},
+    sync::{Mutex, OnceLock, PoisonError},
+    time::Duration,
+};
+
+use switchyard_k8s::{
+    Api, Client, Config, Node, PostParams, await_condition,
+    k8s_openapi::api::core::v1::ServiceAccount, kube,
+};
+use tracing::info;
+
+use crate::{
+    Binaries, Error, Result, kubeconfig,
+    pki::Pki,
+    ports::free_port,
+    process::{ManagedProcess, start_on_free_ports, wait_healthy},
+};
+
+/// How long each component gets to become healthy. Generous: on 2 busy cores a cold
+/// kube-apiserver takes 10-20 s to serve /readyz.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// The annotation kwok selects the Nodes it plays the kubelet for.
+const KWOK_NODE_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+/// Service and pod address ranges; both fake, never dialed.
+const SERVICE_CIDR: &str = "10.0.0.0/24";
+const POD_CIDR: &str = "10.244.0.0/16";
+
+#[derive(Clone, Debug)]
+pub struct ControlPlaneOptions {
+    /// Number of fake kwok Nodes.
+    pub nodes: usize,
+    /// Directory for certificates, data and logs; a fresh temporary one when `None`.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for ControlPlaneOptions {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            dir: None,
+        }
+    }
+}
+
+/// etcd, kube-apiserver, kube-scheduler and kwok with fake Nodes, on loopback.
+#[derive(Debug)]
+pub struct ControlPlane {
+    binaries: Binaries,
+    dir: PathBuf,
+    temp: Mutex<Option<tempfile::TempDir>>,
+    pki: Pki,
+    server: String,
+    kubeconfig: PathBuf,
+    nodes: Vec<String>,
+    /// In start order; stopped in reverse.
+    processes: Mutex<Vec<ManagedProcess>>,
+}
+
+/// A kube-controller-manager running the chosen controllers; stopped on drop.
+#[derive(Debug)]
+pub struct ControllerManager {
+    process: ManagedProcess,
+}
+
+impl ControllerManager {
+    pub fn log(&self) -> &Path {
+        self.process.log()
+    }
+}
+
+impl ControlPlane {
+    /// The control plane shared by every test of this test binary, started on first use and
+    /// stopped when the process exits. Give each test its own namespace ([`crate::TestNamespace`]).
+    pub fn shared() -> Result<&'static ControlPlane> {
+        static SHARED: OnceLock<std::result::Result<ControlPlane, String>> = OnceLock::new();
+        extern "C" fn stop_shared() {
+            if let Some(Ok(plane)) = SHARED.get() {
+                plane.stop();
+            }
+        }
+        let shared = SHARED.get_or_init(|| {
+            // Tests call this from inside their own runtimes, so start on a fresh thread.
+            let started = std::thread::spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                runtime
+                    .block_on(ControlPlane::start(ControlPlaneOptions::default()))
+                    .map_err(|e| e.to_string())
+            })
+            .join()
+            .unwrap_or_else(|_| Err("control plane start panicked".to_owned()));
+            if started.is_ok() {
+                register_at_exit(stop_shared);
+            }
+            started
+        });
+        shared.as_ref().map_err(|e| Error::Setup(e.clone()))
+    }
+
+    /// Starts a new control plane and waits until every component is healthy and every
+    /// Node is Ready.
+    pub async fn start(options: ControlPlaneOptions) -> Result<Self> {
+        let ControlPlaneOptions { nodes, dir } = options;
+        let binaries = Binaries::locate()?;
+        let (dir, temp) = match dir {
+            Some(dir) => {
+                std::fs::create_dir_all(&dir)?;
+                (dir, None)
+            }
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("switchyard-testenv-")
+                    .tempdir()?;
+                (temp.path().to_owned(), Some(temp))
+            }
+        };
+        let pki = Pki::generate(&dir)?;
+        let mut processes = Vec::new();
+
+        let (etcd, etcd_url) = start_etcd(&binaries, &dir).await?;
+        processes.push(etcd);
+        let (apiserver, server) = start_apiserver(&binaries, &dir, &pki, &etcd_url).await?;
+        processes.push(apiserver);
+        let kubeconfig = dir.join("kubeconfig");
+        kubeconfig::write(&kubeconfig, &server, &pki)?;
+
+        let plane = Self {
+            binaries,
+            dir,
+            temp: Mutex::new(temp),
+            pki,
+            server,
+            kubeconfig,
+            nodes: (0..nodes).map(|i| format!("kwok-node-{i}")).collect(),
+            processes: Mutex::new(processes),
+        };
+        let client = plane.client().await?;
+        // Without kube-controller-manager nothing creates the `default` ServiceAccount that
+        // ServiceAccount admission requires before a Pod can be created.
+        create_default_service_account(&client, "default").await?;
+
+        let scheduler = start_scheduler(&plane).await?;
+        plane.push(scheduler);
+        let kwok = start_kwok(&plane).await?;
+        plane.push(kwok);
+        plane.create_nodes(&client).await?;
+        info!(server = %plane.server, kubeconfig = %plane.kubeconfig.display(), "control plane ready");
+        Ok(plane)
+    }
+
+    /// The apiserver URL, `https://127.0.0.1:<port>`.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// An admin kubeconfig (client certificate in group system:masters).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn binaries(&self) -> &Binaries {
+        &self.binaries
+    }
+
+    /// Names of the fake Nodes kwok keeps Ready.
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// A new admin client. Create one per test: a client is bound to the runtime it was
+    /// created on.
+    pub async fn client(&self) -> Result<Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
+            .map_err(|e| Error::Setup(format!("failed to read the harness kubeconfig: {e}")))?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .map_err(|e| Error::Setup(format!("invalid harness kubeconfig: {e}")))?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// A `kubectl` command already pointed at this control plane.
+    pub fn kubectl(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(self.binaries.path("kubectl"));
+        command.arg("--kubeconfig").arg(&self.kubeconfig);
+        command
+    }
+
+    /// Starts kube-controller-manager with only `controllers` enabled (for example
+    /// `["replicaset", "horizontalpodautoscaling"]`); `extra_args` are appended as given.
+    pub async fn start_controller_manager(
+        &self,
+        controllers: &[&str],
+        extra_args: &[&str],
+    ) -> Result<ControllerManager> {
+        let process = start_on_free_ports("kube-controller-manager", || async {
+            let port = free_port()?;
+            let mut args = vec![
+                format!("--kubeconfig={}", self.kubeconfig.display()),
+                format!("--authentication-kubeconfig={}", self.kubeconfig.display()),
+                format!("--authorization-kubeconfig={}", self.kubeconfig.display()),
+                "--leader-elect=false".to_owned(),
+                "--bind-address=127.0.0.1".to_owned(),
+                format!("--secure-port={port}"),
+                format!("--controllers={}", controllers.join(",")),
+                format!(
+                    "--service-account-private-key-file={}",
+                    self.pki.service_account_key.display()
+                ),
+                format!("--root-ca-file={}", self.pki.ca_cert.display()),
+                "--use-service-account-credentials=true".to_owned(),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            ];
+            args.extend(extra_args.iter().map(|a| (*a).to_owned()));
+            let mut process = ManagedProcess::spawn(
+                "kube-controller-manager",
+                &self.binaries.path("kube-controller-manager"),
+                &args,
+                &[],
+                &self.dir.join("kube-controller-manager.log"),
+            )?;
+            let http = insecure_http()?;
+            let url = format!("https://127.0.0.1:{port}/healthz");
+            wait_healthy(&mut process, START_TIMEOUT, || http_ok(&http, &url)).await?;
+            Ok(process)
+        })
+        .await?;
+        Ok(ControllerManager { process })
+    }
+
+    /// Stops every process (newest first) and removes a temporary directory. Idempotent.
+    pub fn stop(&self) {
+        let mut processes = std::mem::take(
+            &mut *self
+                .processes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        while let Some(mut process) = processes.pop() {
+            process.stop(Duration::from_secs(10));
+        }
+        drop(
+            self.temp
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+    }
+
+    /// PIDs of the running processes, for tests that check nothing is left behind.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|p| (p.name().to_owned(), p.pid()))
+            .collect()
+    }
+
+    fn push(&self, process: ManagedProcess) {
+        self.processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(process);
+    }
+
+    async fn create_nodes(&self, client: &Client) -> Result<()> {
+        let api: Api<Node> = Api::all(client.clone());
+        for name in &self.nodes {
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {
+                        KWOK_NODE_ANNOTATION.0: KWOK_NODE_ANNOTATION.1,
+                        "node.alpha.kubernetes.io/ttl": "0",
+                    },
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "type": "kwok",
+                    },
+                },
+                "status": {
+                    "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "250"},
+                    "capacity": {"cpu": "32", "memory": "256Gi", "pods": "250"},
+                },
+            }))
+            .map_err(|e| Error::Setup(format!("invalid node manifest: {e}")))?;
+            api.create(&PostParams::default(), &node).await?;
+        }
+        for name in &self.nodes {
+            tokio::time::timeout(
+                START_TIMEOUT,
+                await_condition(api.clone(), name, node_ready),
+            )
+            .await
+            .map_err(|_| {
+                Error::Setup(format!(
+                    "node {name} was not Ready after {} s; see {}",
+                    START_TIMEOUT.as_secs(),
+                    self.dir.join("kwok.log").display()
+                ))
+            })?
+            .map_err(|e| Error::Setup(format!("watching node {name}: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn node_ready(node: Option<&Node>) -> bool {
+    node.and_then(|n| n.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub(crate) async fn create_default_service_account(client: &Client, namespace: &str) -> Result<()> {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let sa = ServiceAccount {
+        metadata: switchyard_k8s::ObjectMeta {
+            name: Some("default".to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &sa).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn start_etcd(binaries: &Binaries, dir: &Path) -> Result<(ManagedProcess, String)> {
+    start_on_free_ports("etcd", || async {
+        let client = free_port()?;
+        let peer = free_port()?;
+        let client_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let data = dir.join("etcd-data");
+        let _ = std::fs::remove_dir_all(&data);
+        let args = vec![
+            "--name=switchyard-testenv".to_owned(),
+            format!("--data-dir={}", data.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=switchyard-testenv={peer_url}"),
+            // The listener for /metrics and /health stays on the client URL.
+            "--unsafe-no-fsync=true".to_owned(),
+            "--auto-compaction-retention=1".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        let mut process = ManagedProcess::spawn(
+            "etcd",
+            &binaries.path("etcd"),
+            &args,
+            &[],
+            &dir.join("etcd.log"),
+        )?;
+        let http = reqwest::Client::new();
+        let url = format!("{client_url}/health");
+        wait_healthy(&mut process, START_TIMEOUT, || http_ok(&http, &url)).await?;
+        Ok((process, client_url))
+    })
+    .await
+}
+
+async fn start_apiserver(
+    binaries: &Binaries,
+    dir: &Path,
+    pki: &Pki,
+    etcd_url: &str,
+) -> Result<(ManagedProcess, String)> {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.ca_cert)?)
+        .map_err(|e| Error::Setup(format!("invalid generated CA: {e}")))?;
+    let http = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .map_err(|e| Error::Setup(format!("failed to build an HTTP client: {e}")))?;
+    start_on_free_ports("kube-apiserver", || async {
+        let port = free_port()?;
+        let server = format!("https://127.0.0.1:{port}");
+        let p = |path: &Path| path.display().to_string();
+        let args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", p(&dir.join("apiserver-certs"))),
+            format!("--tls-cert-file={}", p(&pki.serving_cert)),
+            format!("--tls-private-key-file={}", p(&pki.serving_key)),
+            format!("--client-ca-file={}", p(&pki.ca_cert)),
+            "--authorization-mode=Node,RBAC".to_owned(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            // Endpoints may not hold loopback addresses, so the `kubernetes` Service endpoint
+            // reconciler would fail on 127.0.0.1.
+            "--endpoint-reconciler-type=none".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+            format!("--service-account-key-file={}", p(&pki.service_account_key)),
+            format!(
+                "--service-account-signing-key-file={}",
+                p(&pki.service_account_key)
+            ),
+            // The aggregation layer (external metrics for the HPA).
+            format!(
+                "--requestheader-client-ca-file={}",
+                p(&pki.front_proxy_ca_cert)
+            ),
+            "--requestheader-allowed-names=front-proxy-client".to_owned(),
+            "--requestheader-username-headers=X-Remote-User".to_owned(),
+            "--requestheader-group-headers=X-Remote-Group".to_owned(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_owned(),
+            format!(
+                "--proxy-client-cert-file={}",
+                p(&pki.front_proxy_client_cert)
+            ),
+            format!("--proxy-client-key-file={}", p(&pki.front_proxy_client_key)),
+        ];
+        let mut process = ManagedProcess::spawn(
+            "kube-apiserver",
+            &binaries.path("kube-apiserver"),
+            &args,
+            &[],
+            &dir.join("kube-apiserver.log"),
+        )?;
+        let url = format!("{server}/readyz");
+        wait_healthy(&mut process, START_TIMEOUT, || http_ok(&http, &url)).await?;
+        Ok((process, server))
+    })
+    .await
+}
+
+async fn start_scheduler(plane: &ControlPlane) -> Result<ManagedProcess> {
+    let http = insecure_http()?;
+    start_on_free_ports("kube-scheduler", || async {
+        let port = free_port()?;
+        let kubeconfig = plane.kubeconfig.display();
+        let args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--leader-elect=false".to_owned(),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+        ];
+        let mut process = ManagedProcess::spawn(
+            "kube-scheduler",
+            &plane.binaries.path("kube-scheduler"),
+            &args,
+            &[],
+            &plane.dir.join("kube-scheduler.log"),
+        )?;
+        let url = format!("https://127.0.0.1:{port}/healthz");
+        wait_healthy(&mut process, START_TIMEOUT, || http_ok(&http, &url)).await?;
+        Ok(process)
+    })
+    .await
+}
+
+async fn start_kwok(plane: &ControlPlane) -> Result<ManagedProcess> {
+    let http = reqwest::Client::new();
+    start_on_free_ports("kwok", || async {
+        let port = free_port()?;
+        let args = vec![
+            format!("--kubeconfig={}", plane.kubeconfig.display()),
+            format!("--config={}", plane.binaries.kwok_stages().display()),
+            format!(
+                "--manage-nodes-with-annotation-selector={}={}",
+                KWOK_NODE_ANNOTATION.0, KWOK_NODE_ANNOTATION.1
+            ),
+            // Node and pod addresses are never dialed; keep the node on loopback anyway.
+            "--node-ip=127.0.0.1".to_owned(),
+            format!("--cidr={POD_CIDR}"),
+            "--node-lease-duration-seconds=40".to_owned(),
+            format!("--server-address=127.0.0.1:{port}"),
+        ];
+        let mut process = ManagedProcess::spawn(
+            "kwok",
+            &plane.binaries.path("kwok"),
+            &args,
+            &[],
+            &plane.dir.join("kwok.log"),
+        )?;
+        let url = format!("http://127.0.0.1:{port}/healthz");
+        wait_healthy(&mut process, START_TIMEOUT, || http_ok(&http, &url)).await?;
+        Ok(process)
+    })
+    .await
+}
+
+/// For the health endpoints of kube-scheduler and kube-controller-manager, which serve a
+/// self-signed certificate they generate at start; loopback only.
+fn insecure_http() -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .map_err(|e| Error::Setup(format!("failed to build an HTTP client: {e}")))
+}
+
+async fn http_ok(http: &reqwest::Client, url: &str) -> bool {
+    http.get(url)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
+
+#[allow(unsafe_code)]
+fn register_at_exit(f: extern "C" fn()) {
+    // SAFETY: atexit only stores the function pointer; `f` does not unwind.
+    unsafe {
+        libc::atexit(f);
+    }
+}

@@ -1,0 +1,31 @@
+//! A real Kubernetes control plane on loopback, for tests and for people.
+//!
+//! ```text
+//!  scripts/testenv.sh build ─► ~/.cache/switchyard/testenv/bin/<versions>/  (built once)
+//!                                         │
+//!  ControlPlane::start ── pki (rcgen) ── etcd ── kube-apiserver ── kube-scheduler ── kwok
+//!                                                     │                               │
+//!                                      admin kubeconfig, fake Nodes  ◄── Ready ───────┘
+//!                        [start_controller_manager(controllers)] ── kube-controller-manager
+//! ```
+//!
+//! Every process listens on a free 127.0.0.1 port (a port taken between choosing and binding
+//! is retried with another), logs to a file in the cluster's directory, and dies with its
+//! parent: the harness stops it on drop, at process exit, and through `PR_SET_PDEATHSIG`
+//! when the test process is killed.
+
+mod binaries;
+mod cluster;
+mod error;
+mod kubeconfig;
+mod namespace;
+mod pki;
+mod ports;
+mod process;
+mod service;
+
+pub use binaries::Binaries;
+pub use cluster::{ControlPlane, ControlPlaneOptions, ControllerManager};
+pub use error::{Error, Result};
+pub use namespace::TestNamespace;
+pub use service::{ServiceProcess, assert_service_lifecycle, list_services};

@@ -1,0 +1,225 @@
+//! Runs a Switchyard service binary as a real process and checks what an operator relies on:
+//! health, readiness, metrics, gRPC health and reflection, and a clean SIGTERM shutdown.
+
+use std::{
+    net::SocketAddr,
+    path::Path,
+    process::ExitStatus,
+    time::{Duration, Instant},
+};
+
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+use tonic_reflection::pb::v1::{
+    ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+    server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+};
+
+use crate::{
+    Error, Result,
+    ports::free_port,
+    process::{ManagedProcess, start_on_free_ports, wait_healthy},
+};
+
+/// How long a service gets to become ready and to exit after SIGTERM.
+const SERVICE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug)]
+pub struct ServiceProcess {
+    process: ManagedProcess,
+    admin: SocketAddr,
+    grpc: SocketAddr,
+    http: reqwest::Client,
+    _logs: tempfile::TempDir,
+}
+
+impl ServiceProcess {
+    /// Starts `program` with its admin and gRPC ports on free loopback ports and waits until
+    /// `/livez` answers (not for readiness: see [`Self::wait_ready`]).
+    pub async fn start(program: &Path, args: &[&str], envs: &[(&str, &str)]) -> Result<Self> {
+        let name = program
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "service".to_owned());
+        let logs = tempfile::Builder::new()
+            .prefix("switchyard-service-")
+            .tempdir()?;
+        let http = reqwest::Client::new();
+        let (process, admin, grpc) = start_on_free_ports(&name, || async {
+            let admin: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+            let grpc: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+            let mut all_args = vec![
+                format!("--admin-addr={admin}"),
+                format!("--grpc-addr={grpc}"),
+            ];
+            all_args.extend(args.iter().map(|a| (*a).to_owned()));
+            let mut process = ManagedProcess::spawn(
+                &name,
+                program,
+                &all_args,
+                envs,
+                &logs.path().join(format!("{name}.log")),
+            )?;
+            let url = format!("http://{admin}/livez");
+            wait_healthy(&mut process, SERVICE_TIMEOUT, || async {
+                http.get(&url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            })
+            .await?;
+            Ok((process, admin, grpc))
+        })
+        .await?;
+        Ok(Self {
+            process,
+            admin,
+            grpc,
+            http,
+            _logs: logs,
+        })
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
+    }
+
+    /// Status code and body of an admin-port path.
+    pub async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        let response = self
+            .http
+            .get(format!("http://{}{path}", self.admin))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|e| Error::Setup(format!("GET {path}: {e}")))?;
+        let status = response.status().as_u16();
+        let body = response
+            .text()
+            .await
+            .map_err(|e| Error::Setup(format!("GET {path}: {e}")))?;
+        Ok((status, body))
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn wait_ready(&mut self) -> Result<()> {
+        let url = format!("http://{}/readyz", self.admin);
+        let http = self.http.clone();
+        wait_healthy(&mut self.process, SERVICE_TIMEOUT, || async {
+            http.get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+        .await
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.process.log()).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub async fn terminate(mut self) -> Result<(ExitStatus, String)> {
+        self.process.signal(libc::SIGTERM);
+        let deadline = Instant::now() + SERVICE_TIMEOUT;
+        loop {
+            if let Some(status) = self.process.exited() {
+                return Ok((status, self.log()));
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Setup(format!(
+                    "{} did not exit within {} s of SIGTERM; log:\n{}",
+                    self.process.name(),
+                    SERVICE_TIMEOUT.as_secs(),
+                    self.log()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The checks every service binary must pass: ready on `/readyz`, `/livez` ok, `/metrics`
+/// in the text format with the service's build info, the gRPC health service SERVING,
+/// reflection listing the health service, and exit 0 within the bound after SIGTERM.
+pub async fn assert_service_lifecycle(program: &Path, service: &str, envs: &[(&str, &str)]) {
+    let mut process = ServiceProcess::start(program, &[], envs)
+        .await
+        .unwrap_or_else(|e| panic!("{service} starts: {e}"));
+    process
+        .wait_ready()
+        .await
+        .unwrap_or_else(|e| panic!("{service} becomes ready: {e}\n{}", process.log()));
+
+    let (status, body) = process.admin_get("/livez").await.expect("GET /livez");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, metrics) = process.admin_get("/metrics").await.expect("GET /metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains(&format!("switchyard_build_info{{service=\"{service}\"")),
+        "metrics carry the build info of {service}:\n{metrics}"
+    );
+    assert!(
+        metrics.trim_end().ends_with("# EOF"),
+        "OpenMetrics text ends with # EOF"
+    );
+
+    let endpoint = format!("http://{}", process.grpc_addr());
+    let channel = tonic::transport::Endpoint::from_shared(endpoint)
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect to the gRPC port");
+    let health = HealthClient::new(channel.clone())
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health check");
+    assert_eq!(health.into_inner().status(), ServingStatus::Serving);
+    let services = list_services(channel).await;
+    assert!(
+        services.iter().any(|s| s == "grpc.health.v1.Health"),
+        "reflection lists the health service: {services:?}"
+    );
+
+    let (status, log) = process.terminate().await.expect("exits after SIGTERM");
+    assert!(
+        status.success(),
+        "{service} exits 0 after SIGTERM, got {status}:\n{log}"
+    );
+    assert!(
+        log.contains("shutting down") && log.contains("stopped"),
+        "{service} logs its drain:\n{log}"
+    );
+}
+
+/// The services a server's reflection lists.
+pub async fn list_services(channel: tonic::transport::Channel) -> Vec<String> {
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect("reflection stream")
+        .into_inner();
+    let response = responses
+        .message()
+        .await
+        .expect("reflection response")
+        .expect("one response");
+    match response.message_response {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            list.service.into_iter().map(|s| s.name).collect()
+        }
+        other => panic!("unexpected reflection response {other:?}"),
+    }
+}

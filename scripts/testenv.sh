@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Builds the real control plane Switchyard tests against, from published Go modules:
+# kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
+# etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok) and kustomize.
+#
+# Every product is cached under $SWITCHYARD_CACHE (default ~/.cache/switchyard/testenv),
+# keyed by its version and the Go version, and built only when its binaries are missing.
+#
+#   scripts/testenv.sh build     build what is missing, then print the bin directory
+#   scripts/testenv.sh bin-dir   print the bin directory (builds nothing)
+#   scripts/testenv.sh versions  print the pinned versions
+set -euo pipefail
+
+K8S_VERSION=1.35.4
+ETCD_VERSION=3.6.16
+KWOK_VERSION=0.8.0
+KUSTOMIZE_VERSION=5.8.2
+# kwok v0.8.0 and kustomize v5.8.2 declare `go 1.26.0`; the Kubernetes 1.35 and etcd 3.6
+# modules need 1.25. (kustomize v5.8.3 needs Go 1.27.)
+GO_MIN_MINOR=26
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+CACHE=${SWITCHYARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/testenv}
+
+die() { echo "testenv: $*" >&2; exit 1; }
+
+check_go() {
+  command -v go >/dev/null 2>&1 ||
+    die "go not found: Go 1.${GO_MIN_MINOR} or newer is needed to build the control plane (kwok v${KWOK_VERSION} requires it)"
+  local v; v=$(go env GOVERSION)            # e.g. go1.26.8
+  local minor; minor=$(echo "$v" | sed -n 's/^go1\.\([0-9]*\).*/\1/p')
+  [ -n "$minor" ] && [ "$minor" -ge "$GO_MIN_MINOR" ] ||
+    die "found $v, but Go 1.${GO_MIN_MINOR} or newer is needed to build the control plane (kwok v${KWOK_VERSION} requires it)"
+  GO_VERSION=$v
+}
+
+bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_${GO_VERSION}"; }
+product_dir() { echo "$CACHE/$1-v$2-${GO_VERSION}"; }
+
+# run_logged <product> <log> <cmd...>: run a build step, naming the log file if it fails.
+run_logged() {
+  local product=$1 log=$2; shift 2
+  if ! "$@" >>"$log" 2>&1; then
+    echo "testenv: building $product failed; see $log" >&2
+    tail -n 20 "$log" >&2
+    exit 1
+  fi
+}
+
+have_all() { local d=$1; shift; for b in "$@"; do [ -x "$d/bin/$b" ] || return 1; done; }
+
+build_kubernetes() {
+  local d; d=$(product_dir kubernetes "$K8S_VERSION")
+  have_all "$d" kube-apiserver kube-controller-manager kube-scheduler kubectl && return 0
+  local log="$d/build.log" src="$d/src"
+  mkdir -p "$src" "$d/bin"; : >"$log"
+  echo "testenv: building Kubernetes v$K8S_VERSION (cold: about 25 minutes on 2 cores; log: $log)" >&2
+  local start=$SECONDS
+  (
+    cd "$src"
+    rm -f go.mod go.sum
+    run_logged kubernetes "$log" go mod init switchyard.invalid/testenv/kubernetes
+    local gomod
+    gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+    [ -f "$gomod" ] || die "could not download k8s.io/kubernetes@v$K8S_VERSION (see the Go module proxy settings)"
+    run_logged kubernetes "$log" go mod edit -go="$(sed -n 's/^go //p' "$gomod")"
+    local godebug; godebug=$(sed -n 's/^godebug //p' "$gomod")
+    [ -z "$godebug" ] || run_logged kubernetes "$log" go mod edit -godebug="$godebug"
+    # Go ignores a dependency's replace lines, so map every staging module k/k replaces
+    # (derived from this version's own go.mod) to its published v0.x.y release.
+    local staging="0.${K8S_VERSION#1.}" m
+    for m in $(sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*|\1|p' "$gomod"); do
+      go mod edit -replace="$m=$m@v$staging"
+    done
+    run_logged kubernetes "$log" go get "k8s.io/kubernetes@v$K8S_VERSION"
+    local ldflags="-s -w" p minor; minor=$(echo "$K8S_VERSION" | cut -d. -f2)
+    for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+      ldflags="$ldflags -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+      ldflags="$ldflags -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+    done
+    run_logged kubernetes "$log" go build -trimpath -tags=selinux,notest -ldflags "$ldflags" -o "$d/bin/" \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  )
+  echo "testenv: built Kubernetes v$K8S_VERSION in $((SECONDS - start)) s" >&2
+}
+
+build_etcd() {
+  local d; d=$(product_dir etcd "$ETCD_VERSION")
+  have_all "$d" etcd etcdctl && return 0
+  local log="$d/build.log" src="$d/src"
+  mkdir -p "$src" "$d/bin"; : >"$log"
+  echo "testenv: building etcd v$ETCD_VERSION (log: $log)" >&2
+  local start=$SECONDS
+  (
+    cd "$src"
+    rm -f go.mod go.sum
+    run_logged etcd "$log" go mod init switchyard.invalid/testenv/etcd
+    # `go install go.etcd.io/etcd/server/v3@...` fails on the module's replace lines; its
+    # require block already pins the sibling modules, so a wrapper module builds it.
+    run_logged etcd "$log" go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" "go.etcd.io/etcd/etcdctl/v3@v$ETCD_VERSION"
+    run_logged etcd "$log" go build -trimpath -ldflags "-s -w" -o "$d/bin/etcd" go.etcd.io/etcd/server/v3
+    run_logged etcd "$log" go build -trimpath -ldflags "-s -w" -o "$d/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3
+  )
+  echo "testenv: built etcd v$ETCD_VERSION in $((SECONDS - start)) s" >&2
+}
+
+build_go_install() { # <product> <version> <binary> <package@version>
+  local d; d=$(product_dir "$1" "$2")
+  have_all "$d" "$3" && return 0
+  local log="$d/build.log"
+  mkdir -p "$d/bin"; : >"$log"
+  echo "testenv: building $1 v$2 (log: $log)" >&2
+  local start=$SECONDS
+  GOBIN="$d/bin" run_logged "$1" "$log" go install -trimpath -ldflags "-s -w" "$4"
+  echo "testenv: built $1 v$2 in $((SECONDS - start)) s" >&2
+}
+
+# kwok needs Stage objects to act as the kubelet; they ship inside its Go module.
+write_kwok_stages() {
+  local out=$1/kwok-stages.yaml
+  [ -s "$out" ] && return 0
+  local stages; stages="$(go env GOMODCACHE)/sigs.k8s.io/kwok@v$KWOK_VERSION/kustomize/stage"
+  [ -d "$stages" ] || (cd "$(product_dir kwok "$KWOK_VERSION")" && go mod download "sigs.k8s.io/kwok@v$KWOK_VERSION" >/dev/null 2>&1) || true
+  [ -d "$stages" ] || die "kwok stage definitions not found under $stages"
+  {
+    cat "$stages/node/fast/node-initialize.yaml"
+    echo "---"; cat "$stages/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml"
+    local f
+    for f in pod-ready pod-complete pod-delete; do echo "---"; cat "$stages/pod/fast/$f.yaml"; done
+  } >"$out.tmp"
+  mv "$out.tmp" "$out"
+}
+
+link_bin_dir() {
+  local bin; bin=$(bin_dir); mkdir -p "$bin"
+  local k e w z
+  k=$(product_dir kubernetes "$K8S_VERSION"); e=$(product_dir etcd "$ETCD_VERSION")
+  w=$(product_dir kwok "$KWOK_VERSION"); z=$(product_dir kustomize "$KUSTOMIZE_VERSION")
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do ln -sfn "$k/bin/$b" "$bin/$b"; done
+  ln -sfn "$e/bin/etcd" "$bin/etcd"; ln -sfn "$e/bin/etcdctl" "$bin/etcdctl"
+  ln -sfn "$w/bin/kwok" "$bin/kwok"; ln -sfn "$z/bin/kustomize" "$bin/kustomize"
+  write_kwok_stages "$bin"
+}
+
+cmd=${1:-build}
+case "$cmd" in
+  versions)
+    echo "kubernetes v$K8S_VERSION"; echo "etcd v$ETCD_VERSION"
+    echo "kwok v$KWOK_VERSION"; echo "kustomize v$KUSTOMIZE_VERSION" ;;
+  bin-dir)
+    check_go; bin_dir ;;
+  build)
+    check_go
+    mkdir -p "$CACHE"
+    # One build at a time per cache: `make test` and `make cluster-up` may race.
+    exec 9>"$CACHE/.lock"; flock 9
+    build_etcd
+    build_go_install kwok "$KWOK_VERSION" kwok "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
+    build_go_install kustomize "$KUSTOMIZE_VERSION" kustomize "sigs.k8s.io/kustomize/kustomize/v5@v$KUSTOMIZE_VERSION"
+    build_kubernetes
+    link_bin_dir
+    bin_dir ;;
+  *) die "unknown command '$cmd' (expected build, bin-dir or versions)" ;;
+esac
