@@ -117,6 +117,20 @@ impl ControlPlane {
                 (temp.path().to_owned(), Some(temp))
             }
         };
+        match Self::start_in(binaries, dir, nodes).await {
+            Ok(plane) => {
+                *plane.temp.lock().unwrap_or_else(PoisonError::into_inner) = temp;
+                Ok(plane)
+            }
+            Err(error) => {
+                // Keep the logs the error points at.
+                let _ = temp.map(tempfile::TempDir::keep);
+                Err(error)
+            }
+        }
+    }
+
+    async fn start_in(binaries: Binaries, dir: PathBuf, nodes: usize) -> Result<Self> {
         let pki = Pki::generate(&dir)?;
         let mut processes = Vec::new();
 
@@ -130,7 +144,7 @@ impl ControlPlane {
         let plane = Self {
             binaries,
             dir,
-            temp: Mutex::new(temp),
+            temp: Mutex::new(None),
             pki,
             server,
             kubeconfig,
@@ -411,8 +425,14 @@ async fn start_apiserver(
             // reconciler would fail on 127.0.0.1.
             "--endpoint-reconciler-type=none".to_owned(),
             "--allow-privileged=true".to_owned(),
+            // This plugin taints every new Node not-ready and leaves the untainting to
+            // kube-controller-manager's node-lifecycle controller, which does not run here.
+            "--disable-admission-plugins=TaintNodesByCondition".to_owned(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
-            format!("--service-account-key-file={}", p(&pki.service_account_key)),
+            format!(
+                "--service-account-key-file={}",
+                p(&pki.service_account_public_key)
+            ),
             format!(
                 "--service-account-signing-key-file={}",
                 p(&pki.service_account_key)

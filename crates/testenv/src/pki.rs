@@ -18,6 +18,7 @@ pub(crate) struct Pki {
     pub admin_cert: std::path::PathBuf,
     pub admin_key: std::path::PathBuf,
     pub service_account_key: std::path::PathBuf,
+    pub service_account_public_key: std::path::PathBuf,
     pub front_proxy_ca_cert: std::path::PathBuf,
     pub front_proxy_client_cert: std::path::PathBuf,
     pub front_proxy_client_key: std::path::PathBuf,
@@ -37,6 +38,7 @@ impl Pki {
             admin_cert: dir.join("admin.crt"),
             admin_key: dir.join("admin.key"),
             service_account_key: dir.join("sa.key"),
+            service_account_public_key: dir.join("sa.pub"),
             front_proxy_ca_cert: dir.join("front-proxy-ca.crt"),
             front_proxy_client_cert: dir.join("front-proxy-client.crt"),
             front_proxy_client_key: dir.join("front-proxy-client.key"),
@@ -84,10 +86,12 @@ impl Pki {
             &key,
         )?;
 
-        // ES256 service-account tokens; the apiserver reads the public key from the private one.
+        // ES256 service-account tokens: signed with the private key, verified with the public.
+        let service_account = KeyPair::generate()?;
+        fs::write(&pki.service_account_key, service_account.serialize_pem())?;
         fs::write(
-            &pki.service_account_key,
-            KeyPair::generate()?.serialize_pem(),
+            &pki.service_account_public_key,
+            service_account.public_key_pem(),
         )?;
         Ok(pki)
     }

@@ -1,0 +1,44 @@
+//! Helpers shared by the integration tests in this directory.
+
+use std::time::Duration;
+
+use switchyard_k8s::{Pod, await_condition, kube::Api};
+
+/// How long a test waits for the control plane to converge on something.
+pub const CONVERGE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Scheduled to a Node, phase Running and condition Ready=True.
+pub fn pod_running_and_ready(pod: Option<&Pod>) -> bool {
+    let Some(pod) = pod else { return false };
+    let scheduled = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    let status = pod.status.as_ref();
+    let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    scheduled && running && ready
+}
+
+/// Waits until the named Pod is Running and Ready; panics with the Pod's state otherwise.
+pub async fn await_pod_ready(api: &Api<Pod>, name: &str) -> Pod {
+    match tokio::time::timeout(
+        CONVERGE_TIMEOUT,
+        await_condition(api.clone(), name, pod_running_and_ready),
+    )
+    .await
+    {
+        Ok(Ok(Some(pod))) => pod,
+        other => {
+            let pod = api.get_opt(name).await.ok().flatten();
+            panic!("pod {name} did not become Running and Ready: {other:?}\nlast seen: {pod:?}")
+        }
+    }
+}
+
+/// A minimal Pod spec; kwok plays the kubelet, so the image is never pulled.
+pub fn pod_template(labels: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]},
+    })
+}
