@@ -2,7 +2,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::{
     encoding::text::encode,
-    metrics::{family::Family, gauge::Gauge},
+    metrics::{gauge::Gauge, info::Info},
     registry::{Registry, Unit},
 };
 
@@ -13,12 +13,10 @@ pub struct Metrics(Arc<Mutex<Registry>>);
 impl Metrics {
     pub(crate) fn new(service: &'static str) -> Self {
         let mut registry = Registry::default();
-        let info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
-        info.get_or_create(&vec![
+        let info = Info::new(vec![
             ("service", service),
             ("version", env!("CARGO_PKG_VERSION")),
-        ])
-        .set(1);
+        ]);
         registry.register(
             "switchyard_build",
             "Build information of this Switchyard service",
