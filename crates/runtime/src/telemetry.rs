@@ -6,6 +6,8 @@
 //! `OTEL_TRACES_EXPORTER` not `none`); the SDK itself reads `OTEL_SERVICE_NAME`,
 //! `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_TRACES_SAMPLER`.
 
+use std::io::IsTerminal;
+
 use opentelemetry::{KeyValue, trace::TracerProvider as _};
 use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
 use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
@@ -31,6 +33,7 @@ pub(crate) fn init(service: &'static str, log: &LogArgs) -> Result<Guard> {
         .map_err(|e| Error::Telemetry(format!("invalid --log-level {:?}: {e}", log.log_level)))?;
     let fmt = match log.log_format {
         LogFormat::Plain => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
