@@ -1,0 +1,52 @@
+# Switchyard. `make run` and `make test` are the two commands; see README.md.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+export GOTOOLCHAIN := local
+
+CARGO ?= cargo
+DEV := target/debug/switchyard-dev
+# The control-plane binaries, built from Go modules and cached outside the repo.
+TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
+
+.PHONY: help run test lint testenv build cluster-up cluster-down bench
+
+help:
+	@echo "make run           start a local control plane and every service against it"
+	@echo "make test          lint (fmt, clippy) and every test, against the real control plane"
+	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
+	@echo "make cluster-down  stop it"
+	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
+	@echo "make bench         run the benchmarks"
+
+testenv:
+	@scripts/testenv.sh build >/dev/null
+
+build:
+	$(CARGO) build --locked --workspace --bins
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+
+test: lint testenv
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) test --locked --workspace
+	$(CARGO) build --locked --workspace --bins
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run --exit-when-ready
+	scripts/check-no-orphans.sh
+
+run: testenv build
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run
+
+cluster-up: testenv
+	$(CARGO) build --locked -p switchyard-testenv --bin switchyard-dev
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) up --detach
+
+cluster-down:
+	$(CARGO) build --locked -p switchyard-testenv --bin switchyard-dev
+	$(DEV) down
+
+# Benchmarks arrive with the services that do real work; each prints
+# `bench <area>.<figure> <value> <unit>` lines.
+bench:
+	@echo "no benchmarks yet"
