@@ -31,7 +31,7 @@ lint:
 
 test: lint testenv
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) test --locked --workspace
-	$(CARGO) build --locked --workspace --bins
+	@# cargo test built every service binary and switchyard-dev (the integration tests run them).
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run --exit-when-ready
 	scripts/check-no-orphans.sh
 

@@ -1,0 +1,28 @@
+//! The work queue of one queue replica: client-go's work-queue promises, kept per controller
+//! key space across the virtual shards this replica owns, with leases and fencing epochs so
+//! that workers can live in other processes.
+//!
+//! ```text
+//!  add ──► [ready: normal | low] ──lease──► leased ──done/forget──► gone (or ready again if dirty)
+//!   │            ▲                            │  └──failed / lease expired──► delayed (backoff)
+//!   └─after d─► delayed ──due──┘              └──requeue after d──────────► delayed
+//! ```
+//!
+//! - A key is queued at most once: adds while ready coalesce (a live add upgrades a low-priority
+//!   one); an add while delayed keeps the **earliest** ready time; an add while leased marks the
+//!   key dirty and it is queued again when the lease ends.
+//! - A leased key is never leased again until its outcome arrives or its lease expires.
+//! - Every lease carries its shard's epoch and a lease id; an outcome with a stale epoch or an
+//!   unknown lease id is refused and counted, never applied.
+//!
+//! The core does no I/O and reads no clock: every call takes `now`, so tests drive time.
+
+mod backoff;
+mod queue;
+pub mod shard;
+
+pub use backoff::{Backoff, BackoffConfig};
+pub use queue::{
+    AddOutcome, ControllerId, Error, Lease, LeaseId, Outcome, Priority, Queue, QueueConfig,
+    Refused, Result, ShardStats, WorkKey,
+};

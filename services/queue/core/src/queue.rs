@@ -1,0 +1,786 @@
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap, VecDeque},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use crate::{Backoff, BackoffConfig, shard::shard_of};
+
+/// Kubernetes limits: a namespace is a DNS label, a name at most a DNS subdomain.
+pub const MAX_NAMESPACE_LEN: usize = 63;
+pub const MAX_NAME_LEN: usize = 253;
+/// Lease extensions longer than this are refused: a reconcile that needs more should extend
+/// again, so a dead worker's key is not held for hours.
+pub const MAX_LEASE_EXTENSION: Duration = Duration::from_secs(3600);
+
+pub type ControllerId = u32;
+pub type LeaseId = u64;
+pub type WorkerId = u64;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    #[error("unknown controller {0:?}")]
+    UnknownController(String),
+    #[error("shard {shard} is not served by this replica")]
+    NotOwner { shard: u32 },
+    #[error("the queue is full ({capacity} keys)")]
+    Full { capacity: usize },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why an outcome or extension was not applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("stale epoch: the shard is now at another epoch or not served here")]
+    StaleEpoch,
+    #[error("unknown lease: it expired, was released, or never existed")]
+    UnknownLease,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Initial list, resync.
+    Low = 0,
+    /// Live events.
+    Normal = 1,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Reconciled; forgets the key's failures.
+    Done,
+    /// Reconciled; look again after the delay (failures forgotten, as controller-runtime does).
+    RequeueAfter(Duration),
+    /// Retry with backoff.
+    Failed,
+    /// Drop the key's failures without requeueing.
+    Forget,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddOutcome {
+    /// The key was not queued before.
+    Added,
+    /// The key was already queued, delayed or leased; the add merged into it.
+    Coalesced,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueConfig {
+    /// Number of virtual shards, fixed per installation.
+    pub shard_count: u32,
+    /// How long a lease lasts unless extended or answered (the visibility timeout).
+    pub lease_timeout: Duration,
+    /// Keys held at most (queued, delayed or leased); adds of new keys beyond it get `Full`.
+    pub capacity: usize,
+    pub backoff: BackoffConfig,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            shard_count: 256,
+            lease_timeout: Duration::from_secs(60),
+            capacity: 1_000_000,
+            backoff: BackoffConfig::default(),
+        }
+    }
+}
+
+/// A work key as given by a caller.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WorkKey {
+    pub controller: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// A key handed to a worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub id: LeaseId,
+    pub controller: ControllerId,
+    /// `namespace/name`.
+    pub key: Arc<str>,
+    pub shard: u32,
+    pub epoch: u64,
+    /// 1 + failures not yet forgotten.
+    pub attempt: u32,
+    pub deadline: Instant,
+    /// How long the key waited ready before this lease.
+    pub waited: Duration,
+}
+
+/// Introspection figures of one controller's keys in one shard.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    pub controller: ControllerId,
+    pub shard: u32,
+    pub epoch: u64,
+    /// Keys waiting, ready or delayed.
+    pub depth: u64,
+    pub in_flight: u64,
+    /// Keys with failures not yet forgotten.
+    pub retrying: u64,
+    /// Age of the oldest ready key.
+    pub oldest_ready: Duration,
+}
+
+/// Running totals, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub adds: u64,
+    pub retries: u64,
+    pub lease_expirations: u64,
+    pub refused_stale_epoch: u64,
+    pub refused_unknown_lease: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ShardState {
+    Active(u64),
+    /// Handing over: no adds, no new leases; outcomes of in-flight leases still count.
+    Draining(u64),
+}
+
+impl ShardState {
+    fn epoch(self) -> u64 {
+        match self {
+            Self::Active(e) | Self::Draining(e) => e,
+        }
+    }
+}
+
+/// When a key should be ready again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Due {
+    Now(Priority),
+    At(Instant),
+}
+
+impl Due {
+    /// The earlier of two; among two ready-now, the higher priority.
+    fn merge(self, other: Option<Due>) -> Due {
+        match (self, other) {
+            (d, None) => d,
+            (Due::Now(a), Some(Due::Now(b))) => Due::Now(a.max(b)),
+            (Due::Now(p), Some(Due::At(_))) | (Due::At(_), Some(Due::Now(p))) => Due::Now(p),
+            (Due::At(a), Some(Due::At(b))) => Due::At(a.min(b)),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    Ready(Priority),
+    Delayed(Instant),
+    Leased { pending: Option<Due> },
+}
+
+#[derive(Debug)]
+struct Entry {
+    shard: u32,
+    state: State,
+    failures: u32,
+    /// When the key last became ready.
+    ready_since: Instant,
+    /// Bumped on every reschedule; queue and heap items with an older value are stale.
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct ControllerQueue {
+    entries: HashMap<Arc<str>, Entry>,
+    /// Indexed by `Priority as usize`; items carry the entry's `seq` when pushed.
+    ready: [VecDeque<(Arc<str>, u64)>; 2],
+}
+
+#[derive(Debug)]
+struct LeaseInfo {
+    controller: ControllerId,
+    key: Arc<str>,
+    shard: u32,
+    worker: WorkerId,
+    deadline: Instant,
+    leased_at: Instant,
+}
+
+/// The queue of one replica: every registered controller's keys in every shard it serves.
+#[derive(Debug)]
+pub struct Queue {
+    config: QueueConfig,
+    backoff: Backoff,
+    names: Vec<Arc<str>>,
+    by_name: HashMap<Arc<str>, ControllerId>,
+    controllers: Vec<ControllerQueue>,
+    shards: HashMap<u32, ShardState>,
+    leases: HashMap<LeaseId, LeaseInfo>,
+    lease_deadlines: BinaryHeap<Reverse<(Instant, LeaseId)>>,
+    delayed: BinaryHeap<Reverse<(Instant, u64, ControllerId, Arc<str>)>>,
+    len: usize,
+    next_seq: u64,
+    next_lease: LeaseId,
+    cursor: usize,
+    totals: Totals,
+}
+
+impl Queue {
+    pub fn new(config: QueueConfig, controllers: &[&str]) -> Self {
+        let names: Vec<Arc<str>> = controllers.iter().map(|c| Arc::from(*c)).collect();
+        Self {
+            backoff: Backoff::new(config.backoff.clone()),
+            config,
+            by_name: names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.clone(), i as ControllerId))
+                .collect(),
+            controllers: names
+                .iter()
+                .map(|_| ControllerQueue {
+                    entries: HashMap::new(),
+                    ready: [VecDeque::new(), VecDeque::new()],
+                })
+                .collect(),
+            names,
+            shards: HashMap::new(),
+            leases: HashMap::new(),
+            lease_deadlines: BinaryHeap::new(),
+            delayed: BinaryHeap::new(),
+            len: 0,
+            next_seq: 0,
+            next_lease: 1,
+            cursor: 0,
+            totals: Totals::default(),
+        }
+    }
+
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    pub fn controller_id(&self, name: &str) -> Option<ControllerId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn controller_name(&self, id: ControllerId) -> &str {
+        &self.names[id as usize]
+    }
+
+    pub fn controller_names(&self) -> &[Arc<str>] {
+        &self.names
+    }
+
+    pub fn totals(&self) -> &Totals {
+        &self.totals
+    }
+
+    /// Keys held: queued, delayed or leased.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// The shard of `key` and the epoch this replica serves it at, if it does.
+    pub fn shard_epoch(&self, shard: u32) -> Option<u64> {
+        match self.shards.get(&shard) {
+            Some(ShardState::Active(e)) => Some(*e),
+            _ => None,
+        }
+    }
+
+    /// Checks a key and returns its controller and shard, or names the bad field.
+    pub fn validate(&self, key: &WorkKey) -> Result<(ControllerId, u32)> {
+        let controller = self
+            .controller_id(&key.controller)
+            .ok_or_else(|| Error::UnknownController(key.controller.clone()))?;
+        if key.namespace.len() > MAX_NAMESPACE_LEN {
+            return Err(invalid(
+                "key.namespace",
+                format!("{} characters, at most {MAX_NAMESPACE_LEN}", key.namespace.len()),
+            ));
+        }
+        if key.namespace.contains('/') {
+            return Err(invalid("key.namespace", "must not contain '/'".into()));
+        }
+        if key.name.is_empty() {
+            return Err(invalid("key.name", "must not be empty".into()));
+        }
+        if key.name.len() > MAX_NAME_LEN {
+            return Err(invalid(
+                "key.name",
+                format!("{} characters, at most {MAX_NAME_LEN}", key.name.len()),
+            ));
+        }
+        if key.name.contains('/') {
+            return Err(invalid("key.name", "must not contain '/'".into()));
+        }
+        let shard = shard_of(
+            &key.controller,
+            &key.namespace,
+            &key.name,
+            self.config.shard_count,
+        );
+        Ok((controller, shard))
+    }
+
+    // ---- ownership -------------------------------------------------------------------
+
+    /// Starts serving `shard` at `epoch`, empty (recovery is level-triggered: the watcher
+    /// resyncs the shard). A different epoch than the one held discards what was held.
+    pub fn acquire(&mut self, shard: u32, epoch: u64) {
+        if self.shards.get(&shard) == Some(&ShardState::Active(epoch)) {
+            return;
+        }
+        self.discard_shard(shard);
+        self.shards.insert(shard, ShardState::Active(epoch));
+    }
+
+    /// Stops leasing `shard` and drops its waiting keys; in-flight leases may still report.
+    pub fn drain(&mut self, shard: u32) {
+        if let Some(state) = self.shards.get(&shard).copied() {
+            self.shards
+                .insert(shard, ShardState::Draining(state.epoch()));
+            self.drop_waiting(shard);
+        }
+    }
+
+    /// Leases still in flight in `shard`.
+    pub fn shard_in_flight(&self, shard: u32) -> usize {
+        self.leases.values().filter(|l| l.shard == shard).count()
+    }
+
+    /// Forgets `shard` entirely; later outcomes for it are refused as stale.
+    pub fn release(&mut self, shard: u32) {
+        self.discard_shard(shard);
+    }
+
+    pub fn owned_shards(&self) -> Vec<(u32, u64)> {
+        let mut shards: Vec<_> = self
+            .shards
+            .iter()
+            .filter_map(|(s, st)| match st {
+                ShardState::Active(e) => Some((*s, *e)),
+                ShardState::Draining(_) => None,
+            })
+            .collect();
+        shards.sort_unstable();
+        shards
+    }
+
+    // ---- adds ------------------------------------------------------------------------
+
+    /// Adds a key, ready now or after `delay`.
+    pub fn add(
+        &mut self,
+        key: &WorkKey,
+        priority: Priority,
+        delay: Duration,
+        now: Instant,
+    ) -> Result<AddOutcome> {
+        let (controller, shard) = self.validate(key)?;
+        if self.shard_epoch(shard).is_none() {
+            return Err(Error::NotOwner { shard });
+        }
+        let due = if delay.is_zero() {
+            Due::Now(priority)
+        } else {
+            Due::At(now + delay)
+        };
+        let joined: String = format!("{}/{}", key.namespace, key.name);
+        let queue = &mut self.controllers[controller as usize];
+        let Some(entry) = queue.entries.get_mut(joined.as_str()) else {
+            if self.len >= self.config.capacity {
+                return Err(Error::Full {
+                    capacity: self.config.capacity,
+                });
+            }
+            let key: Arc<str> = Arc::from(joined);
+            queue.entries.insert(
+                key.clone(),
+                Entry {
+                    shard,
+                    state: State::Ready(priority),
+                    failures: 0,
+                    ready_since: now,
+                    seq: 0,
+                },
+            );
+            self.len += 1;
+            self.totals.adds += 1;
+            self.schedule(controller, key, due, now);
+            return Ok(AddOutcome::Added);
+        };
+        let reschedule = match entry.state {
+            State::Ready(current) => matches!(due, Due::Now(p) if p > current),
+            State::Delayed(at) => match due {
+                Due::Now(_) => true,
+                Due::At(new) => new < at,
+            },
+            State::Leased { ref mut pending } => {
+                if pending.is_none() {
+                    self.totals.adds += 1;
+                }
+                *pending = Some(due.merge(*pending));
+                false
+            }
+        };
+        if reschedule {
+            let key = queue
+                .entries
+                .get_key_value(joined.as_str())
+                .map(|(k, _)| k.clone())
+                .expect("entry exists");
+            self.schedule(controller, key, due, now);
+        }
+        Ok(AddOutcome::Coalesced)
+    }
+
+    // ---- leases ----------------------------------------------------------------------
+
+    /// Applies the passage of time: expires leases and makes due keys ready. Returns the
+    /// number of leases that expired.
+    pub fn advance(&mut self, now: Instant) -> usize {
+        let mut expired = 0;
+        while let Some(Reverse((deadline, id))) = self.lease_deadlines.peek().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.lease_deadlines.pop();
+            if self.leases.get(&id).is_some_and(|l| l.deadline == deadline) {
+                expired += 1;
+                self.totals.lease_expirations += 1;
+                self.finish(id, Finish::Retry, now);
+            }
+        }
+        while let Some(Reverse((at, seq, controller, _))) = self.delayed.peek() {
+            if *at > now {
+                break;
+            }
+            let (at, seq, controller) = (*at, *seq, *controller);
+            let Some(Reverse((_, _, _, key))) = self.delayed.pop() else {
+                break;
+            };
+            let queue = &mut self.controllers[controller as usize];
+            if let Some(entry) = queue.entries.get(&key)
+                && entry.seq == seq
+                && matches!(entry.state, State::Delayed(a) if a == at)
+            {
+                self.schedule(controller, key, Due::Now(Priority::Normal), now);
+            }
+        }
+        expired
+    }
+
+    /// When `advance` next has something to do.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        let lease = self.lease_deadlines.peek().map(|Reverse((d, _))| *d);
+        let delayed = self.delayed.peek().map(|Reverse((at, ..))| *at);
+        match (lease, delayed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Leases the next ready key to `worker`: live keys before low-priority ones, controllers
+    /// in turn. `controllers` restricts the choice (empty: any). Call `advance` first.
+    pub fn lease(
+        &mut self,
+        worker: WorkerId,
+        controllers: &[ControllerId],
+        now: Instant,
+    ) -> Option<Lease> {
+        let count = self.controllers.len();
+        for priority in [Priority::Normal, Priority::Low] {
+            for step in 0..count {
+                let controller = ((self.cursor + step) % count) as ControllerId;
+                if !controllers.is_empty() && !controllers.contains(&controller) {
+                    continue;
+                }
+                if let Some(lease) = self.lease_from(controller, priority, worker, now) {
+                    self.cursor = (controller as usize + 1) % count;
+                    return Some(lease);
+                }
+            }
+        }
+        None
+    }
+
+    fn lease_from(
+        &mut self,
+        controller: ControllerId,
+        priority: Priority,
+        worker: WorkerId,
+        now: Instant,
+    ) -> Option<Lease> {
+        let queue = &mut self.controllers[controller as usize];
+        while let Some((key, seq)) = queue.ready[priority as usize].pop_front() {
+            let Some(entry) = queue.entries.get_mut(&key) else {
+                continue;
+            };
+            if entry.seq != seq || !matches!(entry.state, State::Ready(p) if p == priority) {
+                continue;
+            }
+            let Some(ShardState::Active(epoch)) = self.shards.get(&entry.shard).copied() else {
+                continue;
+            };
+            let id = self.next_lease;
+            self.next_lease += 1;
+            let deadline = now + self.config.lease_timeout;
+            entry.state = State::Leased { pending: None };
+            let lease = Lease {
+                id,
+                controller,
+                key: key.clone(),
+                shard: entry.shard,
+                epoch,
+                attempt: entry.failures.saturating_add(1),
+                deadline,
+                waited: now.saturating_duration_since(entry.ready_since),
+            };
+            self.leases.insert(
+                id,
+                LeaseInfo {
+                    controller,
+                    key,
+                    shard: entry.shard,
+                    worker,
+                    deadline,
+                    leased_at: now,
+                },
+            );
+            self.lease_deadlines.push(Reverse((deadline, id)));
+            return Some(lease);
+        }
+        None
+    }
+
+    /// Applies a worker's outcome. Returns how long the key was leased.
+    pub fn complete(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        lease: LeaseId,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Result<Duration, Refused> {
+        let info = self.check_lease(shard, epoch, lease)?;
+        let worked = now.saturating_duration_since(info.leased_at);
+        let finish = match outcome {
+            Outcome::Done | Outcome::Forget => Finish::Forget(None),
+            Outcome::RequeueAfter(d) => Finish::Forget(Some(now + d)),
+            Outcome::Failed => Finish::Retry,
+        };
+        if outcome == Outcome::Failed {
+            self.totals.retries += 1;
+        }
+        self.finish(lease, finish, now);
+        Ok(worked)
+    }
+
+    /// Extends a lease to `now + by`. Returns the new deadline.
+    pub fn extend(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        lease: LeaseId,
+        by: Duration,
+        now: Instant,
+    ) -> Result<Instant, Refused> {
+        self.check_lease(shard, epoch, lease)?;
+        let deadline = now + by.min(MAX_LEASE_EXTENSION);
+        if let Some(info) = self.leases.get_mut(&lease) {
+            info.deadline = deadline;
+        }
+        self.lease_deadlines.push(Reverse((deadline, lease)));
+        Ok(deadline)
+    }
+
+    /// Returns every lease of `worker` to the queue at once (its stream closed cleanly).
+    pub fn release_worker(&mut self, worker: WorkerId, now: Instant) -> usize {
+        let ids: Vec<LeaseId> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.worker == worker)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            self.finish(*id, Finish::Return, now);
+        }
+        ids.len()
+    }
+
+    /// Leases held by `worker`.
+    pub fn worker_leases(&self, worker: WorkerId) -> usize {
+        self.leases.values().filter(|l| l.worker == worker).count()
+    }
+
+    fn check_lease(&mut self, shard: u32, epoch: u64, lease: LeaseId) -> Result<&LeaseInfo, Refused> {
+        if self.shards.get(&shard).map(|s| s.epoch()) != Some(epoch) {
+            self.totals.refused_stale_epoch += 1;
+            return Err(Refused::StaleEpoch);
+        }
+        match self.leases.get(&lease) {
+            Some(info) if info.shard == shard => Ok(info),
+            _ => {
+                self.totals.refused_unknown_lease += 1;
+                Err(Refused::UnknownLease)
+            }
+        }
+    }
+
+    /// Ends a lease and reschedules its key (or drops it).
+    fn finish(&mut self, lease: LeaseId, how: Finish, now: Instant) {
+        let Some(info) = self.leases.remove(&lease) else {
+            return;
+        };
+        let draining = matches!(self.shards.get(&info.shard), Some(ShardState::Draining(_)));
+        let queue = &mut self.controllers[info.controller as usize];
+        let Some(entry) = queue.entries.get_mut(&info.key) else {
+            return;
+        };
+        let State::Leased { pending, .. } = entry.state else {
+            return;
+        };
+        let next = match how {
+            Finish::Forget(after) => {
+                entry.failures = 0;
+                after.map(Due::At).map_or(pending, |d| Some(d.merge(pending)))
+            }
+            Finish::Retry => {
+                entry.failures = entry.failures.saturating_add(1);
+                let delay = self.backoff.delay(entry.failures, now);
+                Some(Due::At(now + delay).merge(pending))
+            }
+            Finish::Return => Some(Due::Now(Priority::Normal).merge(pending)),
+        };
+        match next {
+            // A draining shard keeps nothing waiting: its next owner resyncs it.
+            Some(due) if !draining => self.schedule(info.controller, info.key, due, now),
+            _ => {
+                queue.entries.remove(&info.key);
+                self.len -= 1;
+            }
+        }
+    }
+
+    /// Puts an existing entry in the ready queue or the delayed heap.
+    fn schedule(&mut self, controller: ControllerId, key: Arc<str>, due: Due, now: Instant) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let queue = &mut self.controllers[controller as usize];
+        let Some(entry) = queue.entries.get_mut(&key) else {
+            return;
+        };
+        entry.seq = seq;
+        match due {
+            Due::Now(priority) => {
+                if !matches!(entry.state, State::Ready(_)) {
+                    entry.ready_since = now;
+                }
+                entry.state = State::Ready(priority);
+                queue.ready[priority as usize].push_back((key, seq));
+            }
+            Due::At(at) if at <= now => {
+                self.schedule(controller, key, Due::Now(Priority::Normal), now)
+            }
+            Due::At(at) => {
+                entry.state = State::Delayed(at);
+                self.delayed.push(Reverse((at, seq, controller, key)));
+            }
+        }
+    }
+
+    fn discard_shard(&mut self, shard: u32) {
+        self.shards.remove(&shard);
+        self.leases.retain(|_, l| l.shard != shard);
+        for queue in &mut self.controllers {
+            let before = queue.entries.len();
+            queue.entries.retain(|_, e| e.shard != shard);
+            self.len -= before - queue.entries.len();
+        }
+    }
+
+    fn drop_waiting(&mut self, shard: u32) {
+        for queue in &mut self.controllers {
+            let before = queue.entries.len();
+            queue
+                .entries
+                .retain(|_, e| e.shard != shard || matches!(e.state, State::Leased { .. }));
+            self.len -= before - queue.entries.len();
+        }
+    }
+
+    // ---- introspection ---------------------------------------------------------------
+
+    /// Figures per controller and served shard (every served shard, even when empty).
+    pub fn stats(&self, now: Instant) -> Vec<ShardStats> {
+        let mut stats: HashMap<(ControllerId, u32), ShardStats> = HashMap::new();
+        for (&shard, state) in &self.shards {
+            for controller in 0..self.controllers.len() as ControllerId {
+                stats.insert(
+                    (controller, shard),
+                    ShardStats {
+                        controller,
+                        shard,
+                        epoch: state.epoch(),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+        for (controller, queue) in self.controllers.iter().enumerate() {
+            for entry in queue.entries.values() {
+                let Some(s) = stats.get_mut(&(controller as ControllerId, entry.shard)) else {
+                    continue;
+                };
+                match entry.state {
+                    State::Ready(_) => {
+                        s.depth += 1;
+                        s.oldest_ready = s
+                            .oldest_ready
+                            .max(now.saturating_duration_since(entry.ready_since));
+                    }
+                    State::Delayed(_) => s.depth += 1,
+                    State::Leased { .. } => s.in_flight += 1,
+                }
+                if entry.failures > 0 {
+                    s.retrying += 1;
+                }
+            }
+        }
+        let mut stats: Vec<_> = stats.into_values().collect();
+        stats.sort_unstable_by_key(|s| (s.controller, s.shard));
+        stats
+    }
+
+    /// Whether `namespace/name` of `controller` is ready, delayed or leased (for tests).
+    pub fn contains(&self, controller: ControllerId, key: &str) -> bool {
+        self.controllers[controller as usize].entries.contains_key(key)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Finish {
+    /// Done, forget or requeue-after: failures forgotten.
+    Forget(Option<Instant>),
+    /// Failed or expired: backoff.
+    Retry,
+    /// The worker went away cleanly: ready again at once, failures kept.
+    Return,
+}
+
+fn invalid(field: &'static str, reason: String) -> Error {
+    Error::InvalidArgument { field, reason }
+}
