@@ -308,7 +308,10 @@ impl Queue {
         if key.namespace.len() > MAX_NAMESPACE_LEN {
             return Err(invalid(
                 "key.namespace",
-                format!("{} characters, at most {MAX_NAMESPACE_LEN}", key.namespace.len()),
+                format!(
+                    "{} characters, at most {MAX_NAMESPACE_LEN}",
+                    key.namespace.len()
+                ),
             ));
         }
         if key.namespace.contains('/') {
@@ -626,7 +629,12 @@ impl Queue {
         self.leases.values().filter(|l| l.worker == worker).count()
     }
 
-    fn check_lease(&mut self, shard: u32, epoch: u64, lease: LeaseId) -> Result<&LeaseInfo, Refused> {
+    fn check_lease(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        lease: LeaseId,
+    ) -> Result<&LeaseInfo, Refused> {
         if self.shards.get(&shard).map(|s| s.epoch()) != Some(epoch) {
             self.totals.refused_stale_epoch += 1;
             return Err(Refused::StaleEpoch);
@@ -656,7 +664,9 @@ impl Queue {
         let next = match how {
             Finish::Forget(after) => {
                 entry.failures = 0;
-                after.map(Due::At).map_or(pending, |d| Some(d.merge(pending)))
+                after
+                    .map(Due::At)
+                    .map_or(pending, |d| Some(d.merge(pending)))
             }
             Finish::Retry => {
                 entry.failures = entry.failures.saturating_add(1);
@@ -767,7 +777,9 @@ impl Queue {
 
     /// Whether `namespace/name` of `controller` is ready, delayed or leased (for tests).
     pub fn contains(&self, controller: ControllerId, key: &str) -> bool {
-        self.controllers[controller as usize].entries.contains_key(key)
+        self.controllers[controller as usize]
+            .entries
+            .contains_key(key)
     }
 }
 
@@ -783,4 +795,329 @@ enum Finish {
 
 fn invalid(field: &'static str, reason: String) -> Error {
     Error::InvalidArgument { field, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RS: &str = "apps/v1/ReplicaSet";
+
+    fn key(name: &str) -> WorkKey {
+        WorkKey {
+            controller: RS.into(),
+            namespace: "default".into(),
+            name: name.into(),
+        }
+    }
+
+    fn queue() -> (Queue, Instant) {
+        let mut q = Queue::new(
+            QueueConfig {
+                shard_count: 4,
+                lease_timeout: Duration::from_secs(10),
+                capacity: 100,
+                backoff: BackoffConfig {
+                    qps: 0.0,
+                    ..Default::default()
+                },
+            },
+            &[RS, "apps/v1/Deployment"],
+        );
+        for shard in 0..4 {
+            q.acquire(shard, 7);
+        }
+        (q, Instant::now())
+    }
+
+    fn lease(q: &mut Queue, now: Instant) -> Option<Lease> {
+        q.advance(now);
+        q.lease(1, &[], now)
+    }
+
+    #[test]
+    fn adds_while_queued_coalesce() {
+        let (mut q, now) = queue();
+        assert_eq!(
+            q.add(&key("a"), Priority::Normal, Duration::ZERO, now),
+            Ok(AddOutcome::Added)
+        );
+        assert_eq!(
+            q.add(&key("a"), Priority::Normal, Duration::ZERO, now),
+            Ok(AddOutcome::Coalesced)
+        );
+        assert_eq!(q.len(), 1);
+        assert!(lease(&mut q, now).is_some());
+        assert!(lease(&mut q, now).is_none(), "queued once, leased once");
+    }
+
+    #[test]
+    fn live_adds_beat_low_priority_ones_and_upgrade_them() {
+        let (mut q, now) = queue();
+        q.add(&key("resync-1"), Priority::Low, Duration::ZERO, now)
+            .unwrap();
+        q.add(&key("resync-2"), Priority::Low, Duration::ZERO, now)
+            .unwrap();
+        q.add(&key("live"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        q.add(&key("resync-2"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        let order: Vec<_> = std::iter::from_fn(|| lease(&mut q, now))
+            .map(|l| l.key.to_string())
+            .collect();
+        assert_eq!(
+            order,
+            ["default/live", "default/resync-2", "default/resync-1"]
+        );
+    }
+
+    #[test]
+    fn a_delayed_add_keeps_the_earliest_ready_time() {
+        let (mut q, t0) = queue();
+        q.add(&key("a"), Priority::Normal, Duration::from_secs(10), t0)
+            .unwrap();
+        q.add(&key("a"), Priority::Normal, Duration::from_secs(3), t0)
+            .unwrap();
+        q.add(&key("a"), Priority::Normal, Duration::from_secs(20), t0)
+            .unwrap();
+        assert!(lease(&mut q, t0 + Duration::from_millis(2999)).is_none());
+        assert!(lease(&mut q, t0 + Duration::from_secs(3)).is_some());
+        // An add without delay makes a delayed key ready at once.
+        q.add(&key("b"), Priority::Normal, Duration::from_secs(10), t0)
+            .unwrap();
+        q.add(&key("b"), Priority::Normal, Duration::ZERO, t0)
+            .unwrap();
+        assert!(lease(&mut q, t0).is_some());
+    }
+
+    #[test]
+    fn a_key_added_while_leased_is_queued_again_when_the_lease_ends() {
+        let (mut q, now) = queue();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        let l = lease(&mut q, now).unwrap();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        assert!(lease(&mut q, now).is_none(), "never two leases of one key");
+        q.complete(l.shard, l.epoch, l.id, Outcome::Done, now)
+            .unwrap();
+        let again = lease(&mut q, now).expect("dirty key requeued");
+        assert_eq!(again.key, l.key);
+        q.complete(again.shard, again.epoch, again.id, Outcome::Done, now)
+            .unwrap();
+        assert!(q.is_empty(), "done without a new add forgets the key");
+    }
+
+    #[test]
+    fn failures_back_off_exponentially_and_done_forgets_them() {
+        let (mut q, t0) = queue();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
+            .unwrap();
+        let mut now = t0;
+        for (attempt, backoff_ms) in [(1, 5), (2, 10), (3, 20)] {
+            let l = lease(&mut q, now).unwrap();
+            assert_eq!(l.attempt, attempt);
+            q.complete(l.shard, l.epoch, l.id, Outcome::Failed, now)
+                .unwrap();
+            assert!(lease(&mut q, now + Duration::from_millis(backoff_ms - 1)).is_none());
+            now += Duration::from_millis(backoff_ms);
+        }
+        let l = lease(&mut q, now).unwrap();
+        assert_eq!(l.attempt, 4);
+        q.complete(
+            l.shard,
+            l.epoch,
+            l.id,
+            Outcome::RequeueAfter(Duration::from_secs(1)),
+            now,
+        )
+        .unwrap();
+        let l = lease(&mut q, now + Duration::from_secs(1)).unwrap();
+        assert_eq!(l.attempt, 1, "requeue-after forgets the failures");
+        assert_eq!(q.totals().retries, 3);
+    }
+
+    #[test]
+    fn an_expired_lease_requeues_with_backoff_and_refuses_the_late_outcome() {
+        let (mut q, t0) = queue();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
+            .unwrap();
+        let l = lease(&mut q, t0).unwrap();
+        let expiry = t0 + Duration::from_secs(10);
+        assert_eq!(q.advance(expiry), 1);
+        assert!(lease(&mut q, expiry).is_none(), "backoff after expiry");
+        let again = lease(&mut q, expiry + Duration::from_millis(5)).unwrap();
+        assert_eq!(again.attempt, 2);
+        assert_eq!(
+            q.complete(l.shard, l.epoch, l.id, Outcome::Done, expiry),
+            Err(Refused::UnknownLease)
+        );
+        assert_eq!(q.totals().lease_expirations, 1);
+        assert_eq!(q.totals().refused_unknown_lease, 1);
+    }
+
+    #[test]
+    fn an_extended_lease_outlives_its_first_deadline() {
+        let (mut q, t0) = queue();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
+            .unwrap();
+        let l = lease(&mut q, t0).unwrap();
+        let t1 = t0 + Duration::from_secs(8);
+        let deadline = q
+            .extend(l.shard, l.epoch, l.id, Duration::from_secs(30), t1)
+            .unwrap();
+        assert_eq!(deadline, t1 + Duration::from_secs(30));
+        assert_eq!(q.advance(t0 + Duration::from_secs(20)), 0);
+        assert_eq!(q.advance(deadline), 1);
+    }
+
+    #[test]
+    fn outcomes_with_a_stale_epoch_are_refused_and_change_nothing() {
+        let (mut q, now) = queue();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        let l = lease(&mut q, now).unwrap();
+        assert_eq!(
+            q.complete(l.shard, l.epoch - 1, l.id, Outcome::Done, now),
+            Err(Refused::StaleEpoch)
+        );
+        assert_eq!(q.in_flight(), 1);
+        // The shard changes owner and comes back at a new epoch: old leases are gone.
+        q.acquire(l.shard, l.epoch + 1);
+        assert_eq!(
+            q.complete(l.shard, l.epoch, l.id, Outcome::Done, now),
+            Err(Refused::StaleEpoch)
+        );
+        assert_eq!(q.totals().refused_stale_epoch, 2);
+        assert!(q.is_empty(), "a new epoch starts empty");
+    }
+
+    #[test]
+    fn a_draining_shard_leases_nothing_new_but_accepts_outcomes() {
+        let (mut q, now) = queue();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        let l = lease(&mut q, now).unwrap();
+        let same_shard = (0..1000)
+            .map(|i| key(&format!("k{i}")))
+            .find(|k| q.validate(k).unwrap().1 == l.shard)
+            .unwrap();
+        q.add(&same_shard, Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        q.drain(l.shard);
+        assert_eq!(
+            q.add(&key("a"), Priority::Normal, Duration::ZERO, now),
+            Err(Error::NotOwner { shard: l.shard })
+        );
+        assert!(lease(&mut q, now).is_none());
+        assert_eq!(q.shard_in_flight(l.shard), 1);
+        q.complete(l.shard, l.epoch, l.id, Outcome::Done, now)
+            .unwrap();
+        assert_eq!(q.shard_in_flight(l.shard), 0);
+        q.release(l.shard);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_cleanly_closed_worker_returns_its_leases_at_once() {
+        let (mut q, now) = queue();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        q.advance(now);
+        let l = q.lease(42, &[], now).unwrap();
+        assert_eq!(q.release_worker(42, now), 1);
+        let again = q.lease(43, &[], now).unwrap();
+        assert_eq!((again.key, again.attempt), (l.key, 1));
+    }
+
+    #[test]
+    fn bad_keys_are_refused_naming_the_field_and_change_nothing() {
+        let (mut q, now) = queue();
+        let cases = [
+            (
+                WorkKey {
+                    name: String::new(),
+                    ..key("")
+                },
+                "invalid key.name: must not be empty",
+            ),
+            (
+                key(&"n".repeat(254)),
+                "invalid key.name: 254 characters, at most 253",
+            ),
+            (
+                WorkKey {
+                    namespace: "n".repeat(64),
+                    ..key("a")
+                },
+                "invalid key.namespace: 64 characters, at most 63",
+            ),
+            (
+                WorkKey {
+                    controller: "v1/Nope".into(),
+                    ..key("a")
+                },
+                "unknown controller \"v1/Nope\"",
+            ),
+        ];
+        for (bad, message) in cases {
+            let error = q
+                .add(&bad, Priority::Normal, Duration::ZERO, now)
+                .unwrap_err();
+            assert_eq!(error.to_string(), message);
+        }
+        assert!(
+            q.add(
+                &key(&"n".repeat(253)),
+                Priority::Normal,
+                Duration::ZERO,
+                now
+            )
+            .is_ok()
+        );
+        assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn a_full_queue_refuses_new_keys_but_coalesces_known_ones() {
+        let (mut q, now) = queue();
+        for i in 0..100 {
+            q.add(
+                &key(&format!("k{i}")),
+                Priority::Normal,
+                Duration::ZERO,
+                now,
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            q.add(&key("one-more"), Priority::Normal, Duration::ZERO, now),
+            Err(Error::Full { capacity: 100 })
+        );
+        assert_eq!(
+            q.add(&key("k5"), Priority::Normal, Duration::ZERO, now),
+            Ok(AddOutcome::Coalesced)
+        );
+    }
+
+    #[test]
+    fn stats_count_depth_in_flight_retries_and_age() {
+        let (mut q, t0) = queue();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
+            .unwrap();
+        q.add(&key("b"), Priority::Normal, Duration::ZERO, t0)
+            .unwrap();
+        let l = lease(&mut q, t0).unwrap();
+        q.complete(l.shard, l.epoch, l.id, Outcome::Failed, t0)
+            .unwrap();
+        let stats = q.stats(t0 + Duration::from_secs(2));
+        let total = |f: fn(&ShardStats) -> u64| stats.iter().map(f).sum::<u64>();
+        assert_eq!(stats.len(), 8, "2 controllers x 4 shards");
+        assert_eq!(total(|s| s.depth), 2);
+        assert_eq!(total(|s| s.retrying), 1);
+        assert_eq!(
+            stats.iter().map(|s| s.oldest_ready).max(),
+            Some(Duration::from_secs(2))
+        );
+    }
 }
