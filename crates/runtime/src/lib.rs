@@ -28,7 +28,7 @@ pub use args::{AdminArgs, GrpcArgs, LogArgs, LogFormat, RuntimeArgs};
 pub use grpc::GrpcServer;
 pub use kube_client::{KubeArgs, KubeError, await_apiserver};
 pub use metrics::Metrics;
-pub use shutdown::{Drain, ShutdownHandle};
+pub use shutdown::{Drain, ShutdownHandle, drain_channel};
 
 /// Errors of the runtime shell.
 #[derive(Debug, thiserror::Error)]

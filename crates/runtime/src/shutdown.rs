@@ -24,6 +24,13 @@ impl Drain {
     }
 }
 
+/// A drain handle and the trigger that signals it, for tasks run outside a [`crate::Runtime`]
+/// (tests, benchmarks).
+pub fn drain_channel() -> (ShutdownHandle, Drain) {
+    let token = CancellationToken::new();
+    (ShutdownHandle(token.clone()), Drain(token))
+}
+
 /// Starts a graceful shutdown from code (tests, fatal errors in a task).
 #[derive(Clone, Debug)]
 pub struct ShutdownHandle(CancellationToken);

@@ -1,16 +1,28 @@
 //! Switchyard queue: the client-go work queue, distributed, sharded and fenced.
 //!
-//! The service's own gRPC API is added by its issue; until then the binary runs the shared
-//! runtime shell (admin port, health, reflection, drain) and reports ready.
+//! The semantics live in `switchyard-queue-core`; this crate runs them as a service: one
+//! actor task owns the queue ([`actor`]), the gRPC edge ([`grpc`]) validates and converts,
+//! and [`metrics`] exports client-go's `workqueue_*` families.
 
+pub mod actor;
+pub mod grpc;
+pub mod metrics;
+
+use std::sync::Arc;
+
+use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
 
 pub const SERVICE: &str = "switchyard-queue";
+/// The epoch of every shard when one replica serves them all (no elector).
+pub const STATIC_EPOCH: u64 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
     Runtime(#[from] switchyard_runtime::Error),
+    #[error("invalid configuration: {0}")]
+    Config(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -20,14 +32,113 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Args {
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    #[command(flatten)]
+    pub queue: QueueArgs,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct QueueArgs {
+    /// Controllers (key spaces) this queue serves, for example apps/v1/ReplicaSet
+    #[arg(
+        long,
+        env = "SWITCHYARD_CONTROLLERS",
+        value_delimiter = ',',
+        default_value = "apps/v1/ReplicaSet,apps/v1/Deployment"
+    )]
+    pub controllers: Vec<String>,
+    /// Number of virtual shards; fixed per installation
+    #[arg(long, env = "SWITCHYARD_SHARD_COUNT", default_value_t = 256)]
+    pub shard_count: u32,
+    /// Serve every shard from this replica (until an elector assigns shards)
+    #[arg(long, env = "SWITCHYARD_STATIC_SHARDS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub static_shards: bool,
+    /// How long a lease lasts unless extended or answered (the visibility timeout)
+    #[arg(long, env = "SWITCHYARD_LEASE_TIMEOUT", default_value = "60s")]
+    pub lease_timeout: humantime::Duration,
+    /// Keys held at most; a full queue slows senders instead of dropping keys
+    #[arg(long, env = "SWITCHYARD_QUEUE_CAPACITY", default_value_t = 1_000_000)]
+    pub capacity: usize,
+    /// First retry delay of a failed key
+    #[arg(long, env = "SWITCHYARD_RETRY_BASE_DELAY", default_value = "5ms")]
+    pub retry_base_delay: humantime::Duration,
+    /// Longest retry delay of a failed key
+    #[arg(long, env = "SWITCHYARD_RETRY_MAX_DELAY", default_value = "1000s")]
+    pub retry_max_delay: humantime::Duration,
+    /// Overall retries per second across all keys (0 turns the bucket off)
+    #[arg(long, env = "SWITCHYARD_RETRY_QPS", default_value_t = 10.0)]
+    pub retry_qps: f64,
+    /// Retries allowed at once before the overall bucket paces them
+    #[arg(long, env = "SWITCHYARD_RETRY_BURST", default_value_t = 100)]
+    pub retry_burst: u32,
+    /// On shutdown, how long in-flight leases may finish before the shards are handed back
+    #[arg(long, env = "SWITCHYARD_DRAIN_GRACE", default_value = "10s")]
+    pub drain_grace: humantime::Duration,
+}
+
+impl QueueArgs {
+    /// The core configuration, or an error naming the bad flag.
+    pub fn config(&self) -> Result<QueueConfig> {
+        if self.controllers.is_empty() || self.controllers.iter().any(|c| c.trim().is_empty()) {
+            return Err(Error::Config(
+                "--controllers: names must not be empty".into(),
+            ));
+        }
+        if self.shard_count == 0 {
+            return Err(Error::Config("--shard-count: must be at least 1".into()));
+        }
+        if self.capacity == 0 {
+            return Err(Error::Config("--queue-capacity: must be at least 1".into()));
+        }
+        if !(self.retry_qps >= 0.0 && self.retry_qps.is_finite()) {
+            return Err(Error::Config(
+                "--retry-qps: must be a non-negative number".into(),
+            ));
+        }
+        Ok(QueueConfig {
+            shard_count: self.shard_count,
+            lease_timeout: self.lease_timeout.into(),
+            capacity: self.capacity,
+            backoff: BackoffConfig {
+                base: self.retry_base_delay.into(),
+                max: self.retry_max_delay.into(),
+                qps: self.retry_qps,
+                burst: self.retry_burst,
+            },
+        })
+    }
 }
 
 impl Args {
     pub async fn run(self) -> Result<()> {
-        let Self { runtime } = self;
+        let Self { runtime, queue } = self;
+        let config = queue.config()?;
         let rt = Runtime::start(SERVICE, runtime).await?;
-        rt.serve_grpc(GrpcServer::new()).await?;
+        let names: Vec<&str> = queue.controllers.iter().map(String::as_str).collect();
+        let core = serving_queue(config, &names, queue.static_shards);
+        let controllers: Vec<Arc<str>> = core.controller_names().to_vec();
+        let metrics = metrics::QueueMetrics::register(rt.metrics(), &controllers);
+        let (actor, handle) = actor::Actor::new(core, metrics, queue.drain_grace.into());
+        rt.spawn("queue-actor", |drain| actor.run(drain));
+        let service = grpc::QueueService::new(handle, &controllers, queue.shard_count);
+        rt.serve_grpc(
+            GrpcServer::new()
+                .add_service(service.into_server())
+                .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
+        )
+        .await?;
         rt.run().await?;
         Ok(())
     }
+}
+
+/// A queue that serves every shard at [`STATIC_EPOCH`] when `static_shards` is set.
+pub fn serving_queue(config: QueueConfig, controllers: &[&str], static_shards: bool) -> Queue {
+    let shard_count = config.shard_count;
+    let mut queue = Queue::new(config, controllers);
+    if static_shards {
+        for shard in 0..shard_count {
+            queue.acquire(shard, STATIC_EPOCH);
+        }
+    }
+    queue
 }

@@ -23,6 +23,7 @@ pub mod shard;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use queue::{
-    AddOutcome, ControllerId, Error, Lease, LeaseId, Outcome, Priority, Queue, QueueConfig,
-    Refused, Result, ShardStats, WorkKey,
+    AddOutcome, ControllerId, Error, Lease, LeaseId, MAX_LEASE_EXTENSION, MAX_NAME_LEN,
+    MAX_NAMESPACE_LEN, Outcome, Priority, Queue, QueueConfig, Refused, Result, ShardStats, Totals,
+    WorkKey, WorkerId,
 };

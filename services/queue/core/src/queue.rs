@@ -128,6 +128,10 @@ pub struct ShardStats {
     pub retrying: u64,
     /// Age of the oldest ready key.
     pub oldest_ready: Duration,
+    /// Sum of the ages of the leases in flight (client-go's unfinished work).
+    pub unfinished: Duration,
+    /// Age of the oldest lease in flight.
+    pub longest_running: Duration,
 }
 
 /// Running totals, for metrics.
@@ -199,6 +203,9 @@ struct ControllerQueue {
     ready: [VecDeque<(Arc<str>, u64)>; 2],
 }
 
+/// Ready time, entry seq when scheduled, controller, key.
+type DelayedItem = (Instant, u64, ControllerId, Arc<str>);
+
 #[derive(Debug)]
 struct LeaseInfo {
     controller: ControllerId,
@@ -220,7 +227,7 @@ pub struct Queue {
     shards: HashMap<u32, ShardState>,
     leases: HashMap<LeaseId, LeaseInfo>,
     lease_deadlines: BinaryHeap<Reverse<(Instant, LeaseId)>>,
-    delayed: BinaryHeap<Reverse<(Instant, u64, ControllerId, Arc<str>)>>,
+    delayed: BinaryHeap<Reverse<DelayedItem>>,
     len: usize,
     next_seq: u64,
     next_lease: LeaseId,
@@ -453,16 +460,16 @@ impl Queue {
     // ---- leases ----------------------------------------------------------------------
 
     /// Applies the passage of time: expires leases and makes due keys ready. Returns the
-    /// number of leases that expired.
-    pub fn advance(&mut self, now: Instant) -> usize {
-        let mut expired = 0;
+    /// controller and shard of every lease that expired.
+    pub fn advance(&mut self, now: Instant) -> Vec<(ControllerId, u32)> {
+        let mut expired = Vec::new();
         while let Some(Reverse((deadline, id))) = self.lease_deadlines.peek().cloned() {
             if deadline > now {
                 break;
             }
             self.lease_deadlines.pop();
-            if self.leases.get(&id).is_some_and(|l| l.deadline == deadline) {
-                expired += 1;
+            if let Some(l) = self.leases.get(&id).filter(|l| l.deadline == deadline) {
+                expired.push((l.controller, l.shard));
                 self.totals.lease_expirations += 1;
                 self.finish(id, Finish::Retry, now);
             }
@@ -608,6 +615,11 @@ impl Queue {
         }
         self.lease_deadlines.push(Reverse((deadline, lease)));
         Ok(deadline)
+    }
+
+    /// The controller of a live lease.
+    pub fn lease_controller(&self, lease: LeaseId) -> Option<ControllerId> {
+        self.leases.get(&lease).map(|l| l.controller)
     }
 
     /// Returns every lease of `worker` to the queue at once (its stream closed cleanly).
@@ -768,6 +780,13 @@ impl Queue {
                 if entry.failures > 0 {
                     s.retrying += 1;
                 }
+            }
+        }
+        for lease in self.leases.values() {
+            if let Some(s) = stats.get_mut(&(lease.controller, lease.shard)) {
+                let age = now.saturating_duration_since(lease.leased_at);
+                s.unfinished += age;
+                s.longest_running = s.longest_running.max(age);
             }
         }
         let mut stats: Vec<_> = stats.into_values().collect();
@@ -944,7 +963,7 @@ mod tests {
             .unwrap();
         let l = lease(&mut q, t0).unwrap();
         let expiry = t0 + Duration::from_secs(10);
-        assert_eq!(q.advance(expiry), 1);
+        assert_eq!(q.advance(expiry).len(), 1);
         assert!(lease(&mut q, expiry).is_none(), "backoff after expiry");
         let again = lease(&mut q, expiry + Duration::from_millis(5)).unwrap();
         assert_eq!(again.attempt, 2);
@@ -967,8 +986,8 @@ mod tests {
             .extend(l.shard, l.epoch, l.id, Duration::from_secs(30), t1)
             .unwrap();
         assert_eq!(deadline, t1 + Duration::from_secs(30));
-        assert_eq!(q.advance(t0 + Duration::from_secs(20)), 0);
-        assert_eq!(q.advance(deadline), 1);
+        assert!(q.advance(t0 + Duration::from_secs(20)).is_empty());
+        assert_eq!(q.advance(deadline).len(), 1);
     }
 
     #[test]

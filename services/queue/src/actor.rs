@@ -1,0 +1,508 @@
+//! One task owns the queue core; gRPC handlers send it commands.
+//!
+//! ```text
+//!  Enqueue ─┐                     ┌─► worker 1 channel (items, acks) ─► Work stream 1
+//!  Work ────┼─► commands ─► actor ┼─► worker 2 channel                ─► Work stream 2
+//!  Stats ───┘   (mpsc)     (Queue)└─► metrics (on every lease/outcome; gauges each second)
+//! ```
+//!
+//! After every batch of commands and every timer the actor hands ready keys to workers that
+//! have credit, so a worker never holds more items than it granted. Enqueues that meet a full
+//! queue wait in arrival order until keys leave; their senders wait for the acknowledgement,
+//! which is the backpressure.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    time::{Duration, Instant},
+};
+
+use switchyard_queue_core::{
+    AddOutcome, ControllerId, Error as CoreError, Lease, LeaseId, Outcome, Priority, Queue,
+    Refused, ShardStats, WorkKey, WorkerId,
+};
+use switchyard_runtime::Drain;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info};
+
+use crate::metrics::QueueMetrics;
+
+/// Commands handled per wake-up before leases are dispatched, so bursts are batched.
+const COMMAND_BATCH: usize = 1024;
+/// How often depth and in-flight gauges are refreshed.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// An add, already validated by the gRPC edge.
+#[derive(Debug)]
+pub struct Add {
+    pub key: WorkKey,
+    pub priority: Priority,
+    pub delay: Duration,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Added {
+    pub added: u32,
+    pub coalesced: u32,
+}
+
+/// What the actor sends a worker's stream.
+#[derive(Debug)]
+pub enum ToWorker {
+    Item(Lease),
+    Ack {
+        lease: LeaseId,
+        result: Result<(), Refused>,
+    },
+    Extended {
+        lease: LeaseId,
+        result: Result<Instant, Refused>,
+    },
+    /// A message of the worker was invalid; its stream ends with INVALID_ARGUMENT.
+    Invalid(String),
+}
+
+/// Why a batch was refused. Nothing of a refused batch is applied, except when ownership
+/// moves mid-batch (`NotOwner` after some keys were added; the sender resends the batch and
+/// the added keys coalesce).
+#[derive(Debug, PartialEq, Eq)]
+pub enum EnqueueError {
+    Invalid { index: usize, error: CoreError },
+    WrongShard { index: usize, hashes_to: u32 },
+    NotOwner { shard: u32 },
+}
+
+type EnqueueReply = oneshot::Sender<Result<Added, EnqueueError>>;
+
+#[derive(Debug)]
+pub enum Command {
+    Enqueue {
+        shard: u32,
+        adds: Vec<Add>,
+        reply: EnqueueReply,
+    },
+    Connect {
+        controllers: Vec<ControllerId>,
+        tx: mpsc::UnboundedSender<ToWorker>,
+        reply: oneshot::Sender<WorkerId>,
+    },
+    /// The edge refused a message of this worker's stream; the stream ends with this reason.
+    Invalid {
+        worker: WorkerId,
+        reason: String,
+    },
+    Credit {
+        worker: WorkerId,
+        items: u32,
+    },
+    Complete {
+        worker: WorkerId,
+        shard: u32,
+        epoch: u64,
+        lease: LeaseId,
+        outcome: Outcome,
+    },
+    Extend {
+        worker: WorkerId,
+        shard: u32,
+        epoch: u64,
+        lease: LeaseId,
+        by: Duration,
+    },
+    Disconnect {
+        worker: WorkerId,
+        /// A clean close returns the worker's leases at once; a broken stream leaves them to
+        /// expire (the worker may still be reconciling them).
+        clean: bool,
+    },
+    Stats {
+        controller: Option<ControllerId>,
+        reply: oneshot::Sender<Vec<ShardStats>>,
+    },
+}
+
+/// The sending side, cloned into every handler.
+#[derive(Clone, Debug)]
+pub struct Handle {
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the queue is shutting down")]
+pub struct Closed;
+
+impl Handle {
+    pub fn send(&self, command: Command) -> Result<(), Closed> {
+        self.tx.send(command).map_err(|_| Closed)
+    }
+
+    pub async fn enqueue(
+        &self,
+        shard: u32,
+        adds: Vec<Add>,
+    ) -> Result<Result<Added, EnqueueError>, Closed> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Enqueue { shard, adds, reply })?;
+        rx.await.map_err(|_| Closed)
+    }
+
+    pub async fn connect(
+        &self,
+        controllers: Vec<ControllerId>,
+        tx: mpsc::UnboundedSender<ToWorker>,
+    ) -> Result<WorkerId, Closed> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Connect {
+            controllers,
+            tx,
+            reply,
+        })?;
+        rx.await.map_err(|_| Closed)
+    }
+
+    pub async fn stats(&self, controller: Option<ControllerId>) -> Result<Vec<ShardStats>, Closed> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Stats { controller, reply })?;
+        rx.await.map_err(|_| Closed)
+    }
+}
+
+struct Worker {
+    controllers: Vec<ControllerId>,
+    credits: u32,
+    tx: mpsc::UnboundedSender<ToWorker>,
+}
+
+struct Blocked {
+    shard: u32,
+    adds: VecDeque<Add>,
+    done: Added,
+    reply: EnqueueReply,
+}
+
+pub struct Actor {
+    queue: Queue,
+    rx: mpsc::UnboundedReceiver<Command>,
+    workers: HashMap<WorkerId, Worker>,
+    /// Workers with credit, in turn.
+    hungry: VecDeque<WorkerId>,
+    blocked: VecDeque<Blocked>,
+    next_worker: WorkerId,
+    metrics: QueueMetrics,
+    drain_grace: Duration,
+}
+
+impl std::fmt::Debug for Actor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Actor")
+            .field("keys", &self.queue.len())
+            .field("workers", &self.workers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl Actor {
+    pub fn new(queue: Queue, metrics: QueueMetrics, drain_grace: Duration) -> (Self, Handle) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let actor = Self {
+            queue,
+            rx,
+            workers: HashMap::new(),
+            hungry: VecDeque::new(),
+            blocked: VecDeque::new(),
+            next_worker: 1,
+            metrics,
+            drain_grace,
+        };
+        (actor, Handle { tx })
+    }
+
+    pub async fn run(mut self, drain: Drain) {
+        let mut gauges = tokio::time::interval(GAUGE_INTERVAL);
+        let draining = drain.clone().signaled();
+        tokio::pin!(draining);
+        loop {
+            let wake = self.queue.next_wakeup().map(tokio::time::Instant::from_std);
+            tokio::select! {
+                command = self.rx.recv() => {
+                    let Some(command) = command else { break };
+                    self.handle(command);
+                    for _ in 1..COMMAND_BATCH {
+                        match self.rx.try_recv() {
+                            Ok(command) => self.handle(command),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                _ = sleep_until(wake) => {}
+                _ = gauges.tick() => self.metrics.set_gauges(&self.queue.stats(now())),
+                _ = &mut draining => {
+                    self.drain_all().await;
+                    break;
+                }
+            }
+            self.tick();
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = now();
+        for (controller, shard) in self.queue.advance(now) {
+            self.metrics.expired(controller, shard);
+        }
+        self.unblock(now);
+        self.dispatch(now);
+    }
+
+    fn handle(&mut self, command: Command) {
+        let now = now();
+        match command {
+            Command::Enqueue { shard, adds, reply } => {
+                if self.queue.shard_epoch(shard).is_none() {
+                    let _ = reply.send(Err(EnqueueError::NotOwner { shard }));
+                    return;
+                }
+                if let Err(error) = self.validate(shard, &adds) {
+                    let _ = reply.send(Err(error));
+                    return;
+                }
+                let blocked = Blocked {
+                    shard,
+                    adds: adds.into(),
+                    done: Added::default(),
+                    reply,
+                };
+                if self.blocked.is_empty() {
+                    if let Some(waiting) = self.apply(blocked, now) {
+                        self.blocked.push_back(waiting);
+                    }
+                } else {
+                    // Earlier senders are waiting for room: keep arrival order.
+                    self.blocked.push_back(blocked);
+                }
+            }
+            Command::Connect {
+                controllers,
+                tx,
+                reply,
+            } => {
+                let id = self.next_worker;
+                self.next_worker += 1;
+                self.workers.insert(
+                    id,
+                    Worker {
+                        controllers,
+                        credits: 0,
+                        tx,
+                    },
+                );
+                let _ = reply.send(id);
+            }
+            Command::Credit { worker, items } => {
+                if let Some(w) = self.workers.get_mut(&worker) {
+                    if w.credits == 0 {
+                        self.hungry.push_back(worker);
+                    }
+                    w.credits = w.credits.saturating_add(items);
+                }
+            }
+            Command::Complete {
+                worker,
+                shard,
+                epoch,
+                lease,
+                outcome,
+            } => {
+                let controller = self.queue.lease_controller(lease);
+                let result = self.queue.complete(shard, epoch, lease, outcome, now);
+                match (&result, controller) {
+                    (Ok(worked), Some(controller)) => {
+                        self.metrics.completed(controller, shard, *worked, outcome)
+                    }
+                    (Err(refused), _) => self.metrics.refused(*refused),
+                    _ => {}
+                }
+                self.reply(
+                    worker,
+                    ToWorker::Ack {
+                        lease,
+                        result: result.map(|_| ()),
+                    },
+                );
+            }
+            Command::Extend {
+                worker,
+                shard,
+                epoch,
+                lease,
+                by,
+            } => {
+                let result = self.queue.extend(shard, epoch, lease, by, now);
+                if let Err(refused) = result {
+                    self.metrics.refused(refused);
+                }
+                self.reply(worker, ToWorker::Extended { lease, result });
+            }
+            Command::Invalid { worker, reason } => {
+                self.reply(worker, ToWorker::Invalid(reason));
+                // A misbehaving worker's leases expire like a broken stream's.
+                self.workers.remove(&worker);
+            }
+            Command::Disconnect { worker, clean } => {
+                self.workers.remove(&worker);
+                if clean {
+                    let returned = self.queue.release_worker(worker, now);
+                    debug!(worker, returned, "worker left");
+                } else {
+                    debug!(
+                        worker,
+                        leases = self.queue.worker_leases(worker),
+                        "worker stream broke; its leases expire"
+                    );
+                }
+            }
+            Command::Stats { controller, reply } => {
+                let mut stats = self.queue.stats(now);
+                if let Some(c) = controller {
+                    stats.retain(|s| s.controller == c);
+                }
+                let _ = reply.send(stats);
+            }
+        }
+    }
+
+    /// Adds as many of `blocked`'s keys as fit; returns it if some are still waiting.
+    fn apply(&mut self, mut blocked: Blocked, now: Instant) -> Option<Blocked> {
+        while let Some(add) = blocked.adds.front() {
+            match self.queue.add(&add.key, add.priority, add.delay, now) {
+                Ok(AddOutcome::Added) => {
+                    blocked.done.added += 1;
+                    if let Some(controller) = self.queue.controller_id(&add.key.controller) {
+                        self.metrics.added(controller, blocked.shard);
+                    }
+                }
+                Ok(AddOutcome::Coalesced) => blocked.done.coalesced += 1,
+                Err(CoreError::Full { .. }) => return Some(blocked),
+                // Validated on arrival, so only ownership can have moved since (a batch that
+                // waited for room).
+                Err(_) => {
+                    let _ = blocked.reply.send(Err(EnqueueError::NotOwner {
+                        shard: blocked.shard,
+                    }));
+                    return None;
+                }
+            }
+            blocked.adds.pop_front();
+        }
+        let _ = blocked.reply.send(Ok(blocked.done));
+        None
+    }
+
+    /// Checks a whole batch before any of it is applied.
+    fn validate(&self, shard: u32, adds: &[Add]) -> Result<(), EnqueueError> {
+        for (index, add) in adds.iter().enumerate() {
+            let (_, hashes_to) = self
+                .queue
+                .validate(&add.key)
+                .map_err(|error| EnqueueError::Invalid { index, error })?;
+            if hashes_to != shard {
+                return Err(EnqueueError::WrongShard { index, hashes_to });
+            }
+        }
+        Ok(())
+    }
+
+    fn unblock(&mut self, now: Instant) {
+        while let Some(blocked) = self.blocked.pop_front() {
+            if let Some(still) = self.apply(blocked, now) {
+                self.blocked.push_front(still);
+                return;
+            }
+        }
+    }
+
+    fn dispatch(&mut self, now: Instant) {
+        let mut idle = 0;
+        while idle < self.hungry.len() {
+            let Some(id) = self.hungry.pop_front() else {
+                break;
+            };
+            let Some(worker) = self.workers.get_mut(&id) else {
+                continue;
+            };
+            if worker.credits == 0 {
+                continue;
+            }
+            match self.queue.lease(id, &worker.controllers, now) {
+                Some(lease) => {
+                    idle = 0;
+                    worker.credits -= 1;
+                    self.metrics.leased(&lease);
+                    if worker.tx.send(ToWorker::Item(lease)).is_err() {
+                        // The stream is gone; its Disconnect is on the way and the lease
+                        // expires if the worker does not come back.
+                        continue;
+                    }
+                    if worker.credits > 0 {
+                        self.hungry.push_back(id);
+                    }
+                }
+                None => {
+                    idle += 1;
+                    self.hungry.push_back(id);
+                }
+            }
+        }
+    }
+
+    fn reply(&self, worker: WorkerId, message: ToWorker) {
+        if let Some(w) = self.workers.get(&worker) {
+            let _ = w.tx.send(message);
+        }
+    }
+
+    /// Stops leasing every shard, lets in-flight leases finish for the grace period while
+    /// still taking their outcomes, then hands the shards back.
+    async fn drain_all(&mut self) {
+        let shards: Vec<u32> = self
+            .queue
+            .owned_shards()
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        for shard in &shards {
+            self.queue.drain(*shard);
+        }
+        for blocked in self.blocked.drain(..) {
+            let _ = blocked.reply.send(Err(EnqueueError::NotOwner {
+                shard: blocked.shard,
+            }));
+        }
+        let deadline = tokio::time::Instant::now() + self.drain_grace;
+        info!(in_flight = self.queue.in_flight(), grace = ?self.drain_grace, "draining shards");
+        while self.queue.in_flight() > 0 {
+            tokio::select! {
+                command = self.rx.recv() => match command {
+                    Some(command) => self.handle(command),
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let abandoned = self.queue.in_flight();
+        for shard in shards {
+            self.queue.release(shard);
+        }
+        info!(abandoned, "shards released");
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

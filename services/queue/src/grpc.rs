@@ -1,0 +1,439 @@
+//! The gRPC edge of the queue: validates requests, converts them for the actor, and maps
+//! results to responses. The only place a `tonic::Status` is made.
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use futures::{Stream, StreamExt};
+use prost::Message;
+use switchyard_proto::{
+    common::v1::{NotShardOwner, WorkKey as ProtoKey},
+    queue::v1::{
+        self as pb, outcome::Result as OutcomeResult, queue_server,
+        work_request::Request as WorkMessage, work_response::Response as WorkReply,
+    },
+};
+use switchyard_queue_core::{
+    ControllerId, Error as CoreError, Lease, Outcome, Priority, ShardStats, WorkKey,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::actor::{Add, Command, EnqueueError, Handle, ToWorker};
+
+/// Credits one message may grant.
+pub const MAX_CREDIT: u32 = 10_000;
+
+/// What the edge needs to validate and convert without asking the actor.
+#[derive(Clone, Debug)]
+pub struct QueueService {
+    handle: Handle,
+    controllers: Arc<[Arc<str>]>,
+    shard_count: u32,
+}
+
+impl QueueService {
+    pub fn new(handle: Handle, controllers: &[Arc<str>], shard_count: u32) -> Self {
+        Self {
+            handle,
+            controllers: controllers.into(),
+            shard_count,
+        }
+    }
+
+    pub fn into_server(self) -> queue_server::QueueServer<Self> {
+        queue_server::QueueServer::new(self)
+    }
+
+    fn controller_id(&self, name: &str) -> Option<ControllerId> {
+        self.controllers
+            .iter()
+            .position(|c| &**c == name)
+            .and_then(|i| ControllerId::try_from(i).ok())
+    }
+
+    fn convert_batch(&self, request: pb::EnqueueRequest) -> Result<(u32, Vec<Add>), Status> {
+        if request.shard >= self.shard_count {
+            return Err(invalid(format!(
+                "shard: {} is not below the shard count {}",
+                request.shard, self.shard_count
+            )));
+        }
+        let adds = request
+            .items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| convert_item(i, item))
+            .collect::<Result<_, _>>()?;
+        Ok((request.shard, adds))
+    }
+
+    async fn enqueue_batch(
+        &self,
+        request: pb::EnqueueRequest,
+    ) -> Result<pb::EnqueueResponse, Status> {
+        let batch_id = request.batch_id;
+        let (shard, adds) = self.convert_batch(request)?;
+        let added = self
+            .handle
+            .enqueue(shard, adds)
+            .await
+            .map_err(|_| shutting_down())?
+            .map_err(enqueue_status)?;
+        Ok(pb::EnqueueResponse {
+            batch_id,
+            added: added.added,
+            coalesced: added.coalesced,
+        })
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl queue_server::Queue for QueueService {
+    async fn enqueue(
+        &self,
+        request: Request<pb::EnqueueRequest>,
+    ) -> Result<Response<pb::EnqueueResponse>, Status> {
+        self.enqueue_batch(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type EnqueueStreamStream = BoxStream<pb::EnqueueAck>;
+
+    async fn enqueue_stream(
+        &self,
+        request: Request<Streaming<pb::EnqueueRequest>>,
+    ) -> Result<Response<Self::EnqueueStreamStream>, Status> {
+        let mut inbound = request.into_inner();
+        // One batch at a time: the next is read only after this one is acknowledged, so a
+        // full queue slows the sender through HTTP/2 flow control.
+        let (tx, rx) = mpsc::channel(1);
+        let service = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let request = match inbound.message().await {
+                    Ok(Some(request)) => request,
+                    Ok(None) => return,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                let ack = service
+                    .enqueue_batch(request)
+                    .await
+                    .map(|response| pb::EnqueueAck {
+                        response: Some(response),
+                    });
+                let failed = ack.is_err();
+                if tx.send(ack).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type WorkStream = BoxStream<pb::WorkResponse>;
+
+    async fn work(
+        &self,
+        request: Request<Streaming<pb::WorkRequest>>,
+    ) -> Result<Response<Self::WorkStream>, Status> {
+        let mut inbound = request.into_inner();
+        let hello = match inbound.message().await? {
+            Some(pb::WorkRequest {
+                request: Some(WorkMessage::Hello(hello)),
+            }) => hello,
+            _ => {
+                return Err(invalid(
+                    "the first message of a work stream must be hello".into(),
+                ));
+            }
+        };
+        let controllers = hello
+            .controllers
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                self.controller_id(name).ok_or_else(|| {
+                    invalid(format!(
+                        "hello.controllers[{i}]: unknown controller {name:?}"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let worker = self
+            .handle
+            .connect(controllers, tx.clone())
+            .await
+            .map_err(|_| shutting_down())?;
+        tracing::debug!(worker, worker_id = %hello.worker_id, "worker connected");
+
+        let handle = self.handle.clone();
+        tokio::spawn(async move {
+            let clean = loop {
+                let message = tokio::select! {
+                    message = inbound.message() => message,
+                    // The response stream ended (server shutdown or an invalid message).
+                    _ = tx.closed() => break false,
+                };
+                let message = match message {
+                    Ok(Some(message)) => message,
+                    Ok(None) => break true,
+                    Err(_) => break false,
+                };
+                let command = match convert_work_message(worker, message) {
+                    Ok(command) => command,
+                    Err(reason) => Command::Invalid { worker, reason },
+                };
+                let invalid = matches!(command, Command::Invalid { .. });
+                if handle.send(command).is_err() || invalid {
+                    return;
+                }
+            };
+            let _ = handle.send(Command::Disconnect { worker, clean });
+        });
+
+        let names = self.controllers.clone();
+        let stream = UnboundedReceiverStream::new(rx).map(move |message| match message {
+            ToWorker::Item(lease) => Ok(pb::WorkResponse {
+                response: Some(WorkReply::Item(leased_item(&names, &lease))),
+            }),
+            ToWorker::Ack { lease, result } => Ok(pb::WorkResponse {
+                response: Some(WorkReply::OutcomeAck(pb::OutcomeAck {
+                    lease_id: lease.to_string(),
+                    applied: result.is_ok(),
+                    reason: result.err().map(|r| r.to_string()).unwrap_or_default(),
+                })),
+            }),
+            ToWorker::Extended { lease, result } => match result {
+                Ok(deadline) => Ok(pb::WorkResponse {
+                    response: Some(WorkReply::LeaseExtended(pb::LeaseExtended {
+                        lease_id: lease.to_string(),
+                        lease_deadline: Some(timestamp(deadline)),
+                    })),
+                }),
+                Err(refused) => Err(Status::failed_precondition(format!(
+                    "extend lease {lease}: {refused}"
+                ))),
+            },
+            ToWorker::Invalid(reason) => Err(invalid(reason)),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn stats(
+        &self,
+        request: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
+        let controller = request.into_inner().controller;
+        let filter = match controller.as_str() {
+            "" => None,
+            name => Some(
+                self.controller_id(name)
+                    .ok_or_else(|| invalid(format!("controller: unknown controller {name:?}")))?,
+            ),
+        };
+        let stats = self
+            .handle
+            .stats(filter)
+            .await
+            .map_err(|_| shutting_down())?;
+        Ok(Response::new(pb::StatsResponse {
+            shards: stats.iter().map(|s| self.shard_stats(s)).collect(),
+        }))
+    }
+}
+
+impl QueueService {
+    fn shard_stats(&self, s: &ShardStats) -> pb::ShardStats {
+        pb::ShardStats {
+            controller: self.controllers[s.controller as usize].to_string(),
+            shard: s.shard,
+            epoch: s.epoch,
+            depth: s.depth,
+            in_flight: s.in_flight,
+            oldest_age: duration(s.oldest_ready),
+            retrying: s.retrying,
+        }
+    }
+}
+
+fn convert_item(index: usize, item: pb::EnqueueItem) -> Result<Add, Status> {
+    let field = |name: &str| format!("items[{index}].{name}");
+    let key = item
+        .key
+        .ok_or_else(|| invalid(format!("{}: required", field("key"))))?;
+    let priority = match pb::Priority::try_from(item.priority) {
+        Ok(pb::Priority::Low) => Priority::Low,
+        Ok(pb::Priority::Normal | pb::Priority::Unspecified) => Priority::Normal,
+        Err(_) => {
+            return Err(invalid(format!(
+                "{}: unknown value {}",
+                field("priority"),
+                item.priority
+            )));
+        }
+    };
+    let delay = match item.delay {
+        None => Duration::ZERO,
+        Some(d) => Duration::try_from(d)
+            .map_err(|_| invalid(format!("{}: must not be negative", field("delay"))))?,
+    };
+    Ok(Add {
+        key: WorkKey {
+            controller: key.controller,
+            namespace: key.namespace,
+            name: key.name,
+        },
+        priority,
+        delay,
+    })
+}
+
+fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command, String> {
+    match message.request {
+        None => Err("request: one of hello, credit, outcome or extend is required".into()),
+        Some(WorkMessage::Hello(_)) => Err("hello: only the first message may be hello".into()),
+        Some(WorkMessage::Credit(credit)) => {
+            if !(1..=MAX_CREDIT).contains(&credit.items) {
+                return Err(format!(
+                    "credit.items: {} is out of range 1..={MAX_CREDIT}",
+                    credit.items
+                ));
+            }
+            Ok(Command::Credit {
+                worker,
+                items: credit.items,
+            })
+        }
+        Some(WorkMessage::Outcome(outcome)) => {
+            let result = match outcome.result {
+                None => return Err("outcome.result: required".into()),
+                Some(OutcomeResult::Done(_)) => Outcome::Done,
+                Some(OutcomeResult::Forget(_)) => Outcome::Forget,
+                Some(OutcomeResult::Failed(_)) => Outcome::Failed,
+                Some(OutcomeResult::RequeueAfter(r)) => {
+                    let delay = r
+                        .delay
+                        .map(Duration::try_from)
+                        .transpose()
+                        .map_err(|_| {
+                            "outcome.requeue_after.delay: must not be negative".to_owned()
+                        })?
+                        .unwrap_or_default();
+                    Outcome::RequeueAfter(delay)
+                }
+            };
+            Ok(Command::Complete {
+                worker,
+                shard: outcome.shard,
+                epoch: outcome.epoch,
+                // A lease id that does not parse names no lease: refused as unknown.
+                lease: outcome.lease_id.parse().unwrap_or(0),
+                outcome: result,
+            })
+        }
+        Some(WorkMessage::Extend(extend)) => {
+            let by = extend
+                .extend_by
+                .and_then(|d| Duration::try_from(d).ok())
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| "extend.extend_by: must be a positive duration".to_owned())?;
+            Ok(Command::Extend {
+                worker,
+                shard: extend.shard,
+                epoch: extend.epoch,
+                lease: extend.lease_id.parse().unwrap_or(0),
+                by,
+            })
+        }
+    }
+}
+
+fn leased_item(controllers: &[Arc<str>], lease: &Lease) -> pb::LeasedItem {
+    let (namespace, name) = lease.key.split_once('/').unwrap_or(("", &lease.key));
+    let now = Instant::now();
+    pb::LeasedItem {
+        key: Some(ProtoKey {
+            controller: controllers[lease.controller as usize].to_string(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }),
+        shard: lease.shard,
+        epoch: lease.epoch,
+        lease_id: lease.id.to_string(),
+        attempt: lease.attempt,
+        lease_deadline: Some(timestamp(lease.deadline)),
+        queued_at: Some(timestamp(now.checked_sub(lease.waited).unwrap_or(now))),
+        causes: Vec::new(),
+    }
+}
+
+/// A monotonic instant as wall-clock time.
+fn timestamp(at: Instant) -> prost_types::Timestamp {
+    let now = Instant::now();
+    let wall = if at >= now {
+        SystemTime::now() + (at - now)
+    } else {
+        SystemTime::now() - (now - at)
+    };
+    prost_types::Timestamp::from(wall)
+}
+
+fn duration(d: Duration) -> Option<prost_types::Duration> {
+    prost_types::Duration::try_from(d).ok()
+}
+
+fn invalid(message: String) -> Status {
+    Status::invalid_argument(message)
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("the queue is shutting down")
+}
+
+/// The one mapping from enqueue errors to gRPC status codes.
+fn enqueue_status(error: EnqueueError) -> Status {
+    match error {
+        EnqueueError::Invalid { index, error } => match error {
+            CoreError::InvalidArgument { field, reason } => {
+                invalid(format!("items[{index}].{field}: {reason}"))
+            }
+            CoreError::UnknownController(name) => invalid(format!(
+                "items[{index}].key.controller: unknown controller {name:?}"
+            )),
+            CoreError::NotOwner { shard } => not_owner(shard),
+            CoreError::Full { capacity } => {
+                Status::resource_exhausted(format!("the queue is full ({capacity} keys)"))
+            }
+        },
+        EnqueueError::WrongShard { index, hashes_to } => invalid(format!(
+            "items[{index}].key: hashes to shard {hashes_to}, not the batch's shard"
+        )),
+        EnqueueError::NotOwner { shard } => not_owner(shard),
+    }
+}
+
+/// FAILED_PRECONDITION with a `NotShardOwner` detail: refresh the shard map and go there.
+fn not_owner(shard: u32) -> Status {
+    let detail = NotShardOwner {
+        shard,
+        owner_address: String::new(),
+        epoch: 0,
+    };
+    Status::with_details(
+        Code::FailedPrecondition,
+        format!("shard {shard} is not served by this replica; refresh the shard map"),
+        detail.encode_to_vec().into(),
+    )
+}
