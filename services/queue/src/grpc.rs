@@ -19,7 +19,7 @@ use switchyard_proto::{
 use switchyard_queue_core::{
     ControllerId, Error as CoreError, Lease, Outcome, Priority, ShardStats, WorkKey,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Code, Request, Response, Status, Streaming};
 
@@ -173,9 +173,12 @@ impl queue_server::Queue for QueueService {
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = self
             .handle
-            .connect(controllers, tx.clone())
+            .connect(controllers, tx)
             .await
             .map_err(|_| shutting_down())?;
+        // Dropped with the response stream: tells the reader the RPC is over. Only the actor
+        // holds the item sender, so the stream ends when the actor forgets the worker.
+        let (stream_alive, mut stream_gone) = oneshot::channel::<()>();
         tracing::debug!(worker, worker_id = %hello.worker_id, "worker connected");
 
         let handle = self.handle.clone();
@@ -184,7 +187,7 @@ impl queue_server::Queue for QueueService {
                 let message = tokio::select! {
                     message = inbound.message() => message,
                     // The response stream ended (server shutdown or an invalid message).
-                    _ = tx.closed() => break false,
+                    _ = &mut stream_gone => break false,
                 };
                 let message = match message {
                     Ok(Some(message)) => message,
@@ -204,29 +207,9 @@ impl queue_server::Queue for QueueService {
         });
 
         let names = self.controllers.clone();
-        let stream = UnboundedReceiverStream::new(rx).map(move |message| match message {
-            ToWorker::Item(lease) => Ok(pb::WorkResponse {
-                response: Some(WorkReply::Item(leased_item(&names, &lease))),
-            }),
-            ToWorker::Ack { lease, result } => Ok(pb::WorkResponse {
-                response: Some(WorkReply::OutcomeAck(pb::OutcomeAck {
-                    lease_id: lease.to_string(),
-                    applied: result.is_ok(),
-                    reason: result.err().map(|r| r.to_string()).unwrap_or_default(),
-                })),
-            }),
-            ToWorker::Extended { lease, result } => match result {
-                Ok(deadline) => Ok(pb::WorkResponse {
-                    response: Some(WorkReply::LeaseExtended(pb::LeaseExtended {
-                        lease_id: lease.to_string(),
-                        lease_deadline: Some(timestamp(deadline)),
-                    })),
-                }),
-                Err(refused) => Err(Status::failed_precondition(format!(
-                    "extend lease {lease}: {refused}"
-                ))),
-            },
-            ToWorker::Invalid(reason) => Err(invalid(reason)),
+        let stream = UnboundedReceiverStream::new(rx).map(move |message| {
+            let _alive = &stream_alive;
+            to_response(&names, message)
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -265,6 +248,33 @@ impl QueueService {
             oldest_age: duration(s.oldest_ready),
             retrying: s.retrying,
         }
+    }
+}
+
+fn to_response(names: &[Arc<str>], message: ToWorker) -> Result<pb::WorkResponse, Status> {
+    match message {
+        ToWorker::Item(lease) => Ok(pb::WorkResponse {
+            response: Some(WorkReply::Item(leased_item(names, &lease))),
+        }),
+        ToWorker::Ack { lease, result } => Ok(pb::WorkResponse {
+            response: Some(WorkReply::OutcomeAck(pb::OutcomeAck {
+                lease_id: lease.to_string(),
+                applied: result.is_ok(),
+                reason: result.err().map(|r| r.to_string()).unwrap_or_default(),
+            })),
+        }),
+        ToWorker::Extended { lease, result } => match result {
+            Ok(deadline) => Ok(pb::WorkResponse {
+                response: Some(WorkReply::LeaseExtended(pb::LeaseExtended {
+                    lease_id: lease.to_string(),
+                    lease_deadline: Some(timestamp(deadline)),
+                })),
+            }),
+            Err(refused) => Err(Status::failed_precondition(format!(
+                "extend lease {lease}: {refused}"
+            ))),
+        },
+        ToWorker::Invalid(reason) => Err(invalid(reason)),
     }
 }
 

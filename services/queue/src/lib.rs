@@ -8,7 +8,7 @@ pub mod actor;
 pub mod grpc;
 pub mod metrics;
 
-use std::sync::Arc;
+use std::{net::SocketAddr, sync::Arc};
 
 use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
@@ -56,7 +56,11 @@ pub struct QueueArgs {
     #[arg(long, env = "SWITCHYARD_LEASE_TIMEOUT", default_value = "60s")]
     pub lease_timeout: humantime::Duration,
     /// Keys held at most; a full queue slows senders instead of dropping keys
-    #[arg(long, env = "SWITCHYARD_QUEUE_CAPACITY", default_value_t = 1_000_000)]
+    #[arg(
+        long = "queue-capacity",
+        env = "SWITCHYARD_QUEUE_CAPACITY",
+        default_value_t = 1_000_000
+    )]
     pub capacity: usize,
     /// First retry delay of a failed key
     #[arg(long, env = "SWITCHYARD_RETRY_BASE_DELAY", default_value = "5ms")]
@@ -110,6 +114,13 @@ impl QueueArgs {
 
 impl Args {
     pub async fn run(self) -> Result<()> {
+        let (rt, _) = self.start().await?;
+        rt.run().await?;
+        Ok(())
+    }
+
+    /// Starts the service and returns its runtime (not yet running) and gRPC address.
+    pub async fn start(self) -> Result<(Runtime, SocketAddr)> {
         let Self { runtime, queue } = self;
         let config = queue.config()?;
         let rt = Runtime::start(SERVICE, runtime).await?;
@@ -120,14 +131,14 @@ impl Args {
         let (actor, handle) = actor::Actor::new(core, metrics, queue.drain_grace.into());
         rt.spawn("queue-actor", |drain| actor.run(drain));
         let service = grpc::QueueService::new(handle, &controllers, queue.shard_count);
-        rt.serve_grpc(
-            GrpcServer::new()
-                .add_service(service.into_server())
-                .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
-        )
-        .await?;
-        rt.run().await?;
-        Ok(())
+        let addr = rt
+            .serve_grpc(
+                GrpcServer::new()
+                    .add_service(service.into_server())
+                    .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
+            )
+            .await?;
+        Ok((rt, addr))
     }
 }
 

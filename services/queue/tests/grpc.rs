@@ -1,0 +1,501 @@
+//! The queue service over loopback gRPC: many workers, workers that die mid-lease, stale
+//! outcomes, backpressure, bad input and shard ownership.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{collections::HashSet, net::SocketAddr, time::Duration};
+
+use clap::Parser;
+use prost::Message;
+use switchyard_proto::{
+    common::v1::{NotShardOwner, WorkKey},
+    queue::v1::{
+        Credit, Done, EnqueueItem, EnqueueRequest, Failed, LeasedItem, Outcome, StatsRequest,
+        WorkRequest, WorkResponse, WorkerHello, outcome, queue_client::QueueClient,
+        work_request::Request as Msg, work_response::Response as Reply,
+    },
+};
+use switchyard_queue_core::shard::shard_of;
+use switchyard_runtime::ShutdownHandle;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Streaming, transport::Channel};
+
+const RS: &str = "apps/v1/ReplicaSet";
+const SHARDS: u32 = 4;
+
+struct Server {
+    addr: SocketAddr,
+    shutdown: ShutdownHandle,
+    running: tokio::task::JoinHandle<Result<(), switchyard_runtime::Error>>,
+}
+
+impl Server {
+    async fn start(extra: &[&str]) -> Self {
+        let mut args = vec![
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--controllers={RS},apps/v1/Deployment"),
+            "--retry-qps=0".into(),
+            "--drain-grace=1s".into(),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let (rt, addr) = switchyard_queue::Args::try_parse_from(args)
+            .unwrap()
+            .start()
+            .await
+            .unwrap();
+        let shutdown = rt.shutdown_handle();
+        Self {
+            addr,
+            shutdown,
+            running: tokio::spawn(rt.run()),
+        }
+    }
+
+    async fn client(&self) -> QueueClient<Channel> {
+        QueueClient::connect(format!("http://{}", self.addr))
+            .await
+            .unwrap()
+    }
+
+    async fn stop(self) {
+        self.shutdown.trigger();
+        self.running.await.unwrap().unwrap();
+    }
+}
+
+fn key(name: &str) -> WorkKey {
+    WorkKey {
+        controller: RS.into(),
+        namespace: "default".into(),
+        name: name.into(),
+    }
+}
+
+/// Batches of keys grouped by shard, as a watcher sends them.
+fn batches(names: impl IntoIterator<Item = String>) -> Vec<EnqueueRequest> {
+    let mut by_shard: Vec<Vec<EnqueueItem>> = vec![Vec::new(); SHARDS as usize];
+    for name in names {
+        let shard = shard_of(RS, "default", &name, SHARDS);
+        by_shard[shard as usize].push(EnqueueItem {
+            key: Some(key(&name)),
+            ..Default::default()
+        });
+    }
+    by_shard
+        .into_iter()
+        .enumerate()
+        .filter(|(_, items)| !items.is_empty())
+        .map(|(shard, items)| EnqueueRequest {
+            batch_id: shard as u64,
+            shard: shard as u32,
+            items,
+        })
+        .collect()
+}
+
+struct Worker {
+    tx: mpsc::Sender<WorkRequest>,
+    rx: Streaming<WorkResponse>,
+    /// Items that arrived while waiting for an acknowledgement.
+    early: std::collections::VecDeque<LeasedItem>,
+}
+
+impl Worker {
+    async fn connect(client: &mut QueueClient<Channel>, controllers: &[&str]) -> Self {
+        let (tx, rx) = mpsc::channel(1024);
+        tx.send(WorkRequest {
+            request: Some(Msg::Hello(WorkerHello {
+                worker_id: "test".into(),
+                controllers: controllers.iter().map(|c| (*c).to_owned()).collect(),
+            })),
+        })
+        .await
+        .unwrap();
+        let rx = client
+            .work(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        Self {
+            tx,
+            rx,
+            early: Default::default(),
+        }
+    }
+
+    async fn send(&self, request: Msg) {
+        self.tx
+            .send(WorkRequest {
+                request: Some(request),
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn credit(&self, items: u32) {
+        self.send(Msg::Credit(Credit { items })).await;
+    }
+
+    async fn next(&mut self) -> Reply {
+        tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .expect("a message in time")
+            .unwrap()
+            .unwrap()
+            .response
+            .unwrap()
+    }
+
+    async fn item(&mut self) -> LeasedItem {
+        if let Some(item) = self.early.pop_front() {
+            return item;
+        }
+        match self.next().await {
+            Reply::Item(item) => item,
+            other => panic!("expected an item, got {other:?}"),
+        }
+    }
+
+    async fn finish(
+        &mut self,
+        item: &LeasedItem,
+        result: outcome::Result,
+        epoch: u64,
+    ) -> (bool, String) {
+        self.send(Msg::Outcome(Outcome {
+            shard: item.shard,
+            epoch,
+            lease_id: item.lease_id.clone(),
+            result: Some(result),
+            duration: None,
+        }))
+        .await;
+        loop {
+            match self.next().await {
+                Reply::OutcomeAck(ack) => {
+                    assert_eq!(ack.lease_id, item.lease_id);
+                    return (ack.applied, ack.reason);
+                }
+                Reply::Item(early) => self.early.push_back(early),
+                Reply::LeaseExtended(_) => {}
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn many_workers_lease_every_key_exactly_once() {
+    let server = Server::start(&[]).await;
+    let mut client = server.client().await;
+    let names: Vec<String> = (0..2000).map(|i| format!("obj-{i}")).collect();
+    for batch in batches(names.clone()) {
+        client.enqueue(batch).await.unwrap();
+    }
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let mut c = server.client().await;
+        let worker = Worker::connect(&mut c, &[]).await;
+        worker.credit(50).await;
+        workers.push(worker);
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for mut worker in workers {
+        let tx = tx.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok(Ok(Some(message))) =
+                    tokio::time::timeout(Duration::from_millis(500), worker.rx.message()).await
+                else {
+                    return;
+                };
+                match message.response.unwrap() {
+                    Reply::Item(item) => {
+                        tx.send(item.key.clone().unwrap().name).unwrap();
+                        worker
+                            .send(Msg::Outcome(Outcome {
+                                shard: item.shard,
+                                epoch: item.epoch,
+                                lease_id: item.lease_id,
+                                result: Some(outcome::Result::Done(Done {})),
+                                duration: None,
+                            }))
+                            .await;
+                        worker.credit(1).await;
+                    }
+                    Reply::OutcomeAck(ack) => assert!(ack.applied, "{ack:?}"),
+                    Reply::LeaseExtended(_) => {}
+                }
+            }
+        }));
+    }
+    drop(tx);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut seen = HashSet::new();
+    while let Some(name) = rx.recv().await {
+        assert!(seen.insert(name.clone()), "{name} leased twice");
+    }
+    assert_eq!(seen.len(), names.len());
+    let stats = client
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        stats
+            .shards
+            .iter()
+            .all(|s| s.depth == 0 && s.in_flight == 0)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_lease_loses_its_keys_to_another_after_the_timeout() {
+    let server = Server::start(&["--lease-timeout=300ms"]).await;
+    let mut client = server.client().await;
+    for batch in batches(["victim".to_owned()]) {
+        client.enqueue(batch).await.unwrap();
+    }
+    let mut doomed = Worker::connect(&mut client, &[RS]).await;
+    doomed.credit(1).await;
+    let first = doomed.item().await;
+    // Killed: the stream is reset while its request side is still open, never closed cleanly.
+    let Worker {
+        tx: _still_open,
+        rx,
+        ..
+    } = doomed;
+    drop(rx);
+
+    let mut c = server.client().await;
+    let mut survivor = Worker::connect(&mut c, &[RS]).await;
+    survivor.credit(1).await;
+    let started = tokio::time::Instant::now();
+    let second = survivor.item().await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "only after the lease expired"
+    );
+    assert_eq!(second.key, first.key);
+    assert_eq!(second.attempt, 2, "an expired lease counts as a failure");
+    assert_ne!(second.lease_id, first.lease_id);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_cleanly_closed_worker_hands_its_keys_back_at_once() {
+    let server = Server::start(&["--lease-timeout=60s"]).await;
+    let mut client = server.client().await;
+    for batch in batches(["handed-back".to_owned()]) {
+        client.enqueue(batch).await.unwrap();
+    }
+    let mut leaving = Worker::connect(&mut client, &[]).await;
+    leaving.credit(1).await;
+    let item = leaving.item().await;
+    drop(leaving.tx); // closes the request stream cleanly
+    let mut c = server.client().await;
+    let mut next = Worker::connect(&mut c, &[]).await;
+    next.credit(1).await;
+    let again = next.item().await;
+    assert_eq!((again.key, again.attempt), (item.key, 1));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stale_and_unknown_outcomes_are_refused_and_change_nothing() {
+    let server = Server::start(&[]).await;
+    let mut client = server.client().await;
+    for batch in batches(["fenced".to_owned()]) {
+        client.enqueue(batch).await.unwrap();
+    }
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    worker.credit(1).await;
+    let item = worker.item().await;
+    let (applied, reason) = worker
+        .finish(&item, outcome::Result::Done(Done {}), item.epoch + 1)
+        .await;
+    assert!(!applied);
+    assert!(reason.starts_with("stale epoch"), "{reason}");
+    let unknown = LeasedItem {
+        lease_id: "424242".into(),
+        ..item.clone()
+    };
+    let (applied, reason) = worker
+        .finish(&unknown, outcome::Result::Done(Done {}), item.epoch)
+        .await;
+    assert!(!applied);
+    assert!(reason.starts_with("unknown lease"), "{reason}");
+    let stats = client
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        stats.shards.iter().map(|s| s.in_flight).sum::<u64>(),
+        1,
+        "still leased"
+    );
+    let (applied, _) = worker
+        .finish(
+            &item,
+            outcome::Result::Failed(Failed {
+                reason: "boom".into(),
+            }),
+            item.epoch,
+        )
+        .await;
+    assert!(applied);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_slows_the_sender_and_drops_nothing() {
+    let server = Server::start(&["--queue-capacity=10"]).await;
+    let mut client = server.client().await;
+    let names: Vec<String> = (0..80).map(|i| format!("k{i}")).collect();
+    let batch = batches(names.clone())
+        .into_iter()
+        .max_by_key(|b| b.items.len())
+        .unwrap();
+    let expected: HashSet<String> = batch
+        .items
+        .iter()
+        .map(|i| i.key.clone().unwrap().name)
+        .collect();
+    assert!(expected.len() > 10);
+    let mut sender = client.clone();
+    let pending = tokio::spawn(async move { sender.enqueue(batch).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pending.is_finished(), "the batch waits for room");
+
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    worker.credit(1000).await;
+    let mut seen = HashSet::new();
+    while seen.len() < expected.len() {
+        let item = worker.item().await;
+        seen.insert(item.key.clone().unwrap().name);
+        worker
+            .finish(&item, outcome::Result::Done(Done {}), item.epoch)
+            .await;
+    }
+    assert_eq!(seen, expected);
+    let ack = pending.await.unwrap().unwrap().into_inner();
+    assert_eq!(ack.added as usize, expected.len());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_naming_the_field_and_changes_nothing() {
+    let server = Server::start(&[]).await;
+    let mut client = server.client().await;
+    let good = key("fine");
+    let shard = shard_of(RS, "default", "fine", SHARDS);
+    let item = |k: WorkKey| EnqueueItem {
+        key: Some(k),
+        ..Default::default()
+    };
+    let cases = [
+        (
+            WorkKey {
+                name: String::new(),
+                ..key("")
+            },
+            "items[1].key.name: must not be empty",
+        ),
+        (
+            key(&"n".repeat(254)),
+            "items[1].key.name: 254 characters, at most 253",
+        ),
+        (
+            WorkKey {
+                namespace: "n".repeat(64),
+                ..key("x")
+            },
+            "items[1].key.namespace: 64 characters, at most 63",
+        ),
+        (
+            WorkKey {
+                controller: "v1/Unknown".into(),
+                ..key("x")
+            },
+            "items[1].key.controller: unknown controller \"v1/Unknown\"",
+        ),
+    ];
+    for (bad, message) in cases {
+        let status = client
+            .enqueue(EnqueueRequest {
+                batch_id: 1,
+                shard,
+                items: vec![item(good.clone()), item(bad)],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::InvalidArgument, message)
+        );
+    }
+    let status = client
+        .enqueue(EnqueueRequest {
+            batch_id: 1,
+            shard: 99,
+            items: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.message(), "shard: 99 is not below the shard count 4");
+    let stats = client
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        stats.shards.iter().map(|s| s.depth).sum::<u64>(),
+        0,
+        "nothing was added"
+    );
+
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    worker.credit(0).await;
+    let status = worker.rx.message().await.unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            "credit.items: 0 is out of range 1..=10000"
+        )
+    );
+
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(WorkRequest {
+        request: Some(Msg::Credit(Credit { items: 1 })),
+    })
+    .await
+    .unwrap();
+    let status = client.work(ReceiverStream::new(rx)).await.unwrap_err();
+    assert_eq!(
+        status.message(),
+        "the first message of a work stream must be hello"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_shard_not_served_here_is_refused_with_where_to_go() {
+    let server = Server::start(&["--static-shards=false"]).await;
+    let mut client = server.client().await;
+    let request = batches(["orphan".to_owned()]).remove(0);
+    let shard = request.shard;
+    let status = client.enqueue(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    let detail = NotShardOwner::decode(status.details()).unwrap();
+    assert_eq!(detail.shard, shard);
+    server.stop().await;
+}
