@@ -38,6 +38,11 @@ impl Metrics {
         Self(Arc::new(Mutex::new(registry)))
     }
 
+    /// A registry of its own, for tests and benchmarks that run parts of a service.
+    pub fn new_for_tests() -> Self {
+        Self::new("test")
+    }
+
     /// Registers a metric under `name` (without the unit suffix, which is added).
     pub fn register(
         &self,

@@ -26,6 +26,7 @@ const SHARDS: u32 = 4;
 
 struct Server {
     addr: SocketAddr,
+    admin: SocketAddr,
     shutdown: ShutdownHandle,
     running: tokio::task::JoinHandle<Result<(), switchyard_runtime::Error>>,
 }
@@ -50,6 +51,7 @@ impl Server {
         let shutdown = rt.shutdown_handle();
         Self {
             addr,
+            admin: rt.admin_addr(),
             shutdown,
             running: tokio::spawn(rt.run()),
         }
@@ -497,5 +499,63 @@ async fn a_shard_not_served_here_is_refused_with_where_to_go() {
     assert_eq!(status.code(), Code::FailedPrecondition);
     let detail = NotShardOwner::decode(status.details()).unwrap();
     assert_eq!(detail.shard, shard);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_follow_a_known_workload() {
+    let server = Server::start(&[]).await;
+    let mut client = server.client().await;
+    let names = [
+        "m-done".to_owned(),
+        "m-failed".to_owned(),
+        "m-waiting".to_owned(),
+    ];
+    for batch in batches(names.clone()) {
+        client.enqueue(batch).await.unwrap();
+    }
+    // Coalesces: not an add.
+    for batch in batches(["m-waiting".to_owned()]) {
+        client.enqueue(batch).await.unwrap();
+    }
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    worker.credit(2).await;
+    let a = worker.item().await;
+    let b = worker.item().await;
+    worker
+        .finish(&a, outcome::Result::Done(Done {}), a.epoch)
+        .await;
+    worker
+        .finish(&b, outcome::Result::Failed(Failed::default()), b.epoch)
+        .await;
+    worker
+        .finish(&b, outcome::Result::Done(Done {}), b.epoch + 7)
+        .await;
+
+    let text = reqwest::get(format!("http://{}/metrics", server.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let sum = |prefix: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(sum("workqueue_adds_total{"), 3.0, "{text}");
+    assert_eq!(sum("workqueue_retries_total{"), 1.0);
+    assert_eq!(sum("workqueue_work_duration_seconds_count{"), 2.0);
+    assert_eq!(sum("workqueue_queue_duration_seconds_count{"), 2.0);
+    assert_eq!(
+        sum("switchyard_queue_refused_outcomes_total{reason=\"stale_epoch\"}"),
+        1.0
+    );
+    assert!(
+        text.contains("name=\"apps/v1/ReplicaSet\""),
+        "labelled by controller"
+    );
+    assert!(text.trim_end().ends_with("# EOF"));
     server.stop().await;
 }
