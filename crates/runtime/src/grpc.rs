@@ -95,6 +95,9 @@ impl GrpcServer {
                     .await;
             }
             info!(%addr, tls, mtls, "serving gRPC");
+            // Small frames (a lease, an ack) must leave at once: Nagle's algorithm with
+            // delayed ACKs would hold them for tens of milliseconds.
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
             let shutdown = {
                 let health = health.clone();
                 async move {
@@ -107,7 +110,7 @@ impl GrpcServer {
                 }
             };
             if let Err(error) = router
-                .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+                .serve_with_incoming_shutdown(incoming, shutdown)
                 .await
             {
                 warn!(%error, "gRPC server failed");

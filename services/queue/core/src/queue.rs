@@ -203,6 +203,28 @@ struct ControllerQueue {
     ready: [VecDeque<(Arc<str>, u64)>; 2],
 }
 
+/// Hashes lease ids, which this replica generates in sequence: nobody can choose them to
+/// collide, so SipHash's flooding protection buys nothing here (keys, which users name,
+/// keep SipHash). Fibonacci hashing spreads the sequence over the table.
+#[derive(Clone, Copy, Debug, Default)]
+struct LeaseIdHasher(u64);
+
+impl std::hash::Hasher for LeaseIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 << 8 | u64::from(*byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type LeaseMap<V> = HashMap<LeaseId, V, std::hash::BuildHasherDefault<LeaseIdHasher>>;
+
 /// Ready time, entry seq when scheduled, controller, key.
 type DelayedItem = (Instant, u64, ControllerId, Arc<str>);
 
@@ -225,7 +247,7 @@ pub struct Queue {
     by_name: HashMap<Arc<str>, ControllerId>,
     controllers: Vec<ControllerQueue>,
     shards: HashMap<u32, ShardState>,
-    leases: HashMap<LeaseId, LeaseInfo>,
+    leases: LeaseMap<LeaseInfo>,
     lease_deadlines: BinaryHeap<Reverse<(Instant, LeaseId)>>,
     delayed: BinaryHeap<Reverse<DelayedItem>>,
     len: usize,
@@ -233,6 +255,7 @@ pub struct Queue {
     next_lease: LeaseId,
     cursor: usize,
     totals: Totals,
+    scratch: String,
 }
 
 impl Queue {
@@ -255,7 +278,7 @@ impl Queue {
                 .collect(),
             names,
             shards: HashMap::new(),
-            leases: HashMap::new(),
+            leases: LeaseMap::default(),
             lease_deadlines: BinaryHeap::new(),
             delayed: BinaryHeap::new(),
             len: 0,
@@ -263,6 +286,7 @@ impl Queue {
             next_lease: 1,
             cursor: 0,
             totals: Totals::default(),
+            scratch: String::new(),
         }
     }
 
@@ -408,7 +432,12 @@ impl Queue {
         } else {
             Due::At(now + delay)
         };
-        let joined: String = format!("{}/{}", key.namespace, key.name);
+        // `namespace/name` in a reused buffer: lookups of known keys allocate nothing.
+        let joined = &mut self.scratch;
+        joined.clear();
+        joined.push_str(&key.namespace);
+        joined.push('/');
+        joined.push_str(&key.name);
         let queue = &mut self.controllers[controller as usize];
         let Some(entry) = queue.entries.get_mut(joined.as_str()) else {
             if self.len >= self.config.capacity {
@@ -416,20 +445,33 @@ impl Queue {
                     capacity: self.config.capacity,
                 });
             }
-            let key: Arc<str> = Arc::from(joined);
+            let key: Arc<str> = Arc::from(joined.as_str());
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            // Scheduled here rather than through `schedule`, which would look the key up again.
+            let state = match due {
+                Due::Now(priority) => {
+                    queue.ready[priority as usize].push_back((key.clone(), seq));
+                    State::Ready(priority)
+                }
+                Due::At(at) => {
+                    self.delayed
+                        .push(Reverse((at, seq, controller, key.clone())));
+                    State::Delayed(at)
+                }
+            };
             queue.entries.insert(
-                key.clone(),
+                key,
                 Entry {
                     shard,
-                    state: State::Ready(priority),
+                    state,
                     failures: 0,
                     ready_since: now,
-                    seq: 0,
+                    seq,
                 },
             );
             self.len += 1;
             self.totals.adds += 1;
-            self.schedule(controller, key, due, now);
             return Ok(AddOutcome::Added);
         };
         let reschedule = match entry.state {
@@ -449,7 +491,7 @@ impl Queue {
         if reschedule {
             let key = queue
                 .entries
-                .get_key_value(joined.as_str())
+                .get_key_value(self.scratch.as_str())
                 .map(|(k, _)| k.clone())
                 .expect("entry exists");
             self.schedule(controller, key, due, now);

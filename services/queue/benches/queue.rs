@@ -1,0 +1,359 @@
+//! `make bench-queue`: the queue's figures, each printed as `bench queue.<figure> <value> <unit>`.
+//!
+//! - `core_ops`: the in-process core alone (add, lease, done), the ceiling of the service;
+//! - `bytes_per_key`: heap bytes per queued key, 1,000,000 keys with 40-character names;
+//! - `e2e_throughput`: enqueue -> lease -> done through one replica over loopback gRPC, with
+//!   batched enqueues and credit-based workers;
+//! - `lease_latency_p50` / `lease_latency_p99`: enqueue to lease at a steady 10,000 keys/s.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use switchyard_proto::{
+    common::v1::WorkKey as ProtoKey,
+    queue::v1::{
+        Credit, Done, EnqueueItem, EnqueueRequest, Outcome as ProtoOutcome, WorkRequest,
+        WorkerHello, outcome, queue_client::QueueClient, work_request::Request as Msg,
+        work_response::Response as Reply,
+    },
+};
+use switchyard_queue_core::{Outcome, Priority, Queue, QueueConfig, WorkKey, shard::shard_of};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+struct Counting;
+
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator and only counts bytes.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATED.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATED.fetch_add(new_size, Ordering::Relaxed);
+        ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const RS: &str = "apps/v1/ReplicaSet";
+const SHARDS: u32 = 256;
+const NAMESPACE: &str = "default";
+
+fn name(i: usize) -> String {
+    // 40 characters, like a generated Pod or ReplicaSet name.
+    format!("{:0>40}", format!("web-7d4b9c8f5d-{i}"))
+}
+
+fn core_queue(capacity: usize) -> Queue {
+    switchyard_queue::serving_queue(
+        QueueConfig {
+            shard_count: SHARDS,
+            capacity,
+            ..Default::default()
+        },
+        &[RS],
+        true,
+    )
+}
+
+fn key(i: usize) -> WorkKey {
+    WorkKey {
+        controller: RS.into(),
+        namespace: NAMESPACE.into(),
+        name: name(i),
+    }
+}
+
+fn bench_core() {
+    const N: usize = 1_000_000;
+    let keys: Vec<WorkKey> = (0..N).map(key).collect();
+    let mut queue = core_queue(N);
+    let now = Instant::now();
+    let start = Instant::now();
+    for k in &keys {
+        queue.add(k, Priority::Normal, Duration::ZERO, now).unwrap();
+    }
+    let mut done = 0;
+    while let Some(lease) = queue.lease(1, &[], now) {
+        queue
+            .complete(lease.shard, lease.epoch, lease.id, Outcome::Done, now)
+            .unwrap();
+        done += 1;
+    }
+    assert_eq!(done, N);
+    let ops = (3 * N) as f64 / start.elapsed().as_secs_f64();
+    println!("bench queue.core_ops {ops:.0} ops/s");
+}
+
+fn bench_memory() {
+    const N: usize = 1_000_000;
+    let keys: Vec<WorkKey> = (0..N).map(key).collect();
+    let mut queue = core_queue(N);
+    let now = Instant::now();
+    let before = ALLOCATED.load(Ordering::Relaxed);
+    for k in &keys {
+        queue.add(k, Priority::Normal, Duration::ZERO, now).unwrap();
+    }
+    let bytes = ALLOCATED.load(Ordering::Relaxed) - before;
+    let key_len = NAMESPACE.len() + 1 + 40;
+    println!("bench queue.bytes_per_key {} bytes", bytes / N);
+    println!(
+        "bench queue.bytes_per_key_overhead {} bytes",
+        bytes / N - key_len
+    );
+    drop(queue);
+}
+
+async fn server() -> (SocketAddr, switchyard_runtime::ShutdownHandle) {
+    let args = switchyard_queue::Args::try_parse_from([
+        "switchyard-queue",
+        "--admin-addr=127.0.0.1:0",
+        "--grpc-addr=127.0.0.1:0",
+        "--log-level=warn",
+        &format!("--shard-count={SHARDS}"),
+        &format!("--controllers={RS}"),
+        "--queue-capacity=2000000",
+    ])
+    .unwrap();
+    let (rt, addr) = args.start().await.unwrap();
+    let shutdown = rt.shutdown_handle();
+    tokio::spawn(rt.run());
+    (addr, shutdown)
+}
+
+/// Batches of keys that all hash to one shard, as a watcher routes them.
+fn batches(range: std::ops::Range<usize>, batch: usize) -> Vec<EnqueueRequest> {
+    let mut by_shard: HashMap<u32, Vec<EnqueueItem>> = HashMap::new();
+    let mut out = Vec::new();
+    for i in range {
+        let name = name(i);
+        let shard = shard_of(RS, NAMESPACE, &name, SHARDS);
+        let items = by_shard.entry(shard).or_default();
+        items.push(EnqueueItem {
+            key: Some(ProtoKey {
+                controller: RS.into(),
+                namespace: NAMESPACE.into(),
+                name,
+            }),
+            ..Default::default()
+        });
+        if items.len() == batch {
+            out.push(EnqueueRequest {
+                batch_id: out.len() as u64,
+                shard,
+                items: std::mem::take(items),
+            });
+        }
+    }
+    for (shard, items) in by_shard {
+        if !items.is_empty() {
+            out.push(EnqueueRequest {
+                batch_id: out.len() as u64,
+                shard,
+                items,
+            });
+        }
+    }
+    out
+}
+
+/// A worker that answers Done to every item and grants credits back in chunks; calls
+/// `on_item` with each item's key name. Returns when `total` items were answered.
+async fn worker(
+    addr: SocketAddr,
+    credits: u32,
+    mut on_item: impl FnMut(&str) + Send + 'static,
+    stop: Arc<AtomicUsize>,
+    total: usize,
+) {
+    let mut client = QueueClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(4096);
+    tx.send(WorkRequest {
+        request: Some(Msg::Hello(WorkerHello::default())),
+    })
+    .await
+    .unwrap();
+    tx.send(WorkRequest {
+        request: Some(Msg::Credit(Credit { items: credits })),
+    })
+    .await
+    .unwrap();
+    let mut inbound = client
+        .work(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut owed = 0;
+    while stop.load(Ordering::Relaxed) < total {
+        let Ok(Ok(Some(message))) =
+            tokio::time::timeout(Duration::from_millis(200), inbound.message()).await
+        else {
+            continue;
+        };
+        if let Some(Reply::Item(item)) = message.response {
+            on_item(&item.key.as_ref().unwrap().name);
+            tx.send(WorkRequest {
+                request: Some(Msg::Outcome(ProtoOutcome {
+                    shard: item.shard,
+                    epoch: item.epoch,
+                    lease_id: item.lease_id,
+                    result: Some(outcome::Result::Done(Done {})),
+                    duration: None,
+                })),
+            })
+            .await
+            .unwrap();
+            stop.fetch_add(1, Ordering::Relaxed);
+            owed += 1;
+            if owed >= credits / 4 {
+                tx.send(WorkRequest {
+                    request: Some(Msg::Credit(Credit { items: owed })),
+                })
+                .await
+                .unwrap();
+                owed = 0;
+            }
+        }
+    }
+}
+
+async fn bench_e2e() {
+    const N: usize = 400_000;
+    const WORKERS: usize = 2;
+    let (addr, shutdown) = server().await;
+    let requests = batches(0..N, 1000);
+    let done = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..WORKERS {
+        tasks.push(tokio::spawn(worker(addr, 2000, |_| {}, done.clone(), N)));
+    }
+    let mut producer = QueueClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    let acks = tokio::spawn(async move {
+        let mut acks = producer
+            .enqueue_stream(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        while acks.message().await.unwrap().is_some() {}
+    });
+    for request in requests {
+        tx.send(request).await.unwrap();
+    }
+    drop(tx);
+    acks.await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let rate = N as f64 / start.elapsed().as_secs_f64();
+    println!("bench queue.e2e_throughput {rate:.0} keys/s");
+    shutdown.trigger();
+}
+
+async fn bench_latency() {
+    const RATE: usize = 10_000;
+    const SECONDS: usize = 5;
+    const TICK: Duration = Duration::from_millis(1);
+    let total = RATE * SECONDS;
+    let (addr, shutdown) = server().await;
+    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let done = Arc::new(AtomicUsize::new(0));
+    let on_item = {
+        let sent = sent.clone();
+        let latencies = latencies.clone();
+        move |name: &str| {
+            if let Some(at) = sent.lock().unwrap().remove(name) {
+                latencies.lock().unwrap().push(at.elapsed());
+            }
+        }
+    };
+    let worker = tokio::spawn(worker(addr, 1000, on_item, done.clone(), total));
+    // 10 keys each millisecond, each tick's keys from one shard (one batch).
+    let per_tick = RATE / 1000;
+    let requests = batches(10_000_000..10_000_000 + total, per_tick);
+    let mut client = QueueClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    for request in requests {
+        ticker.tick().await;
+        {
+            let mut sent = sent.lock().unwrap();
+            let now = Instant::now();
+            for item in &request.items {
+                sent.insert(item.key.as_ref().unwrap().name.clone(), now);
+            }
+        }
+        client.enqueue(request).await.unwrap();
+    }
+    worker.await.unwrap();
+    let mut latencies = std::mem::take(&mut *latencies.lock().unwrap());
+    latencies.sort_unstable();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    println!(
+        "bench queue.lease_latency_p50 {:.3} ms",
+        at(0.50).as_secs_f64() * 1e3
+    );
+    println!(
+        "bench queue.lease_latency_p99 {:.3} ms",
+        at(0.99).as_secs_f64() * 1e3
+    );
+    shutdown.trigger();
+}
+
+fn main() {
+    // `cargo bench` passes --bench; a figure name filters.
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+    if wanted("core_ops") {
+        bench_core();
+    }
+    if wanted("bytes_per_key") {
+        bench_memory();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    if wanted("e2e_throughput") {
+        runtime.block_on(bench_e2e());
+    }
+    if wanted("lease_latency") {
+        runtime.block_on(bench_latency());
+    }
+}
