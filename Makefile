@@ -9,7 +9,7 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help run test lint testenv build cluster-up cluster-down bench
+.PHONY: help run test lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e
 
 help:
 	@echo "make run           start a local control plane and every service against it"
@@ -17,7 +17,7 @@ help:
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
-	@echo "make bench         run the benchmarks"
+	@echo "make bench         run every benchmark; make bench-<area> one area (queue, elector, watcher, e2e)"
 
 testenv:
 	@scripts/testenv.sh build >/dev/null
@@ -46,7 +46,13 @@ cluster-down:
 	$(CARGO) build --locked -p switchyard-testenv --bin switchyard-dev
 	$(DEV) down
 
-# Benchmarks arrive with the services that do real work; each prints
-# `bench <area>.<figure> <value> <unit>` lines.
-bench:
-	@echo "no benchmarks yet"
+# Each benchmark prints `bench <area>.<figure> <value> <unit>` lines; results are recorded
+# in docs/benchmarks.md.
+bench: bench-queue bench-elector bench-watcher bench-e2e
+
+bench-queue:
+	$(CARGO) bench --locked -p switchyard-queue --bench queue
+
+# These areas have no benchmark yet; they come with the elector, watcher and reconciler.
+bench-elector bench-watcher bench-e2e:
+	@echo "$@: no benchmark in this area yet"

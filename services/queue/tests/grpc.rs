@@ -559,3 +559,33 @@ async fn metrics_follow_a_known_workload() {
     assert!(text.trim_end().ends_with("# EOF"));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn shutdown_stops_leasing_but_takes_in_flight_outcomes_within_the_grace() {
+    let server = Server::start(&[]).await; // drain grace 1 s
+    let mut client = server.client().await;
+    for batch in batches(["in-flight".to_owned(), "never-leased".to_owned()]) {
+        client.enqueue(batch).await.unwrap();
+    }
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    worker.credit(1).await;
+    let item = worker.item().await;
+
+    server.shutdown.trigger();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    worker.credit(5).await;
+    let (applied, reason) = worker
+        .finish(&item, outcome::Result::Done(Done {}), item.epoch)
+        .await;
+    assert!(
+        applied,
+        "an in-flight outcome still counts while draining: {reason}"
+    );
+    // Nothing else was leased, and the stream ends once the shards are handed back.
+    let end = tokio::time::timeout(Duration::from_secs(5), worker.rx.message())
+        .await
+        .expect("the stream ends within the grace (1 s)");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    assert!(worker.early.is_empty());
+    server.running.await.unwrap().unwrap();
+}
