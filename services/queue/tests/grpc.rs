@@ -57,6 +57,19 @@ impl Server {
         }
     }
 
+    /// A server with `names` already enqueued, and a client.
+    async fn seeded(
+        extra: &[&str],
+        names: impl IntoIterator<Item = String>,
+    ) -> (Self, QueueClient<Channel>) {
+        let server = Self::start(extra).await;
+        let mut client = server.client().await;
+        for batch in batches(names) {
+            client.enqueue(batch).await.unwrap();
+        }
+        (server, client)
+    }
+
     async fn client(&self) -> QueueClient<Channel> {
         QueueClient::connect(format!("http://{}", self.addr))
             .await
@@ -260,11 +273,8 @@ async fn many_workers_lease_every_key_exactly_once() {
 
 #[tokio::test]
 async fn a_worker_killed_mid_lease_loses_its_keys_to_another_after_the_timeout() {
-    let server = Server::start(&["--lease-timeout=300ms"]).await;
-    let mut client = server.client().await;
-    for batch in batches(["victim".to_owned()]) {
-        client.enqueue(batch).await.unwrap();
-    }
+    let (server, mut client) =
+        Server::seeded(&["--lease-timeout=300ms"], ["victim".to_owned()]).await;
     let mut doomed = Worker::connect(&mut client, &[RS]).await;
     doomed.credit(1).await;
     let first = doomed.item().await;
@@ -293,11 +303,8 @@ async fn a_worker_killed_mid_lease_loses_its_keys_to_another_after_the_timeout()
 
 #[tokio::test]
 async fn a_cleanly_closed_worker_hands_its_keys_back_at_once() {
-    let server = Server::start(&["--lease-timeout=60s"]).await;
-    let mut client = server.client().await;
-    for batch in batches(["handed-back".to_owned()]) {
-        client.enqueue(batch).await.unwrap();
-    }
+    let (server, mut client) =
+        Server::seeded(&["--lease-timeout=60s"], ["handed-back".to_owned()]).await;
     let mut leaving = Worker::connect(&mut client, &[]).await;
     leaving.credit(1).await;
     let item = leaving.item().await;
@@ -312,11 +319,7 @@ async fn a_cleanly_closed_worker_hands_its_keys_back_at_once() {
 
 #[tokio::test]
 async fn stale_and_unknown_outcomes_are_refused_and_change_nothing() {
-    let server = Server::start(&[]).await;
-    let mut client = server.client().await;
-    for batch in batches(["fenced".to_owned()]) {
-        client.enqueue(batch).await.unwrap();
-    }
+    let (server, mut client) = Server::seeded(&[], ["fenced".to_owned()]).await;
     let mut worker = Worker::connect(&mut client, &[]).await;
     worker.credit(1).await;
     let item = worker.item().await;
@@ -562,11 +565,8 @@ async fn metrics_follow_a_known_workload() {
 
 #[tokio::test]
 async fn shutdown_stops_leasing_but_takes_in_flight_outcomes_within_the_grace() {
-    let server = Server::start(&[]).await; // drain grace 1 s
-    let mut client = server.client().await;
-    for batch in batches(["in-flight".to_owned(), "never-leased".to_owned()]) {
-        client.enqueue(batch).await.unwrap();
-    }
+    let (server, mut client) =
+        Server::seeded(&[], ["in-flight".to_owned(), "never-leased".to_owned()]).await;
     let mut worker = Worker::connect(&mut client, &[]).await;
     worker.credit(1).await;
     let item = worker.item().await;
