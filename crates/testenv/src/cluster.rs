@@ -11,7 +11,7 @@ use switchyard_k8s::{
 use tracing::info;
 
 use crate::{
-    Binaries, Error, Result, kubeconfig,
+    Binaries, Error, Etcd, Result, kubeconfig,
     pki::Pki,
     ports::free_port,
     process::{ManagedProcess, start_on_free_ports, wait_healthy},
@@ -19,7 +19,7 @@ use crate::{
 
 /// How long each component gets to become healthy. Generous: on 2 busy cores a cold
 /// kube-apiserver takes 10-20 s to serve /readyz.
-const START_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// The annotation kwok selects the Nodes it plays the kubelet for.
 const KWOK_NODE_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
 /// Service and pod address ranges; both fake, never dialed.
@@ -134,7 +134,7 @@ impl ControlPlane {
         let pki = Pki::generate(&dir)?;
         let mut processes = Vec::new();
 
-        let (etcd, etcd_url) = start_etcd(&binaries, &dir).await?;
+        let (etcd, etcd_url) = Etcd::start_in(&binaries, &dir).await?.into_parts();
         processes.push(etcd);
         let (apiserver, server) = start_apiserver(&binaries, &dir, &pki, &etcd_url).await?;
         processes.push(apiserver);
@@ -358,42 +358,6 @@ pub(crate) async fn create_default_service_account(client: &Client, namespace: &
     }
 }
 
-async fn start_etcd(binaries: &Binaries, dir: &Path) -> Result<(ManagedProcess, String)> {
-    start_on_free_ports("etcd", || async {
-        let client = free_port()?;
-        let peer = free_port()?;
-        let client_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let data = dir.join("etcd-data");
-        let _ = std::fs::remove_dir_all(&data);
-        let args = vec![
-            "--name=switchyard-testenv".to_owned(),
-            format!("--data-dir={}", data.display()),
-            format!("--listen-client-urls={client_url}"),
-            format!("--advertise-client-urls={client_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=switchyard-testenv={peer_url}"),
-            // The listener for /metrics and /health stays on the client URL.
-            "--unsafe-no-fsync=true".to_owned(),
-            "--auto-compaction-retention=1".to_owned(),
-            "--log-level=warn".to_owned(),
-        ];
-        let mut process = ManagedProcess::spawn(
-            "etcd",
-            &binaries.path("etcd"),
-            &args,
-            &[],
-            &dir.join("etcd.log"),
-        )?;
-        let http = reqwest::Client::new();
-        let url = format!("{client_url}/health");
-        wait_healthy(&mut process, START_TIMEOUT, || http_ok(&http, &url)).await?;
-        Ok((process, client_url))
-    })
-    .await
-}
-
 async fn start_apiserver(
     binaries: &Binaries,
     dir: &Path,
@@ -533,7 +497,7 @@ fn insecure_http() -> Result<reqwest::Client> {
         .map_err(|e| Error::Setup(format!("failed to build an HTTP client: {e}")))
 }
 
-async fn http_ok(http: &reqwest::Client, url: &str) -> bool {
+pub(crate) async fn http_ok(http: &reqwest::Client, url: &str) -> bool {
     http.get(url)
         .timeout(Duration::from_secs(2))
         .send()

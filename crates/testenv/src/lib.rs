@@ -17,6 +17,7 @@
 mod binaries;
 mod cluster;
 mod error;
+mod etcd;
 mod kubeconfig;
 mod namespace;
 mod pki;
@@ -27,5 +28,6 @@ mod service;
 pub use binaries::Binaries;
 pub use cluster::{ControlPlane, ControlPlaneOptions, ControllerManager};
 pub use error::{Error, Result};
+pub use etcd::Etcd;
 pub use namespace::TestNamespace;
 pub use service::{ServiceProcess, assert_service_lifecycle, list_services};

@@ -3,6 +3,8 @@
 //! The service's own gRPC API is added by its issue; until then the binary runs the shared
 //! runtime shell (admin port, health, reflection, drain) and reports ready.
 
+pub mod membership;
+
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
 
 pub const SERVICE: &str = "switchyard-elector";
