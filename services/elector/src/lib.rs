@@ -1,11 +1,25 @@
 //! Switchyard elector: queue membership, shard assignment and fencing epochs in etcd.
 //!
-//! The service's own gRPC API is added by its issue; until then the binary runs the shared
-//! runtime shell (admin port, health, reflection, drain) and reports ready.
+//! - [`membership`]: queue replicas register under an etcd lease and stop serving before it
+//!   can have expired;
+//! - [`leader`]: elector replicas campaign; the leader keeps the shard map in step with the
+//!   live members (assignment and handover plans come from `switchyard-elector-core`);
+//! - [`shardmap`]: the shard map in etcd, with epochs that are etcd revisions, and the fenced
+//!   release a draining owner performs.
+//!
+//! The elector's gRPC API (`switchyard.elector.v1.Elector`) and the queue's use of the shard
+//! map come next; the binary already campaigns and keeps the map.
 
+pub mod leader;
 pub mod membership;
+pub mod shardmap;
 
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
+use tokio::sync::watch;
+use tracing::{info, warn};
 
 pub const SERVICE: &str = "switchyard-elector";
 
@@ -13,6 +27,8 @@ pub const SERVICE: &str = "switchyard-elector";
 pub enum Error {
     #[error(transparent)]
     Runtime(#[from] switchyard_runtime::Error),
+    #[error("invalid configuration: {0}")]
+    Config(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -22,12 +38,110 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Args {
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    /// etcd client URLs, comma-separated
+    #[arg(
+        long,
+        env = "SWITCHYARD_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// This elector's id in the election (default: the host name, which is the pod name)
+    #[arg(long, env = "SWITCHYARD_ELECTOR_ID")]
+    pub elector_id: Option<String>,
+    /// Number of virtual shards; must match the queue's --shard-count
+    #[arg(long, env = "SWITCHYARD_SHARD_COUNT", default_value_t = 256)]
+    pub shard_count: u32,
+    /// Shards a member may hold above ceil(shards / members)
+    #[arg(long, env = "SWITCHYARD_SHARD_SLACK", default_value_t = 1)]
+    pub shard_slack: u32,
+    /// TTL of the leader's election lease: how soon a follower replaces a dead leader
+    #[arg(long, env = "SWITCHYARD_ELECTION_TTL", default_value = "2s")]
+    pub election_ttl: humantime::Duration,
 }
+
+/// First and last delay between attempts to reach etcd at start.
+const CONNECT_RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(5));
 
 impl Args {
     pub async fn run(self) -> Result<()> {
-        let Self { runtime } = self;
+        let Self {
+            runtime,
+            etcd_endpoints,
+            elector_id,
+            shard_count,
+            shard_slack,
+            election_ttl,
+        } = self;
+        if etcd_endpoints.iter().all(|e| e.trim().is_empty()) {
+            return Err(Error::Config(
+                "--etcd-endpoints: at least one URL is needed".into(),
+            ));
+        }
+        if shard_count == 0 {
+            return Err(Error::Config("--shard-count: must be at least 1".into()));
+        }
+        let ttl: Duration = election_ttl.into();
+        if ttl < Duration::from_secs(1) {
+            return Err(Error::Config(
+                "--election-ttl: etcd leases last at least 1s".into(),
+            ));
+        }
+        let id = elector_id.unwrap_or_else(|| {
+            std::env::var("HOSTNAME").unwrap_or_else(|_| format!("elector-{}", std::process::id()))
+        });
         let rt = Runtime::start(SERVICE, runtime).await?;
+
+        let leader_gauge = Gauge::<i64>::default();
+        rt.metrics().register(
+            "switchyard_elector_leader",
+            "1 while this elector leads the shard assignment",
+            leader_gauge.clone(),
+        );
+        let (leading, mut is_leading) = watch::channel(false);
+        rt.spawn("leader-gauge", move |drain| async move {
+            loop {
+                leader_gauge.set(i64::from(*is_leading.borrow_and_update()));
+                tokio::select! {
+                    changed = is_leading.changed() => if changed.is_err() { return },
+                    _ = drain.clone().signaled() => return,
+                }
+            }
+        });
+
+        let gate = rt.readiness().gate("etcd");
+        let endpoints = etcd_endpoints.clone();
+        rt.spawn("etcd-check", move |drain| async move {
+            let mut delay = CONNECT_RETRY.0;
+            loop {
+                match etcd_client::Client::connect(&endpoints, None).await {
+                    Ok(mut client) => match client.status().await {
+                        Ok(status) => {
+                            info!(version = status.version(), "connected to etcd");
+                            gate.ready();
+                            return;
+                        }
+                        Err(error) => warn!(%error, retry_in = ?delay, "etcd unreachable"),
+                    },
+                    Err(error) => warn!(%error, retry_in = ?delay, "etcd unreachable"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = drain.clone().signaled() => return,
+                }
+                delay = (delay * 2).min(CONNECT_RETRY.1);
+            }
+        });
+
+        let config = leader::LeaderConfig {
+            id,
+            shard_count,
+            slack: shard_slack,
+            ttl,
+        };
+        rt.spawn("leader", move |drain| {
+            leader::run(etcd_endpoints, config, leading, drain)
+        });
         rt.serve_grpc(GrpcServer::new()).await?;
         rt.run().await?;
         Ok(())

@@ -1,12 +1,34 @@
-//! The binary starts, reports ready, serves health, metrics and reflection, and drains on
-//! SIGTERM.
+//! The binary starts, reaches etcd, reports ready, serves health, metrics and reflection,
+//! and drains on SIGTERM.
+
+use switchyard_testenv::Etcd;
 
 #[tokio::test]
 async fn starts_reports_ready_and_stops_cleanly_on_sigterm() {
+    let etcd = Etcd::start().await.expect("etcd");
     switchyard_testenv::assert_service_lifecycle(
         std::path::Path::new(env!("CARGO_BIN_EXE_switchyard-elector")),
         "switchyard-elector",
-        &[],
+        &[("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint())],
     )
     .await;
+}
+
+/// Readiness waits for etcd; liveness does not, and shutdown still drains.
+#[tokio::test]
+async fn is_not_ready_while_etcd_is_unreachable() {
+    let process = switchyard_testenv::ServiceProcess::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_switchyard-elector")),
+        &[],
+        // Port 1 on loopback: nothing listens there.
+        &[("SWITCHYARD_ETCD_ENDPOINTS", "http://127.0.0.1:1")],
+    )
+    .await
+    .expect("starts");
+    assert_eq!(process.admin_get("/livez").await.expect("livez").0, 200);
+    let (status, body) = process.admin_get("/readyz").await.expect("readyz");
+    assert_eq!((status, body.as_str()), (503, "waiting for: etcd\n"));
+    let (status, log) = process.terminate().await.expect("exits");
+    assert!(status.success(), "{log}");
+    assert!(log.contains("etcd unreachable"), "{log}");
 }

@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use switchyard_testenv::{Binaries, ControlPlane, ControlPlaneOptions, ServiceProcess};
+use switchyard_testenv::{Binaries, ControlPlane, ControlPlaneOptions, Etcd, ServiceProcess};
 use tokio::signal::unix::{SignalKind, signal};
 
 const SERVICES: [&str; 4] = [
@@ -218,6 +218,12 @@ async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Re
     println!("control plane ready: {}", plane.server());
     println!("kubeconfig: {}", plane.kubeconfig().display());
 
+    // The elector's own etcd, apart from the apiserver's, as in a real installation.
+    let etcd = Etcd::start()
+        .await
+        .context("starting etcd for the elector")?;
+    println!("elector etcd: {}", etcd.endpoint());
+
     let kubeconfig = plane.kubeconfig().display().to_string();
     let mut running = Vec::new();
     for service in SERVICES {
@@ -227,7 +233,11 @@ async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Re
             "{} is missing; build it with `cargo build --bins`",
             program.display()
         );
-        let mut process = ServiceProcess::start(&program, &[], &[("KUBECONFIG", &kubeconfig)])
+        let env = [
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint()),
+        ];
+        let mut process = ServiceProcess::start(&program, &[], &env)
             .await
             .with_context(|| format!("starting {service}"))?;
         process
@@ -257,6 +267,7 @@ async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Re
             eprintln!("{log}");
         }
     }
+    drop(etcd);
     plane.stop();
     anyhow::ensure!(clean, "a service did not stop cleanly");
     Ok(())

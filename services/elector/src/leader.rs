@@ -1,0 +1,131 @@
+//! The active elector: elector replicas campaign with etcd's election API; the leader keeps
+//! the shard map in step with the live members; followers wait and take over as soon as the
+//! leader's key goes away (its lease expires or it resigns).
+//!
+//! ```text
+//!  campaign ──elected──► loop: members (watch) + shard map ─► assign ─► plan ─► txn (fenced on
+//!     ▲                                                                        the leader key)
+//!     └──────────── lease lost / fenced / etcd error: back to campaigning ◄────┘
+//! ```
+
+use std::time::Duration;
+
+use etcd_client::Client;
+use switchyard_elector_core::{assign, plan};
+use switchyard_runtime::Drain;
+use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{info, warn};
+
+use crate::{membership, shardmap};
+
+/// The etcd election the elector replicas campaign in.
+pub const ELECTION: &str = "/switchyard/elector";
+/// How often the leader re-checks the map even without a change notification.
+const RESYNC: Duration = Duration::from_secs(1);
+const RETRY: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Debug)]
+pub struct LeaderConfig {
+    pub id: String,
+    pub shard_count: u32,
+    /// Shards a member may hold above `ceil(S / members)`.
+    pub slack: u32,
+    /// TTL of the leader's election lease: how fast a follower takes over a dead leader.
+    pub ttl: Duration,
+}
+
+/// Campaigns and, while leading, keeps the shard map in step, until `drain`. `leading`
+/// reports whether this replica leads.
+pub async fn run(
+    endpoints: Vec<String>,
+    config: LeaderConfig,
+    leading: watch::Sender<bool>,
+    drain: Drain,
+) {
+    loop {
+        let result = tokio::select! {
+            result = campaign_and_lead(&endpoints, &config, &leading, drain.clone()) => result,
+            _ = drain.clone().signaled() => return,
+        };
+        leading.send_replace(false);
+        if let Err(error) = result {
+            warn!(%error, retry_in = ?RETRY, "elector lost or could not reach etcd");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY) => {}
+            _ = drain.clone().signaled() => return,
+        }
+    }
+}
+
+async fn campaign_and_lead(
+    endpoints: &[String],
+    config: &LeaderConfig,
+    leading: &watch::Sender<bool>,
+    drain: Drain,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mut client = Client::connect(endpoints, None).await?;
+    let ttl = i64::try_from(config.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+    let lease = client.lease_grant(ttl, None).await?.id();
+    let (mut keeper, mut renewals) = client.lease_keep_alive(lease).await?;
+    let campaign = {
+        let mut client = client.clone();
+        let id = config.id.clone();
+        async move { client.campaign(ELECTION, id, lease).await }
+    };
+    tokio::pin!(campaign);
+    let mut renew = tokio::time::interval(config.ttl / 3);
+    // Keep the lease alive while waiting to be elected.
+    let elected = loop {
+        tokio::select! {
+            elected = &mut campaign => break elected?,
+            _ = renew.tick() => { keeper.keep_alive().await?; }
+            renewal = renewals.message() => { renewal?; }
+        }
+    };
+    let leader_key = elected
+        .leader()
+        .map(|k| k.key().to_vec())
+        .ok_or("campaign answered without a leader key")?;
+    info!(elector = %config.id, "elected: leading the shard assignment");
+    leading.send_replace(true);
+
+    let (mut members, watch) = membership::watch_members(endpoints.to_vec(), drain.clone());
+    // The watch lives as long as this term of leadership.
+    let _watch = AbortOnDropHandle::new(watch);
+    let mut resync = tokio::time::interval(RESYNC);
+    loop {
+        tokio::select! {
+            _ = renew.tick() => { keeper.keep_alive().await?; }
+            renewal = renewals.message() => match renewal? {
+                Some(r) if r.ttl() > 0 => {}
+                _ => return Err("the elector's lease expired".into()),
+            },
+            changed = members.changed() => { changed?; }
+            _ = resync.tick() => {}
+            _ = drain.clone().signaled() => {
+                // Step down at once so a follower takes over without waiting for the TTL.
+                let _ = client.lease_revoke(lease).await;
+                return Ok(());
+            }
+        }
+        let Some(live) = members.borrow().clone() else {
+            continue;
+        };
+        let ids: Vec<String> = live.into_iter().map(|m| m.id).collect();
+        let Some(desired) = assign(config.shard_count, &ids, config.slack) else {
+            continue;
+        };
+        let (current, _) = shardmap::read(&mut client, config.shard_count).await?;
+        let transitions = plan(&current, &desired, &ids);
+        if !transitions.is_empty() {
+            info!(
+                transitions = transitions.len(),
+                members = ids.len(),
+                "updating the shard map"
+            );
+            shardmap::apply(&mut client, &leader_key, &current, &transitions).await?;
+        }
+    }
+}

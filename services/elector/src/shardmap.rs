@@ -1,0 +1,175 @@
+//! The shard map in etcd: `/switchyard/shards/<shard>` holds the shard's state as JSON.
+//!
+//! The epoch of an active shard is the etcd revision of the write that activated it (the
+//! key's `mod_revision`), so epochs only grow. A releasing shard keeps its owner's epoch in the
+//! value. The leader's writes are fenced on its election key; a member's release is fenced on
+//! the shard key's revision, so a stale release never applies.
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+use switchyard_elector_core::{MemberId, ShardState, Transition, released};
+
+pub const SHARDS_PREFIX: &str = "/switchyard/shards/";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShardMapError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("shard {shard}: malformed state in etcd: {reason}")]
+    Malformed { shard: u32, reason: String },
+    #[error("{0}")]
+    Release(#[from] switchyard_elector_core::ReleaseError),
+    #[error("lost the election or the shard changed meanwhile: nothing written")]
+    Fenced,
+}
+
+pub type Result<T, E = ShardMapError> = std::result::Result<T, E>;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+enum Stored {
+    Active {
+        owner: String,
+    },
+    Releasing {
+        owner: String,
+        epoch: u64,
+        next: String,
+    },
+}
+
+/// The etcd key of a shard (zero-padded, so keys sort by shard).
+pub fn shard_key(shard: u32) -> String {
+    format!("{SHARDS_PREFIX}{shard:05}")
+}
+
+/// The whole map (`shard_count` entries) and the revision it was read at.
+pub async fn read(client: &mut Client, shard_count: u32) -> Result<(Vec<ShardState>, i64)> {
+    let response = client
+        .get(SHARDS_PREFIX, Some(GetOptions::new().with_prefix()))
+        .await?;
+    let revision = response.header().map_or(0, |h| h.revision());
+    let mut map = vec![ShardState::Unassigned; shard_count as usize];
+    for kv in response.kvs() {
+        let Some(shard) = kv
+            .key_str()
+            .ok()
+            .and_then(|k| k.strip_prefix(SHARDS_PREFIX))
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(slot) = map.get_mut(shard as usize) {
+            *slot = decode(shard, kv.value(), kv.mod_revision())?;
+        }
+    }
+    Ok((map, revision))
+}
+
+fn decode(shard: u32, value: &[u8], mod_revision: i64) -> Result<ShardState> {
+    let stored: Stored = serde_json::from_slice(value).map_err(|e| ShardMapError::Malformed {
+        shard,
+        reason: e.to_string(),
+    })?;
+    Ok(match stored {
+        Stored::Active { owner } => ShardState::Active {
+            owner,
+            epoch: u64::try_from(mod_revision).unwrap_or(0),
+        },
+        Stored::Releasing { owner, epoch, next } => ShardState::Releasing { owner, epoch, next },
+    })
+}
+
+fn encode(stored: &Stored) -> String {
+    serde_json::to_string(stored).expect("shard state serializes")
+}
+
+/// Writes `transitions` in one transaction that applies only while `leader_key` exists
+/// (this elector still leads).
+pub async fn apply(
+    client: &mut Client,
+    leader_key: &[u8],
+    current: &[ShardState],
+    transitions: &[Transition],
+) -> Result<()> {
+    if transitions.is_empty() {
+        return Ok(());
+    }
+    let ops: Vec<TxnOp> = transitions
+        .iter()
+        .map(|t| match t {
+            Transition::Activate { shard, owner } => TxnOp::put(
+                shard_key(*shard),
+                encode(&Stored::Active {
+                    owner: owner.clone(),
+                }),
+                None,
+            ),
+            Transition::Release { shard, owner, next } => {
+                let epoch = match current.get(*shard as usize) {
+                    Some(
+                        ShardState::Active { epoch, .. } | ShardState::Releasing { epoch, .. },
+                    ) => *epoch,
+                    _ => 0,
+                };
+                TxnOp::put(
+                    shard_key(*shard),
+                    encode(&Stored::Releasing {
+                        owner: owner.clone(),
+                        epoch,
+                        next: next.clone(),
+                    }),
+                    None,
+                )
+            }
+        })
+        .collect();
+    let txn = Txn::new()
+        .when([Compare::version(leader_key.to_vec(), CompareOp::Greater, 0)])
+        .and_then(ops);
+    if client.txn(txn).await?.succeeded() {
+        Ok(())
+    } else {
+        Err(ShardMapError::Fenced)
+    }
+}
+
+/// A member that drained `shard` hands it to the next owner. Refused, with nothing written,
+/// when the member does not hold it as releasing at `epoch`, or the shard changed while this
+/// ran.
+pub async fn release(
+    client: &mut Client,
+    shard: u32,
+    member: &str,
+    epoch: u64,
+) -> Result<MemberId> {
+    let key = shard_key(shard);
+    let response = client.get(key.clone(), None).await?;
+    let Some(kv) = response.kvs().first() else {
+        return Err(switchyard_elector_core::ReleaseError::NotHeld {
+            shard,
+            member: member.to_owned(),
+        }
+        .into());
+    };
+    let state = decode(shard, kv.value(), kv.mod_revision())?;
+    let next = released(&state, shard, member, epoch)?;
+    let txn = Txn::new()
+        .when([Compare::mod_revision(
+            key.clone(),
+            CompareOp::Equal,
+            kv.mod_revision(),
+        )])
+        .and_then([TxnOp::put(
+            key,
+            encode(&Stored::Active {
+                owner: next.clone(),
+            }),
+            None,
+        )]);
+    if client.txn(txn).await?.succeeded() {
+        Ok(next)
+    } else {
+        Err(ShardMapError::Fenced)
+    }
+}

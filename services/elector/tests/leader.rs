@@ -1,0 +1,217 @@
+//! The elector against a real etcd: one leader keeps the shard map in step with the live
+//! members; joins hand shards over through a fenced release; a crashed member's shards move
+//! at once when its lease expires; a crashed leader is replaced without churning the map.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{collections::HashMap, time::Duration};
+
+use etcd_client::Client;
+use switchyard_elector::{
+    leader::{self, LeaderConfig},
+    membership::{LeaseTiming, Member, join},
+    shardmap,
+};
+use switchyard_elector_core::ShardState;
+use switchyard_runtime::{ShutdownHandle, drain_channel};
+use switchyard_testenv::Etcd;
+use tokio::sync::watch;
+
+const SHARDS: u32 = 16;
+
+struct Running {
+    _stop: ShutdownHandle,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn member(endpoints: &[String], id: &str) -> Running {
+    let (stop, drain) = drain_channel();
+    let (_, task) = join(
+        endpoints.to_vec(),
+        Member {
+            id: id.into(),
+            address: format!("{id}:8443"),
+        },
+        LeaseTiming::default(),
+        drain,
+    )
+    .unwrap();
+    Running { _stop: stop, task }
+}
+
+fn elector(endpoints: &[String], id: &str) -> (Running, watch::Receiver<bool>) {
+    let (stop, drain) = drain_channel();
+    let (leading, rx) = watch::channel(false);
+    let config = LeaderConfig {
+        id: id.into(),
+        shard_count: SHARDS,
+        slack: 1,
+        ttl: Duration::from_secs(2),
+    };
+    let task = tokio::spawn(leader::run(endpoints.to_vec(), config, leading, drain));
+    (Running { _stop: stop, task }, rx)
+}
+
+async fn map(client: &mut Client) -> Vec<ShardState> {
+    shardmap::read(client, SHARDS).await.unwrap().0
+}
+
+/// Polls the map until `pred` holds (the map changes through etcd writes we cannot await).
+async fn map_until(
+    client: &mut Client,
+    within: Duration,
+    pred: impl Fn(&[ShardState]) -> bool,
+) -> Vec<ShardState> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let current = map(client).await;
+        if pred(&current) {
+            return current;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "map never got there: {current:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn owners(map: &[ShardState]) -> HashMap<String, usize> {
+    let mut load = HashMap::new();
+    for state in map {
+        if let ShardState::Active { owner, .. } = state {
+            *load.entry(owner.clone()).or_insert(0) += 1;
+        }
+    }
+    load
+}
+
+fn all_active_among(map: &[ShardState], ids: &[&str]) -> bool {
+    map.iter()
+        .all(|s| matches!(s, ShardState::Active { owner, .. } if ids.contains(&owner.as_str())))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_assigns_hands_over_and_reassigns_a_crashed_members_shards() {
+    let etcd = Etcd::start().await.unwrap();
+    let endpoints = vec![etcd.endpoint().to_owned()];
+    let mut client = Client::connect(&endpoints, None).await.unwrap();
+    let (_elector, mut leading) = elector(&endpoints, "elector-0");
+    leading.wait_for(|l| *l).await.unwrap();
+
+    let _a = member(&endpoints, "a");
+    let b = member(&endpoints, "b");
+    let first = map_until(&mut client, Duration::from_secs(10), |m| {
+        all_active_among(m, &["a", "b"])
+    })
+    .await;
+    assert!(
+        owners(&first).values().all(|n| *n <= 9),
+        "balanced: {:?}",
+        owners(&first)
+    );
+
+    // A third member joins: the shards it should take are first released by their live owners.
+    let _c = member(&endpoints, "c");
+    let releasing = map_until(&mut client, Duration::from_secs(10), |m| {
+        m.iter()
+            .any(|s| matches!(s, ShardState::Releasing { next, .. } if next == "c"))
+    })
+    .await;
+    for (shard, state) in releasing.iter().enumerate() {
+        let ShardState::Releasing { owner, epoch, next } = state else {
+            continue;
+        };
+        let shard = shard as u32;
+        // Bad releases are refused and change nothing.
+        let stale = shardmap::release(&mut client, shard, owner, epoch + 1)
+            .await
+            .unwrap_err();
+        assert!(stale.to_string().starts_with("stale epoch"), "{stale}");
+        let stranger = shardmap::release(&mut client, shard, "nobody", *epoch)
+            .await
+            .unwrap_err();
+        assert!(
+            stranger
+                .to_string()
+                .contains("not held by member \"nobody\""),
+            "{stranger}"
+        );
+        assert_eq!(&map(&mut client).await[shard as usize], state);
+        // The owner drained: it hands the shard over.
+        assert_eq!(
+            &shardmap::release(&mut client, shard, owner, *epoch)
+                .await
+                .unwrap(),
+            next
+        );
+        let ShardState::Active {
+            owner: now,
+            epoch: new_epoch,
+        } = &map(&mut client).await[shard as usize]
+        else {
+            panic!("shard {shard} active after the release");
+        };
+        assert_eq!(now, "c");
+        assert!(new_epoch > epoch, "epochs only grow");
+    }
+    let balanced = map_until(&mut client, Duration::from_secs(10), |m| {
+        all_active_among(m, &["a", "b", "c"])
+    })
+    .await;
+    assert!(
+        owners(&balanced).values().all(|n| *n <= 7),
+        "{:?}",
+        owners(&balanced)
+    );
+
+    // b crashes: when its lease expires its shards move at once, no release needed.
+    let held_by_b: Vec<usize> = balanced
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.owner() == Some("b"))
+        .map(|(i, _)| i)
+        .collect();
+    b.task.abort();
+    let after = map_until(&mut client, Duration::from_secs(10), |m| {
+        all_active_among(m, &["a", "c"])
+    })
+    .await;
+    for shard in held_by_b {
+        let (ShardState::Active { epoch: old, .. }, ShardState::Active { epoch: new, .. }) =
+            (&balanced[shard], &after[shard])
+        else {
+            unreachable!()
+        };
+        assert!(new > old);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_leader_is_replaced_without_churning_the_map() {
+    let etcd = Etcd::start().await.unwrap();
+    let endpoints = vec![etcd.endpoint().to_owned()];
+    let mut client = Client::connect(&endpoints, None).await.unwrap();
+    let (first, mut first_leads) = elector(&endpoints, "elector-0");
+    first_leads.wait_for(|l| *l).await.unwrap();
+    let (_second, mut second_leads) = elector(&endpoints, "elector-1");
+    let _a = member(&endpoints, "a");
+    let _b = member(&endpoints, "b");
+    let before = map_until(&mut client, Duration::from_secs(10), |m| {
+        all_active_among(m, &["a", "b"])
+    })
+    .await;
+    assert!(!*second_leads.borrow(), "one leader at a time");
+
+    first.task.abort();
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), second_leads.wait_for(|l| *l))
+        .await
+        .unwrap()
+        .unwrap();
+    // The old leader's lease (2 s) had to expire first.
+    let took = started.elapsed();
+    assert!(took <= Duration::from_secs(4), "took over after {took:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(map(&mut client).await, before, "same owners, same epochs");
+}
