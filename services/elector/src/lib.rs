@@ -12,6 +12,7 @@
 
 pub mod leader;
 pub mod membership;
+pub mod mirror;
 pub mod shardmap;
 
 use std::time::Duration;

@@ -8,9 +8,9 @@
 //! the state turns [`LeaseState::Lost`] (logged and counted); the member then registers again
 //! with a new lease as soon as etcd answers.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
-use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{Client, GetOptions, PutOptions};
 use switchyard_runtime::Drain;
 use tokio::{sync::watch, time::Instant};
 use tracing::{info, warn};
@@ -199,8 +199,7 @@ pub async fn members(client: &mut Client) -> Result<(Vec<Member>, i64), Membersh
     Ok((members, revision))
 }
 
-/// Publishes the member set now and after every change, until `drain`. Re-lists after a
-/// broken watch (for example after a compaction), so no change is missed.
+/// Publishes the member set now and after every change, until `drain`.
 pub fn watch_members(
     endpoints: Vec<String>,
     drain: Drain,
@@ -208,82 +207,29 @@ pub fn watch_members(
     watch::Receiver<Option<Vec<Member>>>,
     tokio::task::JoinHandle<()>,
 ) {
+    let (mut entries, mirror) = crate::mirror::mirror(endpoints, MEMBERS_PREFIX, drain);
     let (tx, rx) = watch::channel(None);
     let task = tokio::spawn(async move {
-        let mut delay = RETRY.0;
+        let _mirror = tokio_util::task::AbortOnDropHandle::new(mirror);
         loop {
-            tokio::select! {
-                result = follow(&endpoints, &tx) => if let Err(error) = result {
-                    warn!(%error, retry_in = ?delay, "member watch failed");
-                },
-                _ = drain.clone().signaled() => return,
+            let set = entries.borrow_and_update().as_ref().map(|entries| {
+                entries
+                    .iter()
+                    .map(|(id, (address, _))| Member {
+                        id: id.clone(),
+                        address: String::from_utf8_lossy(address).into_owned(),
+                    })
+                    .collect::<Vec<_>>()
+            });
+            tx.send_if_modified(|old| {
+                let changed = *old != set;
+                *old = set;
+                changed
+            });
+            if entries.changed().await.is_err() {
+                return;
             }
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = drain.clone().signaled() => return,
-            }
-            delay = (delay * 2).min(RETRY.1);
         }
     });
     (rx, task)
-}
-
-async fn follow(
-    endpoints: &[String],
-    tx: &watch::Sender<Option<Vec<Member>>>,
-) -> Result<(), MembershipError> {
-    let mut client = Client::connect(endpoints, None).await?;
-    let (listed, revision) = members(&mut client).await?;
-    let mut current: BTreeMap<String, String> =
-        listed.into_iter().map(|m| (m.id, m.address)).collect();
-    let publish = |current: &BTreeMap<String, String>| {
-        let set: Vec<Member> = current
-            .iter()
-            .map(|(id, address)| Member {
-                id: id.clone(),
-                address: address.clone(),
-            })
-            .collect();
-        tx.send_if_modified(|old| {
-            let changed = old.as_ref() != Some(&set);
-            *old = Some(set);
-            changed
-        });
-    };
-    publish(&current);
-    let mut events = client
-        .watch(
-            MEMBERS_PREFIX,
-            Some(
-                WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(revision + 1),
-            ),
-        )
-        .await?;
-    while let Some(response) = events.message().await? {
-        if response.canceled() {
-            break;
-        }
-        for event in response.events() {
-            let Some(kv) = event.kv() else { continue };
-            let Some(id) = kv
-                .key_str()
-                .ok()
-                .and_then(|k| k.strip_prefix(MEMBERS_PREFIX))
-            else {
-                continue;
-            };
-            match event.event_type() {
-                EventType::Put => {
-                    current.insert(id.to_owned(), kv.value_str().unwrap_or_default().to_owned());
-                }
-                EventType::Delete => {
-                    current.remove(id);
-                }
-            }
-        }
-        publish(&current);
-    }
-    Err(etcd_client::Error::InvalidArgs("member watch ended".into()).into())
 }

@@ -173,3 +173,44 @@ pub async fn release(
         Err(ShardMapError::Fenced)
     }
 }
+
+/// Publishes the shard map (`shard_count` entries) now and after every change, until `drain`.
+/// A malformed entry is logged and read as unassigned, so one bad key cannot stop the map.
+pub fn watch(
+    endpoints: Vec<String>,
+    shard_count: u32,
+    drain: switchyard_runtime::Drain,
+) -> (
+    tokio::sync::watch::Receiver<Option<Vec<ShardState>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (mut entries, mirror) = crate::mirror::mirror(endpoints, SHARDS_PREFIX, drain);
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let task = tokio::spawn(async move {
+        let _mirror = tokio_util::task::AbortOnDropHandle::new(mirror);
+        loop {
+            let map = entries.borrow_and_update().as_ref().map(|entries| {
+                let mut map = vec![ShardState::Unassigned; shard_count as usize];
+                for (key, (value, mod_revision)) in entries {
+                    let Some(shard) = key.parse::<u32>().ok().filter(|s| *s < shard_count) else {
+                        continue;
+                    };
+                    match decode(shard, value, *mod_revision) {
+                        Ok(state) => map[shard as usize] = state,
+                        Err(error) => tracing::warn!(%error, "ignoring a shard map entry"),
+                    }
+                }
+                map
+            });
+            tx.send_if_modified(|old| {
+                let changed = *old != map;
+                *old = map;
+                changed
+            });
+            if entries.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    (rx, task)
+}

@@ -1,0 +1,101 @@
+//! A local mirror of every key under an etcd prefix: listed, then kept current by a watch
+//! from the listed revision; after a broken watch (for example a compaction) it lists again,
+//! so no change is missed.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use switchyard_runtime::Drain;
+use tokio::sync::watch;
+use tracing::warn;
+
+/// Key (without the prefix) -> (value, mod revision).
+pub type Entries = BTreeMap<String, (Vec<u8>, i64)>;
+
+const RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+/// Mirrors `prefix` until `drain`. The receiver holds `None` until the first list.
+pub fn mirror(
+    endpoints: Vec<String>,
+    prefix: &'static str,
+    drain: Drain,
+) -> (
+    watch::Receiver<Option<Entries>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = watch::channel(None);
+    let task = tokio::spawn(async move {
+        let mut delay = RETRY.0;
+        loop {
+            tokio::select! {
+                error = follow(&endpoints, prefix, &tx) => {
+                    warn!(%error, prefix, retry_in = ?delay, "etcd watch failed");
+                }
+                _ = drain.clone().signaled() => return,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = drain.clone().signaled() => return,
+            }
+            delay = (delay * 2).min(RETRY.1);
+        }
+    });
+    (rx, task)
+}
+
+async fn follow(
+    endpoints: &[String],
+    prefix: &str,
+    tx: &watch::Sender<Option<Entries>>,
+) -> etcd_client::Error {
+    let mut client = match Client::connect(endpoints, None).await {
+        Ok(client) => client,
+        Err(error) => return error,
+    };
+    let response = match client
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+    {
+        Ok(response) => response,
+        Err(error) => return error,
+    };
+    let revision = response.header().map_or(0, |h| h.revision());
+    let mut entries: Entries = response
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let key = kv.key_str().ok()?.strip_prefix(prefix)?.to_owned();
+            Some((key, (kv.value().to_vec(), kv.mod_revision())))
+        })
+        .collect();
+    tx.send_replace(Some(entries.clone()));
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revision + 1);
+    let mut events = match client.watch(prefix, Some(options)).await {
+        Ok(events) => events,
+        Err(error) => return error,
+    };
+    loop {
+        let response = match events.message().await {
+            Ok(Some(response)) if !response.canceled() => response,
+            Ok(_) => return etcd_client::Error::InvalidArgs("watch ended".into()),
+            Err(error) => return error,
+        };
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(prefix)) else {
+                continue;
+            };
+            match event.event_type() {
+                EventType::Put => {
+                    entries.insert(key.to_owned(), (kv.value().to_vec(), kv.mod_revision()));
+                }
+                EventType::Delete => {
+                    entries.remove(key);
+                }
+            }
+        }
+        tx.send_replace(Some(entries.clone()));
+    }
+}
