@@ -141,6 +141,11 @@ impl Runtime {
         &self.metrics
     }
 
+    /// A drain handle for work that is not a task of this runtime (watch helpers).
+    pub fn drain(&self) -> Drain {
+        self.shutdown.drain()
+    }
+
     /// A handle that triggers the same graceful shutdown as SIGTERM.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.shutdown.handle()

@@ -124,6 +124,15 @@ impl ServiceProcess {
         std::fs::read_to_string(self.process.log()).unwrap_or_default()
     }
 
+    /// Kills the process at once (SIGKILL) and returns its log.
+    pub fn kill(mut self) -> String {
+        self.process.signal(libc::SIGKILL);
+        while self.process.exited().is_none() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.log()
+    }
+
     /// Sends SIGTERM and waits for the process to exit.
     pub async fn terminate(mut self) -> Result<(ExitStatus, String)> {
         self.process.signal(libc::SIGTERM);

@@ -118,6 +118,24 @@ pub enum Command {
         controller: Option<ControllerId>,
         reply: oneshot::Sender<Vec<ShardStats>>,
     },
+    /// Serve `shard` at `epoch` (starting empty).
+    Acquire {
+        shard: u32,
+        epoch: u64,
+    },
+    /// Stop leasing `shard`; in-flight outcomes still count.
+    Drain {
+        shard: u32,
+    },
+    /// Stop serving `shard` entirely.
+    Release {
+        shard: u32,
+    },
+    /// Leases in flight in `shard`.
+    InFlight {
+        shard: u32,
+        reply: oneshot::Sender<usize>,
+    },
 }
 
 /// The sending side, cloned into every handler.
@@ -159,6 +177,12 @@ impl Handle {
         rx.await.map_err(|_| Closed)
     }
 
+    pub async fn in_flight(&self, shard: u32) -> Result<usize, Closed> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::InFlight { shard, reply })?;
+        rx.await.map_err(|_| Closed)
+    }
+
     pub async fn stats(&self, controller: Option<ControllerId>) -> Result<Vec<ShardStats>, Closed> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Stats { controller, reply })?;
@@ -189,6 +213,8 @@ pub struct Actor {
     next_worker: WorkerId,
     metrics: QueueMetrics,
     drain_grace: Duration,
+    /// Triggered once the shards are handed back on shutdown (the member then leaves).
+    on_drained: Option<switchyard_runtime::ShutdownHandle>,
 }
 
 impl std::fmt::Debug for Actor {
@@ -216,8 +242,15 @@ impl Actor {
             next_worker: 1,
             metrics,
             drain_grace,
+            on_drained: None,
         };
         (actor, Handle { tx })
+    }
+
+    /// Triggers `handle` once the shards are handed back on shutdown.
+    pub fn on_drained(mut self, handle: switchyard_runtime::ShutdownHandle) -> Self {
+        self.on_drained = Some(handle);
+        self
     }
 
     pub async fn run(mut self, drain: Drain) {
@@ -364,6 +397,12 @@ impl Actor {
                     );
                 }
             }
+            Command::Acquire { shard, epoch } => self.queue.acquire(shard, epoch),
+            Command::Drain { shard } => self.queue.drain(shard),
+            Command::Release { shard } => self.queue.release(shard),
+            Command::InFlight { shard, reply } => {
+                let _ = reply.send(self.queue.shard_in_flight(shard));
+            }
             Command::Stats { controller, reply } => {
                 let mut stats = self.queue.stats(now);
                 if let Some(c) = controller {
@@ -497,6 +536,9 @@ impl Actor {
             self.queue.release(shard);
         }
         info!(abandoned, "shards released");
+        if let Some(handle) = &self.on_drained {
+            handle.trigger();
+        }
     }
 }
 

@@ -9,6 +9,8 @@ use std::{
 
 use futures::{Stream, StreamExt};
 use prost::Message;
+use switchyard_elector::membership::Member;
+use switchyard_elector_core::ShardState;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey as ProtoKey},
     queue::v1::{
@@ -19,7 +21,7 @@ use switchyard_proto::{
 use switchyard_queue_core::{
     ControllerId, Error as CoreError, Lease, Outcome, Priority, ShardStats, WorkKey,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Code, Request, Response, Status, Streaming};
 
@@ -34,6 +36,14 @@ pub struct QueueService {
     handle: Handle,
     controllers: Arc<[Arc<str>]>,
     shard_count: u32,
+    directory: Option<Directory>,
+}
+
+/// Who serves which shard, for redirecting callers (membership mode).
+#[derive(Clone, Debug)]
+pub struct Directory {
+    pub map: watch::Receiver<Option<Vec<ShardState>>>,
+    pub members: watch::Receiver<Option<Vec<Member>>>,
 }
 
 impl QueueService {
@@ -42,7 +52,40 @@ impl QueueService {
             handle,
             controllers: controllers.into(),
             shard_count,
+            directory: None,
         }
+    }
+
+    pub fn with_directory(mut self, directory: Directory) -> Self {
+        self.directory = Some(directory);
+        self
+    }
+
+    /// The owner of `shard` and its epoch, when known.
+    fn owner_of(&self, shard: u32) -> (String, u64) {
+        let Some(directory) = &self.directory else {
+            return (String::new(), 0);
+        };
+        let (owner, epoch) = match directory
+            .map
+            .borrow()
+            .as_ref()
+            .and_then(|m| m.get(shard as usize))
+        {
+            Some(ShardState::Active { owner, epoch }) => (owner.clone(), *epoch),
+            // Draining: the next owner takes it within the drain grace.
+            Some(ShardState::Releasing { next, .. }) => (next.clone(), 0),
+            _ => return (String::new(), 0),
+        };
+        let address = directory
+            .members
+            .borrow()
+            .iter()
+            .flatten()
+            .find(|m| m.id == owner)
+            .map(|m| m.address.clone())
+            .unwrap_or_default();
+        (address, epoch)
     }
 
     pub fn into_server(self) -> queue_server::QueueServer<Self> {
@@ -83,7 +126,7 @@ impl QueueService {
             .enqueue(shard, adds)
             .await
             .map_err(|_| shutting_down())?
-            .map_err(enqueue_status)?;
+            .map_err(|e| self.enqueue_status(e))?;
         Ok(pb::EnqueueResponse {
             batch_id,
             added: added.added,
@@ -412,8 +455,18 @@ fn shutting_down() -> Status {
     Status::unavailable("the queue is shutting down")
 }
 
-/// The one mapping from enqueue errors to gRPC status codes.
-fn enqueue_status(error: EnqueueError) -> Status {
+impl QueueService {
+    /// The one mapping from enqueue errors to gRPC status codes.
+    fn enqueue_status(&self, error: EnqueueError) -> Status {
+        let not_owner = |shard| {
+            let (owner_address, epoch) = self.owner_of(shard);
+            not_owner(shard, owner_address, epoch)
+        };
+        enqueue_status(error, not_owner)
+    }
+}
+
+fn enqueue_status(error: EnqueueError, not_owner: impl Fn(u32) -> Status) -> Status {
     match error {
         EnqueueError::Invalid { index, error } => match error {
             CoreError::InvalidArgument { field, reason } => {
@@ -434,16 +487,22 @@ fn enqueue_status(error: EnqueueError) -> Status {
     }
 }
 
-/// FAILED_PRECONDITION with a `NotShardOwner` detail: refresh the shard map and go there.
-fn not_owner(shard: u32) -> Status {
+/// FAILED_PRECONDITION with a `NotShardOwner` detail: go to the owner, or refresh the shard
+/// map when it is not known.
+fn not_owner(shard: u32, owner_address: String, epoch: u64) -> Status {
+    let message = if owner_address.is_empty() {
+        format!("shard {shard} is not served by this replica; refresh the shard map")
+    } else {
+        format!("shard {shard} is not served by this replica; it is served at {owner_address}")
+    };
     let detail = NotShardOwner {
         shard,
-        owner_address: String::new(),
-        epoch: 0,
+        owner_address,
+        epoch,
     };
     Status::with_details(
         Code::FailedPrecondition,
-        format!("shard {shard} is not served by this replica; refresh the shard map"),
+        message,
         detail.encode_to_vec().into(),
     )
 }

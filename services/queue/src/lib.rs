@@ -7,9 +7,11 @@
 pub mod actor;
 pub mod grpc;
 pub mod metrics;
+pub mod ownership;
 
 use std::{net::SocketAddr, sync::Arc};
 
+use switchyard_elector::{membership, shardmap};
 use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
 
@@ -77,6 +79,19 @@ pub struct QueueArgs {
     /// On shutdown, how long in-flight leases may finish before the shards are handed back
     #[arg(long, env = "SWITCHYARD_DRAIN_GRACE", default_value = "10s")]
     pub drain_grace: humantime::Duration,
+    /// etcd client URLs, comma-separated: join as a member and serve the shards the elector
+    /// assigns (instead of --static-shards)
+    #[arg(long, env = "SWITCHYARD_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// This replica's member id (default: the host name, which is the pod name)
+    #[arg(long, env = "SWITCHYARD_MEMBER_ID")]
+    pub member_id: Option<String>,
+    /// The gRPC address other services use to reach this replica (default: the bound address)
+    #[arg(long, env = "SWITCHYARD_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
+    /// TTL of the member lease: a dead replica's shards move after at most this long
+    #[arg(long, env = "SWITCHYARD_MEMBER_TTL", default_value = "2s")]
+    pub member_ttl: humantime::Duration,
 }
 
 impl QueueArgs {
@@ -123,14 +138,28 @@ impl Args {
     pub async fn start(self) -> Result<(Runtime, SocketAddr)> {
         let Self { runtime, queue } = self;
         let config = queue.config()?;
+        let membership = !queue.etcd_endpoints.is_empty();
         let rt = Runtime::start(SERVICE, runtime).await?;
         let names: Vec<&str> = queue.controllers.iter().map(String::as_str).collect();
-        let core = serving_queue(config, &names, queue.static_shards);
+        let core = serving_queue(config, &names, queue.static_shards && !membership);
         let controllers: Vec<Arc<str>> = core.controller_names().to_vec();
         let metrics = metrics::QueueMetrics::register(rt.metrics(), &controllers);
-        let (actor, handle) = actor::Actor::new(core, metrics, queue.drain_grace.into());
+        let (mut actor, handle) = actor::Actor::new(core, metrics, queue.drain_grace.into());
+        let (leave, member_drain) = switchyard_runtime::drain_channel();
+        if membership {
+            // The member leaves only after the actor has drained, so no shard is served
+            // twice during a graceful handover.
+            actor = actor.on_drained(leave);
+        }
         rt.spawn("queue-actor", |drain| actor.run(drain));
-        let service = grpc::QueueService::new(handle, &controllers, queue.shard_count);
+        let mut service = grpc::QueueService::new(handle.clone(), &controllers, queue.shard_count);
+        let directory = membership.then(|| grpc::Directory {
+            map: shardmap::watch(queue.etcd_endpoints.clone(), queue.shard_count, rt.drain()).0,
+            members: membership::watch_members(queue.etcd_endpoints.clone(), rt.drain()).0,
+        });
+        if let Some(directory) = &directory {
+            service = service.with_directory(directory.clone());
+        }
         let addr = rt
             .serve_grpc(
                 GrpcServer::new()
@@ -138,8 +167,63 @@ impl Args {
                     .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
             )
             .await?;
+        if let Some(directory) = directory {
+            join(&rt, &queue, addr, handle, directory, member_drain)?;
+        }
         Ok((rt, addr))
     }
+}
+
+/// Joins as a member (after the gRPC port is serving) and follows the shard map.
+fn join(
+    rt: &Runtime,
+    queue: &QueueArgs,
+    addr: SocketAddr,
+    handle: actor::Handle,
+    directory: grpc::Directory,
+    member_drain: switchyard_runtime::Drain,
+) -> Result<()> {
+    let id = queue.member_id.clone().unwrap_or_else(|| {
+        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("queue-{}", std::process::id()))
+    });
+    let address = queue
+        .advertise_address
+        .clone()
+        .unwrap_or_else(|| addr.to_string());
+    let ttl: std::time::Duration = queue.member_ttl.into();
+    let timing = membership::LeaseTiming {
+        ttl,
+        margin: ttl / 10,
+    };
+    let member = membership::Member {
+        id: id.clone(),
+        address,
+    };
+    let (lease, task) =
+        membership::join(queue.etcd_endpoints.clone(), member, timing, member_drain)
+            .map_err(|e| Error::Config(format!("--member-id: {e}")))?;
+    // Tracked, so shutdown waits for the member to leave (its lease revoked).
+    rt.spawn("membership", |_| async move {
+        let _ = task.await;
+    });
+    let gate = rt.readiness().gate("member");
+    let mut first = lease.clone();
+    rt.spawn("member-ready", move |drain| async move {
+        tokio::select! {
+            _ = first.wait_for(|s| matches!(s, membership::LeaseState::Held { .. })) => gate.ready(),
+            _ = drain.signaled() => {}
+        }
+    });
+    let ownership = ownership::Ownership {
+        member: id,
+        endpoints: queue.etcd_endpoints.clone(),
+        shard_count: queue.shard_count,
+        drain_grace: queue.drain_grace.into(),
+    };
+    rt.spawn("ownership", move |drain| {
+        ownership.run(handle, lease, directory.map, drain)
+    });
+    Ok(())
 }
 
 /// A queue that serves every shard at [`STATIC_EPOCH`] when `static_shards` is set.

@@ -1,0 +1,257 @@
+//! Three real queue replicas, an elector and a real etcd: the replicas split the shards, a
+//! request for a shard served elsewhere is redirected to its owner, a killed replica's shards
+//! are served elsewhere, a stopped replica hands its shards over, and no shard is ever served
+//! by two replicas at once (checked from each replica's serve intervals).
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    time::{Duration, Instant, SystemTime},
+};
+
+use prost::Message;
+use switchyard_elector::leader::{self, LeaderConfig};
+use switchyard_proto::{
+    common::v1::{NotShardOwner, WorkKey},
+    queue::v1::{EnqueueItem, EnqueueRequest, StatsRequest, queue_client::QueueClient},
+};
+use switchyard_queue_core::shard::shard_of;
+use switchyard_runtime::{ShutdownHandle, drain_channel};
+use switchyard_testenv::{Etcd, ServiceProcess};
+use tonic::Code;
+
+const SHARDS: u32 = 16;
+const RS: &str = "apps/v1/ReplicaSet";
+/// Log timestamps are taken just after a shard is acquired and just after it is released;
+/// this allows for the gap.
+const CLOCK_MARGIN: Duration = Duration::from_millis(5);
+
+struct Cluster {
+    etcd: Etcd,
+    _elector: ShutdownHandle,
+    replicas: Vec<Option<ServiceProcess>>,
+}
+
+async fn cluster() -> Cluster {
+    let etcd = Etcd::start().await.unwrap();
+    let endpoints = vec![etcd.endpoint().to_owned()];
+    let (stop, drain) = drain_channel();
+    let (leading, _) = tokio::sync::watch::channel(false);
+    let config = LeaderConfig {
+        id: "elector".into(),
+        shard_count: SHARDS,
+        slack: 1,
+        ttl: Duration::from_secs(2),
+    };
+    tokio::spawn(leader::run(endpoints, config, leading, drain));
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        let mut replica = ServiceProcess::start(
+            Path::new(env!("CARGO_BIN_EXE_switchyard-queue")),
+            &[
+                &format!("--member-id=q{i}"),
+                &format!("--shard-count={SHARDS}"),
+                &format!("--controllers={RS}"),
+                "--log-format=json",
+                "--drain-grace=2s",
+            ],
+            &[("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint())],
+        )
+        .await
+        .unwrap();
+        replica.wait_ready().await.unwrap();
+        replicas.push(Some(replica));
+    }
+    Cluster {
+        etcd,
+        _elector: stop,
+        replicas,
+    }
+}
+
+async fn served(replica: &ServiceProcess) -> Vec<u32> {
+    let mut client = QueueClient::connect(format!("http://{}", replica.grpc_addr()))
+        .await
+        .unwrap();
+    let stats = client
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut shards: Vec<u32> = stats.shards.iter().map(|s| s.shard).collect();
+    shards.dedup();
+    shards
+}
+
+/// Waits until the live replicas together serve every shard exactly once; returns how long
+/// that took and who serves what.
+async fn until_all_served(cluster: &Cluster, within: Duration) -> (Duration, HashMap<u32, usize>) {
+    until_served(cluster, within, |_| true).await
+}
+
+/// Like `until_all_served`, and also until `settled` holds for who serves what.
+async fn until_served(
+    cluster: &Cluster,
+    within: Duration,
+    settled: impl Fn(&HashMap<u32, usize>) -> bool,
+) -> (Duration, HashMap<u32, usize>) {
+    let start = Instant::now();
+    loop {
+        let mut owners: HashMap<u32, usize> = HashMap::new();
+        let mut twice = false;
+        for (i, replica) in cluster.replicas.iter().enumerate() {
+            let Some(replica) = replica else { continue };
+            for shard in served(replica).await {
+                twice |= owners.insert(shard, i).is_some();
+            }
+        }
+        if !twice && owners.len() == SHARDS as usize && settled(&owners) {
+            return (start.elapsed(), owners);
+        }
+        assert!(
+            start.elapsed() < within,
+            "not all shards served after {within:?}: {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn key(name: &str) -> WorkKey {
+    WorkKey {
+        controller: RS.into(),
+        namespace: "default".into(),
+        name: name.into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_split_the_shards_and_redirect_to_the_owner() {
+    let cluster = cluster().await;
+    // Settled once the handovers of the joins are done: every replica serves some shards and
+    // none more than ceil(16 / 3) + slack 1 (bounded-load rendezvous promises only the cap).
+    let settled = |owners: &HashMap<u32, usize>| {
+        (0..3).all(|i| (1..=7).contains(&owners.values().filter(|o| **o == i).count()))
+    };
+    let (_, owners) = until_served(&cluster, Duration::from_secs(15), settled).await;
+
+    let shard = shard_of(RS, "default", "web", SHARDS);
+    let owner = cluster.replicas[owners[&shard]].as_ref().unwrap();
+    let other = cluster.replicas[(owners[&shard] + 1) % 3].as_ref().unwrap();
+    let request = EnqueueRequest {
+        batch_id: 1,
+        shard,
+        items: vec![EnqueueItem {
+            key: Some(key("web")),
+            ..Default::default()
+        }],
+    };
+    let mut wrong = QueueClient::connect(format!("http://{}", other.grpc_addr()))
+        .await
+        .unwrap();
+    let status = wrong.enqueue(request.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    let detail = NotShardOwner::decode(status.details()).unwrap();
+    assert_eq!(
+        detail.owner_address,
+        owner.grpc_addr().to_string(),
+        "{status:?}"
+    );
+    assert!(detail.epoch > 0);
+    let mut right = QueueClient::connect(format!("http://{}", owner.grpc_addr()))
+        .await
+        .unwrap();
+    assert_eq!(right.enqueue(request).await.unwrap().into_inner().added, 1);
+    drop(cluster.etcd);
+}
+
+/// A replica's serve intervals per shard, from its JSON log.
+fn intervals(log: &str, end: SystemTime) -> HashMap<u32, Vec<(SystemTime, SystemTime)>> {
+    let mut open: HashMap<u32, SystemTime> = HashMap::new();
+    let mut done: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
+    for line in log.lines() {
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(at) = entry["timestamp"]
+            .as_str()
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+        else {
+            continue;
+        };
+        let shard = entry["shard"].as_u64().map(|s| s as u32);
+        match (entry["message"].as_str(), shard) {
+            (Some("serving shard"), Some(shard)) => {
+                open.insert(shard, at);
+            }
+            (Some("stopped serving shard"), Some(shard)) => {
+                if let Some(start) = open.remove(&shard) {
+                    done.entry(shard).or_default().push((start, at));
+                }
+            }
+            // Shutdown hands every shard back at once.
+            (Some("shards released"), None) => {
+                for (shard, start) in open.drain() {
+                    done.entry(shard).or_default().push((start, at));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (shard, start) in open {
+        done.entry(shard).or_default().push((start, end));
+    }
+    done
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_fails_over_a_stopped_one_hands_over_and_no_shard_has_two_owners() {
+    let mut cluster = cluster().await;
+    until_all_served(&cluster, Duration::from_secs(15)).await;
+
+    let mut logs = Vec::new();
+    let killed = cluster.replicas[1].take().unwrap();
+    let killed_at = SystemTime::now();
+    logs.push((killed.kill(), killed_at));
+    let (failover, _) = until_all_served(&cluster, Duration::from_secs(10)).await;
+    println!("failover after kill -9: {failover:?}");
+    // The member lease TTL is 2 s (etcd's minimum with its default timing); expiry is
+    // checked every 500 ms.
+    assert!(
+        failover <= Duration::from_secs(4),
+        "failover took {failover:?}"
+    );
+
+    let stopped = cluster.replicas[2].take().unwrap();
+    let (status, log) = stopped.terminate().await.unwrap();
+    assert!(status.success());
+    let stopped_at = SystemTime::now();
+    logs.push((log, stopped_at));
+    let (handover, owners) = until_all_served(&cluster, Duration::from_secs(10)).await;
+    println!("handover after SIGTERM: {handover:?}");
+    assert!(owners.values().all(|o| *o == 0));
+
+    let last = cluster.replicas[0].take().unwrap();
+    let (_, log) = last.terminate().await.unwrap();
+    logs.push((log, SystemTime::now()));
+
+    let mut by_shard: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
+    for (log, end) in &logs {
+        for (shard, spans) in intervals(log, *end) {
+            by_shard.entry(shard).or_default().extend(spans);
+        }
+    }
+    assert_eq!(by_shard.len(), SHARDS as usize, "every shard was served");
+    for (shard, spans) in &mut by_shard {
+        spans.sort();
+        for pair in spans.windows(2) {
+            let (_, end) = pair[0];
+            let (start, _) = pair[1];
+            assert!(
+                start + CLOCK_MARGIN >= end,
+                "shard {shard} served twice at once: {spans:?}"
+            );
+        }
+    }
+}
