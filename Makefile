@@ -53,6 +53,9 @@ bench: bench-queue bench-elector bench-watcher bench-e2e
 bench-queue:
 	$(CARGO) bench --locked -p switchyard-queue --bench queue
 
-# These areas have no benchmark yet; they come with the elector, watcher and reconciler.
-bench-elector bench-watcher bench-e2e:
+bench-elector: testenv
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-queue --bench elector
+
+# These areas have no benchmark yet; they come with the watcher and the reconciler.
+bench-watcher bench-e2e:
 	@echo "$@: no benchmark in this area yet"

@@ -84,8 +84,12 @@ fn encode(stored: &Stored) -> String {
     serde_json::to_string(stored).expect("shard state serializes")
 }
 
-/// Writes `transitions` in one transaction that applies only while `leader_key` exists
-/// (this elector still leads).
+/// etcd refuses transactions of more than 128 operations by default (`--max-txn-ops`).
+const MAX_TXN_OPS: usize = 100;
+
+/// Writes `transitions` in transactions of at most [`MAX_TXN_OPS`] that each apply only
+/// while `leader_key` exists (this elector still leads). Every transition stands alone, so a
+/// map written in several transactions is valid at every step.
 pub async fn apply(
     client: &mut Client,
     leader_key: &[u8],
@@ -124,14 +128,15 @@ pub async fn apply(
             }
         })
         .collect();
-    let txn = Txn::new()
-        .when([Compare::version(leader_key.to_vec(), CompareOp::Greater, 0)])
-        .and_then(ops);
-    if client.txn(txn).await?.succeeded() {
-        Ok(())
-    } else {
-        Err(ShardMapError::Fenced)
+    for chunk in ops.chunks(MAX_TXN_OPS) {
+        let txn = Txn::new()
+            .when([Compare::version(leader_key.to_vec(), CompareOp::Greater, 0)])
+            .and_then(chunk.to_vec());
+        if !client.txn(txn).await?.succeeded() {
+            return Err(ShardMapError::Fenced);
+        }
     }
+    Ok(())
 }
 
 /// A member that drained `shard` hands it to the next owner. Refused, with nothing written,

@@ -215,3 +215,33 @@ async fn a_crashed_leader_is_replaced_without_churning_the_map() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(map(&mut client).await, before, "same owners, same epochs");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_map_larger_than_one_etcd_transaction_is_written_whole() {
+    let etcd = Etcd::start().await.unwrap();
+    let endpoints = vec![etcd.endpoint().to_owned()];
+    let mut client = Client::connect(&endpoints, None).await.unwrap();
+    let (stop, drain) = drain_channel();
+    let (leading, _) = watch::channel(false);
+    let config = LeaderConfig {
+        id: "elector".into(),
+        shard_count: 1024,
+        slack: 1,
+        ttl: Duration::from_secs(2),
+    };
+    tokio::spawn(leader::run(endpoints.clone(), config, leading, drain));
+    let _a = member(&endpoints, "a");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (map, _) = shardmap::read(&mut client, 1024).await.unwrap();
+        if map.iter().all(|s| s.owner() == Some("a")) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "1024 shards not all assigned"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.trigger();
+}

@@ -5,118 +5,27 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::{
     collections::HashMap,
-    path::Path,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, SystemTime},
 };
 
 use prost::Message;
-use switchyard_elector::leader::{self, LeaderConfig};
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
-    queue::v1::{EnqueueItem, EnqueueRequest, StatsRequest, queue_client::QueueClient},
+    queue::v1::{EnqueueItem, EnqueueRequest, queue_client::QueueClient},
 };
 use switchyard_queue_core::shard::shard_of;
-use switchyard_runtime::{ShutdownHandle, drain_channel};
-use switchyard_testenv::{Etcd, ServiceProcess};
+
+use support::{RS, cluster, until_all_served, until_served};
 use tonic::Code;
 
 const SHARDS: u32 = 16;
-const RS: &str = "apps/v1/ReplicaSet";
 /// Log timestamps are taken just after a shard is acquired and just after it is released;
 /// this allows for the gap.
 const CLOCK_MARGIN: Duration = Duration::from_millis(5);
-
-struct Cluster {
-    etcd: Etcd,
-    _elector: ShutdownHandle,
-    replicas: Vec<Option<ServiceProcess>>,
-}
-
-async fn cluster() -> Cluster {
-    let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
-    let (stop, drain) = drain_channel();
-    let (leading, _) = tokio::sync::watch::channel(false);
-    let config = LeaderConfig {
-        id: "elector".into(),
-        shard_count: SHARDS,
-        slack: 1,
-        ttl: Duration::from_secs(2),
-    };
-    tokio::spawn(leader::run(endpoints, config, leading, drain));
-    let mut replicas = Vec::new();
-    for i in 0..3 {
-        let mut replica = ServiceProcess::start(
-            Path::new(env!("CARGO_BIN_EXE_switchyard-queue")),
-            &[
-                &format!("--member-id=q{i}"),
-                &format!("--shard-count={SHARDS}"),
-                &format!("--controllers={RS}"),
-                "--log-format=json",
-                "--drain-grace=2s",
-            ],
-            &[("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint())],
-        )
-        .await
-        .unwrap();
-        replica.wait_ready().await.unwrap();
-        replicas.push(Some(replica));
-    }
-    Cluster {
-        etcd,
-        _elector: stop,
-        replicas,
-    }
-}
-
-async fn served(replica: &ServiceProcess) -> Vec<u32> {
-    let mut client = QueueClient::connect(format!("http://{}", replica.grpc_addr()))
-        .await
-        .unwrap();
-    let stats = client
-        .stats(StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    let mut shards: Vec<u32> = stats.shards.iter().map(|s| s.shard).collect();
-    shards.dedup();
-    shards
-}
-
-/// Waits until the live replicas together serve every shard exactly once; returns how long
-/// that took and who serves what.
-async fn until_all_served(cluster: &Cluster, within: Duration) -> (Duration, HashMap<u32, usize>) {
-    until_served(cluster, within, |_| true).await
-}
-
-/// Like `until_all_served`, and also until `settled` holds for who serves what.
-async fn until_served(
-    cluster: &Cluster,
-    within: Duration,
-    settled: impl Fn(&HashMap<u32, usize>) -> bool,
-) -> (Duration, HashMap<u32, usize>) {
-    let start = Instant::now();
-    loop {
-        let mut owners: HashMap<u32, usize> = HashMap::new();
-        let mut twice = false;
-        for (i, replica) in cluster.replicas.iter().enumerate() {
-            let Some(replica) = replica else { continue };
-            for shard in served(replica).await {
-                twice |= owners.insert(shard, i).is_some();
-            }
-        }
-        if !twice && owners.len() == SHARDS as usize && settled(&owners) {
-            return (start.elapsed(), owners);
-        }
-        assert!(
-            start.elapsed() < within,
-            "not all shards served after {within:?}: {owners:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 fn key(name: &str) -> WorkKey {
     WorkKey {
@@ -128,7 +37,7 @@ fn key(name: &str) -> WorkKey {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_split_the_shards_and_redirect_to_the_owner() {
-    let cluster = cluster().await;
+    let cluster = cluster(SHARDS).await;
     // Settled once the handovers of the joins are done: every replica serves some shards and
     // none more than ceil(16 / 3) + slack 1 (bounded-load rendezvous promises only the cap).
     let settled = |owners: &HashMap<u32, usize>| {
@@ -207,7 +116,7 @@ fn intervals(log: &str, end: SystemTime) -> HashMap<u32, Vec<(SystemTime, System
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_fails_over_a_stopped_one_hands_over_and_no_shard_has_two_owners() {
-    let mut cluster = cluster().await;
+    let mut cluster = cluster(SHARDS).await;
     until_all_served(&cluster, Duration::from_secs(15)).await;
 
     let mut logs = Vec::new();
