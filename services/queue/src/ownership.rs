@@ -27,7 +27,12 @@ const DRAIN_POLL: Duration = Duration::from_millis(20);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Local {
     Serving(u64),
-    Draining { epoch: u64, since: Instant },
+    Draining {
+        epoch: u64,
+        since: Instant,
+    },
+    /// Stopped serving; the release in etcd has not succeeded yet (retried).
+    HandingOver(u64),
 }
 
 #[derive(Debug)]
@@ -53,7 +58,9 @@ impl Ownership {
             let snapshot = map.borrow_and_update().clone();
             self.step(&handle, held, snapshot.as_deref(), &mut local, &mut client)
                 .await;
-            let draining = local.values().any(|l| matches!(l, Local::Draining { .. }));
+            let draining = local
+                .values()
+                .any(|l| matches!(l, Local::Draining { .. } | Local::HandingOver(_)));
             tokio::select! {
                 changed = lease.changed() => if changed.is_err() { return },
                 changed = map.changed() => if changed.is_err() { return },
@@ -108,13 +115,32 @@ impl Ownership {
                     let idle = handle.in_flight(shard).await.unwrap_or(0) == 0;
                     if idle || since.elapsed() >= self.drain_grace {
                         let _ = handle.send(Command::Release { shard });
-                        local.remove(&shard);
                         info!(shard, epoch, "stopped serving shard");
-                        self.hand_over(client, shard, epoch).await;
+                        local.insert(shard, Local::HandingOver(epoch));
+                        if self.hand_over(client, shard, epoch).await {
+                            local.remove(&shard);
+                        }
+                    }
+                }
+                (Some(Local::HandingOver(epoch)), Some((e, true))) if e == epoch => {
+                    if self.hand_over(client, shard, epoch).await {
+                        local.remove(&shard);
+                    }
+                }
+                // The map moved on (the release landed, or the elector gave up on us).
+                (Some(Local::HandingOver(_)), _) => {
+                    local.remove(&shard);
+                }
+                // Releasing from us but not served here (this member restarted under the same
+                // id): nothing to drain, hand it over.
+                (None, Some((epoch, true))) => {
+                    local.insert(shard, Local::HandingOver(epoch));
+                    if self.hand_over(client, shard, epoch).await {
+                        local.remove(&shard);
                     }
                 }
                 // Releasing at an epoch we never served, or nothing for us: stop at once.
-                (Some(_), _) | (None, Some((_, true))) => {
+                (Some(_), _) => {
                     if local.remove(&shard).is_some() {
                         let _ = handle.send(Command::Release { shard });
                         info!(shard, "stopped serving shard");
@@ -124,25 +150,34 @@ impl Ownership {
         }
     }
 
-    /// Tells etcd the drained shard may go to its next owner.
-    async fn hand_over(&self, client: &mut Option<etcd_client::Client>, shard: u32, epoch: u64) {
+    /// Tells etcd the drained shard may go to its next owner. False when it must be retried.
+    async fn hand_over(
+        &self,
+        client: &mut Option<etcd_client::Client>,
+        shard: u32,
+        epoch: u64,
+    ) -> bool {
         if client.is_none() {
             *client = etcd_client::Client::connect(&self.endpoints, None)
                 .await
                 .ok();
         }
         let Some(c) = client.as_mut() else {
-            warn!(
-                shard,
-                "etcd unreachable: the shard moves when the elector sees this member go"
-            );
-            return;
+            warn!(shard, "etcd unreachable: retrying the shard handover");
+            return false;
         };
         match shardmap::release(c, shard, &self.member, epoch).await {
-            Ok(next) => info!(shard, epoch, next = %next, "handed shard over"),
+            Ok(next) => {
+                info!(shard, epoch, next = %next, "handed shard over");
+                true
+            }
+            // The shard changed meanwhile (for example, the elector retargeted it): retry
+            // against the new state.
+            Err(shardmap::ShardMapError::Fenced) => false,
             Err(error) => {
                 warn!(%error, shard, "handing the shard over failed");
                 *client = None;
+                false
             }
         }
     }
