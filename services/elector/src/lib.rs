@@ -7,9 +7,9 @@
 //! - [`shardmap`]: the shard map in etcd, with epochs that are etcd revisions, and the fenced
 //!   release a draining owner performs.
 //!
-//! The elector's gRPC API (`switchyard.elector.v1.Elector`) and the queue's use of the shard
-//! map come next; the binary already campaigns and keeps the map.
+//! - [`grpc`]: `switchyard.elector.v1.Elector`, the shard map for tools and watchers.
 
+pub mod grpc;
 pub mod leader;
 pub mod membership;
 pub mod mirror;
@@ -140,10 +140,21 @@ impl Args {
             slack: shard_slack,
             ttl,
         };
+        let service = grpc::ElectorService::new(
+            etcd_endpoints.clone(),
+            shard_count,
+            shardmap::watch(etcd_endpoints.clone(), shard_count, rt.drain()).0,
+            membership::watch_members(etcd_endpoints.clone(), rt.drain()).0,
+        );
         rt.spawn("leader", move |drain| {
             leader::run(etcd_endpoints, config, leading, drain)
         });
-        rt.serve_grpc(GrpcServer::new()).await?;
+        rt.serve_grpc(
+            GrpcServer::new()
+                .add_service(service.into_server())
+                .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
+        )
+        .await?;
         rt.run().await?;
         Ok(())
     }

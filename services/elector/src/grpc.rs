@@ -1,0 +1,245 @@
+//! `switchyard.elector.v1.Elector`: the shard map for tools and watchers, and the calls a
+//! member makes. Members hold their own lease in etcd (so their liveness is theirs, not the
+//! elector's): `Join` confirms a registration, `Leave` revokes the member's lease, `Release`
+//! performs the fenced release of a drained shard. The only place a `tonic::Status` is made.
+
+use std::pin::Pin;
+
+use etcd_client::Client;
+use futures::{Stream, StreamExt};
+use switchyard_elector_core::ShardState;
+use switchyard_proto::elector::v1::{self as pb, elector_server};
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    membership::{MEMBERS_PREFIX, Member},
+    shardmap::{self, ShardMapError},
+};
+
+#[derive(Clone, Debug)]
+pub struct ElectorService {
+    endpoints: Vec<String>,
+    shard_count: u32,
+    map: watch::Receiver<Option<Vec<ShardState>>>,
+    members: watch::Receiver<Option<Vec<Member>>>,
+}
+
+impl ElectorService {
+    pub fn new(
+        endpoints: Vec<String>,
+        shard_count: u32,
+        map: watch::Receiver<Option<Vec<ShardState>>>,
+        members: watch::Receiver<Option<Vec<Member>>>,
+    ) -> Self {
+        Self {
+            endpoints,
+            shard_count,
+            map,
+            members,
+        }
+    }
+
+    pub fn into_server(self) -> elector_server::ElectorServer<Self> {
+        elector_server::ElectorServer::new(self)
+    }
+
+    async fn client(&self) -> Result<Client, Status> {
+        Client::connect(&self.endpoints, None)
+            .await
+            .map_err(|e| Status::unavailable(format!("etcd unreachable: {e}")))
+    }
+}
+
+/// The map with owner addresses, as the proto carries it.
+fn snapshot(
+    map: Option<&[ShardState]>,
+    members: Option<&[Member]>,
+    shard_count: u32,
+) -> pb::ShardMap {
+    let members = members.unwrap_or_default();
+    let address = |id: &str| {
+        members
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.address.clone())
+            .unwrap_or_default()
+    };
+    let shards = (0..shard_count)
+        .map(|shard| {
+            let state = map.and_then(|m| m.get(shard as usize));
+            let (member_id, epoch, state) = match state {
+                Some(ShardState::Active { owner, epoch }) => {
+                    (owner.clone(), *epoch, pb::ShardState::Active)
+                }
+                Some(ShardState::Releasing { owner, epoch, .. }) => {
+                    (owner.clone(), *epoch, pb::ShardState::Releasing)
+                }
+                _ => (String::new(), 0, pb::ShardState::Unassigned),
+            };
+            pb::ShardAssignment {
+                shard,
+                address: address(&member_id),
+                member_id,
+                epoch,
+                state: state.into(),
+            }
+        })
+        .collect();
+    pb::ShardMap {
+        revision: map
+            .into_iter()
+            .flatten()
+            .map(|s| match s {
+                ShardState::Active { epoch, .. } | ShardState::Releasing { epoch, .. } => *epoch,
+                ShardState::Unassigned => 0,
+            })
+            .max()
+            .unwrap_or(0),
+        shard_count,
+        shards,
+        members: members
+            .iter()
+            .map(|m| pb::Member {
+                id: m.id.clone(),
+                address: m.address.clone(),
+            })
+            .collect(),
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn member_id(field: &str, id: &str) -> Result<(), Status> {
+    if id.is_empty() || id.contains('/') || id.len() > 253 {
+        return Err(Status::invalid_argument(format!(
+            "{field}: must be 1 to 253 characters without '/'"
+        )));
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl elector_server::Elector for ElectorService {
+    async fn join(
+        &self,
+        request: Request<pb::JoinRequest>,
+    ) -> Result<Response<pb::JoinResponse>, Status> {
+        let member = request
+            .into_inner()
+            .member
+            .ok_or_else(|| Status::invalid_argument("member: required"))?;
+        member_id("member.id", &member.id)?;
+        let response = self
+            .client()
+            .await?
+            .get(format!("{MEMBERS_PREFIX}{}", member.id), None)
+            .await
+            .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
+        let Some(kv) = response.kvs().first() else {
+            return Err(Status::failed_precondition(format!(
+                "member {:?} is not registered: members register in etcd under their own lease",
+                member.id
+            )));
+        };
+        if kv.value() != member.address.as_bytes() {
+            return Err(Status::failed_precondition(format!(
+                "member {:?} is registered with address {:?}, not {:?}",
+                member.id,
+                String::from_utf8_lossy(kv.value()),
+                member.address
+            )));
+        }
+        Ok(Response::new(pb::JoinResponse {
+            revision: u64::try_from(kv.mod_revision()).unwrap_or(0),
+        }))
+    }
+
+    async fn leave(
+        &self,
+        request: Request<pb::LeaveRequest>,
+    ) -> Result<Response<pb::LeaveResponse>, Status> {
+        let id = request.into_inner().member_id;
+        member_id("member_id", &id)?;
+        let mut client = self.client().await?;
+        let response = client
+            .get(format!("{MEMBERS_PREFIX}{id}"), None)
+            .await
+            .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
+        let Some(kv) = response.kvs().first() else {
+            return Err(Status::not_found(format!("unknown member {id:?}")));
+        };
+        // Revoking the member's lease removes it at once; the leader then moves its shards.
+        client
+            .lease_revoke(kv.lease())
+            .await
+            .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
+        Ok(Response::new(pb::LeaveResponse {}))
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let request = request.into_inner();
+        member_id("member_id", &request.member_id)?;
+        if request.shard >= self.shard_count {
+            return Err(Status::invalid_argument(format!(
+                "shard: {} is not below the shard count {}",
+                request.shard, self.shard_count
+            )));
+        }
+        let mut client = self.client().await?;
+        match shardmap::release(
+            &mut client,
+            request.shard,
+            &request.member_id,
+            request.epoch,
+        )
+        .await
+        {
+            Ok(_) => Ok(Response::new(pb::ReleaseResponse {})),
+            Err(error @ (ShardMapError::Release(_) | ShardMapError::Fenced)) => {
+                Err(Status::failed_precondition(error.to_string()))
+            }
+            Err(error) => Err(Status::unavailable(error.to_string())),
+        }
+    }
+
+    async fn get_shard_map(
+        &self,
+        _: Request<pb::GetShardMapRequest>,
+    ) -> Result<Response<pb::ShardMap>, Status> {
+        let map = self.map.borrow().clone();
+        let members = self.members.borrow().clone();
+        if map.is_none() {
+            return Err(Status::unavailable(
+                "the shard map has not been read from etcd yet",
+            ));
+        }
+        Ok(Response::new(snapshot(
+            map.as_deref(),
+            members.as_deref(),
+            self.shard_count,
+        )))
+    }
+
+    type WatchShardMapStream = BoxStream<pb::ShardMap>;
+
+    async fn watch_shard_map(
+        &self,
+        _: Request<pb::WatchShardMapRequest>,
+    ) -> Result<Response<Self::WatchShardMapStream>, Status> {
+        let members = self.members.clone();
+        let shard_count = self.shard_count;
+        // A new map is sent on every change; a slow reader skips to the latest.
+        let stream = WatchStream::new(self.map.clone()).filter_map(move |map| {
+            let members = members.borrow().clone();
+            std::future::ready(
+                map.map(|map| Ok(snapshot(Some(&map), members.as_deref(), shard_count))),
+            )
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

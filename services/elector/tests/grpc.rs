@@ -1,0 +1,245 @@
+//! The elector binary's gRPC API against a real etcd: the shard map snapshot and its watch
+//! with owner addresses, fenced releases, leave, join, and bad input.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{path::Path, time::Duration};
+
+use switchyard_elector::membership::{LeaseTiming, Member, join};
+use switchyard_proto::elector::v1::{
+    GetShardMapRequest, JoinRequest, LeaveRequest, Member as ProtoMember, ReleaseRequest, ShardMap,
+    ShardState, WatchShardMapRequest, elector_client::ElectorClient,
+};
+use switchyard_runtime::{ShutdownHandle, drain_channel};
+use switchyard_testenv::{Etcd, ServiceProcess};
+use tonic::{Code, transport::Channel};
+
+const SHARDS: u32 = 8;
+
+fn member(endpoints: &[String], id: &str) -> ShutdownHandle {
+    let (stop, drain) = drain_channel();
+    join(
+        endpoints.to_vec(),
+        Member {
+            id: id.into(),
+            address: format!("{id}:8443"),
+        },
+        LeaseTiming::default(),
+        drain,
+    )
+    .unwrap();
+    stop
+}
+
+async fn elector(etcd: &Etcd) -> (ServiceProcess, ElectorClient<Channel>) {
+    let mut process = ServiceProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_switchyard-elector")),
+        &[&format!("--shard-count={SHARDS}"), "--elector-id=e0"],
+        &[("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint())],
+    )
+    .await
+    .unwrap();
+    process.wait_ready().await.unwrap();
+    let client = ElectorClient::connect(format!("http://{}", process.grpc_addr()))
+        .await
+        .unwrap();
+    (process, client)
+}
+
+async fn map_until(
+    client: &mut ElectorClient<Channel>,
+    pred: impl Fn(&ShardMap) -> bool,
+) -> ShardMap {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(map) = client.get_shard_map(GetShardMapRequest {}).await {
+            let map = map.into_inner();
+            if pred(&map) {
+                return map;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "shard map never got there"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn all_owned_by(map: &ShardMap, ids: &[&str]) -> bool {
+    map.shards.len() == SHARDS as usize
+        && map
+            .shards
+            .iter()
+            .all(|s| s.state() == ShardState::Active && ids.contains(&s.member_id.as_str()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shard_map_is_served_watched_and_handed_over_through_grpc() {
+    let etcd = Etcd::start().await.unwrap();
+    let endpoints = vec![etcd.endpoint().to_owned()];
+    let (process, mut client) = elector(&etcd).await;
+    let _a = member(&endpoints, "a");
+
+    let map = map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
+    assert!(
+        map.shards
+            .iter()
+            .all(|s| s.address == "a:8443" && s.epoch > 0)
+    );
+    assert_eq!(
+        map.members,
+        [ProtoMember {
+            id: "a".into(),
+            address: "a:8443".into()
+        }]
+    );
+
+    let mut updates = client
+        .watch_shard_map(WatchShardMapRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first = updates.message().await.unwrap().unwrap();
+    assert!(all_owned_by(&first, &["a"]));
+
+    // b joins: the watch shows shards releasing from a, live.
+    let b = member(&endpoints, "b");
+    let releasing = loop {
+        let map = tokio::time::timeout(Duration::from_secs(15), updates.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let releasing: Vec<_> = map
+            .shards
+            .iter()
+            .filter(|s| s.state() == ShardState::Releasing)
+            .cloned()
+            .collect();
+        if !releasing.is_empty() {
+            break releasing;
+        }
+    };
+    for shard in &releasing {
+        assert_eq!(shard.member_id, "a", "the live owner drains first");
+        let release = |member_id: &str, epoch| ReleaseRequest {
+            member_id: member_id.into(),
+            shard: shard.shard,
+            epoch,
+        };
+        let status = client
+            .release(release("nobody", shard.epoch))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert!(
+            status.message().contains("not held by member \"nobody\""),
+            "{status:?}"
+        );
+        let status = client
+            .release(release("a", shard.epoch + 1))
+            .await
+            .unwrap_err();
+        assert!(status.message().starts_with("stale epoch"), "{status:?}");
+        client.release(release("a", shard.epoch)).await.unwrap();
+    }
+    map_until(&mut client, |m| {
+        all_owned_by(m, &["a", "b"]) && m.shards.iter().any(|s| s.member_id == "b")
+    })
+    .await;
+
+    // b leaves through the elector: its lease is revoked and its shards return to a at once.
+    client
+        .leave(LeaveRequest {
+            member_id: "b".into(),
+        })
+        .await
+        .unwrap();
+    map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
+    drop(b);
+
+    let (status, log) = process.terminate().await.unwrap();
+    assert!(status.success(), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_errors_and_change_nothing() {
+    let etcd = Etcd::start().await.unwrap();
+    let endpoints = vec![etcd.endpoint().to_owned()];
+    let (_process, mut client) = elector(&etcd).await;
+    let _a = member(&endpoints, "a");
+    let before = map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
+
+    let status = client
+        .release(ReleaseRequest {
+            member_id: "a".into(),
+            shard: 99,
+            epoch: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            "shard: 99 is not below the shard count 8"
+        )
+    );
+    let status = client
+        .release(ReleaseRequest {
+            member_id: "a".into(),
+            shard: 0,
+            epoch: before.shards[0].epoch,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status.code(),
+        Code::FailedPrecondition,
+        "an active shard is not releasing"
+    );
+    let status = client
+        .leave(LeaveRequest {
+            member_id: "ghost".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::NotFound, "unknown member \"ghost\"")
+    );
+    let status = client
+        .join(JoinRequest {
+            member: Some(ProtoMember {
+                id: "ghost".into(),
+                address: "x:1".into(),
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    let status = client.join(JoinRequest { member: None }).await.unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::InvalidArgument, "member: required")
+    );
+    let joined = client
+        .join(JoinRequest {
+            member: Some(ProtoMember {
+                id: "a".into(),
+                address: "a:8443".into(),
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(joined.revision > 0);
+
+    let after = client
+        .get_shard_map(GetShardMapRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(after.shards, before.shards, "nothing changed");
+}
