@@ -9,7 +9,7 @@ use std::{collections::HashMap, time::Duration};
 use etcd_client::Client;
 use switchyard_elector::{
     leader::{self, LeaderConfig},
-    membership::{LeaseTiming, Member, join},
+    membership::{LeaseState, LeaseTiming, Member, join},
     shardmap,
 };
 use switchyard_elector_core::ShardState;
@@ -24,9 +24,10 @@ struct Running {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn member(endpoints: &[String], id: &str) -> Running {
+/// A registered member (waits until it holds its lease).
+async fn member(endpoints: &[String], id: &str) -> Running {
     let (stop, drain) = drain_channel();
-    let (_, task) = join(
+    let (mut state, task) = join(
         endpoints.to_vec(),
         Member {
             id: id.into(),
@@ -36,6 +37,10 @@ fn member(endpoints: &[String], id: &str) -> Running {
         drain,
     )
     .unwrap();
+    state
+        .wait_for(|s| matches!(s, LeaseState::Held { .. }))
+        .await
+        .unwrap();
     Running { _stop: stop, task }
 }
 
@@ -96,11 +101,12 @@ async fn the_leader_assigns_hands_over_and_reassigns_a_crashed_members_shards() 
     let etcd = Etcd::start().await.unwrap();
     let endpoints = vec![etcd.endpoint().to_owned()];
     let mut client = Client::connect(&endpoints, None).await.unwrap();
+    // Both members are registered before the first assignment; nobody here plays an owner
+    // that would release shards to a later member (the test does that by hand below).
+    let _a = member(&endpoints, "a").await;
+    let b = member(&endpoints, "b").await;
     let (_elector, mut leading) = elector(&endpoints, "elector-0");
     leading.wait_for(|l| *l).await.unwrap();
-
-    let _a = member(&endpoints, "a");
-    let b = member(&endpoints, "b");
     let first = map_until(&mut client, Duration::from_secs(10), |m| {
         all_active_among(m, &["a", "b"])
     })
@@ -112,7 +118,7 @@ async fn the_leader_assigns_hands_over_and_reassigns_a_crashed_members_shards() 
     );
 
     // A third member joins: the shards it should take are first released by their live owners.
-    let _c = member(&endpoints, "c");
+    let _c = member(&endpoints, "c").await;
     let releasing = map_until(&mut client, Duration::from_secs(10), |m| {
         m.iter()
             .any(|s| matches!(s, ShardState::Releasing { next, .. } if next == "c"))
@@ -192,11 +198,11 @@ async fn a_crashed_leader_is_replaced_without_churning_the_map() {
     let etcd = Etcd::start().await.unwrap();
     let endpoints = vec![etcd.endpoint().to_owned()];
     let mut client = Client::connect(&endpoints, None).await.unwrap();
+    let _a = member(&endpoints, "a").await;
+    let _b = member(&endpoints, "b").await;
     let (first, mut first_leads) = elector(&endpoints, "elector-0");
     first_leads.wait_for(|l| *l).await.unwrap();
     let (_second, mut second_leads) = elector(&endpoints, "elector-1");
-    let _a = member(&endpoints, "a");
-    let _b = member(&endpoints, "b");
     let before = map_until(&mut client, Duration::from_secs(10), |m| {
         all_active_among(m, &["a", "b"])
     })
@@ -230,7 +236,7 @@ async fn a_map_larger_than_one_etcd_transaction_is_written_whole() {
         ttl: Duration::from_secs(2),
     };
     tokio::spawn(leader::run(endpoints.clone(), config, leading, drain));
-    let _a = member(&endpoints, "a");
+    let _a = member(&endpoints, "a").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let (map, _) = shardmap::read(&mut client, 1024).await.unwrap();
