@@ -3,7 +3,7 @@ use std::{path::PathBuf, time::Duration};
 use switchyard_k8s::{Client, Config, kube};
 use tracing::{info, warn};
 
-use crate::{Drain, Gate};
+use crate::{Backoff, Drain, Gate};
 
 /// How to reach the apiserver.
 #[derive(Clone, Debug, clap::Args)]
@@ -61,7 +61,7 @@ impl KubeArgs {
 
 /// Keeps `gate` closed until the apiserver answers, retrying with backoff.
 pub async fn await_apiserver(client: Client, gate: Gate, drain: Drain) {
-    let mut delay = CONNECT_BACKOFF.0;
+    let mut backoff = Backoff::new(CONNECT_BACKOFF.0, CONNECT_BACKOFF.1);
     loop {
         match client.apiserver_version().await {
             Ok(version) => {
@@ -69,12 +69,10 @@ pub async fn await_apiserver(client: Client, gate: Gate, drain: Drain) {
                 gate.ready();
                 return;
             }
-            Err(error) => warn!(%error, retry_in = ?delay, "apiserver unreachable"),
+            Err(error) => warn!(%error, retry_in = ?backoff.current(), "apiserver unreachable"),
         }
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = drain.clone().signaled() => return,
+        if !backoff.wait(&drain).await {
+            return;
         }
-        delay = (delay * 2).min(CONNECT_BACKOFF.1);
     }
 }

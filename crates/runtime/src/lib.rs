@@ -12,6 +12,7 @@
 
 mod admin;
 mod args;
+mod backoff;
 mod grpc;
 mod kube_client;
 mod metrics;
@@ -25,6 +26,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 pub use admin::{Gate, Readiness};
 pub use args::{AdminArgs, GrpcArgs, LogArgs, LogFormat, RuntimeArgs};
+pub use backoff::Backoff;
 pub use grpc::GrpcServer;
 pub use kube_client::{KubeArgs, KubeError, await_apiserver};
 pub use metrics::Metrics;

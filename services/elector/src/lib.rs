@@ -18,7 +18,7 @@ pub mod shardmap;
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
-use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
+use switchyard_runtime::{Backoff, GrpcServer, Runtime, RuntimeArgs};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -113,24 +113,23 @@ impl Args {
         let gate = rt.readiness().gate("etcd");
         let endpoints = etcd_endpoints.clone();
         rt.spawn("etcd-check", move |drain| async move {
-            let mut delay = CONNECT_RETRY.0;
+            let mut backoff = Backoff::new(CONNECT_RETRY.0, CONNECT_RETRY.1);
             loop {
-                match etcd_client::Client::connect(&endpoints, None).await {
-                    Ok(mut client) => match client.status().await {
-                        Ok(status) => {
-                            info!(version = status.version(), "connected to etcd");
-                            gate.ready();
-                            return;
-                        }
-                        Err(error) => warn!(%error, retry_in = ?delay, "etcd unreachable"),
-                    },
-                    Err(error) => warn!(%error, retry_in = ?delay, "etcd unreachable"),
+                let status = match etcd_client::Client::connect(&endpoints, None).await {
+                    Ok(mut client) => client.status().await,
+                    Err(error) => Err(error),
+                };
+                match status {
+                    Ok(status) => {
+                        info!(version = status.version(), "connected to etcd");
+                        gate.ready();
+                        return;
+                    }
+                    Err(error) => warn!(%error, retry_in = ?backoff.current(), "etcd unreachable"),
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = drain.clone().signaled() => return,
+                if !backoff.wait(&drain).await {
+                    return;
                 }
-                delay = (delay * 2).min(CONNECT_RETRY.1);
             }
         });
 

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, PutOptions};
-use switchyard_runtime::Drain;
+use switchyard_runtime::{Backoff, Drain};
 use tokio::{sync::watch, time::Instant};
 use tracing::{info, warn};
 
@@ -95,7 +95,7 @@ pub fn join(
     member.validate()?;
     let (state, rx) = watch::channel(LeaseState::Lost);
     let task = tokio::spawn(async move {
-        let mut delay = RETRY.0;
+        let mut backoff = Backoff::new(RETRY.0, RETRY.1);
         loop {
             match hold(&endpoints, &member, timing, &state, drain.clone()).await {
                 Ok(()) => return,
@@ -103,14 +103,12 @@ pub fn join(
                     if state.send_replace(LeaseState::Lost) != LeaseState::Lost {
                         warn!(member = %member.id, "member lease may have expired: stopped serving");
                     }
-                    warn!(%error, member = %member.id, retry_in = ?delay, "cannot hold the member lease in etcd");
+                    warn!(%error, member = %member.id, retry_in = ?backoff.current(), "cannot hold the member lease in etcd");
                 }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = drain.clone().signaled() => return,
+            if !backoff.wait(&drain).await {
+                return;
             }
-            delay = (delay * 2).min(RETRY.1);
         }
     });
     Ok((rx, task))

@@ -5,7 +5,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
-use switchyard_runtime::Drain;
+use switchyard_runtime::{Backoff, Drain};
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -25,19 +25,17 @@ pub fn mirror(
 ) {
     let (tx, rx) = watch::channel(None);
     let task = tokio::spawn(async move {
-        let mut delay = RETRY.0;
+        let mut backoff = Backoff::new(RETRY.0, RETRY.1);
         loop {
             tokio::select! {
                 error = follow(&endpoints, prefix, &tx) => {
-                    warn!(%error, prefix, retry_in = ?delay, "etcd watch failed");
+                    warn!(%error, prefix, retry_in = ?backoff.current(), "etcd watch failed");
                 }
                 _ = drain.clone().signaled() => return,
             }
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = drain.clone().signaled() => return,
+            if !backoff.wait(&drain).await {
+                return;
             }
-            delay = (delay * 2).min(RETRY.1);
         }
     });
     (rx, task)
