@@ -66,7 +66,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// A running service: its telemetry, admin port, readiness and shutdown.
 #[derive(Debug)]
 pub struct Runtime {
-    service: &'static str,
     grpc: GrpcArgs,
     drain_timeout: Duration,
     readiness: Readiness,
@@ -113,7 +112,6 @@ impl Runtime {
         info!(%admin_addr, version = env!("CARGO_PKG_VERSION"), "starting");
 
         Ok(Self {
-            service,
             grpc,
             drain_timeout: drain_timeout.into(),
             readiness,
@@ -124,10 +122,6 @@ impl Runtime {
             startup,
             _telemetry: telemetry,
         })
-    }
-
-    pub fn service(&self) -> &'static str {
-        self.service
     }
 
     /// The bound admin address (useful when the configured port was 0).

@@ -267,16 +267,6 @@ impl ControlPlane {
         );
     }
 
-    /// PIDs of the running processes, for tests that check nothing is left behind.
-    pub fn pids(&self) -> Vec<(String, u32)> {
-        self.processes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|p| (p.name().to_owned(), p.pid()))
-            .collect()
-    }
-
     fn push(&self, process: ManagedProcess) {
         self.processes
             .lock()

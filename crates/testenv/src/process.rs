@@ -100,10 +100,6 @@ impl ManagedProcess {
         &self.log
     }
 
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// The exit status if the process has exited.
     pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()

@@ -10,8 +10,8 @@ use prost::Message;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
     queue::v1::{
-        Credit, Done, EnqueueItem, EnqueueRequest, Failed, LeasedItem, Outcome, StatsRequest,
-        WorkRequest, WorkResponse, WorkerHello, outcome, queue_client::QueueClient,
+        Credit, Done, EnqueueItem, EnqueueRequest, Failed, LeasedItem, Outcome, ShardStats,
+        StatsRequest, WorkRequest, WorkResponse, WorkerHello, outcome, queue_client::QueueClient,
         work_request::Request as Msg, work_response::Response as Reply,
     },
 };
@@ -80,6 +80,16 @@ impl Server {
         self.shutdown.trigger();
         self.running.await.unwrap().unwrap();
     }
+}
+
+/// One `Stats` figure summed over every controller and shard.
+async fn stats_sum(client: &mut QueueClient<Channel>, figure: fn(&ShardStats) -> u64) -> u64 {
+    let stats = client
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    stats.shards.iter().map(figure).sum()
 }
 
 fn key(name: &str) -> WorkKey {
@@ -257,17 +267,7 @@ async fn many_workers_lease_every_key_exactly_once() {
         assert!(seen.insert(name.clone()), "{name} leased twice");
     }
     assert_eq!(seen.len(), names.len());
-    let stats = client
-        .stats(StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        stats
-            .shards
-            .iter()
-            .all(|s| s.depth == 0 && s.in_flight == 0)
-    );
+    assert_eq!(stats_sum(&mut client, |s| s.depth + s.in_flight).await, 0);
     server.stop().await;
 }
 
@@ -337,13 +337,8 @@ async fn stale_and_unknown_outcomes_are_refused_and_change_nothing() {
         .await;
     assert!(!applied);
     assert!(reason.starts_with("unknown lease"), "{reason}");
-    let stats = client
-        .stats(StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
     assert_eq!(
-        stats.shards.iter().map(|s| s.in_flight).sum::<u64>(),
+        stats_sum(&mut client, |s| s.in_flight).await,
         1,
         "still leased"
     );
@@ -456,13 +451,8 @@ async fn bad_input_is_refused_naming_the_field_and_changes_nothing() {
         .await
         .unwrap_err();
     assert_eq!(status.message(), "shard: 99 is not below the shard count 4");
-    let stats = client
-        .stats(StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
     assert_eq!(
-        stats.shards.iter().map(|s| s.depth).sum::<u64>(),
+        stats_sum(&mut client, |s| s.depth).await,
         0,
         "nothing was added"
     );

@@ -298,10 +298,6 @@ impl Queue {
         self.by_name.get(name).copied()
     }
 
-    pub fn controller_name(&self, id: ControllerId) -> &str {
-        &self.names[id as usize]
-    }
-
     pub fn controller_names(&self) -> &[Arc<str>] {
         &self.names
     }
