@@ -1,0 +1,542 @@
+//! The watcher's configuration file: what to watch and how events become keys.
+//!
+//! ```yaml
+//! shardCount: 256              # must match the queue's --shard-count
+//! resyncPeriod: 10m            # every cached object's keys again, at low priority; 0s = off
+//! namespaces:
+//!   exclude: [kube-system]     # or include: [a, b]; cluster-scoped objects ignore both
+//! resources:                   # optional per-resource settings (and cache-only resources)
+//!   - apiVersion: v1
+//!     kind: Pod
+//!     metadataOnly: true
+//! controllers:
+//!   - name: apps/v1/ReplicaSet
+//!     for: {apiVersion: apps/v1, kind: ReplicaSet}
+//!     owns:
+//!       - {apiVersion: v1, kind: Pod}
+//!     mapByLabel:
+//!       - {apiVersion: v1, kind: ConfigMap, label: example.com/replicaset}
+//! ```
+//!
+//! Every error names the field that is wrong (`controllers[1].owns[0].kind: ...`).
+
+use std::{collections::BTreeMap, fmt, time::Duration};
+
+use serde::Deserialize;
+
+/// Longest controller name: it travels in every work key.
+const MAX_CONTROLLER_NAME: usize = 253;
+/// client-go's default informer resync is off; ten minutes is kube-controller-manager's
+/// `--min-resync-period` scale. Zero turns it off.
+const DEFAULT_RESYNC: Duration = Duration::from_secs(0);
+const DEFAULT_SHARD_COUNT: u32 = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("the configuration is not valid YAML for this schema: {0}")]
+    Parse(#[from] serde_yaml::Error),
+    #[error("{field}: {problem}")]
+    Invalid { field: String, problem: String },
+}
+
+pub type Result<T, E = ConfigError> = std::result::Result<T, E>;
+
+fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// A group/version/kind, as written in manifests (`apiVersion` + `kind`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Gvk {
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+}
+
+impl Gvk {
+    /// Parses `apps/v1` + `ReplicaSet` (or `v1` + `Pod` for the core group).
+    pub fn parse(api_version: &str, kind: &str) -> std::result::Result<Self, String> {
+        let (group, version) = match api_version.split_once('/') {
+            Some((group, version)) => (group, version),
+            None => ("", api_version),
+        };
+        if version.is_empty() || version.contains('/') {
+            return Err(format!(
+                "apiVersion {api_version:?} is not of the form version or group/version"
+            ));
+        }
+        if api_version.split_once('/').is_some() && group.is_empty() {
+            return Err(format!("apiVersion {api_version:?} has an empty group"));
+        }
+        if !kind.starts_with(|c: char| c.is_ascii_uppercase())
+            || !kind.chars().all(|c| c.is_ascii_alphanumeric())
+        {
+            return Err(format!(
+                "kind {kind:?} must be a CamelCase name such as ReplicaSet"
+            ));
+        }
+        Ok(Self {
+            group: group.to_owned(),
+            version: version.to_owned(),
+            kind: kind.to_owned(),
+        })
+    }
+
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+impl fmt::Display for Gvk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.api_version(), self.kind)
+    }
+}
+
+/// When an update passes a rule: any one of the listed predicates holding is enough
+/// (controller-runtime's `predicate.Or`). Creations, deletions and resyncs always pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Predicate {
+    GenerationChanged,
+    LabelsChanged,
+    AnnotationsChanged,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    shard_count: Option<u32>,
+    #[serde(default)]
+    resync_period: Option<String>,
+    #[serde(default)]
+    namespaces: RawNamespaces,
+    #[serde(default)]
+    resources: Vec<RawResource>,
+    #[serde(default)]
+    controllers: Vec<RawController>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawNamespaces {
+    #[serde(default)]
+    include: Vec<String>,
+    #[serde(default)]
+    exclude: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawResource {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    metadata_only: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawController {
+    name: String,
+    #[serde(rename = "for")]
+    for_: Option<RawRule>,
+    #[serde(default)]
+    owns: Vec<RawRule>,
+    #[serde(default)]
+    map_by_label: Vec<RawLabelRule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawRule {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    predicates: Vec<Predicate>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawLabelRule {
+    api_version: String,
+    kind: String,
+    label: String,
+    #[serde(default)]
+    predicates: Vec<Predicate>,
+}
+
+/// One watched resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceConfig {
+    pub gvk: Gvk,
+    /// Watch and cache only `metadata` (the metadata API), not the whole object.
+    pub metadata_only: bool,
+}
+
+/// How events of one resource become keys of one controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuleKind {
+    /// The object's own key.
+    For,
+    /// The key of the object's controller owner, when that owner is of this kind.
+    Owns { owner: Gvk },
+    /// The key named by this label's value, in the object's namespace.
+    ByLabel { label: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// Index into [`Config::resources`].
+    pub resource: usize,
+    pub controller: String,
+    pub kind: RuleKind,
+    pub predicates: Vec<Predicate>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Namespaces {
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+}
+
+impl Namespaces {
+    /// Whether objects of `namespace` are watched (cluster-scoped objects always are).
+    pub fn admits(&self, namespace: &str) -> bool {
+        if namespace.is_empty() {
+            return true;
+        }
+        if !self.include.is_empty() {
+            return self.include.iter().any(|n| n == namespace);
+        }
+        !self.exclude.iter().any(|n| n == namespace)
+    }
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub shard_count: u32,
+    pub resync_period: Option<Duration>,
+    pub namespaces: Namespaces,
+    /// Every resource to watch, once each, in the order first named.
+    pub resources: Vec<ResourceConfig>,
+    pub rules: Vec<Rule>,
+}
+
+impl Config {
+    /// Parses and validates a YAML document.
+    pub fn from_yaml(text: &str) -> Result<Self> {
+        let raw: RawConfig = serde_yaml::from_str(text)?;
+        Self::validate(raw)
+    }
+
+    /// The controller names keys are produced for.
+    pub fn controllers(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.rules.iter().map(|r| r.controller.as_str()).collect();
+        names.dedup();
+        names
+    }
+
+    fn validate(raw: RawConfig) -> Result<Self> {
+        let RawConfig {
+            shard_count,
+            resync_period,
+            namespaces,
+            resources: raw_resources,
+            controllers,
+        } = raw;
+        let shard_count = shard_count.unwrap_or(DEFAULT_SHARD_COUNT);
+        if shard_count == 0 {
+            return Err(invalid("shardCount", "must be at least 1"));
+        }
+        let resync_period = match resync_period {
+            None => DEFAULT_RESYNC,
+            Some(text) => humantime::parse_duration(&text).map_err(|e| {
+                invalid(
+                    "resyncPeriod",
+                    format!("{text:?} is not a duration such as 10m: {e}"),
+                )
+            })?,
+        };
+        let namespaces = validate_namespaces(namespaces)?;
+
+        let mut resources: Vec<ResourceConfig> = Vec::new();
+        let mut explicit: BTreeMap<Gvk, usize> = BTreeMap::new();
+        for (i, r) in raw_resources.into_iter().enumerate() {
+            let field = format!("resources[{i}]");
+            let gvk = Gvk::parse(&r.api_version, &r.kind).map_err(|e| invalid(&field, e))?;
+            if let Some(first) = explicit.insert(gvk.clone(), i) {
+                return Err(invalid(
+                    field,
+                    format!("{gvk} is already listed as resources[{first}]"),
+                ));
+            }
+            resources.push(ResourceConfig {
+                gvk,
+                metadata_only: r.metadata_only,
+            });
+        }
+        let mut index_of = |gvk: &Gvk| -> usize {
+            match resources.iter().position(|r| &r.gvk == gvk) {
+                Some(i) => i,
+                None => {
+                    resources.push(ResourceConfig {
+                        gvk: gvk.clone(),
+                        metadata_only: false,
+                    });
+                    resources.len() - 1
+                }
+            }
+        };
+
+        let mut rules = Vec::new();
+        let mut names: BTreeMap<String, usize> = BTreeMap::new();
+        for (c, controller) in controllers.into_iter().enumerate() {
+            let field = format!("controllers[{c}]");
+            let RawController {
+                name,
+                for_,
+                owns,
+                map_by_label,
+            } = controller;
+            if name.trim().is_empty() {
+                return Err(invalid(format!("{field}.name"), "must not be empty"));
+            }
+            if name.len() > MAX_CONTROLLER_NAME {
+                return Err(invalid(
+                    format!("{field}.name"),
+                    format!(
+                        "is {} characters; at most {MAX_CONTROLLER_NAME}",
+                        name.len()
+                    ),
+                ));
+            }
+            if let Some(first) = names.insert(name.clone(), c) {
+                return Err(invalid(
+                    format!("{field}.name"),
+                    format!("{name:?} is already used by controllers[{first}]"),
+                ));
+            }
+            let Some(for_) = for_ else {
+                return Err(invalid(
+                    format!("{field}.for"),
+                    "is required: the kind this controller reconciles",
+                ));
+            };
+            let owner = Gvk::parse(&for_.api_version, &for_.kind)
+                .map_err(|e| invalid(format!("{field}.for"), e))?;
+            rules.push(Rule {
+                resource: index_of(&owner),
+                controller: name.clone(),
+                kind: RuleKind::For,
+                predicates: for_.predicates,
+            });
+            for (i, rule) in owns.into_iter().enumerate() {
+                let gvk = Gvk::parse(&rule.api_version, &rule.kind)
+                    .map_err(|e| invalid(format!("{field}.owns[{i}]"), e))?;
+                rules.push(Rule {
+                    resource: index_of(&gvk),
+                    controller: name.clone(),
+                    kind: RuleKind::Owns {
+                        owner: owner.clone(),
+                    },
+                    predicates: rule.predicates,
+                });
+            }
+            for (i, rule) in map_by_label.into_iter().enumerate() {
+                let at = format!("{field}.mapByLabel[{i}]");
+                let gvk = Gvk::parse(&rule.api_version, &rule.kind).map_err(|e| invalid(&at, e))?;
+                if rule.label.trim().is_empty() {
+                    return Err(invalid(format!("{at}.label"), "must not be empty"));
+                }
+                rules.push(Rule {
+                    resource: index_of(&gvk),
+                    controller: name.clone(),
+                    kind: RuleKind::ByLabel { label: rule.label },
+                    predicates: rule.predicates,
+                });
+            }
+        }
+        if resources.is_empty() {
+            return Err(invalid(
+                "controllers",
+                "nothing to watch: name at least one controller or resource",
+            ));
+        }
+        Ok(Self {
+            shard_count,
+            resync_period: (!resync_period.is_zero()).then_some(resync_period),
+            namespaces,
+            resources,
+            rules,
+        })
+    }
+}
+
+fn validate_namespaces(raw: RawNamespaces) -> Result<Namespaces> {
+    let RawNamespaces { include, exclude } = raw;
+    if !include.is_empty() && !exclude.is_empty() {
+        return Err(invalid("namespaces", "set include or exclude, not both"));
+    }
+    for (list, names) in [("include", &include), ("exclude", &exclude)] {
+        for (i, name) in names.iter().enumerate() {
+            if !is_dns_label(name) {
+                return Err(invalid(
+                    format!("namespaces.{list}[{i}]"),
+                    format!(
+                        "{name:?} is not a namespace name (a DNS label of at most 63 characters)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(Namespaces { include, exclude })
+}
+
+fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RS_CONFIG: &str = r#"
+shardCount: 16
+resyncPeriod: 10m
+namespaces:
+  exclude: [kube-system]
+resources:
+  - apiVersion: v1
+    kind: Pod
+    metadataOnly: true
+controllers:
+  - name: apps/v1/ReplicaSet
+    for: {apiVersion: apps/v1, kind: ReplicaSet, predicates: [generationChanged]}
+    owns:
+      - {apiVersion: v1, kind: Pod}
+  - name: apps/v1/Deployment
+    for: {apiVersion: apps/v1, kind: Deployment}
+    owns:
+      - {apiVersion: apps/v1, kind: ReplicaSet}
+    mapByLabel:
+      - {apiVersion: v1, kind: ConfigMap, label: example.com/deployment}
+"#;
+
+    fn error(text: &str) -> String {
+        Config::from_yaml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn resources_are_the_union_of_every_rule_once() {
+        let config = Config::from_yaml(RS_CONFIG).unwrap();
+        let kinds: Vec<String> = config.resources.iter().map(|r| r.gvk.to_string()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "v1/Pod",
+                "apps/v1/ReplicaSet",
+                "apps/v1/Deployment",
+                "v1/ConfigMap"
+            ]
+        );
+        assert!(config.resources[0].metadata_only);
+        assert!(!config.resources[1].metadata_only);
+        assert_eq!(config.shard_count, 16);
+        assert_eq!(config.resync_period, Some(Duration::from_secs(600)));
+        assert_eq!(config.rules.len(), 5);
+        assert_eq!(
+            config.controllers(),
+            ["apps/v1/ReplicaSet", "apps/v1/Deployment"]
+        );
+        let owns_rs = &config.rules[3];
+        assert_eq!(config.resources[owns_rs.resource].gvk.kind, "ReplicaSet");
+        assert_eq!(
+            owns_rs.kind,
+            RuleKind::Owns {
+                owner: Gvk::parse("apps/v1", "Deployment").unwrap()
+            }
+        );
+        assert!(!config.namespaces.admits("kube-system"));
+        assert!(config.namespaces.admits("default"));
+        assert!(config.namespaces.admits(""));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert!(error("controllers: [{name: x}]").contains("controllers[0].for: is required"));
+        assert!(
+            error("controllers: [{name: a, for: {apiVersion: v1, kind: Pod}, owns: [{apiVersion: v1, kind: pod}]}]")
+                .contains("controllers[0].owns[0]: kind \"pod\"")
+        );
+        assert!(
+            error("controllers: [{name: a, for: {apiVersion: /v1, kind: Pod}}]")
+                .contains("controllers[0].for: apiVersion \"/v1\"")
+        );
+        assert!(
+            error("shardCount: 0\nresources: [{apiVersion: v1, kind: Pod}]")
+                .contains("shardCount: must be at least 1")
+        );
+        assert!(
+            error("resyncPeriod: soon\nresources: [{apiVersion: v1, kind: Pod}]")
+                .contains("resyncPeriod: \"soon\"")
+        );
+        assert!(
+            error("namespaces: {include: [a], exclude: [b]}")
+                .contains("namespaces: set include or exclude")
+        );
+        assert!(error("namespaces: {include: [Bad_NS]}").contains("namespaces.include[0]"));
+        assert!(error("{}").contains("nothing to watch"));
+        assert!(
+            error("controllers: [{name: a, for: {apiVersion: v1, kind: Pod}}, {name: a, for: {apiVersion: v1, kind: Pod}}]")
+                .contains("controllers[1].name: \"a\" is already used by controllers[0]")
+        );
+        assert!(
+            error("resources: [{apiVersion: v1, kind: Pod}, {apiVersion: v1, kind: Pod}]")
+                .contains("resources[1]: v1/Pod is already listed as resources[0]")
+        );
+        assert!(
+            error("controllers: [{name: a, for: {apiVersion: v1, kind: Pod}, mapByLabel: [{apiVersion: v1, kind: Pod, label: ''}]}]")
+                .contains("controllers[0].mapByLabel[0].label: must not be empty")
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_predicates_are_named() {
+        assert!(
+            error("resources: [{apiVersion: v1, kind: Pod, metaOnly: true}]").contains("metaOnly")
+        );
+        assert!(
+            error(
+                "controllers: [{name: a, for: {apiVersion: v1, kind: Pod, predicates: [always]}}]"
+            )
+            .contains("always")
+        );
+    }
+
+    #[test]
+    fn include_admits_only_the_listed_namespaces() {
+        let ns = Namespaces {
+            include: vec!["a".into()],
+            exclude: vec![],
+        };
+        assert!(ns.admits("a"));
+        assert!(!ns.admits("b"));
+        assert!(ns.admits(""));
+    }
+}

@@ -1,0 +1,20 @@
+//! The watcher's domain, free of Kubernetes clients and gRPC.
+//!
+//! ```text
+//!  watch event ─► Summary (namespace, name, rv, generation, labels, controller ref) + JSON
+//!                    │
+//!                    ├─► Store::apply / delete        (cache; owner-UID index; relist sweep)
+//!                    └─► Mapper::keys(old, new)       (for / owns / mapByLabel, predicates)
+//!                               │
+//!                               └─► Key (controller, namespace, name) ─► shard_of ─► queue
+//! ```
+
+pub mod config;
+pub mod mapping;
+pub mod selector;
+pub mod store;
+
+pub use config::{Config, ConfigError, Gvk, Predicate, ResourceConfig};
+pub use mapping::{EventKind, Key, Mapper};
+pub use selector::{Selector, SelectorError};
+pub use store::{ControllerRef, Store, Summary};

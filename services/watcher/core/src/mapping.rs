@@ -1,0 +1,316 @@
+//! From a change of one object to the work keys it causes, per the configured rules.
+//!
+//! - `for`: the object's own key;
+//! - `owns`: the key of its controller owner when the owner is of the controller's kind
+//!   (an object with no controller owner maps to nothing); when an update changes the
+//!   controller owner, both the old and the new owner are keyed, as kube-controller-manager's
+//!   ReplicaSet controller does;
+//! - `mapByLabel`: the object in the same namespace that the label's value names (old and
+//!   new values both, when it changed).
+//!
+//! Predicates filter updates only; creations, deletions and resyncs always map.
+
+use std::sync::Arc;
+
+use switchyard_queue_core::shard::shard_of;
+
+use crate::{
+    Config, Predicate, Summary,
+    config::{Gvk, RuleKind},
+};
+
+/// A work key: `(controller, namespace, name)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub controller: Arc<str>,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+impl Key {
+    pub fn shard(&self, shard_count: u32) -> u32 {
+        shard_of(&self.controller, &self.namespace, &self.name, shard_count)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Added,
+    Modified,
+    Deleted,
+    /// A resync: every rule maps, no predicate applies.
+    Sync,
+}
+
+#[derive(Debug)]
+struct Rule {
+    controller: Arc<str>,
+    kind: MapKind,
+    predicates: Vec<Predicate>,
+}
+
+#[derive(Debug)]
+enum MapKind {
+    For,
+    Owns { group: String, kind: String },
+    ByLabel { label: String },
+}
+
+/// The rules of a configuration, grouped by resource.
+#[derive(Debug)]
+pub struct Mapper {
+    by_resource: Vec<Vec<Rule>>,
+}
+
+impl Mapper {
+    pub fn new(config: &Config) -> Self {
+        let mut by_resource: Vec<Vec<Rule>> = config.resources.iter().map(|_| Vec::new()).collect();
+        let mut names: Vec<Arc<str>> = Vec::new();
+        for rule in &config.rules {
+            let controller = match names.iter().find(|n| ***n == *rule.controller) {
+                Some(name) => name.clone(),
+                None => {
+                    names.push(rule.controller.as_str().into());
+                    names[names.len() - 1].clone()
+                }
+            };
+            let kind = match &rule.kind {
+                RuleKind::For => MapKind::For,
+                RuleKind::Owns { owner } => {
+                    let Gvk { group, kind, .. } = owner;
+                    MapKind::Owns {
+                        group: group.clone(),
+                        kind: kind.clone(),
+                    }
+                }
+                RuleKind::ByLabel { label } => MapKind::ByLabel {
+                    label: label.clone(),
+                },
+            };
+            by_resource[rule.resource].push(Rule {
+                controller,
+                kind,
+                predicates: rule.predicates.clone(),
+            });
+        }
+        Self { by_resource }
+    }
+
+    /// Whether any rule maps events of `resource` (a cache-only resource has none).
+    pub fn maps(&self, resource: usize) -> bool {
+        !self.by_resource[resource].is_empty()
+    }
+
+    /// Appends to `out` the keys caused by `event` on an object of `resource`. For
+    /// `Modified`, `old` is the cached summary before the change (if it was cached).
+    pub fn keys(
+        &self,
+        resource: usize,
+        event: EventKind,
+        old: Option<&Summary>,
+        new: &Summary,
+        out: &mut Vec<Key>,
+    ) {
+        for rule in &self.by_resource[resource] {
+            if event == EventKind::Modified
+                && let Some(old) = old
+                && !passes(&rule.predicates, old, new)
+            {
+                continue;
+            }
+            let old = if event == EventKind::Modified {
+                old
+            } else {
+                None
+            };
+            let key = |namespace: &Arc<str>, name: &str| Key {
+                controller: rule.controller.clone(),
+                namespace: namespace.clone(),
+                name: name.into(),
+            };
+            match &rule.kind {
+                MapKind::For => out.push(Key {
+                    controller: rule.controller.clone(),
+                    namespace: new.namespace.clone(),
+                    name: new.name.clone(),
+                }),
+                MapKind::Owns { group, kind } => {
+                    let owner = |s: &Summary| {
+                        s.controller
+                            .as_ref()
+                            .filter(|c| c.kind == *kind && c.group() == group)
+                            .map(|c| c.name.clone())
+                    };
+                    let now = owner(new);
+                    if let Some(name) = &now {
+                        out.push(key(&new.namespace, name));
+                    }
+                    if let Some(before) = old.and_then(owner)
+                        && Some(&before) != now.as_ref()
+                    {
+                        out.push(key(&new.namespace, &before));
+                    }
+                }
+                MapKind::ByLabel { label } => {
+                    let now = new.label(label).filter(|v| !v.is_empty());
+                    if let Some(name) = now {
+                        out.push(key(&new.namespace, name));
+                    }
+                    if let Some(before) = old.and_then(|o| o.label(label)).filter(|v| !v.is_empty())
+                        && Some(before) != now
+                    {
+                        out.push(key(&new.namespace, before));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An update passes when no predicate is set or any one holds.
+fn passes(predicates: &[Predicate], old: &Summary, new: &Summary) -> bool {
+    predicates.is_empty()
+        || predicates.iter().any(|p| match p {
+            Predicate::GenerationChanged => old.generation != new.generation,
+            Predicate::LabelsChanged => old.labels != new.labels,
+            Predicate::AnnotationsChanged => old.annotations_hash != new.annotations_hash,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ControllerRef;
+
+    const CONFIG: &str = r#"
+controllers:
+  - name: apps/v1/ReplicaSet
+    for: {apiVersion: apps/v1, kind: ReplicaSet, predicates: [generationChanged, labelsChanged]}
+    owns:
+      - {apiVersion: v1, kind: Pod}
+  - name: example.com/v1/Widget
+    for: {apiVersion: example.com/v1, kind: Widget}
+    mapByLabel:
+      - {apiVersion: v1, kind: ConfigMap, label: example.com/widget}
+"#;
+    const POD: usize = 1;
+    const RS: usize = 0;
+    const CM: usize = 3;
+
+    fn owned_by(kind: &str, api_version: &str, name: &str) -> Option<ControllerRef> {
+        Some(ControllerRef {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        })
+    }
+
+    fn mk(
+        name: &str,
+        generation: i64,
+        labels: &[(&str, &str)],
+        owner: Option<ControllerRef>,
+    ) -> Summary {
+        Summary::new(
+            "ns",
+            name,
+            "1",
+            Some(generation),
+            labels.iter().copied(),
+            [],
+            owner,
+        )
+    }
+
+    fn keys(
+        resource: usize,
+        event: EventKind,
+        old: Option<&Summary>,
+        new: &Summary,
+    ) -> Vec<String> {
+        let config = Config::from_yaml(CONFIG).unwrap();
+        assert_eq!(config.resources[POD].gvk.kind, "Pod");
+        assert_eq!(config.resources[CM].gvk.kind, "ConfigMap");
+        let mut out = Vec::new();
+        Mapper::new(&config).keys(resource, event, old, new, &mut out);
+        out.iter()
+            .map(|k| format!("{} {}/{}", k.controller, k.namespace, k.name))
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_maps_to_its_controller_replicaset_only() {
+        let pod = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "rs1"));
+        assert_eq!(
+            keys(POD, EventKind::Added, None, &pod),
+            ["apps/v1/ReplicaSet ns/rs1"]
+        );
+        assert_eq!(
+            keys(POD, EventKind::Deleted, None, &pod),
+            ["apps/v1/ReplicaSet ns/rs1"]
+        );
+        let orphan = mk("p", 0, &[], None);
+        assert!(keys(POD, EventKind::Added, None, &orphan).is_empty());
+        let wrong_kind = mk("p", 0, &[], owned_by("StatefulSet", "apps/v1", "s"));
+        assert!(keys(POD, EventKind::Added, None, &wrong_kind).is_empty());
+        let wrong_group = mk("p", 0, &[], owned_by("ReplicaSet", "example.com/v1", "s"));
+        assert!(keys(POD, EventKind::Added, None, &wrong_group).is_empty());
+    }
+
+    #[test]
+    fn a_changed_controller_keys_both_owners() {
+        let old = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "rs1"));
+        let new = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "rs2"));
+        assert_eq!(
+            keys(POD, EventKind::Modified, Some(&old), &new),
+            ["apps/v1/ReplicaSet ns/rs2", "apps/v1/ReplicaSet ns/rs1"]
+        );
+        let released = mk("p", 0, &[], None);
+        assert_eq!(
+            keys(POD, EventKind::Modified, Some(&old), &released),
+            ["apps/v1/ReplicaSet ns/rs1"]
+        );
+    }
+
+    #[test]
+    fn predicates_filter_updates_but_not_creations_or_resyncs() {
+        let old = mk("rs", 1, &[("a", "1")], None);
+        let status_only = mk("rs", 1, &[("a", "1")], None);
+        assert!(keys(RS, EventKind::Modified, Some(&old), &status_only).is_empty());
+        assert_eq!(
+            keys(RS, EventKind::Sync, None, &status_only),
+            ["apps/v1/ReplicaSet ns/rs"]
+        );
+        assert_eq!(
+            keys(RS, EventKind::Added, None, &status_only),
+            ["apps/v1/ReplicaSet ns/rs"]
+        );
+        let spec = mk("rs", 2, &[("a", "1")], None);
+        assert_eq!(
+            keys(RS, EventKind::Modified, Some(&old), &spec),
+            ["apps/v1/ReplicaSet ns/rs"]
+        );
+        let relabelled = mk("rs", 1, &[("a", "2")], None);
+        assert_eq!(
+            keys(RS, EventKind::Modified, Some(&old), &relabelled),
+            ["apps/v1/ReplicaSet ns/rs"]
+        );
+    }
+
+    #[test]
+    fn label_mapping_keys_the_named_object_and_the_previous_one() {
+        let cm = mk("cm", 0, &[("example.com/widget", "w1")], None);
+        assert_eq!(
+            keys(CM, EventKind::Added, None, &cm),
+            ["example.com/v1/Widget ns/w1"]
+        );
+        let moved = mk("cm", 0, &[("example.com/widget", "w2")], None);
+        assert_eq!(
+            keys(CM, EventKind::Modified, Some(&cm), &moved),
+            ["example.com/v1/Widget ns/w2", "example.com/v1/Widget ns/w1"]
+        );
+        let unlabelled = mk("cm", 0, &[], None);
+        assert!(keys(CM, EventKind::Added, None, &unlabelled).is_empty());
+    }
+}

@@ -1,0 +1,451 @@
+//! The object cache of one resource.
+//!
+//! Objects are kept as their JSON (without `managedFields`, which the adapter strips) next to a
+//! small [`Summary`] that key mapping and queries need. Namespace queries are a range of the
+//! ordered map; controller-owner queries go through an index by owner UID; label selectors are
+//! evaluated on the candidates those two give.
+//!
+//! A relist (initial list, or after a watch expired with 410 Gone) is a mark and sweep:
+//! [`Store::begin_relist`] starts it, every listed object is marked as it is applied, and
+//! [`Store::finish_relist`] removes and returns what was not listed: objects deleted while the
+//! watch was away.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet, hash_map::DefaultHasher},
+    hash::{Hash, Hasher},
+    ops::Bound,
+    sync::Arc,
+};
+
+use crate::Selector;
+
+/// The controller owner reference (`controller: true`) of an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControllerRef {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl ControllerRef {
+    /// The owner's API group (`apps` for `apps/v1`, empty for `v1`).
+    pub fn group(&self) -> &str {
+        self.api_version
+            .split_once('/')
+            .map(|(group, _)| group)
+            .unwrap_or("")
+    }
+}
+
+/// What key mapping and queries need to know about an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    /// `metadata.resourceVersion` as a number (etcd's revision); 0 when absent.
+    pub resource_version: u64,
+    pub generation: i64,
+    /// Sorted by key.
+    pub labels: Box<[(Box<str>, Box<str>)]>,
+    pub annotations_hash: u64,
+    pub controller: Option<Box<ControllerRef>>,
+}
+
+impl Summary {
+    pub fn new<'a>(
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        generation: Option<i64>,
+        labels: impl IntoIterator<Item = (&'a str, &'a str)>,
+        annotations: impl IntoIterator<Item = (&'a str, &'a str)>,
+        controller: Option<ControllerRef>,
+    ) -> Self {
+        let mut labels: Vec<(Box<str>, Box<str>)> = labels
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        labels.sort();
+        let mut annotations: Vec<(&str, &str)> = annotations.into_iter().collect();
+        annotations.sort();
+        let mut hasher = DefaultHasher::new();
+        annotations.hash(&mut hasher);
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            resource_version: resource_version.parse().unwrap_or(0),
+            generation: generation.unwrap_or(0),
+            labels: labels.into(),
+            annotations_hash: hasher.finish(),
+            controller: controller.map(Box::new),
+        }
+    }
+
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .map(|i| &*self.labels[i].1)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct ObjKey {
+    namespace: Arc<str>,
+    name: Arc<str>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    summary: Summary,
+    json: Box<[u8]>,
+}
+
+/// What [`Store::apply`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Not cached before.
+    Created,
+    /// Cached at another resourceVersion; the previous summary.
+    Updated(Summary),
+    /// Cached at this very resourceVersion (a relist or a duplicate event).
+    Unchanged,
+}
+
+#[derive(Debug, Default)]
+pub struct Store {
+    objects: BTreeMap<ObjKey, Entry>,
+    by_owner: HashMap<Box<str>, BTreeSet<ObjKey>>,
+    /// Interned namespace names: many objects share few namespaces.
+    namespaces: HashSet<Arc<str>>,
+    resource_version: u64,
+    /// Objects listed so far while a relist is under way.
+    relisting: Option<HashSet<ObjKey>>,
+    json_bytes: usize,
+}
+
+impl Store {
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Bytes of cached JSON (the objects themselves, without the indexes).
+    pub fn json_bytes(&self) -> usize {
+        self.json_bytes
+    }
+
+    /// The highest resourceVersion seen (objects and deletions).
+    pub fn resource_version(&self) -> u64 {
+        self.resource_version
+    }
+
+    /// Notes a resourceVersion seen without an object change (a list or a bookmark).
+    pub fn observe_resource_version(&mut self, rv: u64) {
+        self.resource_version = self.resource_version.max(rv);
+    }
+
+    fn key(&mut self, summary: &Summary) -> ObjKey {
+        let namespace = match self.namespaces.get(&summary.namespace) {
+            Some(ns) => ns.clone(),
+            None => {
+                self.namespaces.insert(summary.namespace.clone());
+                summary.namespace.clone()
+            }
+        };
+        ObjKey {
+            namespace,
+            name: summary.name.clone(),
+        }
+    }
+
+    /// Stores an object (added, modified or listed).
+    pub fn apply(&mut self, mut summary: Summary, json: Vec<u8>) -> Applied {
+        let key = self.key(&summary);
+        summary.namespace = key.namespace.clone();
+        self.observe_resource_version(summary.resource_version);
+        if let Some(listed) = &mut self.relisting {
+            listed.insert(key.clone());
+        }
+        let unchanged = self
+            .objects
+            .get(&key)
+            .is_some_and(|e| e.summary.resource_version == summary.resource_version);
+        if unchanged {
+            return Applied::Unchanged;
+        }
+        if let Some(uid) = summary.controller.as_ref().map(|c| c.uid.as_str()) {
+            self.by_owner
+                .entry(uid.into())
+                .or_default()
+                .insert(key.clone());
+        }
+        self.json_bytes += json.len();
+        let entry = Entry {
+            summary,
+            json: json.into_boxed_slice(),
+        };
+        match self.objects.insert(key.clone(), entry) {
+            None => Applied::Created,
+            Some(old) => {
+                self.json_bytes -= old.json.len();
+                let new_owner = self.objects[&key]
+                    .summary
+                    .controller
+                    .as_ref()
+                    .map(|c| c.uid.clone());
+                let old_owner = old.summary.controller.as_ref().map(|c| &c.uid);
+                if old_owner.is_some() && old_owner != new_owner.as_ref() {
+                    self.unindex_owner(old_owner.map(String::as_str), &key);
+                }
+                Applied::Updated(old.summary)
+            }
+        }
+    }
+
+    /// Removes an object; returns what was cached.
+    pub fn delete(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        resource_version: u64,
+    ) -> Option<Summary> {
+        self.observe_resource_version(resource_version);
+        let key = ObjKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        self.remove(&key)
+    }
+
+    fn remove(&mut self, key: &ObjKey) -> Option<Summary> {
+        let entry = self.objects.remove(key)?;
+        self.json_bytes -= entry.json.len();
+        let owner = entry.summary.controller.as_ref().map(|c| c.uid.as_str());
+        self.unindex_owner(owner, key);
+        Some(entry.summary)
+    }
+
+    fn unindex_owner(&mut self, owner: Option<&str>, key: &ObjKey) {
+        let Some(uid) = owner else { return };
+        if let Some(set) = self.by_owner.get_mut(uid) {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_owner.remove(uid);
+            }
+        }
+    }
+
+    /// Starts a relist: objects not applied before [`Store::finish_relist`] are swept.
+    pub fn begin_relist(&mut self) {
+        self.relisting = Some(HashSet::new());
+    }
+
+    /// Ends a relist; removes and returns every cached object it did not list.
+    pub fn finish_relist(&mut self) -> Vec<Summary> {
+        let Some(listed) = self.relisting.take() else {
+            return Vec::new();
+        };
+        let gone: Vec<ObjKey> = self
+            .objects
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        gone.iter().filter_map(|k| self.remove(k)).collect()
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Option<&[u8]> {
+        let key = ObjKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        self.objects.get(&key).map(|e| &*e.json)
+    }
+
+    /// Objects in `namespace` (all when `None`) owned by `controller_uid` (any when `None`)
+    /// and matching `selector`, in namespace/name order.
+    pub fn list<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        controller_uid: Option<&'a str>,
+        selector: &'a Selector,
+    ) -> Box<dyn Iterator<Item = &'a [u8]> + 'a> {
+        let matching = move |e: &&Entry| {
+            namespace.is_none_or(|ns| *e.summary.namespace == *ns)
+                && selector.matches(|k| e.summary.label(k))
+        };
+        match controller_uid {
+            Some(uid) => Box::new(
+                self.by_owner
+                    .get(uid)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|k| self.objects.get(k))
+                    .filter(matching)
+                    .map(|e| &*e.json),
+            ),
+            None => {
+                let entries: Box<dyn Iterator<Item = &Entry>> = match namespace {
+                    Some(ns) => {
+                        let ns: Arc<str> = ns.into();
+                        let start = ObjKey {
+                            namespace: ns.clone(),
+                            name: "".into(),
+                        };
+                        Box::new(
+                            self.objects
+                                .range((Bound::Included(start), Bound::Unbounded))
+                                .take_while(move |(k, _)| k.namespace == ns)
+                                .map(|(_, e)| e),
+                        )
+                    }
+                    None => Box::new(self.objects.values()),
+                };
+                Box::new(entries.filter(matching).map(|e| &*e.json))
+            }
+        }
+    }
+
+    /// Every cached object's summary (for resyncs).
+    pub fn summaries(&self) -> impl Iterator<Item = &Summary> {
+        self.objects.values().map(|e| &e.summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk_pod(
+        ns: &str,
+        name: &str,
+        rv: u64,
+        labels: &[(&str, &str)],
+        owner: Option<&str>,
+    ) -> Summary {
+        Summary::new(
+            ns,
+            name,
+            &rv.to_string(),
+            None,
+            labels.iter().copied(),
+            [],
+            owner.map(|uid| ControllerRef {
+                api_version: "apps/v1".into(),
+                kind: "ReplicaSet".into(),
+                name: format!("rs-{uid}"),
+                uid: uid.into(),
+            }),
+        )
+    }
+
+    fn names(store: &Store, ns: Option<&str>, owner: Option<&str>, selector: &str) -> Vec<String> {
+        let selector = Selector::parse(selector).unwrap();
+        store
+            .list(ns, owner, &selector)
+            .map(|json| String::from_utf8(json.to_vec()).unwrap())
+            .collect()
+    }
+
+    fn put(store: &mut Store, summary: Summary) -> Applied {
+        let json = format!("{}/{}", summary.namespace, summary.name).into_bytes();
+        store.apply(summary, json)
+    }
+
+    #[test]
+    fn queries_by_namespace_owner_and_labels() {
+        let mut store = Store::default();
+        put(
+            &mut store,
+            mk_pod("a", "p1", 1, &[("app", "web")], Some("u1")),
+        );
+        put(
+            &mut store,
+            mk_pod("a", "p2", 2, &[("app", "db")], Some("u1")),
+        );
+        put(
+            &mut store,
+            mk_pod("ab", "p3", 3, &[("app", "web")], Some("u2")),
+        );
+        put(&mut store, mk_pod("b", "p4", 4, &[], None));
+        assert_eq!(names(&store, Some("a"), None, ""), ["a/p1", "a/p2"]);
+        assert_eq!(names(&store, Some("a"), None, "app=web"), ["a/p1"]);
+        assert_eq!(names(&store, None, None, "app=web"), ["a/p1", "ab/p3"]);
+        assert_eq!(names(&store, None, Some("u1"), ""), ["a/p1", "a/p2"]);
+        assert_eq!(names(&store, None, Some("u1"), "app!=web"), ["a/p2"]);
+        assert_eq!(
+            names(&store, Some("b"), Some("u1"), ""),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            names(&store, None, Some("nobody"), ""),
+            Vec::<String>::new()
+        );
+        assert_eq!(store.resource_version(), 4);
+        assert_eq!(store.get("a", "p2"), Some(&b"a/p2"[..]));
+        assert_eq!(store.get("a", "p9"), None);
+    }
+
+    #[test]
+    fn a_changed_owner_moves_in_the_index() {
+        let mut store = Store::default();
+        put(&mut store, mk_pod("a", "p1", 1, &[], Some("u1")));
+        let applied = put(&mut store, mk_pod("a", "p1", 2, &[], Some("u2")));
+        assert!(
+            matches!(applied, Applied::Updated(old) if old.controller.as_ref().unwrap().uid == "u1")
+        );
+        assert_eq!(names(&store, None, Some("u1"), ""), Vec::<String>::new());
+        assert_eq!(names(&store, None, Some("u2"), ""), ["a/p1"]);
+        put(&mut store, mk_pod("a", "p1", 3, &[], None));
+        assert_eq!(names(&store, None, Some("u2"), ""), Vec::<String>::new());
+        assert!(store.by_owner.is_empty());
+    }
+
+    #[test]
+    fn same_resource_version_is_unchanged() {
+        let mut store = Store::default();
+        assert_eq!(
+            put(&mut store, mk_pod("a", "p1", 1, &[], None)),
+            Applied::Created
+        );
+        assert_eq!(
+            put(&mut store, mk_pod("a", "p1", 1, &[], None)),
+            Applied::Unchanged
+        );
+    }
+
+    #[test]
+    fn relist_sweeps_what_was_not_listed() {
+        let mut store = Store::default();
+        for (i, name) in ["p1", "p2", "p3"].into_iter().enumerate() {
+            put(&mut store, mk_pod("a", name, i as u64 + 1, &[], Some("u1")));
+        }
+        store.begin_relist();
+        put(&mut store, mk_pod("a", "p1", 1, &[], Some("u1")));
+        put(&mut store, mk_pod("a", "p3", 7, &[], Some("u1")));
+        let gone = store.finish_relist();
+        assert_eq!(gone.len(), 1);
+        assert_eq!(&*gone[0].name, "p2");
+        assert_eq!(names(&store, None, Some("u1"), ""), ["a/p1", "a/p3"]);
+        assert_eq!(store.json_bytes(), "a/p1".len() + "a/p3".len());
+        assert_eq!(store.resource_version(), 7);
+    }
+
+    #[test]
+    fn delete_unindexes() {
+        let mut store = Store::default();
+        put(&mut store, mk_pod("a", "p1", 1, &[], Some("u1")));
+        let gone = store.delete("a", "p1", 5).unwrap();
+        assert_eq!(&*gone.name, "p1");
+        assert!(store.is_empty());
+        assert!(store.by_owner.is_empty());
+        assert_eq!(store.json_bytes(), 0);
+        assert_eq!(store.resource_version(), 5);
+        assert!(store.delete("a", "p1", 6).is_none());
+    }
+}
