@@ -1,10 +1,37 @@
-//! Switchyard watcher: lists and watches resources, caches them and streams work keys to the queue shards.
+//! Switchyard watcher: client-go's shared informers as a service. It lists and watches the
+//! configured resources once, caches them, turns every change into work keys and sends each
+//! key to the queue replica that owns its shard.
 //!
-//! The service's own work is added by its issue; until then the binary runs the shared
-//! runtime shell (admin port, health, reflection, drain), connects to the apiserver and
-//! reports ready once the apiserver answers.
+//! ```text
+//!  apiserver ─► informer per resource ([`informer`]) ─► cache ([`cache`]) ◄── Cache gRPC ([`grpc`])
+//!                          │ keys
+//!                          ▼
+//!                       router ([`router`]) ─► Enqueue at the shard's owner
+//!                          ▲
+//!  elector WatchShardMap ──┴─ directory ([`directory`]): owners; a moved shard is resynced
+//! ```
 
-use switchyard_runtime::{GrpcServer, KubeArgs, Runtime, RuntimeArgs, await_apiserver};
+pub mod cache;
+pub mod directory;
+pub mod grpc;
+pub mod informer;
+pub mod metrics;
+pub mod router;
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+
+use switchyard_runtime::{Drain, GrpcServer, KubeArgs, Runtime, RuntimeArgs};
+use switchyard_watcher_core::Config;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::{
+    cache::Caches,
+    directory::ShardView,
+    informer::{Informer, SyncBarrier},
+    metrics::WatcherMetrics,
+    router::Router,
+};
 
 pub const SERVICE: &str = "switchyard-watcher";
 
@@ -14,6 +41,18 @@ pub enum Error {
     Runtime(#[from] switchyard_runtime::Error),
     #[error(transparent)]
     Kube(#[from] switchyard_runtime::KubeError),
+    #[error("failed to read the configuration file {path}: {source}")]
+    ReadConfig {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid configuration file {path}: {source}")]
+    Config {
+        path: PathBuf,
+        source: switchyard_watcher_core::ConfigError,
+    },
+    #[error("invalid flags: {0}")]
+    Args(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -25,19 +64,190 @@ pub struct Args {
     pub runtime: RuntimeArgs,
     #[command(flatten)]
     pub kube: KubeArgs,
+    #[command(flatten)]
+    pub watcher: WatcherArgs,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct WatcherArgs {
+    /// The watcher configuration (YAML): resources, controllers and their key mapping
+    #[arg(long, env = "SWITCHYARD_WATCHER_CONFIG")]
+    pub config: PathBuf,
+    /// gRPC address (host:port) of the one queue replica that serves every shard, when no
+    /// elector assigns shards
+    #[arg(long, env = "SWITCHYARD_QUEUE_ADDR", conflicts_with = "elector_addr")]
+    pub queue_addr: Option<String>,
+    /// gRPC address (host:port) of an elector: send each key to its shard's owner in the
+    /// elector's shard map, and resync a shard that moves
+    #[arg(long, env = "SWITCHYARD_ELECTOR_ADDR")]
+    pub elector_addr: Option<String>,
+    /// Keys waiting to be sent at most; when full, the watcher stops reading watch events
+    /// until the queue takes keys
+    #[arg(long, env = "SWITCHYARD_MAX_PENDING_KEYS", default_value_t = 1_000_000)]
+    pub max_pending_keys: usize,
+    /// Initial lists as watch streams (sendInitialEvents) instead of paged lists
+    #[arg(long, env = "SWITCHYARD_STREAMING_LISTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub streaming_lists: bool,
+}
+
+impl WatcherArgs {
+    fn load(&self) -> Result<Config> {
+        let text = std::fs::read_to_string(&self.config).map_err(|source| Error::ReadConfig {
+            path: self.config.clone(),
+            source,
+        })?;
+        Config::from_yaml(&text).map_err(|source| Error::Config {
+            path: self.config.clone(),
+            source,
+        })
+    }
 }
 
 impl Args {
     pub async fn run(self) -> Result<()> {
-        let Self { runtime, kube } = self;
-        let rt = Runtime::start(SERVICE, runtime).await?;
-        let client = kube.client().await?;
-        let gate = rt.readiness().gate("apiserver");
-        rt.spawn("apiserver-check", move |drain| {
-            await_apiserver(client, gate, drain)
-        });
-        rt.serve_grpc(GrpcServer::new()).await?;
+        let (rt, _) = self.start().await?;
         rt.run().await?;
         Ok(())
+    }
+
+    /// Starts the service and returns its runtime (not yet running) and gRPC address.
+    pub async fn start(self) -> Result<(Runtime, SocketAddr)> {
+        let Self {
+            runtime,
+            kube,
+            watcher,
+        } = self;
+        let WatcherArgs {
+            config: _,
+            queue_addr,
+            elector_addr,
+            max_pending_keys,
+            streaming_lists,
+        } = &watcher;
+        let config = watcher.load()?;
+        if queue_addr.is_none() && elector_addr.is_none() {
+            return Err(Error::Args(
+                "set --queue-addr (one queue serves every shard) or --elector-addr".into(),
+            ));
+        }
+        if *max_pending_keys == 0 {
+            return Err(Error::Args("--max-pending-keys: must be at least 1".into()));
+        }
+        let rt = Runtime::start(SERVICE, runtime).await?;
+        let client = kube.client().await?;
+        let metrics = WatcherMetrics::register(rt.metrics());
+        let caches = Arc::new(Caches::new(&config));
+        let router = Arc::new(Router::new(
+            *max_pending_keys,
+            config.shard_count,
+            metrics.clone(),
+        ));
+
+        let view = match (queue_addr, elector_addr) {
+            (Some(queue), _) => {
+                watch::channel(Some(Arc::new(ShardView::single(queue, config.shard_count)))).1
+            }
+            (None, Some(elector)) => {
+                let gate = rt.readiness().gate("shard-map");
+                let (view, follow) =
+                    directory::follow_elector(elector.clone(), config.shard_count, rt.drain());
+                rt.spawn("shard-map", |_| follow);
+                let mut first = view.clone();
+                rt.spawn("shard-map-ready", move |drain| async move {
+                    tokio::select! {
+                        _ = first.wait_for(Option::is_some) => gate.ready(),
+                        _ = drain.signaled() => {}
+                    }
+                });
+                view
+            }
+            (None, None) => unreachable!("checked above"),
+        };
+        rt.spawn("router", {
+            let router = router.clone();
+            let view = view.clone();
+            move |drain| router.run(view, drain)
+        });
+        rt.spawn("shard-resync", {
+            let (caches, router, metrics) = (caches.clone(), router.clone(), metrics.clone());
+            move |drain| resync_moved_shards(caches, router, metrics, view, drain)
+        });
+        if let Some(period) = config.resync_period {
+            let (caches, router, metrics) = (caches.clone(), router.clone(), metrics.clone());
+            rt.spawn("periodic-resync", move |drain| async move {
+                let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                loop {
+                    tokio::select! {
+                        _ = ticks.tick() => {}
+                        _ = drain.clone().signaled() => return,
+                    }
+                    grpc::resync(&caches, &router, &metrics, None, "periodic").await;
+                }
+            });
+        }
+
+        let synced = SyncBarrier::new(
+            caches.resources.len(),
+            rt.readiness().gate("initial-lists"),
+        );
+        for cache in &caches.resources {
+            let informer = Informer {
+                client: client.clone(),
+                caches: caches.clone(),
+                cache: cache.clone(),
+                router: router.clone(),
+                metrics: metrics.clone(),
+                streaming_lists: *streaming_lists,
+            };
+            let synced = synced.clone();
+            rt.spawn("informer", move |drain| informer.run(synced, drain));
+        }
+        info!(
+            resources = %caches.watched(),
+            controllers = ?config.controllers(),
+            shard_count = config.shard_count,
+            "configured"
+        );
+
+        let addr = rt
+            .serve_grpc(
+                GrpcServer::new()
+                    .add_service(grpc::CacheService::new(caches.clone()).into_server())
+                    .add_service(
+                        grpc::ResyncService::new(caches, router, metrics).into_server(),
+                    )
+                    .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
+            )
+            .await?;
+        Ok((rt, addr))
+    }
+}
+
+/// When a shard gets a new active owner, that owner starts empty: re-send the shard's keys
+/// from the cache so nothing is left unreconciled. The first map needs no resync (the
+/// initial lists send every key).
+async fn resync_moved_shards(
+    caches: Arc<Caches>,
+    router: Arc<Router>,
+    metrics: WatcherMetrics,
+    mut view: watch::Receiver<Option<Arc<ShardView>>>,
+    drain: Drain,
+) {
+    let mut before: Option<Arc<ShardView>> = None;
+    loop {
+        let now = view.borrow_and_update().clone();
+        if let (Some(before), Some(now)) = (&before, &now) {
+            let moved = now.new_owners(before);
+            if !moved.is_empty() {
+                grpc::resync(&caches, &router, &metrics, Some(&moved), "shard_moved").await;
+            }
+        }
+        if now.is_some() {
+            before = now;
+        }
+        tokio::select! {
+            changed = view.changed() => if changed.is_err() { return },
+            _ = drain.clone().signaled() => return,
+        }
     }
 }

@@ -120,8 +120,9 @@ pub struct Store {
     /// Interned namespace names: many objects share few namespaces.
     namespaces: HashSet<Arc<str>>,
     resource_version: u64,
-    /// Objects listed so far while a relist is under way.
-    relisting: Option<HashSet<ObjKey>>,
+    /// Objects listed so far by each relist under way, by scope (one namespace, or `None`
+    /// for every namespace).
+    relisting: HashMap<Option<Arc<str>>, HashSet<ObjKey>>,
     json_bytes: usize,
 }
 
@@ -168,8 +169,15 @@ impl Store {
         let key = self.key(&summary);
         summary.namespace = key.namespace.clone();
         self.observe_resource_version(summary.resource_version);
-        if let Some(listed) = &mut self.relisting {
-            listed.insert(key.clone());
+        if !self.relisting.is_empty() {
+            let scope = Some(key.namespace.clone());
+            let listed = match self.relisting.get_mut(&scope) {
+                Some(listed) => Some(listed),
+                None => self.relisting.get_mut(&None),
+            };
+            if let Some(listed) = listed {
+                listed.insert(key.clone());
+            }
         }
         let unchanged = self
             .objects
@@ -240,20 +248,22 @@ impl Store {
         }
     }
 
-    /// Starts a relist: objects not applied before [`Store::finish_relist`] are swept.
-    pub fn begin_relist(&mut self) {
-        self.relisting = Some(HashSet::new());
+    /// Starts a relist of `scope` (one namespace, or every namespace when `None`): objects of
+    /// that scope not applied before [`Store::finish_relist`] are swept.
+    pub fn begin_relist(&mut self, scope: Option<&str>) {
+        self.relisting.insert(scope.map(Arc::from), HashSet::new());
     }
 
-    /// Ends a relist; removes and returns every cached object it did not list.
-    pub fn finish_relist(&mut self) -> Vec<Summary> {
-        let Some(listed) = self.relisting.take() else {
+    /// Ends a relist of `scope`; removes and returns every cached object of that scope it did
+    /// not list.
+    pub fn finish_relist(&mut self, scope: Option<&str>) -> Vec<Summary> {
+        let Some(listed) = self.relisting.remove(&scope.map(Arc::from)) else {
             return Vec::new();
         };
         let gone: Vec<ObjKey> = self
             .objects
             .keys()
-            .filter(|k| !listed.contains(*k))
+            .filter(|k| scope.is_none_or(|ns| *k.namespace == *ns) && !listed.contains(*k))
             .cloned()
             .collect();
         gone.iter().filter_map(|k| self.remove(k)).collect()
@@ -425,15 +435,30 @@ mod tests {
         for (i, name) in ["p1", "p2", "p3"].into_iter().enumerate() {
             put(&mut store, mk_pod("a", name, i as u64 + 1, &[], Some("u1")));
         }
-        store.begin_relist();
+        store.begin_relist(None);
         put(&mut store, mk_pod("a", "p1", 1, &[], Some("u1")));
         put(&mut store, mk_pod("a", "p3", 7, &[], Some("u1")));
-        let gone = store.finish_relist();
+        let gone = store.finish_relist(None);
         assert_eq!(gone.len(), 1);
         assert_eq!(&*gone[0].name, "p2");
         assert_eq!(names(&store, None, Some("u1"), ""), ["a/p1", "a/p3"]);
         assert_eq!(store.json_bytes(), "a/p1".len() + "a/p3".len());
         assert_eq!(store.resource_version(), 7);
+    }
+
+    #[test]
+    fn a_namespace_relist_sweeps_only_its_namespace() {
+        let mut store = Store::default();
+        put(&mut store, mk_pod("a", "p1", 1, &[], None));
+        put(&mut store, mk_pod("b", "p2", 2, &[], None));
+        store.begin_relist(Some("a"));
+        store.begin_relist(Some("b"));
+        put(&mut store, mk_pod("b", "p2", 2, &[], None));
+        assert!(store.finish_relist(Some("b")).is_empty());
+        let gone = store.finish_relist(Some("a"));
+        assert_eq!(gone.len(), 1);
+        assert_eq!(&*gone[0].name, "p1");
+        assert_eq!(store.len(), 1);
     }
 
     #[test]

@@ -1,0 +1,129 @@
+//! The caches of every watched resource, shared by the informers (writers) and the Cache and
+//! Resync gRPC services (readers).
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, PoisonError},
+};
+
+use switchyard_watcher_core::{
+    Config, EventKind, Gvk, Key, Mapper, ResourceConfig, Store, config::Namespaces,
+};
+use tokio::sync::watch;
+
+/// One resource's cache.
+#[derive(Debug)]
+pub struct ResourceCache {
+    pub index: usize,
+    pub resource: ResourceConfig,
+    store: RwLock<Store>,
+    /// The store's resourceVersion, for "at least resourceVersion R" reads.
+    resource_version: watch::Sender<u64>,
+    /// True once every stream of the resource finished its initial list.
+    synced: watch::Sender<bool>,
+}
+
+impl ResourceCache {
+    pub fn read(&self) -> RwLockReadGuard<'_, Store> {
+        self.store.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, Store> {
+        self.store.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Publishes the store's resourceVersion to readers waiting for one.
+    pub fn publish_resource_version(&self, rv: u64) {
+        self.resource_version.send_if_modified(|current| {
+            let newer = rv > *current;
+            if newer {
+                *current = rv;
+            }
+            newer
+        });
+    }
+
+    pub fn resource_versions(&self) -> watch::Receiver<u64> {
+        self.resource_version.subscribe()
+    }
+
+    pub fn mark_synced(&self) {
+        self.synced.send_replace(true);
+    }
+
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    pub fn gvk(&self) -> &Gvk {
+        &self.resource.gvk
+    }
+}
+
+/// Every resource's cache, with the rules that turn their objects into keys.
+#[derive(Debug)]
+pub struct Caches {
+    pub resources: Vec<Arc<ResourceCache>>,
+    pub mapper: Mapper,
+    pub namespaces: Namespaces,
+    pub shard_count: u32,
+}
+
+impl Caches {
+    pub fn new(config: &Config) -> Self {
+        let resources = config
+            .resources
+            .iter()
+            .enumerate()
+            .map(|(index, resource)| {
+                Arc::new(ResourceCache {
+                    index,
+                    resource: resource.clone(),
+                    store: RwLock::new(Store::default()),
+                    resource_version: watch::channel(0).0,
+                    synced: watch::channel(false).0,
+                })
+            })
+            .collect();
+        Self {
+            resources,
+            mapper: Mapper::new(config),
+            namespaces: config.namespaces.clone(),
+            shard_count: config.shard_count,
+        }
+    }
+
+    pub fn find(&self, gvk: &Gvk) -> Option<&Arc<ResourceCache>> {
+        self.resources.iter().find(|r| r.gvk() == gvk)
+    }
+
+    pub fn watched(&self) -> String {
+        let kinds: Vec<String> = self.resources.iter().map(|r| r.gvk().to_string()).collect();
+        kinds.join(", ")
+    }
+
+    /// The keys of every cached object whose key falls in `shards` (every shard when
+    /// `None`), as a resync maps them.
+    pub fn keys(&self, shards: Option<&HashSet<u32>>) -> Vec<Key> {
+        let mut keys = Vec::new();
+        let mut scratch = Vec::new();
+        for cache in &self.resources {
+            if !self.mapper.maps(cache.index) {
+                continue;
+            }
+            let store = cache.read();
+            for summary in store.summaries() {
+                self.mapper
+                    .keys(cache.index, EventKind::Sync, None, summary, &mut scratch);
+                keys.extend(
+                    scratch
+                        .drain(..)
+                        .filter(|k| shards.is_none_or(|s| s.contains(&k.shard(self.shard_count)))),
+                );
+            }
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}

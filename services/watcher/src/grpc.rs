@@ -1,0 +1,243 @@
+//! The gRPC edge: the Cache API for reconcilers and shard resync for queues. Requests are
+//! validated here (errors name the field), answered from the caches, and converted back.
+
+use std::{collections::HashSet, pin::Pin, sync::Arc, time::Duration};
+
+use futures::Stream;
+use switchyard_proto::{
+    common::v1::GroupVersionKind,
+    queue::v1::Priority,
+    watcher::v1::{
+        Freshness, GetRequest, GetResponse, ListRequest, ListResponse, ResyncShardRequest,
+        ResyncShardResponse, cache_server, resync_server,
+    },
+};
+use switchyard_watcher_core::{Gvk, Selector};
+use tonic::{Request, Response, Status};
+use tracing::info;
+
+use crate::{
+    cache::{Caches, ResourceCache},
+    metrics::{ResyncLabels, WatcherMetrics},
+    router::Router,
+};
+
+/// Objects per List response message: a few hundred typical objects stay far below gRPC's
+/// default 4 MiB message limit.
+const LIST_CHUNK: usize = 200;
+/// How long a read waits for its minimum resourceVersion when the request does not say.
+const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+/// The longest a read may wait for its minimum resourceVersion.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug)]
+pub struct CacheService {
+    caches: Arc<Caches>,
+}
+
+impl CacheService {
+    pub fn new(caches: Arc<Caches>) -> Self {
+        Self { caches }
+    }
+
+    pub fn into_server(self) -> cache_server::CacheServer<Self> {
+        cache_server::CacheServer::new(self)
+    }
+
+    fn resource(&self, gvk: Option<&GroupVersionKind>) -> Result<Arc<ResourceCache>, Status> {
+        let gvk = gvk.ok_or_else(|| Status::invalid_argument("gvk: required"))?;
+        if gvk.version.is_empty() || gvk.kind.is_empty() {
+            return Err(Status::invalid_argument(
+                "gvk: version and kind are required",
+            ));
+        }
+        let wanted = Gvk {
+            group: gvk.group.clone(),
+            version: gvk.version.clone(),
+            kind: gvk.kind.clone(),
+        };
+        self.caches.find(&wanted).cloned().ok_or_else(|| {
+            Status::not_found(format!(
+                "gvk: {wanted} is not watched by this watcher (it watches {})",
+                self.caches.watched()
+            ))
+        })
+    }
+}
+
+/// Waits until `cache` has finished its initial list and reached the requested
+/// resourceVersion, within the request's (capped) wait.
+async fn fresh(cache: &ResourceCache, freshness: Option<Freshness>) -> Result<(), Status> {
+    if !cache.is_synced() {
+        return Err(Status::unavailable(format!(
+            "the cache of {} has not finished its initial list",
+            cache.gvk()
+        )));
+    }
+    let Some(Freshness {
+        min_resource_version,
+        max_wait,
+    }) = freshness
+    else {
+        return Ok(());
+    };
+    if min_resource_version.is_empty() {
+        return Ok(());
+    }
+    let wanted: u64 = min_resource_version.parse().map_err(|_| {
+        Status::invalid_argument(format!(
+            "freshness.min_resource_version: {min_resource_version:?} is not a resourceVersion this cache can compare (a decimal number)"
+        ))
+    })?;
+    let wait = match max_wait {
+        None => DEFAULT_WAIT,
+        Some(d) => Duration::try_from(d).map_err(|_| {
+            Status::invalid_argument("freshness.max_wait: must not be negative")
+        })?,
+    }
+    .min(MAX_WAIT);
+    let mut versions = cache.resource_versions();
+    let reached = tokio::time::timeout(wait, versions.wait_for(|rv| *rv >= wanted))
+        .await
+        .is_ok_and(|r| r.is_ok());
+    match reached {
+        true => Ok(()),
+        false => Err(Status::deadline_exceeded(format!(
+            "the cache of {} is at resourceVersion {}, not yet {wanted}, after waiting {wait:?}",
+            cache.gvk(),
+            *versions.borrow()
+        ))),
+    }
+}
+
+type ListStream = Pin<Box<dyn Stream<Item = Result<ListResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl cache_server::Cache for CacheService {
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let GetRequest {
+            gvk,
+            namespace,
+            name,
+            freshness,
+        } = request.into_inner();
+        let cache = self.resource(gvk.as_ref())?;
+        if name.is_empty() {
+            return Err(Status::invalid_argument("name: required"));
+        }
+        fresh(&cache, freshness).await?;
+        let store = cache.read();
+        let object = store.get(&namespace, &name).map(<[u8]>::to_vec);
+        Ok(Response::new(GetResponse {
+            found: object.is_some(),
+            object_json: object.unwrap_or_default(),
+            cache_resource_version: store.resource_version().to_string(),
+        }))
+    }
+
+    type ListStream = ListStream;
+
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListStream>, Status> {
+        let ListRequest {
+            gvk,
+            namespace,
+            label_selector,
+            controller_uid,
+            freshness,
+        } = request.into_inner();
+        let cache = self.resource(gvk.as_ref())?;
+        let selector = Selector::parse(&label_selector)
+            .map_err(|e| Status::invalid_argument(format!("label_selector: {e}")))?;
+        fresh(&cache, freshness).await?;
+        let (objects, rv) = {
+            let store = cache.read();
+            let objects: Vec<Vec<u8>> = store
+                .list(
+                    (!namespace.is_empty()).then_some(namespace.as_str()),
+                    (!controller_uid.is_empty()).then_some(controller_uid.as_str()),
+                    &selector,
+                )
+                .map(<[u8]>::to_vec)
+                .collect();
+            (objects, store.resource_version().to_string())
+        };
+        let mut chunks: Vec<Result<ListResponse, Status>> = objects
+            .chunks(LIST_CHUNK)
+            .map(|chunk| {
+                Ok(ListResponse {
+                    objects_json: chunk.to_vec(),
+                    cache_resource_version: rv.clone(),
+                })
+            })
+            .collect();
+        if chunks.is_empty() {
+            chunks.push(Ok(ListResponse {
+                objects_json: Vec::new(),
+                cache_resource_version: rv,
+            }));
+        }
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ResyncService {
+    caches: Arc<Caches>,
+    router: Arc<Router>,
+    metrics: WatcherMetrics,
+}
+
+impl ResyncService {
+    pub fn new(caches: Arc<Caches>, router: Arc<Router>, metrics: WatcherMetrics) -> Self {
+        Self {
+            caches,
+            router,
+            metrics,
+        }
+    }
+
+    pub fn into_server(self) -> resync_server::ResyncServer<Self> {
+        resync_server::ResyncServer::new(self)
+    }
+}
+
+/// Re-sends every cached key of `shards` at low priority; returns how many.
+pub async fn resync(
+    caches: &Caches,
+    router: &Router,
+    metrics: &WatcherMetrics,
+    shards: Option<&HashSet<u32>>,
+    reason: &'static str,
+) -> usize {
+    let keys = caches.keys(shards);
+    let count = keys.len();
+    metrics.resyncs.get_or_create(&ResyncLabels { reason }).inc();
+    info!(reason, shards = shards.map(HashSet::len), keys = count, "resync");
+    router.push(keys, Priority::Low).await;
+    count
+}
+
+#[tonic::async_trait]
+impl resync_server::Resync for ResyncService {
+    async fn resync_shard(
+        &self,
+        request: Request<ResyncShardRequest>,
+    ) -> Result<Response<ResyncShardResponse>, Status> {
+        let ResyncShardRequest { shard, .. } = request.into_inner();
+        if shard >= self.caches.shard_count {
+            return Err(Status::invalid_argument(format!(
+                "shard: {shard} is out of range (the watcher has {} shards)",
+                self.caches.shard_count
+            )));
+        }
+        let keys = resync(
+            &self.caches,
+            &self.router,
+            &self.metrics,
+            Some(&HashSet::from([shard])),
+            "requested",
+        )
+        .await;
+        Ok(Response::new(ResyncShardResponse { keys: keys as u64 }))
+    }
+}

@@ -1,0 +1,424 @@
+//! One resource's list and watch: discovery, kube-runtime's watcher, the cache, and the keys
+//! each change causes.
+//!
+//! ```text
+//!  discovery (retried until the apiserver serves the kind: a CRD may come later)
+//!     │
+//!  watcher per scope (all namespaces, or one per included namespace), bookmarks on,
+//!  streaming or paged lists, backoff on errors; 410 Gone -> kube-runtime relists
+//!     │
+//!  Init ─► begin_relist        InitApply ─► apply: first list -> every key, low priority;
+//!                                           a relist -> only what changed, normal priority
+//!  InitDone ─► finish_relist: what the relist did not return was deleted while the watch was
+//!              away -> its keys, normal priority; the first InitDone marks the scope synced
+//!  Apply / Delete ─► apply / delete ─► keys, normal priority
+//! ```
+
+use std::{
+    collections::HashSet,
+    fmt::Debug,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{StreamExt, stream::BoxStream};
+use switchyard_k8s::{
+    Api, Client, ObjectMeta,
+    kube::{
+        Resource,
+        api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
+        core::DynamicResourceScope,
+        discovery::{self, Scope},
+        runtime::{WatchStreamExt, watcher},
+    },
+};
+use switchyard_proto::queue::v1::Priority;
+use switchyard_runtime::{Backoff, Drain, Gate};
+use switchyard_watcher_core::{ControllerRef, EventKind, Key, Summary, store::Applied};
+use tracing::{info, warn};
+
+use crate::{
+    cache::{Caches, ResourceCache},
+    metrics::{EventLabels, ResourceLabels, WatcherMetrics},
+    router::Router,
+};
+
+/// First and last delay between discovery attempts for a kind the apiserver does not serve
+/// (yet): short enough that a CRD created while the watcher runs is picked up in seconds.
+const DISCOVERY_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(200), Duration::from_secs(5));
+
+/// Opens the readiness gate once every resource has finished its initial list.
+#[derive(Debug)]
+pub struct SyncBarrier {
+    remaining: AtomicUsize,
+    gate: Mutex<Option<Gate>>,
+}
+
+impl SyncBarrier {
+    pub fn new(count: usize, gate: Gate) -> Arc<Self> {
+        let barrier = Arc::new(Self {
+            remaining: AtomicUsize::new(count),
+            gate: Mutex::new(Some(gate)),
+        });
+        if count == 0 {
+            barrier.open();
+        }
+        barrier
+    }
+
+    fn done(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.open();
+        }
+    }
+
+    fn open(&self) {
+        let gate = self.gate.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(gate) = gate {
+            info!("every initial list is done");
+            gate.ready();
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Informer {
+    pub client: Client,
+    pub caches: Arc<Caches>,
+    pub cache: Arc<ResourceCache>,
+    pub router: Arc<Router>,
+    pub metrics: WatcherMetrics,
+    pub streaming_lists: bool,
+}
+
+impl Informer {
+    pub async fn run(self, synced: Arc<SyncBarrier>, drain: Drain) {
+        let Some((resource, scope)) = self.resolve(&drain).await else {
+            return;
+        };
+        let namespaces = &self.caches.namespaces;
+        let namespaced = scope == Scope::Namespaced;
+        let scopes: Vec<Option<String>> = if namespaced && !namespaces.include.is_empty() {
+            namespaces.include.iter().cloned().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let mut config = watcher::Config::default();
+        if self.streaming_lists {
+            config = config.streaming_lists();
+        }
+        if namespaced && !namespaces.exclude.is_empty() {
+            let selector: Vec<String> = namespaces
+                .exclude
+                .iter()
+                .map(|ns| format!("metadata.namespace!={ns}"))
+                .collect();
+            config = config.fields(&selector.join(","));
+        }
+        info!(resource = %self.cache.gvk(), plural = %resource.plural, ?scopes, metadata_only = self.cache.resource.metadata_only, "watching");
+        if self.cache.resource.metadata_only {
+            self.watch::<PartialObjectMeta<DynamicObject>>(&resource, scopes, config, synced, drain)
+                .await
+        } else {
+            self.watch::<DynamicObject>(&resource, scopes, config, synced, drain)
+                .await
+        }
+    }
+
+    /// Finds the resource behind the configured kind, retrying until the apiserver serves it.
+    async fn resolve(&self, drain: &Drain) -> Option<(ApiResource, Scope)> {
+        let gvk = self.cache.gvk();
+        let wanted = GroupVersionKind::gvk(&gvk.group, &gvk.version, &gvk.kind);
+        let mut backoff = Backoff::new(DISCOVERY_BACKOFF.0, DISCOVERY_BACKOFF.1);
+        loop {
+            match discovery::pinned_kind(&self.client, &wanted).await {
+                Ok((resource, capabilities)) => return Some((resource, capabilities.scope)),
+                Err(error) => {
+                    warn!(resource = %gvk, %error, retry_in = ?backoff.current(), "the apiserver does not serve this resource (yet); retrying discovery")
+                }
+            }
+            if !backoff.wait(drain).await {
+                return None;
+            }
+        }
+    }
+
+    async fn watch<K>(
+        &self,
+        resource: &ApiResource,
+        scopes: Vec<Option<String>>,
+        config: watcher::Config,
+        synced: Arc<SyncBarrier>,
+        drain: Drain,
+    ) where
+        K: Resource<DynamicType = ApiResource, Scope = DynamicResourceScope>
+            + Clone
+            + Debug
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + Send
+            + 'static,
+    {
+        let streams: Vec<BoxStream<'static, (usize, watcher::Result<watcher::Event<K>>)>> = scopes
+            .iter()
+            .enumerate()
+            .map(|(i, scope)| {
+                let api: Api<K> = match scope {
+                    Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
+                    None => Api::all_with(self.client.clone(), resource),
+                };
+                watcher(api, config.clone())
+                    .default_backoff()
+                    .map(move |event| (i, event))
+                    .boxed()
+            })
+            .collect();
+        let mut events = futures::stream::select_all(streams);
+        let mut listed_once: HashSet<usize> = HashSet::new();
+        let mut keys = Vec::new();
+        loop {
+            let (stream, event) = tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => event,
+                    None => return,
+                },
+                _ = drain.clone().signaled() => return,
+            };
+            let scope = scopes[stream].as_deref();
+            let event = match event {
+                Ok(event) => event,
+                Err(error) => {
+                    self.count("error");
+                    warn!(resource = %self.cache.gvk(), %error, "watch failed; retrying with backoff");
+                    continue;
+                }
+            };
+            let first_list = !listed_once.contains(&stream);
+            let priority = match event {
+                watcher::Event::Init => {
+                    if !first_list {
+                        self.metrics
+                            .relists
+                            .get_or_create(&self.resource_labels())
+                            .inc();
+                        info!(resource = %self.cache.gvk(), ?scope, "relisting");
+                    }
+                    self.cache.write().begin_relist(scope);
+                    continue;
+                }
+                watcher::Event::InitApply(object) => {
+                    self.count("listed");
+                    if first_list {
+                        self.apply(object, |_| Some(EventKind::Sync), &mut keys);
+                        Priority::Low
+                    } else {
+                        self.apply(object, changed, &mut keys);
+                        Priority::Normal
+                    }
+                }
+                watcher::Event::InitDone => {
+                    let gone = self.cache.write().finish_relist(scope);
+                    for summary in &gone {
+                        self.caches.mapper.keys(
+                            self.cache.index,
+                            EventKind::Deleted,
+                            None,
+                            summary,
+                            &mut keys,
+                        );
+                    }
+                    if !gone.is_empty() {
+                        info!(resource = %self.cache.gvk(), deleted = gone.len(), "relist found objects deleted while the watch was away");
+                    }
+                    if listed_once.insert(stream) && listed_once.len() == scopes.len() {
+                        self.cache.mark_synced();
+                        synced.done();
+                        info!(resource = %self.cache.gvk(), objects = self.cache.read().len(), "initial list done");
+                    }
+                    Priority::Normal
+                }
+                watcher::Event::Apply(object) => {
+                    self.apply(object, changed, &mut keys);
+                    Priority::Normal
+                }
+                watcher::Event::Delete(object) => {
+                    self.count("deleted");
+                    let (summary, _) = summarize(object);
+                    let cached = self.cache.write().delete(
+                        &summary.namespace,
+                        &summary.name,
+                        summary.resource_version,
+                    );
+                    self.caches.mapper.keys(
+                        self.cache.index,
+                        EventKind::Deleted,
+                        None,
+                        cached.as_ref().unwrap_or(&summary),
+                        &mut keys,
+                    );
+                    Priority::Normal
+                }
+            };
+            self.after_change();
+            self.router.push(keys.drain(..), priority).await;
+        }
+    }
+
+    /// Caches an object and appends the keys `kind_of` says its change causes.
+    fn apply<K: Resource + serde::Serialize>(
+        &self,
+        object: K,
+        kind_of: impl Fn(&Applied) -> Option<EventKind>,
+        keys: &mut Vec<Key>,
+    ) {
+        let (summary, json) = summarize(object);
+        if !self.caches.namespaces.admits(&summary.namespace) {
+            return;
+        }
+        let new = summary.clone();
+        let applied = self.cache.write().apply(summary, json);
+        let Some(kind) = kind_of(&applied) else {
+            return;
+        };
+        self.count(match kind {
+            EventKind::Added => "added",
+            EventKind::Modified => "modified",
+            _ => "listed",
+        });
+        let old = match &applied {
+            Applied::Updated(old) => Some(old),
+            _ => None,
+        };
+        self.caches
+            .mapper
+            .keys(self.cache.index, kind, old, &new, keys);
+    }
+
+    fn after_change(&self) {
+        let (rv, len) = {
+            let store = self.cache.read();
+            (store.resource_version(), store.len())
+        };
+        self.cache.publish_resource_version(rv);
+        self.metrics
+            .cached_objects
+            .get_or_create(&self.resource_labels())
+            .set(len as i64);
+    }
+
+    fn count(&self, event: &'static str) {
+        self.metrics
+            .watch_events
+            .get_or_create(&EventLabels {
+                resource: self.cache.gvk().to_string(),
+                event,
+            })
+            .inc();
+    }
+
+    fn resource_labels(&self) -> ResourceLabels {
+        ResourceLabels {
+            resource: self.cache.gvk().to_string(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Informer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Informer")
+            .field("resource", self.cache.gvk())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The event kind of a live change; `None` for a repeat of what is cached.
+fn changed(applied: &Applied) -> Option<EventKind> {
+    match applied {
+        Applied::Created => Some(EventKind::Added),
+        Applied::Updated(_) => Some(EventKind::Modified),
+        Applied::Unchanged => None,
+    }
+}
+
+/// The object's summary and its JSON without `managedFields`.
+fn summarize<K: Resource + serde::Serialize>(mut object: K) -> (Summary, Vec<u8>) {
+    object.meta_mut().managed_fields = None;
+    let summary = summary_of(object.meta());
+    // Serialising a value that was just deserialised cannot fail.
+    let json = serde_json::to_vec(&object).unwrap_or_default();
+    (summary, json)
+}
+
+fn summary_of(meta: &ObjectMeta) -> Summary {
+    let controller = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| ControllerRef {
+            api_version: o.api_version.clone(),
+            kind: o.kind.clone(),
+            name: o.name.clone(),
+            uid: o.uid.clone(),
+        });
+    Summary::new(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+        meta.resource_version.as_deref().unwrap_or_default(),
+        meta.generation,
+        pairs(&meta.labels),
+        pairs(&meta.annotations),
+        controller,
+    )
+}
+
+fn pairs(map: &Option<std::collections::BTreeMap<String, String>>) -> Vec<(&str, &str)> {
+    map.iter()
+        .flatten()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_k8s::OwnerReference;
+
+    use super::*;
+
+    #[test]
+    fn the_summary_takes_the_controller_owner_and_json_drops_managed_fields() {
+        let mut pod = DynamicObject::new("p", &ApiResource::erase::<switchyard_k8s::Pod>(&()))
+            .within("ns");
+        pod.metadata.resource_version = Some("42".into());
+        pod.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+        pod.metadata.owner_references = Some(vec![
+            OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: "n".into(),
+                uid: "u0".into(),
+                ..Default::default()
+            },
+            OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "ReplicaSet".into(),
+                name: "rs".into(),
+                uid: "u1".into(),
+                controller: Some(true),
+                ..Default::default()
+            },
+        ]);
+        pod.metadata.managed_fields = Some(vec![Default::default()]);
+        let (summary, json) = summarize(pod);
+        assert_eq!(summary.resource_version, 42);
+        assert_eq!(summary.label("app"), Some("web"));
+        assert_eq!(summary.controller.unwrap().uid, "u1");
+        let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(value["metadata"]["name"], "p");
+        assert!(value["metadata"].get("managedFields").is_none());
+    }
+}

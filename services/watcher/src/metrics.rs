@@ -1,0 +1,85 @@
+//! The watcher's metrics: watch events and relists per resource, cached objects, and keys
+//! routed to the queue.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+};
+use switchyard_runtime::Metrics;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    pub resource: String,
+    /// `added`, `modified`, `deleted`, `listed`, `error`.
+    pub event: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResyncLabels {
+    /// `periodic`, `shard_moved` or `requested`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct WatcherMetrics {
+    pub watch_events: Family<EventLabels, Counter>,
+    pub relists: Family<ResourceLabels, Counter>,
+    pub cached_objects: Family<ResourceLabels, Gauge>,
+    pub resyncs: Family<ResyncLabels, Counter>,
+    pub keys_sent: Counter,
+    pub keys_dropped: Counter,
+    pub enqueue_retries: Counter,
+    pub pending_keys: Gauge,
+}
+
+impl WatcherMetrics {
+    pub fn register(metrics: &Metrics) -> Self {
+        let this = Self::default();
+        metrics.register(
+            "switchyard_watch_events",
+            "Watch events received, by resource and event (listed = from a list or relist)",
+            this.watch_events.clone(),
+        );
+        metrics.register(
+            "switchyard_watch_relists",
+            "Lists of a resource after the first (410 Gone, or a watch that could not resume)",
+            this.relists.clone(),
+        );
+        metrics.register(
+            "switchyard_cache_objects",
+            "Objects in the watcher's cache, by resource",
+            this.cached_objects.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_resyncs",
+            "Resyncs that re-sent cached keys, by reason",
+            this.resyncs.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_keys_sent",
+            "Keys acknowledged by a queue replica",
+            this.keys_sent.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_keys_dropped",
+            "Keys a queue refused as invalid (for example an unknown controller)",
+            this.keys_dropped.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_enqueue_retries",
+            "Enqueue requests that failed and were retried (queue unavailable, moving or full)",
+            this.enqueue_retries.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_pending_keys",
+            "Keys waiting to be sent to the queue",
+            this.pending_keys.clone(),
+        );
+        this
+    }
+}

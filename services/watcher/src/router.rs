@@ -1,0 +1,331 @@
+//! Sends keys to the queue replica that owns each key's shard.
+//!
+//! ```text
+//!  informers, resyncs ─push─► pending: shard -> {key -> priority}   (a set: repeats coalesce)
+//!                               │  full (--max-pending-keys): push waits, so the watcher
+//!                               │  stops reading watch events instead of growing
+//!                               ▼
+//!  sender: per shard with an active owner, a batch of up to BATCH keys ─► Enqueue at the owner
+//!          acknowledged ─► gone;   not owner / unavailable / full ─► back into pending, retried
+//!          after a backoff or as soon as the shard map changes; invalid ─► dropped and logged
+//! ```
+//!
+//! Nothing is dropped because a queue is slow, down or moving: keys wait in the pending set,
+//! whose size is bounded by the number of distinct keys.
+
+use std::{
+    collections::HashMap,
+    pin::pin,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use futures::{StreamExt, stream::FuturesUnordered};
+use switchyard_proto::{
+    common::v1::WorkKey,
+    queue::v1::{EnqueueItem, EnqueueRequest, Priority, queue_client::QueueClient},
+};
+use switchyard_runtime::{Backoff, Drain};
+use switchyard_watcher_core::Key;
+use tokio::sync::{Notify, watch};
+use tonic::{Code, transport::Channel};
+use tracing::{debug, error, warn};
+
+use crate::{directory::ShardView, metrics::WatcherMetrics};
+
+/// Keys per Enqueue request: big enough to amortise a round trip, small enough that one
+/// request never holds a queue's actor for long.
+const BATCH: usize = 500;
+/// Requests in flight at once across all queue replicas.
+const MAX_IN_FLIGHT: usize = 32;
+/// First and last delay before retrying keys a queue did not take.
+const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(2));
+
+#[derive(Debug, Default)]
+struct Pending {
+    by_shard: HashMap<u32, HashMap<Key, Priority>>,
+    total: usize,
+}
+
+impl Pending {
+    fn insert(&mut self, shard: u32, key: Key, priority: Priority) {
+        let keys = self.by_shard.entry(shard).or_default();
+        match keys.get_mut(&key) {
+            Some(p) => *p = (*p).max(priority),
+            None => {
+                keys.insert(key, priority);
+                self.total += 1;
+            }
+        }
+    }
+
+    /// Takes up to [`BATCH`] keys of every shard that has an owner.
+    fn take(&mut self, view: &ShardView) -> Vec<(u32, Vec<(Key, Priority)>)> {
+        let mut batches = Vec::new();
+        for (&shard, keys) in &mut self.by_shard {
+            if view.owner(shard).is_none() || keys.is_empty() {
+                continue;
+            }
+            let batch: Vec<(Key, Priority)> = if keys.len() <= BATCH {
+                keys.drain().collect()
+            } else {
+                let taken: Vec<Key> = keys.keys().take(BATCH).cloned().collect();
+                taken
+                    .into_iter()
+                    .filter_map(|k| keys.remove_entry(&k))
+                    .collect()
+            };
+            self.total -= batch.len();
+            batches.push((shard, batch));
+        }
+        self.by_shard.retain(|_, keys| !keys.is_empty());
+        batches
+    }
+}
+
+#[derive(Debug)]
+pub struct Router {
+    pending: Mutex<Pending>,
+    /// Wakes the sender when keys arrive.
+    arrived: Notify,
+    /// Wakes pushers waiting for room.
+    room: Notify,
+    capacity: usize,
+    shard_count: u32,
+    metrics: WatcherMetrics,
+}
+
+impl Router {
+    pub fn new(capacity: usize, shard_count: u32, metrics: WatcherMetrics) -> Self {
+        Self {
+            pending: Mutex::default(),
+            arrived: Notify::new(),
+            room: Notify::new(),
+            capacity,
+            shard_count,
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keys waiting to be sent.
+    pub fn pending(&self) -> usize {
+        self.lock().total
+    }
+
+    /// Queues keys for sending; waits while the pending set is full.
+    pub async fn push(&self, keys: impl IntoIterator<Item = Key>, priority: Priority) {
+        let mut keys = keys.into_iter().peekable();
+        if keys.peek().is_none() {
+            return;
+        }
+        loop {
+            let mut room = pin!(self.room.notified());
+            room.as_mut().enable();
+            {
+                let mut pending = self.lock();
+                if pending.total < self.capacity {
+                    for key in keys {
+                        let shard = key.shard(self.shard_count);
+                        pending.insert(shard, key, priority);
+                    }
+                    self.metrics.pending_keys.set(pending.total as i64);
+                    break;
+                }
+            }
+            debug!(capacity = self.capacity, "pending keys full; waiting for the queue");
+            room.await;
+        }
+        self.arrived.notify_one();
+    }
+
+    fn put_back(&self, shard: u32, batch: Vec<(Key, Priority)>) {
+        let mut pending = self.lock();
+        for (key, priority) in batch {
+            pending.insert(shard, key, priority);
+        }
+        self.metrics.pending_keys.set(pending.total as i64);
+    }
+
+    /// Sends pending keys until shutdown.
+    pub async fn run(self: Arc<Self>, mut view: watch::Receiver<Option<Arc<ShardView>>>, drain: Drain) {
+        let mut clients: HashMap<Arc<str>, QueueClient<Channel>> = HashMap::new();
+        let mut backoff = Backoff::new(RETRY_BACKOFF.0, RETRY_BACKOFF.1);
+        loop {
+            let current = view.borrow_and_update().clone();
+            let batches = match &current {
+                Some(current) => self.lock().take(current),
+                None => Vec::new(),
+            };
+            if batches.is_empty() {
+                tokio::select! {
+                    _ = self.arrived.notified() => {}
+                    changed = view.changed() => if changed.is_err() { return },
+                    _ = drain.clone().signaled() => return,
+                }
+                continue;
+            }
+            let Some(current) = current else { continue };
+            let mut sends = FuturesUnordered::new();
+            let mut retry = false;
+            let mut batches = batches.into_iter();
+            loop {
+                while sends.len() < MAX_IN_FLIGHT
+                    && let Some((shard, batch)) = batches.next()
+                {
+                    let Some(owner) = current.owner(shard) else {
+                        self.put_back(shard, batch);
+                        continue;
+                    };
+                    let client = clients
+                        .entry(owner.address.clone())
+                        .or_insert_with(|| connect(&owner.address))
+                        .clone();
+                    sends.push(send(client, shard, batch));
+                }
+                let Some((shard, batch, result)) = sends.next().await else {
+                    break;
+                };
+                match result {
+                    Ok(()) => {
+                        self.metrics.keys_sent.inc_by(batch.len() as u64);
+                        self.room.notify_waiters();
+                    }
+                    Err(status) if status.code() == Code::InvalidArgument => {
+                        self.metrics.keys_dropped.inc_by(batch.len() as u64);
+                        error!(shard, keys = batch.len(), error = %status.message(), "the queue refused keys as invalid; dropped (check the controllers the queue serves)");
+                    }
+                    Err(status) => {
+                        warn!(shard, keys = batch.len(), code = ?status.code(), error = %status.message(), "enqueue failed; keys kept for retry");
+                        self.metrics.enqueue_retries.inc();
+                        self.put_back(shard, batch);
+                        retry = true;
+                    }
+                }
+            }
+            self.metrics.pending_keys.set(self.pending() as i64);
+            if retry {
+                tokio::select! {
+                    _ = backoff.wait(&drain) => {}
+                    _ = view.changed() => {}
+                }
+                if drain.is_draining() {
+                    return;
+                }
+            } else {
+                backoff = Backoff::new(RETRY_BACKOFF.0, RETRY_BACKOFF.1);
+            }
+        }
+    }
+}
+
+fn connect(address: &str) -> QueueClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{address}"))
+        .map(|endpoint| endpoint.tcp_nodelay(true).connect_lazy());
+    match channel {
+        Ok(channel) => QueueClient::new(channel),
+        Err(error) => {
+            // An address from the shard map that is not a URI authority: requests fail and
+            // the keys wait until the map names a usable address.
+            error!(%address, %error, "invalid queue address in the shard map");
+            QueueClient::new(Channel::from_static("http://invalid.invalid").connect_lazy())
+        }
+    }
+}
+
+async fn send(
+    mut client: QueueClient<Channel>,
+    shard: u32,
+    batch: Vec<(Key, Priority)>,
+) -> (u32, Vec<(Key, Priority)>, Result<(), tonic::Status>) {
+    let request = EnqueueRequest {
+        batch_id: 0,
+        shard,
+        items: batch
+            .iter()
+            .map(|(key, priority)| EnqueueItem {
+                key: Some(WorkKey {
+                    controller: key.controller.to_string(),
+                    namespace: key.namespace.to_string(),
+                    name: key.name.to_string(),
+                }),
+                priority: *priority as i32,
+                delay: None,
+                trace_context: HashMap::new(),
+            })
+            .collect(),
+    };
+    let result = client.enqueue(request).await.map(|_| ());
+    (shard, batch, result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        Key {
+            controller: "c".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn repeats_coalesce_and_keep_the_higher_priority() {
+        let mut pending = Pending::default();
+        pending.insert(0, key("a"), Priority::Low);
+        pending.insert(0, key("a"), Priority::Normal);
+        pending.insert(0, key("a"), Priority::Low);
+        pending.insert(1, key("b"), Priority::Low);
+        assert_eq!(pending.total, 2);
+        let view = ShardView::single("q:1", 2);
+        let mut batches = pending.take(&view);
+        batches.sort_by_key(|(s, _)| *s);
+        assert_eq!(batches[0].1, vec![(key("a"), Priority::Normal)]);
+        assert_eq!(batches[1].1, vec![(key("b"), Priority::Low)]);
+        assert_eq!(pending.total, 0);
+    }
+
+    #[test]
+    fn shards_without_an_owner_wait_and_big_shards_go_in_batches() {
+        let mut pending = Pending::default();
+        for i in 0..(BATCH + 10) {
+            pending.insert(0, key(&i.to_string()), Priority::Low);
+        }
+        pending.insert(1, key("x"), Priority::Low);
+        let mut view = ShardView::single("q:1", 2);
+        view.owners[1] = None;
+        let batches = pending.take(&view);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].1.len(), BATCH);
+        assert_eq!(pending.total, 11);
+        let batches = pending.take(&view);
+        assert_eq!(batches[0].1.len(), 10);
+        assert_eq!(pending.total, 1);
+    }
+
+    #[tokio::test]
+    async fn a_full_router_makes_push_wait_until_room() {
+        let router = Arc::new(Router::new(2, 1, WatcherMetrics::default()));
+        router.push([key("a"), key("b")], Priority::Low).await;
+        let blocked = tokio::spawn({
+            let router = router.clone();
+            async move { router.push([key("c")], Priority::Low).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!blocked.is_finished(), "push must wait while the pending set is full");
+        let view = ShardView::single("q:1", 1);
+        let taken = router.lock().take(&view);
+        assert_eq!(taken[0].1.len(), 2);
+        router.room.notify_waiters();
+        tokio::time::timeout(Duration::from_secs(5), blocked)
+            .await
+            .expect("push proceeds once there is room")
+            .unwrap();
+        assert_eq!(router.pending(), 1);
+    }
+}
