@@ -51,10 +51,37 @@ pub struct ControlPlane {
     temp: Mutex<Option<tempfile::TempDir>>,
     pki: Pki,
     server: String,
+    etcd_url: String,
     kubeconfig: PathBuf,
     nodes: Vec<String>,
     /// In start order; stopped in reverse.
     processes: Mutex<Vec<ManagedProcess>>,
+}
+
+/// A second kube-apiserver on the control plane's etcd; stopped on drop.
+#[derive(Debug)]
+pub struct ApiServer {
+    process: ManagedProcess,
+    server: String,
+    kubeconfig: PathBuf,
+}
+
+impl ApiServer {
+    /// Its URL, `https://127.0.0.1:<port>`.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// An admin client of this apiserver (bound to the runtime it is created on).
+    pub async fn client(&self) -> Result<Client> {
+        client_from(&self.kubeconfig).await
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.process.stop(Duration::from_secs(10));
+    }
 }
 
 /// A kube-controller-manager running the chosen controllers; stopped on drop.
@@ -136,7 +163,8 @@ impl ControlPlane {
 
         let (etcd, etcd_url) = Etcd::start_in(&binaries, &dir).await?.into_parts();
         processes.push(etcd);
-        let (apiserver, server) = start_apiserver(&binaries, &dir, &pki, &etcd_url).await?;
+        let (apiserver, server) =
+            start_apiserver(&binaries, &dir, &pki, &etcd_url, APISERVER, None).await?;
         processes.push(apiserver);
         let kubeconfig = dir.join("kubeconfig");
         kubeconfig::write(&kubeconfig, &server, &pki)?;
@@ -147,6 +175,7 @@ impl ControlPlane {
             temp: Mutex::new(None),
             pki,
             server,
+            etcd_url,
             kubeconfig,
             nodes: (0..nodes).map(|i| format!("kwok-node-{i}")).collect(),
             processes: Mutex::new(processes),
@@ -191,12 +220,96 @@ impl ControlPlane {
     /// A new admin client. Create one per test: a client is bound to the runtime it was
     /// created on.
     pub async fn client(&self) -> Result<Client> {
-        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
-            .map_err(|e| Error::Setup(format!("failed to read the harness kubeconfig: {e}")))?;
-        let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .map_err(|e| Error::Setup(format!("invalid harness kubeconfig: {e}")))?;
-        Ok(Client::try_from(config)?)
+        client_from(&self.kubeconfig).await
+    }
+
+    /// The etcd client URL under the apiserver.
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd_url
+    }
+
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL after 10 s); everything else keeps
+    /// running. [`Self::restart_apiserver`] brings it back on the same address.
+    pub fn stop_apiserver(&self) {
+        let process = {
+            let mut processes = self
+                .processes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let index = processes.iter().position(|p| p.name() == APISERVER);
+            index.map(|i| processes.remove(i))
+        };
+        if let Some(mut process) = process {
+            process.stop(Duration::from_secs(10));
+        }
+    }
+
+    /// Starts kube-apiserver again on the address it had, and waits until it is ready.
+    pub async fn restart_apiserver(&self) -> Result<()> {
+        let port = self
+            .server
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .ok_or_else(|| Error::Setup(format!("no port in {}", self.server)))?;
+        let (process, _) = start_apiserver(
+            &self.binaries,
+            &self.dir,
+            &self.pki,
+            &self.etcd_url,
+            APISERVER,
+            Some(port),
+        )
+        .await?;
+        self.push(process);
+        Ok(())
+    }
+
+    /// Starts a second kube-apiserver on the same etcd (writes through it reach the first
+    /// one's watchers, through etcd).
+    pub async fn start_second_apiserver(&self) -> Result<ApiServer> {
+        let name = "kube-apiserver-2";
+        let (process, server) = start_apiserver(
+            &self.binaries,
+            &self.dir,
+            &self.pki,
+            &self.etcd_url,
+            name,
+            None,
+        )
+        .await?;
+        let kubeconfig = self.dir.join(format!("{name}.kubeconfig"));
+        kubeconfig::write(&kubeconfig, &server, &self.pki)?;
+        Ok(ApiServer {
+            process,
+            server,
+            kubeconfig,
+        })
+    }
+
+    /// Compacts etcd's history up to its current revision, so that a watch resuming from
+    /// an older resourceVersion gets 410 Gone. Returns the revision.
+    pub fn compact_etcd(&self) -> Result<u64> {
+        let etcdctl = |args: &[&str]| -> Result<Vec<u8>> {
+            let output = std::process::Command::new(self.binaries.path("etcdctl"))
+                .arg(format!("--endpoints={}", self.etcd_url))
+                .args(args)
+                .output()?;
+            if !output.status.success() {
+                return Err(Error::Setup(format!(
+                    "etcdctl {args:?} failed: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                )));
+            }
+            Ok(output.stdout)
+        };
+        let status: serde_json::Value =
+            serde_json::from_slice(&etcdctl(&["endpoint", "status", "--write-out=json"])?)
+                .map_err(|e| Error::Setup(format!("unreadable etcdctl status: {e}")))?;
+        let revision = status[0]["Status"]["header"]["revision"]
+            .as_u64()
+            .ok_or_else(|| Error::Setup(format!("no revision in etcdctl status: {status}")))?;
+        etcdctl(&["compaction", &revision.to_string()])?;
+        Ok(revision)
     }
 
     /// A `kubectl` command already pointed at this control plane.
@@ -332,6 +445,15 @@ fn node_ready(node: Option<&Node>) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+async fn client_from(kubeconfig: &Path) -> Result<Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)
+        .map_err(|e| Error::Setup(format!("failed to read the harness kubeconfig: {e}")))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|e| Error::Setup(format!("invalid harness kubeconfig: {e}")))?;
+    Ok(Client::try_from(config)?)
+}
+
 pub(crate) async fn create_default_service_account(client: &Client, namespace: &str) -> Result<()> {
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let sa = ServiceAccount {
@@ -348,11 +470,17 @@ pub(crate) async fn create_default_service_account(client: &Client, namespace: &
     }
 }
 
+/// The name (and log file) of the control plane's kube-apiserver.
+const APISERVER: &str = "kube-apiserver";
+
+/// Starts a kube-apiserver named `name` on `port` (a free one when `None`).
 async fn start_apiserver(
     binaries: &Binaries,
     dir: &Path,
     pki: &Pki,
     etcd_url: &str,
+    name: &str,
+    port: Option<u16>,
 ) -> Result<(ManagedProcess, String)> {
     let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.ca_cert)?)
         .map_err(|e| Error::Setup(format!("invalid generated CA: {e}")))?;
@@ -360,8 +488,8 @@ async fn start_apiserver(
         .add_root_certificate(ca)
         .build()
         .map_err(|e| Error::Setup(format!("failed to build an HTTP client: {e}")))?;
-    start_on_free_ports("kube-apiserver", || async {
-        let port = free_port()?;
+    start_on_free_ports(name, || async {
+        let port = port.map_or_else(free_port, Ok)?;
         let server = format!("https://127.0.0.1:{port}");
         let p = |path: &Path| path.display().to_string();
         let args = vec![
@@ -407,11 +535,11 @@ async fn start_apiserver(
             format!("--proxy-client-key-file={}", p(&pki.front_proxy_client_key)),
         ];
         let mut process = ManagedProcess::spawn(
-            "kube-apiserver",
+            name,
             &binaries.path("kube-apiserver"),
             &args,
             &[],
-            &dir.join("kube-apiserver.log"),
+            &dir.join(format!("{name}.log")),
         )?;
         let url = format!("{server}/readyz");
         wait_healthy(&mut process, START_TIMEOUT, || http_ok(&http, &url)).await?;

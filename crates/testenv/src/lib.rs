@@ -26,7 +26,7 @@ mod process;
 mod service;
 
 pub use binaries::Binaries;
-pub use cluster::{ControlPlane, ControlPlaneOptions, ControllerManager};
+pub use cluster::{ApiServer, ControlPlane, ControlPlaneOptions, ControllerManager};
 pub use error::{Error, Result};
 pub use etcd::Etcd;
 pub use namespace::TestNamespace;

@@ -3,7 +3,7 @@
 
 use std::{
     collections::HashSet,
-    sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, PoisonError},
+    sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
 use switchyard_watcher_core::{

@@ -20,8 +20,7 @@ use tracing::{info, warn};
 /// The epoch of every shard served by the one static queue (as the queue uses).
 pub const STATIC_EPOCH: u64 = 1;
 /// First and last delay between attempts to reach the elector.
-const ELECTOR_BACKOFF: (Duration, Duration) =
-    (Duration::from_millis(100), Duration::from_secs(5));
+const ELECTOR_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owner {
@@ -121,7 +120,9 @@ async fn stream_maps(
             _ = drain.clone().signaled() => return Ok(()),
         };
         let Some(map) = map else {
-            return Err(tonic::Status::unavailable("the elector closed the shard map stream"));
+            return Err(tonic::Status::unavailable(
+                "the elector closed the shard map stream",
+            ));
         };
         if map.shard_count != shard_count {
             return Err(tonic::Status::failed_precondition(format!(

@@ -91,9 +91,8 @@ async fn fresh(cache: &ResourceCache, freshness: Option<Freshness>) -> Result<()
     })?;
     let wait = match max_wait {
         None => DEFAULT_WAIT,
-        Some(d) => Duration::try_from(d).map_err(|_| {
-            Status::invalid_argument("freshness.max_wait: must not be negative")
-        })?,
+        Some(d) => Duration::try_from(d)
+            .map_err(|_| Status::invalid_argument("freshness.max_wait: must not be negative"))?,
     }
     .min(MAX_WAIT);
     let mut versions = cache.resource_versions();
@@ -211,8 +210,16 @@ pub async fn resync(
 ) -> usize {
     let keys = caches.keys(shards);
     let count = keys.len();
-    metrics.resyncs.get_or_create(&ResyncLabels { reason }).inc();
-    info!(reason, shards = shards.map(HashSet::len), keys = count, "resync");
+    metrics
+        .resyncs
+        .get_or_create(&ResyncLabels { reason })
+        .inc();
+    info!(
+        reason,
+        shards = shards.map(HashSet::len),
+        keys = count,
+        "resync"
+    );
     router.push(keys, Priority::Low).await;
     count
 }

@@ -77,7 +77,11 @@ impl SyncBarrier {
     }
 
     fn open(&self) {
-        let gate = self.gate.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let gate = self
+            .gate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(gate) = gate {
             info!("every initial list is done");
             gate.ready();
@@ -391,8 +395,8 @@ mod tests {
 
     #[test]
     fn the_summary_takes_the_controller_owner_and_json_drops_managed_fields() {
-        let mut pod = DynamicObject::new("p", &ApiResource::erase::<switchyard_k8s::Pod>(&()))
-            .within("ns");
+        let mut pod =
+            DynamicObject::new("p", &ApiResource::erase::<switchyard_k8s::Pod>(&())).within("ns");
         pod.metadata.resource_version = Some("42".into());
         pod.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
         pod.metadata.owner_references = Some(vec![

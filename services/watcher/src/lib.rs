@@ -20,7 +20,7 @@ pub mod router;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
-use switchyard_runtime::{Drain, GrpcServer, KubeArgs, Runtime, RuntimeArgs};
+use switchyard_runtime::{Drain, GrpcServer, KubeArgs, Runtime, RuntimeArgs, await_apiserver};
 use switchyard_watcher_core::Config;
 use tokio::sync::watch;
 use tracing::info;
@@ -135,6 +135,11 @@ impl Args {
         }
         let rt = Runtime::start(SERVICE, runtime).await?;
         let client = kube.client().await?;
+        let gate = rt.readiness().gate("apiserver");
+        rt.spawn("apiserver-check", {
+            let client = client.clone();
+            move |drain| await_apiserver(client, gate, drain)
+        });
         let metrics = WatcherMetrics::register(rt.metrics());
         let caches = Arc::new(Caches::new(&config));
         let router = Arc::new(Router::new(
@@ -145,7 +150,15 @@ impl Args {
 
         let view = match (queue_addr, elector_addr) {
             (Some(queue), _) => {
-                watch::channel(Some(Arc::new(ShardView::single(queue, config.shard_count)))).1
+                let single = ShardView::single(queue, config.shard_count);
+                let (source, view) = watch::channel(Some(Arc::new(single)));
+                // The map never changes, but its source lives as long as the service:
+                // readers treat a closed map as shutdown.
+                rt.spawn("static-shard-map", move |drain| async move {
+                    drain.signaled().await;
+                    drop(source);
+                });
+                view
             }
             (None, Some(elector)) => {
                 let gate = rt.readiness().gate("shard-map");
@@ -175,7 +188,8 @@ impl Args {
         if let Some(period) = config.resync_period {
             let (caches, router, metrics) = (caches.clone(), router.clone(), metrics.clone());
             rt.spawn("periodic-resync", move |drain| async move {
-                let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                let mut ticks =
+                    tokio::time::interval_at(tokio::time::Instant::now() + period, period);
                 loop {
                     tokio::select! {
                         _ = ticks.tick() => {}
@@ -186,10 +200,7 @@ impl Args {
             });
         }
 
-        let synced = SyncBarrier::new(
-            caches.resources.len(),
-            rt.readiness().gate("initial-lists"),
-        );
+        let synced = SyncBarrier::new(caches.resources.len(), rt.readiness().gate("initial-lists"));
         for cache in &caches.resources {
             let informer = Informer {
                 client: client.clone(),
@@ -213,9 +224,7 @@ impl Args {
             .serve_grpc(
                 GrpcServer::new()
                     .add_service(grpc::CacheService::new(caches.clone()).into_server())
-                    .add_service(
-                        grpc::ResyncService::new(caches, router, metrics).into_server(),
-                    )
+                    .add_service(grpc::ResyncService::new(caches, router, metrics).into_server())
                     .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
             )
             .await?;

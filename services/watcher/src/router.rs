@@ -136,7 +136,10 @@ impl Router {
                     break;
                 }
             }
-            debug!(capacity = self.capacity, "pending keys full; waiting for the queue");
+            debug!(
+                capacity = self.capacity,
+                "pending keys full; waiting for the queue"
+            );
             room.await;
         }
         self.arrived.notify_one();
@@ -151,7 +154,11 @@ impl Router {
     }
 
     /// Sends pending keys until shutdown.
-    pub async fn run(self: Arc<Self>, mut view: watch::Receiver<Option<Arc<ShardView>>>, drain: Drain) {
+    pub async fn run(
+        self: Arc<Self>,
+        mut view: watch::Receiver<Option<Arc<ShardView>>>,
+        drain: Drain,
+    ) {
         let mut clients: HashMap<Arc<str>, QueueClient<Channel>> = HashMap::new();
         let mut backoff = Backoff::new(RETRY_BACKOFF.0, RETRY_BACKOFF.1);
         loop {
@@ -317,7 +324,10 @@ mod tests {
             async move { router.push([key("c")], Priority::Low).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!blocked.is_finished(), "push must wait while the pending set is full");
+        assert!(
+            !blocked.is_finished(),
+            "push must wait while the pending set is full"
+        );
         let view = ShardView::single("q:1", 1);
         let taken = router.lock().take(&view);
         assert_eq!(taken[0].1.len(), 2);

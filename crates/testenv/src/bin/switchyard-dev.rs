@@ -18,12 +18,15 @@ use clap::{Parser, Subcommand};
 use switchyard_testenv::{Binaries, ControlPlane, ControlPlaneOptions, Etcd, ServiceProcess};
 use tokio::signal::unix::{SignalKind, signal};
 
+/// In start order: the watcher follows the elector's shard map and sends to the queues.
 const SERVICES: [&str; 4] = [
-    "switchyard-watcher",
-    "switchyard-queue",
-    "switchyard-reconciler",
     "switchyard-elector",
+    "switchyard-queue",
+    "switchyard-watcher",
+    "switchyard-reconciler",
 ];
+/// The built-in controllers' watches.
+const WATCHER_CONFIG: &str = include_str!("../../../../services/watcher/watcher.yaml");
 
 #[derive(Debug, Parser)]
 #[command(
@@ -225,6 +228,10 @@ async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Re
     println!("elector etcd: {}", etcd.endpoint());
 
     let kubeconfig = plane.kubeconfig().display().to_string();
+    let watcher_config = plane.dir().join("watcher.yaml");
+    std::fs::write(&watcher_config, WATCHER_CONFIG)?;
+    let watcher_config = watcher_config.display().to_string();
+    let mut elector_addr = String::new();
     let mut running = Vec::new();
     for service in SERVICES {
         let program = services_dir.join(service);
@@ -236,6 +243,8 @@ async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Re
         let env = [
             ("KUBECONFIG", kubeconfig.as_str()),
             ("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint()),
+            ("SWITCHYARD_WATCHER_CONFIG", watcher_config.as_str()),
+            ("SWITCHYARD_ELECTOR_ADDR", elector_addr.as_str()),
         ];
         let mut process = ServiceProcess::start(&program, &[], &env)
             .await
@@ -249,6 +258,9 @@ async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Re
             process.admin_addr(),
             process.grpc_addr()
         );
+        if service == "switchyard-elector" {
+            elector_addr = process.grpc_addr().to_string();
+        }
         running.push((service, process));
     }
     if !exit_when_ready {

@@ -1,0 +1,297 @@
+//! A queue and a watcher in this process, against the harness's real control plane, and a
+//! worker that records every key the queue leases.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::{
+    collections::HashSet,
+    io::Write,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use switchyard_proto::queue::v1::{
+    Credit, Done, Outcome, WorkRequest, WorkerHello, outcome, queue_client::QueueClient,
+    work_request::Request as Msg, work_response::Response as Reply,
+};
+use switchyard_runtime::ShutdownHandle;
+use switchyard_testenv::ControlPlane;
+use tokio::{sync::mpsc, task::JoinHandle};
+use tokio_stream::wrappers::ReceiverStream;
+
+pub const RS: &str = "apps/v1/ReplicaSet";
+pub const WIDGET: &str = "example.com/v1/Widget";
+pub const SHARDS: u32 = 16;
+
+/// A service running in this process until `stop`.
+pub struct InProcess {
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    shutdown: ShutdownHandle,
+    running: JoinHandle<()>,
+}
+
+impl InProcess {
+    pub async fn stop(self) {
+        self.shutdown.trigger();
+        tokio::time::timeout(Duration::from_secs(30), self.running)
+            .await
+            .expect("stopped in time")
+            .unwrap();
+    }
+
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        let response = reqwest::get(format!("http://{}{path}", self.admin))
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    pub async fn is_ready(&self) -> bool {
+        self.admin_get("/readyz").await.0 == 200
+    }
+
+    pub async fn wait_ready(&self, within: Duration) {
+        let start = Instant::now();
+        while !self.is_ready().await {
+            assert!(
+                start.elapsed() < within,
+                "not ready after {within:?}: {}",
+                self.admin_get("/readyz").await.1
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The value of one sample of `/metrics` (the line starting with `series`), 0 if absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let (_, text) = self.admin_get("/metrics").await;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+/// A queue serving every shard (static mode) for `controllers`.
+pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
+    let mut args = vec![
+        "switchyard-queue".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--shard-count={SHARDS}"),
+        format!("--controllers={}", controllers.join(",")),
+        "--drain-grace=1s".into(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
+    let running = tokio::spawn(async move { rt.run().await.unwrap() });
+    InProcess {
+        grpc,
+        admin,
+        shutdown,
+        running,
+    }
+}
+
+/// A watcher with `config` (YAML) against `plane`'s apiserver; `route` is `--queue-addr=...`
+/// or `--elector-addr=...`. Not waited for: see [`InProcess::wait_ready`].
+pub async fn watcher(plane: &ControlPlane, config: &str, route: &str) -> InProcess {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(config.as_bytes()).unwrap();
+    let path = file.into_temp_path().keep().unwrap();
+    let args = vec![
+        "switchyard-watcher".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--config={}", path.display()),
+        route.to_owned(),
+    ];
+    let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
+    let running = tokio::spawn(async move { rt.run().await.unwrap() });
+    InProcess {
+        grpc,
+        admin,
+        shutdown,
+        running,
+    }
+}
+
+/// A worker that leases every key of a queue, reports it done at once and records it as
+/// `"<controller> <namespace>/<name>"`.
+pub struct Worker {
+    keys: mpsc::UnboundedReceiver<String>,
+    _task: JoinHandle<()>,
+}
+
+impl Worker {
+    pub async fn start(queue: SocketAddr) -> Self {
+        let mut client = QueueClient::connect(format!("http://{queue}"))
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::channel(1024);
+        let send = |request| WorkRequest {
+            request: Some(request),
+        };
+        tx.send(send(Msg::Hello(WorkerHello {
+            worker_id: "watcher-test".into(),
+            controllers: vec![],
+        })))
+        .await
+        .unwrap();
+        tx.send(send(Msg::Credit(Credit { items: 1000 })))
+            .await
+            .unwrap();
+        let mut inbound = client
+            .work(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let (keys_tx, keys) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while let Ok(Some(message)) = inbound.message().await {
+                let Some(Reply::Item(item)) = message.response else {
+                    continue;
+                };
+                let key = item.key.unwrap();
+                let _ = keys_tx.send(format!("{} {}/{}", key.controller, key.namespace, key.name));
+                let done = Outcome {
+                    shard: item.shard,
+                    epoch: item.epoch,
+                    lease_id: item.lease_id,
+                    result: Some(outcome::Result::Done(Done {})),
+                    duration: None,
+                };
+                if tx.send(send(Msg::Outcome(done))).await.is_err()
+                    || tx
+                        .send(send(Msg::Credit(Credit { items: 1 })))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        Self { keys, _task: task }
+    }
+
+    /// Waits until `key` is leased; returns the keys leased before it.
+    pub async fn expect(&mut self, key: &str, within: Duration) -> Vec<String> {
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.keys.recv()).await {
+                Ok(Some(got)) if got == key => return seen,
+                Ok(Some(got)) => seen.push(got),
+                _ => panic!("{key:?} was not leased within {within:?}; leased: {seen:?}"),
+            }
+        }
+    }
+
+    /// Waits until every key of `keys` is leased (in any order).
+    pub async fn expect_all(&mut self, keys: &[String], within: Duration) {
+        let mut missing: HashSet<&String> = keys.iter().collect();
+        let deadline = tokio::time::Instant::now() + within;
+        while !missing.is_empty() {
+            match tokio::time::timeout_at(deadline, self.keys.recv()).await {
+                Ok(Some(got)) => {
+                    missing.remove(&got);
+                }
+                _ => panic!("not leased within {within:?}: {missing:?}"),
+            }
+        }
+    }
+
+    /// Every key leased during `window`.
+    pub async fn leased_during(&mut self, window: Duration) -> Vec<String> {
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + window;
+        while let Ok(Some(got)) = tokio::time::timeout_at(deadline, self.keys.recv()).await {
+            seen.push(got);
+        }
+        seen
+    }
+}
+
+/// A replica set manifest with `replicas` and selector `app=<name>`.
+pub fn replica_set(name: &str, replicas: i32) -> switchyard_k8s::ReplicaSet {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+/// A pod with `labels`, controlled by `owner` (`(kind, apiVersion, name, uid)`) if given.
+pub fn pod(
+    name: &str,
+    labels: &[(&str, &str)],
+    owner: Option<(&str, &str, &str, &str)>,
+) -> switchyard_k8s::Pod {
+    let labels: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+        .collect();
+    let owners: Vec<serde_json::Value> = owner
+        .into_iter()
+        .map(|(kind, api_version, name, uid)| {
+            serde_json::json!({
+                "apiVersion": api_version, "kind": kind, "name": name, "uid": uid,
+                "controller": true, "blockOwnerDeletion": true
+            })
+        })
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "ownerReferences": owners},
+        "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+    }))
+    .unwrap()
+}
+
+/// The ReplicaSet controller's configuration (for ReplicaSets, owns Pods) for one namespace.
+pub fn rs_config(namespace: &str, pods_metadata_only: bool) -> String {
+    format!(
+        r#"
+shardCount: {SHARDS}
+namespaces:
+  include: [{namespace}]
+resources:
+  - apiVersion: v1
+    kind: Pod
+    metadataOnly: {pods_metadata_only}
+controllers:
+  - name: {RS}
+    for: {{apiVersion: apps/v1, kind: ReplicaSet, predicates: [generationChanged, labelsChanged]}}
+    owns:
+      - {{apiVersion: v1, kind: Pod}}
+"#
+    )
+}
+
+pub fn key(controller: &str, namespace: &str, name: &str) -> String {
+    format!("{controller} {namespace}/{name}")
+}
+
+pub const WITHIN: Duration = Duration::from_secs(20);

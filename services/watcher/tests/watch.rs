@@ -1,0 +1,509 @@
+//! Watch events become the right keys at a real queue; the Cache API answers from the cache.
+//! Against the harness's real control plane.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use clap::Parser;
+use switchyard_k8s::{
+    Api, DeleteParams, Pod, PostParams, ReplicaSet,
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    kube::{
+        Resource,
+        api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
+    },
+};
+use switchyard_proto::{
+    common::v1::GroupVersionKind as ProtoGvk,
+    watcher::v1::{Freshness, GetRequest, ListRequest, cache_client::CacheClient},
+};
+use switchyard_testenv::{ControlPlane, TestNamespace};
+use tonic::Code;
+
+use support::*;
+
+#[tokio::test]
+async fn typed_changes_become_replicaset_keys() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watch-typed")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[RS], &[]).await;
+    let mut worker = Worker::start(queue.grpc).await;
+    let watcher = watcher(
+        plane,
+        &rs_config(&ns, false),
+        &format!("--queue-addr={}", queue.grpc),
+    )
+    .await;
+    watcher.wait_ready(WITHIN).await;
+
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let web = sets
+        .create(&PostParams::default(), &replica_set("web", 0))
+        .await
+        .unwrap();
+    let web_key = key(RS, &ns, "web");
+    worker.expect(&web_key, WITHIN).await;
+
+    let uid = web.meta().uid.clone().unwrap();
+    // A Pod with no controller owner, or one owned by another kind, maps to nothing. (Before
+    // any owned Pod exists: an owned Pod's every change, scheduling and readiness included,
+    // keys its ReplicaSet, as in kube-controller-manager.)
+    let pods_added = r#"switchyard_watch_events_total{resource="v1/Pod",event="added"}"#;
+    let before = watcher.metric(pods_added).await;
+    pods.create(
+        &PostParams::default(),
+        &pod("orphan", &[("app", "web")], None),
+    )
+    .await
+    .unwrap();
+    let foreign = Some((
+        "StatefulSet",
+        "apps/v1",
+        "db",
+        "7d6f2c1e-0000-4000-8000-000000000001",
+    ));
+    pods.create(&PostParams::default(), &pod("foreign", &[], foreign))
+        .await
+        .unwrap();
+    let start = std::time::Instant::now();
+    while watcher.metric(pods_added).await < before + 2.0 {
+        assert!(start.elapsed() < WITHIN, "the watcher did not see the pods");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leased = worker.leased_during(Duration::from_millis(700)).await;
+    assert!(
+        leased.is_empty(),
+        "pods without a ReplicaSet controller made keys: {leased:?}"
+    );
+
+    // A spec change (generation) maps; a status-only change is filtered by the predicate.
+    sets.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 2}})),
+    )
+    .await
+    .unwrap();
+    worker.expect(&web_key, WITHIN).await;
+    let status_before = watcher
+        .metric(r#"switchyard_watch_events_total{resource="apps/v1/ReplicaSet",event="modified"}"#)
+        .await;
+    sets.patch_status(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"replicas": 0, "observedGeneration": 2}})),
+    )
+    .await
+    .unwrap();
+    let start = std::time::Instant::now();
+    while watcher
+        .metric(r#"switchyard_watch_events_total{resource="apps/v1/ReplicaSet",event="modified"}"#)
+        .await
+        < status_before + 1.0
+    {
+        assert!(
+            start.elapsed() < WITHIN,
+            "the watcher did not see the status change"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leased = worker.leased_during(Duration::from_millis(700)).await;
+    assert!(
+        leased.is_empty(),
+        "a status-only change passed generationChanged: {leased:?}"
+    );
+
+    // A Pod change maps to its controller ReplicaSet.
+    let owner = Some(("ReplicaSet", "apps/v1", "web", uid.as_str()));
+    pods.create(
+        &PostParams::default(),
+        &pod("owned", &[("app", "web")], owner),
+    )
+    .await
+    .unwrap();
+    worker.expect(&web_key, WITHIN).await;
+
+    // Deletion maps too.
+    sets.delete("web", &DeleteParams::default()).await.unwrap();
+    worker.expect(&web_key, WITHIN).await;
+
+    watcher.stop().await;
+    queue.stop().await;
+}
+
+fn widget_crd() -> CustomResourceDefinition {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_crd_created_while_running_is_watched() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watch-crd")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[WIDGET], &[]).await;
+    let mut worker = Worker::start(queue.grpc).await;
+    let config = format!(
+        r#"
+shardCount: {SHARDS}
+namespaces: {{include: [{ns}]}}
+controllers:
+  - name: {WIDGET}
+    for: {{apiVersion: example.com/v1, kind: Widget}}
+    mapByLabel:
+      - {{apiVersion: v1, kind: ConfigMap, label: example.com/widget}}
+"#
+    );
+    let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc)).await;
+    // ConfigMaps list at once; Widgets are not served yet, so the watcher is not ready.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!watcher.is_ready().await, "ready before the Widget list");
+    assert!(
+        watcher
+            .admin_get("/readyz")
+            .await
+            .1
+            .contains("initial-lists")
+    );
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &widget_crd())
+        .await
+        .unwrap();
+    watcher.wait_ready(Duration::from_secs(60)).await;
+
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource);
+    let mut widget = DynamicObject::new("w1", &resource);
+    widget.data = serde_json::json!({"spec": {"size": 1}});
+    widgets
+        .create(&PostParams::default(), &widget)
+        .await
+        .unwrap();
+    let w1 = key(WIDGET, &ns, "w1");
+    worker.expect(&w1, WITHIN).await;
+
+    // A ConfigMap labelled with a Widget's name maps to that Widget.
+    let maps: Api<switchyard_k8s::k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns);
+    let cm = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings", "labels": {"example.com/widget": "w1"}},
+        "data": {"a": "1"}
+    }))
+    .unwrap();
+    maps.create(&PostParams::default(), &cm).await.unwrap();
+    worker.expect(&w1, WITHIN).await;
+
+    widgets
+        .delete("w1", &DeleteParams::default())
+        .await
+        .unwrap();
+    worker.expect(&w1, WITHIN).await;
+
+    watcher.stop().await;
+    queue.stop().await;
+}
+
+fn gvk(group: &str, version: &str, kind: &str) -> Option<ProtoGvk> {
+    Some(ProtoGvk {
+        group: group.into(),
+        version: version.into(),
+        kind: kind.into(),
+    })
+}
+
+async fn list_names(
+    cache: &mut CacheClient<tonic::transport::Channel>,
+    request: ListRequest,
+) -> Vec<String> {
+    let mut stream = cache.list(request).await.unwrap().into_inner();
+    let mut names = Vec::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        for json in chunk.objects_json {
+            let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+            names.push(value["metadata"]["name"].as_str().unwrap().to_owned());
+        }
+    }
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn the_cache_answers_owner_label_and_fresh_reads() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watch-cache")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[RS], &[]).await;
+    let watcher = watcher(
+        plane,
+        &rs_config(&ns, true),
+        &format!("--queue-addr={}", queue.grpc),
+    )
+    .await;
+    watcher.wait_ready(WITHIN).await;
+    let mut cache = CacheClient::connect(format!("http://{}", watcher.grpc))
+        .await
+        .unwrap();
+
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let a = sets
+        .create(&PostParams::default(), &replica_set("a", 0))
+        .await
+        .unwrap();
+    let b = sets
+        .create(&PostParams::default(), &replica_set("b", 0))
+        .await
+        .unwrap();
+    let (a_uid, b_uid) = (a.meta().uid.clone().unwrap(), b.meta().uid.clone().unwrap());
+    let owned_by =
+        |name: &'static str, uid: &str| Some(("ReplicaSet", "apps/v1", name, uid.to_owned()));
+    for (name, labels, owner) in [
+        (
+            "a-1",
+            vec![("app", "a"), ("tier", "x")],
+            owned_by("a", &a_uid),
+        ),
+        (
+            "a-2",
+            vec![("app", "a"), ("tier", "x")],
+            owned_by("a", &a_uid),
+        ),
+        ("b-1", vec![("app", "b")], owned_by("b", &b_uid)),
+        ("lone", vec![("app", "a")], None),
+    ] {
+        let owner = owner.as_ref().map(|(k, v, n, u)| (*k, *v, *n, u.as_str()));
+        pods.create(&PostParams::default(), &pod(name, &labels, owner))
+            .await
+            .unwrap();
+    }
+    // Read your own write: the last Pod's resourceVersion.
+    let last = pods.get("lone").await.unwrap();
+    let last_rv = last.meta().resource_version.clone().unwrap();
+    let fresh = |rv: &str, wait_ms: u64| {
+        Some(Freshness {
+            min_resource_version: rv.to_owned(),
+            max_wait: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: (wait_ms * 1_000_000) as i32,
+            }),
+        })
+    };
+    let list = |label_selector: &str, controller_uid: &str| ListRequest {
+        gvk: gvk("", "v1", "Pod"),
+        namespace: ns.clone(),
+        label_selector: label_selector.into(),
+        controller_uid: controller_uid.into(),
+        freshness: fresh(&last_rv, 900),
+    };
+    assert_eq!(
+        list_names(&mut cache, list("", &a_uid)).await,
+        ["a-1", "a-2"]
+    );
+    assert_eq!(list_names(&mut cache, list("", &b_uid)).await, ["b-1"]);
+    assert_eq!(
+        list_names(&mut cache, list("app=a", "")).await,
+        ["a-1", "a-2", "lone"]
+    );
+    assert_eq!(
+        list_names(&mut cache, list("app=a,!tier", "")).await,
+        ["lone"]
+    );
+    assert_eq!(
+        list_names(&mut cache, list("tier in (x,y)", &a_uid)).await,
+        ["a-1", "a-2"]
+    );
+    assert_eq!(
+        list_names(&mut cache, list("app notin (a,b)", "")).await,
+        Vec::<String>::new()
+    );
+
+    // Metadata-only Pods have no spec; ReplicaSets are cached whole.
+    let get = |kind: ProtoGvk, name: &str, freshness| GetRequest {
+        gvk: Some(kind),
+        namespace: ns.clone(),
+        name: name.into(),
+        freshness,
+    };
+    let pod_gvk = gvk("", "v1", "Pod").unwrap();
+    let got = cache
+        .get(get(pod_gvk.clone(), "a-1", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.found);
+    let value: serde_json::Value = serde_json::from_slice(&got.object_json).unwrap();
+    assert_eq!(value["metadata"]["labels"]["app"], "a");
+    assert!(
+        value.get("spec").is_none(),
+        "metadata-only pod has a spec: {value}"
+    );
+    assert!(value["metadata"].get("managedFields").is_none());
+    let got = cache
+        .get(get(gvk("apps", "v1", "ReplicaSet").unwrap(), "a", None))
+        .await
+        .unwrap()
+        .into_inner();
+    let value: serde_json::Value = serde_json::from_slice(&got.object_json).unwrap();
+    assert_eq!(value["spec"]["selector"]["matchLabels"]["app"], "a");
+    assert!(value["metadata"].get("managedFields").is_none());
+    let missing = cache
+        .get(get(pod_gvk.clone(), "nope", None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!missing.found);
+
+    // A write, then a read that waits for it.
+    let patched = pods
+        .patch(
+            "a-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"v": "2"}}})),
+        )
+        .await
+        .unwrap();
+    let rv = patched.meta().resource_version.clone().unwrap();
+    let got = cache
+        .get(get(pod_gvk.clone(), "a-1", fresh(&rv, 900)))
+        .await
+        .unwrap()
+        .into_inner();
+    let value: serde_json::Value = serde_json::from_slice(&got.object_json).unwrap();
+    assert_eq!(
+        value["metadata"]["labels"]["v"], "2",
+        "the cache returned the object before the write"
+    );
+    assert!(got.cache_resource_version.parse::<u64>().unwrap() >= rv.parse::<u64>().unwrap());
+
+    // A resourceVersion the cache does not reach: bounded wait, then a clear error.
+    let far = (rv.parse::<u64>().unwrap() + 1_000_000).to_string();
+    let status = cache
+        .get(get(pod_gvk.clone(), "a-1", fresh(&far, 200)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert!(status.message().contains(&far), "{}", status.message());
+
+    // Bad requests name the problem.
+    let status = cache
+        .list(ListRequest {
+            label_selector: "app in (a".into(),
+            ..list("", "")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("label_selector: "),
+        "{}",
+        status.message()
+    );
+    let status = cache
+        .get(get(gvk("", "v1", "Secret").unwrap(), "x", None))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    assert!(
+        status.message().contains("v1/Secret is not watched"),
+        "{}",
+        status.message()
+    );
+    let status = cache
+        .get(get(pod_gvk.clone(), "a-1", fresh("abc", 10)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("freshness.min_resource_version"));
+    let status = cache.get(get(pod_gvk, "", None)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(status.message(), "name: required");
+
+    watcher.stop().await;
+    queue.stop().await;
+}
+
+#[tokio::test]
+async fn bad_configuration_and_flags_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |config: &str, route: &str| {
+        let path = dir.path().join("watcher.yaml");
+        std::fs::write(&path, config).unwrap();
+        let mut args = vec![
+            "switchyard-watcher".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--config={}", path.display()),
+        ];
+        if !route.is_empty() {
+            args.push(route.to_owned());
+        }
+        switchyard_watcher::Args::try_parse_from(args)
+            .unwrap()
+            .start()
+    };
+    let error = start(
+        "controllers: [{name: x, for: {apiVersion: apps/v1, kind: replicaset}}]",
+        "--queue-addr=127.0.0.1:1",
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("watcher.yaml"), "{error}");
+    assert!(
+        error.contains("controllers[0].for: kind \"replicaset\""),
+        "{error}"
+    );
+    let error = start(
+        "controllers: [{name: x, for: {apiVersion: v1, kind: Pod}, own: []}]",
+        "--queue-addr=127.0.0.1:1",
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("unknown field `own`"), "{error}");
+    let error = start("resources: [{apiVersion: v1, kind: Pod}]", "")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("--queue-addr"), "{error}");
+    let missing = switchyard_watcher::Args::try_parse_from([
+        "switchyard-watcher",
+        "--config=/nonexistent/watcher.yaml",
+        "--queue-addr=127.0.0.1:1",
+    ])
+    .unwrap()
+    .start()
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(missing.contains("/nonexistent/watcher.yaml"), "{missing}");
+}
