@@ -5,6 +5,7 @@
 //! and [`metrics`] exports client-go's `workqueue_*` families.
 
 pub mod actor;
+pub mod external_metrics;
 pub mod grpc;
 pub mod metrics;
 pub mod ownership;
@@ -25,6 +26,8 @@ pub enum Error {
     Runtime(#[from] switchyard_runtime::Error),
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    ExternalMetrics(#[from] external_metrics::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -36,6 +39,8 @@ pub struct Args {
     pub runtime: RuntimeArgs,
     #[command(flatten)]
     pub queue: QueueArgs,
+    #[command(flatten)]
+    pub external_metrics: external_metrics::ExternalMetricsArgs,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -136,7 +141,11 @@ impl Args {
 
     /// Starts the service and returns its runtime (not yet running) and gRPC address.
     pub async fn start(self) -> Result<(Runtime, SocketAddr)> {
-        let Self { runtime, queue } = self;
+        let Self {
+            runtime,
+            queue,
+            external_metrics,
+        } = self;
         let config = queue.config()?;
         let membership = !queue.etcd_endpoints.is_empty();
         let rt = Runtime::start(SERVICE, runtime).await?;
@@ -152,6 +161,11 @@ impl Args {
             actor = actor.on_drained(leave);
         }
         rt.spawn("queue-actor", |drain| actor.run(drain));
+        if let Some(server) =
+            external_metrics::Server::bind(&external_metrics, handle.clone(), &controllers).await?
+        {
+            rt.spawn("external-metrics", |drain| server.run(drain));
+        }
         let mut service = grpc::QueueService::new(handle.clone(), &controllers, queue.shard_count);
         let directory = membership.then(|| grpc::Directory {
             map: shardmap::watch(queue.etcd_endpoints.clone(), queue.shard_count, rt.drain()).0,
