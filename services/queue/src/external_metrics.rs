@@ -115,7 +115,6 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A bound external metrics server, not yet serving.
-#[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,
     listener: TcpListener,
@@ -128,6 +127,14 @@ struct ApiState {
     handle: Handle,
     /// Label-safe names, indexed by controller id.
     labels: Arc<[String]>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Server {
@@ -300,7 +307,9 @@ async fn metric_values(
         .labels
         .iter()
         .zip(&backlog)
-        .filter(|(label, _)| selector.matches(&BTreeMap::from([(CONTROLLER_LABEL, label.as_str())])))
+        .filter(|(label, _)| {
+            selector.matches(&BTreeMap::from([(CONTROLLER_LABEL, label.as_str())]))
+        })
         .map(|(label, value)| {
             json!({
                 "metricName": BACKLOG_METRIC,
@@ -395,8 +404,8 @@ fn tls_config(
         None => builder.with_no_client_auth(),
         Some(path) => {
             let mut roots = RootCertStore::empty();
-            for cert in CertificateDer::pem_file_iter(path)
-                .map_err(|e| read_error("client CA", path, e))?
+            for cert in
+                CertificateDer::pem_file_iter(path).map_err(|e| read_error("client CA", path, e))?
             {
                 roots
                     .add(cert.map_err(|e| read_error("client CA", path, e))?)
@@ -447,7 +456,9 @@ async fn accept_tls(
                 Ok(Ok(tls)) => {
                     let _ = tx.send((tls, peer)).await;
                 }
-                Ok(Err(error)) => debug!(%error, %peer, "external metrics API: TLS handshake failed"),
+                Ok(Err(error)) => {
+                    debug!(%error, %peer, "external metrics API: TLS handshake failed")
+                }
                 Err(_) => debug!(%peer, "external metrics API: TLS handshake timed out"),
             }
         });
@@ -506,8 +517,12 @@ impl Selector {
 
     pub fn matches(&self, labels: &BTreeMap<&str, &str>) -> bool {
         self.0.iter().all(|r| match r {
-            Requirement::In(k, values) => labels.get(k.as_str()).is_some_and(|v| values.iter().any(|x| x == v)),
-            Requirement::NotIn(k, values) => labels.get(k.as_str()).is_none_or(|v| !values.iter().any(|x| x == v)),
+            Requirement::In(k, values) => labels
+                .get(k.as_str())
+                .is_some_and(|v| values.iter().any(|x| x == v)),
+            Requirement::NotIn(k, values) => labels
+                .get(k.as_str())
+                .is_none_or(|v| !values.iter().any(|x| x == v)),
             Requirement::Exists(k) => labels.contains_key(k.as_str()),
             Requirement::DoesNotExist(k) => !labels.contains_key(k.as_str()),
         })
@@ -672,7 +687,10 @@ mod tests {
     fn controller_names_become_label_values() {
         assert_eq!(label_value("apps/v1/ReplicaSet"), "apps.v1.ReplicaSet");
         assert_eq!(label_value("v1/Pod"), "v1.Pod");
-        assert_eq!(label_value("example.com/v1/My Kind"), "example.com.v1.My_Kind");
+        assert_eq!(
+            label_value("example.com/v1/My Kind"),
+            "example.com.v1.My_Kind"
+        );
         assert!(validate_value(&label_value(&"x/".repeat(40))).is_ok());
     }
 
@@ -685,7 +703,11 @@ mod tests {
             ("controller=apps.v1.ReplicaSet", true, false),
             ("controller==apps.v1.ReplicaSet", true, false),
             ("controller!=apps.v1.ReplicaSet", false, true),
-            ("controller in (apps.v1.ReplicaSet, apps.v1.Deployment)", true, true),
+            (
+                "controller in (apps.v1.ReplicaSet, apps.v1.Deployment)",
+                true,
+                true,
+            ),
             ("controller notin (apps.v1.Deployment)", true, false),
             ("controller", true, true),
             ("!controller", false, false),
@@ -695,7 +717,11 @@ mod tests {
         for (input, on_rs, on_deploy) in cases {
             let selector = Selector::parse(input).expect(input);
             assert_eq!(selector.matches(&rs), on_rs, "{input} on rs");
-            assert_eq!(selector.matches(&deploy), on_deploy, "{input} on deployment");
+            assert_eq!(
+                selector.matches(&deploy),
+                on_deploy,
+                "{input} on deployment"
+            );
         }
     }
 
@@ -714,9 +740,16 @@ mod tests {
         ];
         for (input, expected) in cases {
             let error = Selector::parse(input).expect_err(input);
-            assert!(error.contains(expected), "{input:?}: {error:?} lacks {expected:?}");
+            assert!(
+                error.contains(expected),
+                "{input:?}: {error:?} lacks {expected:?}"
+            );
         }
         let long = format!("controller={}", "a".repeat(64));
-        assert!(Selector::parse(&long).expect_err("long").contains("at most 63"));
+        assert!(
+            Selector::parse(&long)
+                .expect_err("long")
+                .contains("at most 63")
+        );
     }
 }

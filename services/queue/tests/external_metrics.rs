@@ -1,0 +1,249 @@
+//! The queue's external metrics API over HTTPS, as the aggregation layer and the HPA call it:
+//! discovery, the backlog per controller following what is enqueued and leased, label
+//! selectors, and a clear 400 for a malformed selector.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::Value;
+use switchyard_proto::{
+    common::v1::WorkKey,
+    queue::v1::{
+        Credit, EnqueueItem, EnqueueRequest, WorkRequest, WorkerHello, queue_client::QueueClient,
+        work_request::Request as Msg, work_response::Response as Reply,
+    },
+};
+use switchyard_queue_core::shard::shard_of;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+const RS: &str = "apps/v1/ReplicaSet";
+const DEPLOY: &str = "apps/v1/Deployment";
+const SHARDS: u32 = 4;
+const METRIC: &str = "switchyard_queue_backlog";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let content_type = response.headers()[reqwest::header::CONTENT_TYPE].clone();
+        assert_eq!(content_type, "application/json", "{path}");
+        (status, response.json().await.unwrap())
+    }
+
+    /// Metric values by controller label, for `selector`.
+    async fn backlog(&self, selector: &str) -> Vec<(String, String)> {
+        let path = format!(
+            "/apis/external.metrics.k8s.io/v1beta1/namespaces/switchyard/{METRIC}?labelSelector={}",
+            form_urlencoded::byte_serialize(selector.as_bytes()).collect::<String>()
+        );
+        let (status, body) = self.get(&path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert_eq!(body["kind"], "ExternalMetricValueList");
+        assert_eq!(body["apiVersion"], "external.metrics.k8s.io/v1beta1");
+        let mut items: Vec<(String, String)> = body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| {
+                assert_eq!(item["metricName"], METRIC);
+                assert!(item["timestamp"].as_str().unwrap().ends_with('Z'));
+                (
+                    item["metricLabels"]["controller"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned(),
+                    item["value"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        items.sort();
+        items
+    }
+}
+
+async fn enqueue(client: &mut QueueClient<tonic::transport::Channel>, controller: &str, n: usize) {
+    let mut by_shard: Vec<Vec<EnqueueItem>> = vec![Vec::new(); SHARDS as usize];
+    for i in 0..n {
+        let name = format!("obj-{i}");
+        by_shard[shard_of(controller, "default", &name, SHARDS) as usize].push(EnqueueItem {
+            key: Some(WorkKey {
+                controller: controller.into(),
+                namespace: "default".into(),
+                name,
+            }),
+            ..Default::default()
+        });
+    }
+    for (shard, items) in by_shard.into_iter().enumerate() {
+        if !items.is_empty() {
+            client
+                .enqueue(EnqueueRequest {
+                    batch_id: shard as u64,
+                    shard: shard as u32,
+                    items,
+                })
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn serves_discovery_and_backlog_per_controller_and_refuses_bad_selectors() {
+    let port = free_port();
+    let (rt, grpc) = switchyard_queue::Args::try_parse_from([
+        "switchyard-queue".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--shard-count={SHARDS}"),
+        format!("--controllers={RS},{DEPLOY}"),
+        format!("--external-metrics-addr=127.0.0.1:{port}"),
+    ])
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    let shutdown = rt.shutdown_handle();
+    let running = tokio::spawn(rt.run());
+    let api = Api {
+        base: format!("https://127.0.0.1:{port}"),
+        // The server's certificate is self-signed (no --external-metrics-tls-cert), as with
+        // an APIService that sets insecureSkipTLSVerify.
+        http: reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+            .unwrap(),
+    };
+
+    // Discovery, as the aggregation layer's availability check and the HPA read it.
+    let (status, resources) = api.get("/apis/external.metrics.k8s.io/v1beta1").await;
+    assert_eq!(status, 200);
+    assert_eq!(resources["kind"], "APIResourceList");
+    assert_eq!(resources["groupVersion"], "external.metrics.k8s.io/v1beta1");
+    assert_eq!(resources["resources"][0]["name"], METRIC);
+    assert_eq!(resources["resources"][0]["namespaced"], true);
+    assert_eq!(
+        resources["resources"][0]["verbs"],
+        serde_json::json!(["get"])
+    );
+    let (status, group) = api.get("/apis/external.metrics.k8s.io").await;
+    assert_eq!(
+        (status, &group["preferredVersion"]["version"]),
+        (200, &"v1beta1".into())
+    );
+
+    let rs = "apps.v1.ReplicaSet".to_owned();
+    let deploy = "apps.v1.Deployment".to_owned();
+    assert_eq!(
+        api.backlog("").await,
+        [(deploy.clone(), "0".into()), (rs.clone(), "0".into())]
+    );
+
+    let mut client = QueueClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    enqueue(&mut client, RS, 30).await;
+    enqueue(&mut client, DEPLOY, 7).await;
+    assert_eq!(
+        api.backlog("").await,
+        [(deploy.clone(), "7".into()), (rs.clone(), "30".into())]
+    );
+    assert_eq!(
+        api.backlog("controller=apps.v1.ReplicaSet").await,
+        [(rs.clone(), "30".into())]
+    );
+    assert_eq!(
+        api.backlog("controller notin (apps.v1.ReplicaSet)").await,
+        [(deploy.clone(), "7".into())]
+    );
+    assert_eq!(api.backlog("controller=apps.v1.Pod").await, []);
+
+    // Leased keys are work not done: they stay in the backlog until their outcome.
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(WorkRequest {
+        request: Some(Msg::Hello(WorkerHello {
+            worker_id: "w".into(),
+            controllers: vec![RS.into()],
+        })),
+    })
+    .await
+    .unwrap();
+    let mut stream = client
+        .work(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    tx.send(WorkRequest {
+        request: Some(Msg::Credit(Credit { items: 10 })),
+    })
+    .await
+    .unwrap();
+    for _ in 0..10 {
+        let message = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(matches!(message.response, Some(Reply::Item(_))));
+    }
+    assert_eq!(
+        api.backlog("controller=apps.v1.ReplicaSet").await,
+        [(rs.clone(), "30".into())]
+    );
+
+    // Malformed selectors: 400 with a Status naming the selector and what is wrong.
+    for (selector, reason) in [
+        ("controller in (a", "unclosed '('"),
+        ("controller=not a value", "not allowed"),
+        ("controller=a,,x=y", "empty requirement"),
+    ] {
+        let path = format!(
+            "/apis/external.metrics.k8s.io/v1beta1/namespaces/switchyard/{METRIC}?labelSelector={}",
+            form_urlencoded::byte_serialize(selector.as_bytes()).collect::<String>()
+        );
+        let (status, body) = api.get(&path).await;
+        assert_eq!(status, 400, "{selector}: {body}");
+        assert_eq!(body["kind"], "Status");
+        assert_eq!(body["reason"], "BadRequest");
+        assert_eq!(body["code"], 400);
+        let message = body["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("labelSelector") && message.contains(reason),
+            "{selector}: {message}"
+        );
+    }
+
+    // An unknown metric is a 404 that names the metric served.
+    let (status, body) = api
+        .get("/apis/external.metrics.k8s.io/v1beta1/namespaces/switchyard/cpu")
+        .await;
+    assert_eq!(status, 404);
+    assert!(body["message"].as_str().unwrap().contains(METRIC));
+
+    drop(tx);
+    drop(stream);
+    shutdown.trigger();
+    running.await.unwrap().unwrap();
+}
