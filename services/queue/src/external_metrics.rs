@@ -7,8 +7,11 @@
 //!                        ─► Service ─► queue :6443 (HTTPS) ─► actor: Stats ─► backlog per controller
 //! ```
 //!
-//! One metric, [`BACKLOG_METRIC`]: for each controller, the keys this replica holds that are
-//! not done (ready, delayed and leased). Each item carries the label [`CONTROLLER_LABEL`] with
+//! One metric, [`BACKLOG_METRIC`]: for each controller, the keys that are not done (ready,
+//! delayed and leased). A replica that is a member of an elector-run installation adds the
+//! backlog of every other member (their gRPC `Stats`) to its own, so whichever replica the
+//! APIService reaches answers for the whole queue; if a member does not answer, the request
+//! fails (503) rather than report a partial backlog, and the HPA keeps the replicas it has. Each item carries the label [`CONTROLLER_LABEL`] with
 //! the controller's name made label-safe (`apps/v1/ReplicaSet` → `apps.v1.ReplicaSet`). The
 //! HPA sums the items that match its selector, so an empty selector scales on the backlog of
 //! every controller. The namespace in the path is the HPA's; the backlog is the installation's.
@@ -48,6 +51,10 @@ use tokio::{
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tracing::{debug, info, warn};
 
+use switchyard_elector::membership::Member;
+use switchyard_proto::queue::v1::{StatsRequest, queue_client::QueueClient};
+use tokio::sync::watch;
+
 use crate::actor::Handle;
 
 pub const GROUP: &str = "external.metrics.k8s.io";
@@ -63,6 +70,8 @@ pub const CONTROLLER_LABEL: &str = "controller";
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the HTTP server; more wait in the kernel's backlog.
 const ACCEPT_QUEUE: usize = 64;
+/// How long another member gets to report its backlog; the HPA asks every 15 s by default.
+const PEER_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause after a failed accept (for example, out of file descriptors) before trying again.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
@@ -122,11 +131,22 @@ pub struct Server {
     state: ApiState,
 }
 
+/// The other queue replicas, whose backlog a member adds to its own.
+#[derive(Clone, Debug)]
+pub struct Peers {
+    pub members: watch::Receiver<Option<Vec<Member>>>,
+    /// This replica's member id, left out of the fan-out.
+    pub me: String,
+}
+
 #[derive(Clone, Debug)]
 struct ApiState {
     handle: Handle,
+    /// Controller names, indexed by controller id.
+    names: Arc<[Arc<str>]>,
     /// Label-safe names, indexed by controller id.
     labels: Arc<[String]>,
+    peers: Option<Peers>,
 }
 
 impl std::fmt::Debug for Server {
@@ -143,6 +163,7 @@ impl Server {
         args: &ExternalMetricsArgs,
         handle: Handle,
         controllers: &[Arc<str>],
+        peers: Option<Peers>,
     ) -> Result<Option<Self>> {
         let ExternalMetricsArgs {
             external_metrics_addr,
@@ -171,7 +192,9 @@ impl Server {
             acceptor: TlsAcceptor::from(Arc::new(tls)),
             state: ApiState {
                 handle,
+                names: controllers.into(),
                 labels: controllers.iter().map(|c| label_value(c)).collect(),
+                peers,
             },
         }))
     }
@@ -302,6 +325,15 @@ async fn metric_values(
             *b += s.depth + s.in_flight;
         }
     }
+    if let Some(peers) = &state.peers {
+        if let Err(message) = add_peers(peers, &state.names, &mut backlog).await {
+            return status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                message,
+            );
+        }
+    }
     let timestamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let items: Vec<Value> = state
         .labels
@@ -326,6 +358,44 @@ async fn metric_values(
         "metadata": {},
         "items": items,
     }))
+}
+
+/// Adds every other member's backlog to `backlog`, or says which member did not answer.
+async fn add_peers(peers: &Peers, names: &[Arc<str>], backlog: &mut [u64]) -> Result<(), String> {
+    let Some(members) = peers.members.borrow().clone() else {
+        return Err("the queue's member list is not known yet".to_owned());
+    };
+    let others: Vec<Member> = members.into_iter().filter(|m| m.id != peers.me).collect();
+    let answers = futures::future::join_all(others.iter().map(|member| async move {
+        let ask = async {
+            let mut client = QueueClient::connect(format!("http://{}", member.address))
+                .await
+                .map_err(|e| e.to_string())?;
+            client
+                .stats(StatsRequest::default())
+                .await
+                .map(|r| r.into_inner().shards)
+                .map_err(|e| e.message().to_owned())
+        };
+        tokio::time::timeout(PEER_TIMEOUT, ask)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {PEER_TIMEOUT:?}")))
+    }))
+    .await;
+    for (member, answer) in others.iter().zip(answers) {
+        let shards = answer.map_err(|reason| {
+            format!(
+                "queue member {} at {} did not report its backlog: {reason}",
+                member.id, member.address
+            )
+        })?;
+        for s in shards {
+            if let Some(i) = names.iter().position(|n| **n == *s.controller) {
+                backlog[i] += s.depth + s.in_flight;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn ok(body: Value) -> Response {

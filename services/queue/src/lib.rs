@@ -161,11 +161,6 @@ impl Args {
             actor = actor.on_drained(leave);
         }
         rt.spawn("queue-actor", |drain| actor.run(drain));
-        if let Some(server) =
-            external_metrics::Server::bind(&external_metrics, handle.clone(), &controllers).await?
-        {
-            rt.spawn("external-metrics", |drain| server.run(drain));
-        }
         let mut service = grpc::QueueService::new(handle.clone(), &controllers, queue.shard_count);
         let directory = membership.then(|| grpc::Directory {
             map: shardmap::watch(queue.etcd_endpoints.clone(), queue.shard_count, rt.drain()).0,
@@ -173,6 +168,16 @@ impl Args {
         });
         if let Some(directory) = &directory {
             service = service.with_directory(directory.clone());
+        }
+        let peers = directory.as_ref().map(|d| external_metrics::Peers {
+            members: d.members.clone(),
+            me: member_id(&queue),
+        });
+        if let Some(server) =
+            external_metrics::Server::bind(&external_metrics, handle.clone(), &controllers, peers)
+                .await?
+        {
+            rt.spawn("external-metrics", |drain| server.run(drain));
         }
         let addr = rt
             .serve_grpc(
@@ -188,6 +193,13 @@ impl Args {
     }
 }
 
+/// This replica's member id: `--member-id`, else the host name (the pod name).
+fn member_id(queue: &QueueArgs) -> String {
+    queue.member_id.clone().unwrap_or_else(|| {
+        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("queue-{}", std::process::id()))
+    })
+}
+
 /// Joins as a member (after the gRPC port is serving) and follows the shard map.
 fn join(
     rt: &Runtime,
@@ -197,9 +209,7 @@ fn join(
     directory: grpc::Directory,
     member_drain: switchyard_runtime::Drain,
 ) -> Result<()> {
-    let id = queue.member_id.clone().unwrap_or_else(|| {
-        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("queue-{}", std::process::id()))
-    });
+    let id = member_id(queue);
     let address = queue
         .advertise_address
         .clone()

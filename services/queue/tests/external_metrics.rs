@@ -1,13 +1,16 @@
 //! The queue's external metrics API over HTTPS, as the aggregation layer and the HPA call it:
 //! discovery, the backlog per controller following what is enqueued and leased, label
-//! selectors, and a clear 400 for a malformed selector.
+//! selectors, and a clear 400 for a malformed selector; with several replicas, each answers for
+//! the whole queue.
 
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
+use std::{collections::HashMap, path::Path, time::Duration};
 
 use clap::Parser;
 use serde_json::Value;
+use switchyard_elector::leader::{self, LeaderConfig};
+use switchyard_proto::queue::v1::StatsRequest;
 use switchyard_proto::{
     common::v1::WorkKey,
     queue::v1::{
@@ -16,6 +19,8 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::shard::shard_of;
+use switchyard_runtime::drain_channel;
+use switchyard_testenv::{Etcd, ServiceProcess};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -83,7 +88,8 @@ impl Api {
     }
 }
 
-async fn enqueue(client: &mut QueueClient<tonic::transport::Channel>, controller: &str, n: usize) {
+/// `n` keys of `controller` in batches by shard.
+fn batches(controller: &str, n: usize) -> Vec<EnqueueRequest> {
     let mut by_shard: Vec<Vec<EnqueueItem>> = vec![Vec::new(); SHARDS as usize];
     for i in 0..n {
         let name = format!("obj-{i}");
@@ -96,17 +102,33 @@ async fn enqueue(client: &mut QueueClient<tonic::transport::Channel>, controller
             ..Default::default()
         });
     }
-    for (shard, items) in by_shard.into_iter().enumerate() {
-        if !items.is_empty() {
-            client
-                .enqueue(EnqueueRequest {
-                    batch_id: shard as u64,
-                    shard: shard as u32,
-                    items,
-                })
-                .await
-                .unwrap();
-        }
+    by_shard
+        .into_iter()
+        .enumerate()
+        .filter(|(_, items)| !items.is_empty())
+        .map(|(shard, items)| EnqueueRequest {
+            batch_id: shard as u64,
+            shard: shard as u32,
+            items,
+        })
+        .collect()
+}
+
+async fn enqueue(client: &mut QueueClient<tonic::transport::Channel>, controller: &str, n: usize) {
+    for batch in batches(controller, n) {
+        client.enqueue(batch).await.unwrap();
+    }
+}
+
+fn https_api(port: u16) -> Api {
+    Api {
+        base: format!("https://127.0.0.1:{port}"),
+        // The server's certificate is self-signed (no --external-metrics-tls-cert), as with
+        // an APIService that sets insecureSkipTLSVerify.
+        http: reqwest::Client::builder()
+            .danger_accept_invalid_certs(true)
+            .build()
+            .unwrap(),
     }
 }
 
@@ -127,15 +149,7 @@ async fn serves_discovery_and_backlog_per_controller_and_refuses_bad_selectors()
     .unwrap();
     let shutdown = rt.shutdown_handle();
     let running = tokio::spawn(rt.run());
-    let api = Api {
-        base: format!("https://127.0.0.1:{port}"),
-        // The server's certificate is self-signed (no --external-metrics-tls-cert), as with
-        // an APIService that sets insecureSkipTLSVerify.
-        http: reqwest::Client::builder()
-            .danger_accept_invalid_certs(true)
-            .build()
-            .unwrap(),
-    };
+    let api = https_api(port);
 
     // Discovery, as the aggregation layer's availability check and the HPA read it.
     let (status, resources) = api.get("/apis/external.metrics.k8s.io/v1beta1").await;
@@ -246,4 +260,120 @@ async fn serves_discovery_and_backlog_per_controller_and_refuses_bad_selectors()
     drop(stream);
     shutdown.trigger();
     running.await.unwrap().unwrap();
+}
+
+/// Shards each replica serves, once every shard is served by exactly one.
+async fn assignment(clients: &mut [QueueClient<tonic::transport::Channel>]) -> Vec<Vec<u32>> {
+    for _ in 0..300 {
+        let mut served = Vec::new();
+        for client in clients.iter_mut() {
+            let stats = client.stats(StatsRequest::default()).await.unwrap();
+            let mut shards: Vec<u32> = stats.into_inner().shards.iter().map(|s| s.shard).collect();
+            shards.sort_unstable();
+            shards.dedup();
+            served.push(shards);
+        }
+        let total: usize = served.iter().map(Vec::len).sum();
+        let mut all: Vec<u32> = served.concat();
+        all.sort_unstable();
+        all.dedup();
+        if total == SHARDS as usize
+            && all.len() == SHARDS as usize
+            && served.iter().all(|s| !s.is_empty())
+        {
+            return served;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the elector did not assign every shard to exactly one of the replicas in 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
+    let etcd = Etcd::start().await.unwrap();
+    let (_stop_elector, drain) = drain_channel();
+    let (leading, _) = tokio::sync::watch::channel(false);
+    let config = LeaderConfig {
+        id: "elector".into(),
+        shard_count: SHARDS,
+        slack: 1,
+        ttl: Duration::from_secs(2),
+    };
+    tokio::spawn(leader::run(
+        vec![etcd.endpoint().to_owned()],
+        config,
+        leading,
+        drain,
+    ));
+
+    let mut replicas = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..3 {
+        let port = free_port();
+        let mut replica = ServiceProcess::start(
+            Path::new(env!("CARGO_BIN_EXE_switchyard-queue")),
+            &[
+                &format!("--member-id=q{i}"),
+                &format!("--shard-count={SHARDS}"),
+                &format!("--controllers={RS},{DEPLOY}"),
+                &format!("--external-metrics-addr=127.0.0.1:{port}"),
+            ],
+            &[("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint())],
+        )
+        .await
+        .unwrap();
+        replica.wait_ready().await.unwrap();
+        clients.push(
+            QueueClient::connect(format!("http://{}", replica.grpc_addr()))
+                .await
+                .unwrap(),
+        );
+        replicas.push((replica, port));
+    }
+    let served = assignment(&mut clients).await;
+    let owner: HashMap<u32, usize> = served
+        .iter()
+        .enumerate()
+        .flat_map(|(i, shards)| shards.iter().map(move |s| (*s, i)))
+        .collect();
+    const KEYS: usize = 90;
+    for batch in batches(RS, KEYS) {
+        clients[owner[&batch.shard]].enqueue(batch).await.unwrap();
+    }
+
+    // Each replica holds only part of the backlog, yet answers with all of it.
+    for (i, (replica, port)) in replicas.iter().enumerate() {
+        let local: u64 = clients[i]
+            .stats(StatsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .shards
+            .iter()
+            .map(|s| s.depth)
+            .sum();
+        assert!(local < KEYS as u64, "replica {i} holds {local} of {KEYS}");
+        assert_eq!(
+            https_api(*port).backlog("").await,
+            [
+                ("apps.v1.Deployment".to_owned(), "0".to_owned()),
+                ("apps.v1.ReplicaSet".to_owned(), KEYS.to_string())
+            ],
+            "replica {i}:\n{}",
+            replica.log()
+        );
+    }
+
+    // A member that does not answer makes the metric unavailable, never partial.
+    let (stopped, _) = replicas.remove(2);
+    let _ = stopped.kill();
+    let (status, body) = https_api(replicas[0].1)
+        .get(&format!(
+            "/apis/external.metrics.k8s.io/v1beta1/namespaces/switchyard/{METRIC}"
+        ))
+        .await;
+    assert!(
+        status == 503 && body["message"].as_str().unwrap().contains("q2"),
+        "{status} {body}"
+    );
 }
