@@ -325,14 +325,14 @@ async fn metric_values(
             *b += s.depth + s.in_flight;
         }
     }
-    if let Some(peers) = &state.peers {
-        if let Err(message) = add_peers(peers, &state.names, &mut backlog).await {
-            return status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ServiceUnavailable",
-                message,
-            );
-        }
+    if let Some(peers) = &state.peers
+        && let Err(message) = add_peers(peers, &state.names, &mut backlog).await
+    {
+        return status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            message,
+        );
     }
     let timestamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let items: Vec<Value> = state
