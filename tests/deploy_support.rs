@@ -85,10 +85,23 @@ patches:
         path: /spec/service/port
         value: {metrics_port}
 {extra}"#,
-        overlay_dir = overlay_dir(overlay).display(),
+        overlay_dir = relative_to(&dir, &overlay_dir(overlay)).display(),
     );
     std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
     kustomize_build(plane, &dir).await
+}
+
+/// `to` as a path relative to the directory `from` (both absolute): kustomize refuses
+/// absolute paths of other kustomizations.
+fn relative_to(from: &Path, to: &Path) -> PathBuf {
+    let from = from.canonicalize().unwrap();
+    let mut path: PathBuf = from
+        .components()
+        .skip(1)
+        .map(|_| std::path::Component::ParentDir)
+        .collect();
+    path.push(to.strip_prefix("/").unwrap());
+    path
 }
 
 #[derive(Debug)]
