@@ -101,6 +101,7 @@ async fn await_scaled(plane: &ControlPlane, replicas: i64, average: &str, why: &
         }
         let r = Some(replicas);
         if now == (r, r, r, r, Some(average.to_owned())) {
+            eprintln!("{why}: (scale spec, scale status, desired, current, average) went {seen:?}");
             return;
         }
         assert!(
