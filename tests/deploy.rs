@@ -22,7 +22,7 @@ async fn every_overlay_applies_cleanly_and_a_second_apply_changes_nothing() {
     let plane = ControlPlane::shared().expect("control plane");
     // The APIService must be served for discovery to stay quiet: an unavailable aggregated
     // API makes kubectl print discovery errors.
-    let queue = Queue::start(256).await;
+    let queue = Queue::start(256, plane.front_proxy_ca()).await;
 
     // The base builds on its own too.
     let base = kustomize_build(plane, &base_dir()).await;

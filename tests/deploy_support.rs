@@ -222,7 +222,9 @@ pub struct Queue {
 }
 
 impl Queue {
-    pub async fn start(shard_count: u32) -> Self {
+    /// With `client_ca`, only clients with a certificate from that CA may call the external
+    /// metrics API (in these tests, the apiserver's front-proxy CA).
+    pub async fn start(shard_count: u32, client_ca: &Path) -> Self {
         let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -234,6 +236,7 @@ impl Queue {
             "--grpc-addr=127.0.0.1:0".into(),
             format!("--shard-count={shard_count}"),
             format!("--external-metrics-addr=127.0.0.1:{metrics_port}"),
+            format!("--external-metrics-client-ca={}", client_ca.display()),
             "--drain-grace=1s".into(),
         ])
         .unwrap()

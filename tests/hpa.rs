@@ -1,5 +1,6 @@
 //! The HPA end to end: the ha overlay applied to the real apiserver, the queue's external
-//! metrics API registered through the aggregation layer, and kube-controller-manager's HPA
+//! metrics API registered through the aggregation layer (the queue accepts only the
+//! apiserver's front-proxy client certificate), and kube-controller-manager's HPA
 //! controller (with its Deployment and ReplicaSet controllers, so the scale status follows)
 //! scaling the reconciler Deployment up when the queue's backlog rises and back down after
 //! it drains.
@@ -191,7 +192,7 @@ async fn drain(client: &mut QueueClient<tonic::transport::Channel>, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hpa_scales_reconcilers_up_on_queue_backlog_and_down_after_it_drains() {
     let plane = ControlPlane::shared().expect("control plane");
-    let queue = Queue::start(SHARDS).await;
+    let queue = Queue::start(SHARDS, plane.front_proxy_ca()).await;
     let manifests = build_for_loopback(plane, "ha", queue.metrics_port, FAST_SCALE_DOWN).await;
     assert!(manifests.contains("stabilizationWindowSeconds: 5"));
     apply_cleanly(plane, "ha overlay", &manifests).await;

@@ -377,3 +377,80 @@ async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
         "{status} {body}"
     );
 }
+
+/// A CA and a client certificate it issued, as PEM.
+fn ca_and_client(name: &str) -> (String, String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("{name}-ca"));
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client
+        .distinguished_name
+        .push(DnType::CommonName, "front-proxy-client");
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = client.signed_by(&key, &ca).unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test]
+async fn with_a_client_ca_only_clients_it_issued_may_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = ca_and_client("front-proxy");
+    let (_, other_cert, other_key) = ca_and_client("stranger");
+    let ca_path = dir.path().join("front-proxy-ca.crt");
+    std::fs::write(&ca_path, ca).unwrap();
+    let port = free_port();
+    let (rt, _) = switchyard_queue::Args::try_parse_from([
+        "switchyard-queue".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--shard-count={SHARDS}"),
+        format!("--external-metrics-addr=127.0.0.1:{port}"),
+        format!("--external-metrics-client-ca={}", ca_path.display()),
+    ])
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    let shutdown = rt.shutdown_handle();
+    let running = tokio::spawn(rt.run());
+
+    let client = |identity: Option<(&str, &str)>| {
+        let mut builder = reqwest::Client::builder().danger_accept_invalid_certs(true);
+        if let Some((cert, key)) = identity {
+            builder = builder
+                .identity(reqwest::Identity::from_pem(format!("{cert}{key}").as_bytes()).unwrap());
+        }
+        builder.build().unwrap()
+    };
+    let url = format!("https://127.0.0.1:{port}/apis/external.metrics.k8s.io/v1beta1");
+    let call = |http: reqwest::Client| {
+        let url = url.clone();
+        async move {
+            http.get(url)
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }
+    };
+    assert_eq!(call(client(Some((&cert, &key)))).await.unwrap(), 200);
+    assert!(
+        call(client(None)).await.is_err(),
+        "no client certificate: refused in the handshake"
+    );
+    assert!(
+        call(client(Some((&other_cert, &other_key)))).await.is_err(),
+        "a certificate from another CA: refused in the handshake"
+    );
+
+    shutdown.trigger();
+    running.await.unwrap().unwrap();
+}
