@@ -656,6 +656,9 @@ fn parse_requirement(term: &str) -> Result<Requirement, String> {
             .ok_or_else(|| format!("{term:?}: expected \"key in (...)\" or \"key notin (...)\""))?;
         let key = key.trim();
         validate_key(key)?;
+        if list.trim().is_empty() {
+            return Err(format!("{term:?}: the set of values must not be empty"));
+        }
         let values: Vec<String> = list.split(',').map(|v| v.trim().to_owned()).collect();
         for value in &values {
             validate_value(value)?;
@@ -807,6 +810,7 @@ mod tests {
             ("Bad_Prefix/x=1", "not a DNS label"),
             ("controller=a)", "unmatched ')'"),
             ("/x", "prefix must be 1 to 253"),
+            ("controller in ()", "must not be empty"),
         ];
         for (input, expected) in cases {
             let error = Selector::parse(input).expect_err(input);
