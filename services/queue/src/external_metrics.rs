@@ -8,13 +8,15 @@
 //! ```
 //!
 //! One metric, [`BACKLOG_METRIC`]: for each controller, the keys that are not done (ready,
-//! delayed and leased). A replica that is a member of an elector-run installation adds the
-//! backlog of every other member (their gRPC `Stats`) to its own, so whichever replica the
-//! APIService reaches answers for the whole queue; if a member does not answer, the request
-//! fails (503) rather than report a partial backlog, and the HPA keeps the replicas it has. Each item carries the label [`CONTROLLER_LABEL`] with
-//! the controller's name made label-safe (`apps/v1/ReplicaSet` → `apps.v1.ReplicaSet`). The
-//! HPA sums the items that match its selector, so an empty selector scales on the backlog of
+//! delayed and leased). Each item carries the label [`CONTROLLER_LABEL`] with the
+//! controller's name made label-safe (`apps/v1/ReplicaSet` → `apps.v1.ReplicaSet`). The HPA
+//! sums the items that match its selector, so an empty selector scales on the backlog of
 //! every controller. The namespace in the path is the HPA's; the backlog is the installation's.
+//!
+//! A replica that is a member of an elector-run installation adds the backlog of every other
+//! member (their gRPC `Stats`) to its own, so whichever replica the APIService reaches answers
+//! for the whole queue. If a member does not answer, the request fails (503) rather than
+//! report a partial backlog, and the HPA keeps the replicas it has.
 //!
 //! The server speaks HTTPS only (the aggregation layer never dials plain HTTP). Without a
 //! certificate it makes a self-signed one at start, for an APIService with
