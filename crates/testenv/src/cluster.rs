@@ -208,6 +208,12 @@ impl ControlPlane {
         &self.dir
     }
 
+    /// The aggregation layer's front-proxy CA (the apiserver's `--requestheader-client-ca-file`):
+    /// an extension API server accepts the proxy's client certificate against it.
+    pub fn front_proxy_ca(&self) -> &Path {
+        &self.pki.front_proxy_ca_cert
+    }
+
     pub fn binaries(&self) -> &Binaries {
         &self.binaries
     }

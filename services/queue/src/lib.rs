@@ -5,6 +5,7 @@
 //! and [`metrics`] exports client-go's `workqueue_*` families.
 
 pub mod actor;
+pub mod external_metrics;
 pub mod grpc;
 pub mod metrics;
 pub mod ownership;
@@ -25,6 +26,8 @@ pub enum Error {
     Runtime(#[from] switchyard_runtime::Error),
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    ExternalMetrics(#[from] external_metrics::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -36,6 +39,8 @@ pub struct Args {
     pub runtime: RuntimeArgs,
     #[command(flatten)]
     pub queue: QueueArgs,
+    #[command(flatten)]
+    pub external_metrics: external_metrics::ExternalMetricsArgs,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -136,7 +141,11 @@ impl Args {
 
     /// Starts the service and returns its runtime (not yet running) and gRPC address.
     pub async fn start(self) -> Result<(Runtime, SocketAddr)> {
-        let Self { runtime, queue } = self;
+        let Self {
+            runtime,
+            queue,
+            external_metrics,
+        } = self;
         let config = queue.config()?;
         let membership = !queue.etcd_endpoints.is_empty();
         let rt = Runtime::start(SERVICE, runtime).await?;
@@ -160,6 +169,16 @@ impl Args {
         if let Some(directory) = &directory {
             service = service.with_directory(directory.clone());
         }
+        let peers = directory.as_ref().map(|d| external_metrics::Peers {
+            members: d.members.clone(),
+            me: member_id(&queue),
+        });
+        if let Some(server) =
+            external_metrics::Server::bind(&external_metrics, handle.clone(), &controllers, peers)
+                .await?
+        {
+            rt.spawn("external-metrics", |drain| server.run(drain));
+        }
         let addr = rt
             .serve_grpc(
                 GrpcServer::new()
@@ -174,6 +193,13 @@ impl Args {
     }
 }
 
+/// This replica's member id: `--member-id`, else the host name (the pod name).
+fn member_id(queue: &QueueArgs) -> String {
+    queue.member_id.clone().unwrap_or_else(|| {
+        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("queue-{}", std::process::id()))
+    })
+}
+
 /// Joins as a member (after the gRPC port is serving) and follows the shard map.
 fn join(
     rt: &Runtime,
@@ -183,9 +209,7 @@ fn join(
     directory: grpc::Directory,
     member_drain: switchyard_runtime::Drain,
 ) -> Result<()> {
-    let id = queue.member_id.clone().unwrap_or_else(|| {
-        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("queue-{}", std::process::id()))
-    });
+    let id = member_id(queue);
     let address = queue
         .advertise_address
         .clone()
