@@ -25,8 +25,8 @@ const SERVICES: [&str; 4] = [
     "switchyard-watcher",
     "switchyard-reconciler",
 ];
-/// The built-in controllers' watches.
-const WATCHER_CONFIG: &str = include_str!("../../../../services/watcher/watcher.yaml");
+/// The built-in controllers' watches: the configuration the kustomize base installs.
+const WATCHER_CONFIG: &str = include_str!("../../../../deploy/kustomize/base/watcher-config.yaml");
 
 #[derive(Debug, Parser)]
 #[command(
