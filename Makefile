@@ -56,6 +56,9 @@ bench-queue:
 bench-elector: testenv
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-queue --bench elector
 
-# These areas have no benchmark yet; they come with the watcher and the reconciler.
-bench-watcher bench-e2e:
+bench-watcher: testenv
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-watcher --bench watcher
+
+# This area has no benchmark yet; it comes with the reconciler.
+bench-e2e:
 	@echo "$@: no benchmark in this area yet"

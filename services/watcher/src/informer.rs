@@ -348,8 +348,8 @@ fn changed(applied: &Applied) -> Option<EventKind> {
     }
 }
 
-/// The object's summary and its JSON without `managedFields`.
-fn summarize<K: Resource + serde::Serialize>(mut object: K) -> (Summary, Vec<u8>) {
+/// The object's summary and its JSON without `managedFields`: what the cache stores.
+pub fn summarize<K: Resource + serde::Serialize>(mut object: K) -> (Summary, Vec<u8>) {
     object.meta_mut().managed_fields = None;
     let summary = summary_of(object.meta());
     // Serialising a value that was just deserialised cannot fail.

@@ -1,0 +1,444 @@
+//! `make bench-watcher`: the watcher against a real control plane.
+//!
+//! - `watcher.enqueue_latency_p50` / `_p99` (ms): from sending a write to the apiserver until
+//!   the queue enqueued the key it causes (the lease's `queued_at`), at a steady 1,000
+//!   changes/s over 1,000 ConfigMaps;
+//! - `watcher.bytes_per_pod_full` / `_meta` (bytes): heap the watcher's cache holds per cached
+//!   kwok Pod (Running and Ready, managedFields stripped), whole object and metadata only;
+//!   `watcher.reflector_bytes_per_pod`: kube-rs's reflector storing the same Pods (typed, also
+//!   without managedFields), in the same run. Heap is measured by a counting allocator as the
+//!   bytes a store frees when it is dropped;
+//! - `watcher.list_50k` (s): from starting a watcher until its initial list of 50,000 Pods is
+//!   cached (readiness).
+
+#![allow(unsafe_code, clippy::unwrap_used)]
+
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    collections::HashMap,
+    io::Write,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use clap::Parser;
+use futures::StreamExt;
+use switchyard_k8s::{
+    Api, Client, Pod, PostParams,
+    k8s_openapi::api::core::v1::ConfigMap,
+    kube::{
+        api::{DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams},
+        runtime::{reflector, watcher as kube_watcher},
+    },
+};
+use switchyard_proto::queue::v1::{
+    Credit, Done, Outcome, WorkRequest, WorkerHello, outcome, queue_client::QueueClient,
+    work_request::Request as Msg, work_response::Response as Reply,
+};
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, TestNamespace};
+use switchyard_watcher::informer::summarize;
+use switchyard_watcher_core::Store;
+use tokio_stream::wrappers::ReceiverStream;
+
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator and only counts the bytes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Bytes freed by dropping `value`: what it held.
+fn held<T>(value: T) -> usize {
+    let before = LIVE.load(Ordering::SeqCst);
+    drop(value);
+    before.saturating_sub(LIVE.load(Ordering::SeqCst))
+}
+
+const CONTROLLER: &str = "bench/v1/ConfigMap";
+const SHARDS: u32 = 256;
+/// Changes per second and how long they run.
+const RATE: u64 = 1_000;
+const RATE_SECONDS: u64 = 15;
+const OBJECTS: usize = 1_000;
+const MEMORY_PODS: usize = 2_000;
+const LIST_PODS: usize = 50_000;
+const CREATE_CONCURRENCY: usize = 48;
+
+fn figure(name: &str, value: f64, unit: &str) {
+    println!("bench watcher.{name} {value:.3} {unit}");
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let plane = ControlPlane::start(ControlPlaneOptions::default())
+        .await
+        .unwrap();
+    let client = plane.client().await.unwrap();
+    latency(&plane, &client).await;
+    memory(&plane, &client).await;
+    list_50k(&plane, &client).await;
+    plane.stop();
+}
+
+struct Service {
+    grpc: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    shutdown: switchyard_runtime::ShutdownHandle,
+    running: tokio::task::JoinHandle<()>,
+}
+
+impl Service {
+    async fn stop(self) {
+        self.shutdown.trigger();
+        let _ = self.running.await;
+    }
+}
+
+async fn queue() -> Service {
+    let (rt, grpc) = switchyard_queue::Args::try_parse_from([
+        "switchyard-queue".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--shard-count={SHARDS}"),
+        format!("--controllers={CONTROLLER}"),
+        "--log-level=warn".into(),
+    ])
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
+    let running = tokio::spawn(async move { rt.run().await.unwrap() });
+    Service {
+        grpc,
+        admin,
+        shutdown,
+        running,
+    }
+}
+
+async fn watcher(plane: &ControlPlane, config: &str, queue: &str) -> Service {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(config.as_bytes()).unwrap();
+    let path = file.into_temp_path().keep().unwrap();
+    let (rt, grpc) = switchyard_watcher::Args::try_parse_from([
+        "switchyard-watcher".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        "--log-level=warn".into(),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--config={}", path.display()),
+        format!("--queue-addr={queue}"),
+    ])
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
+    let running = tokio::spawn(async move { rt.run().await.unwrap() });
+    Service {
+        grpc,
+        admin,
+        shutdown,
+        running,
+    }
+}
+
+async fn until_ready(service: &Service) {
+    loop {
+        let ready = reqwest::get(format!("http://{}/readyz", service.admin))
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if ready {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn latency(plane: &ControlPlane, client: &Client) {
+    let ns = TestNamespace::create(plane, client, "bench-latency")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    futures::stream::iter(0..OBJECTS)
+        .map(|i| {
+            let maps = maps.clone();
+            async move {
+                let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("cm-{i}")}, "data": {"seq": "0"}
+                }))
+                .unwrap();
+                maps.create(&PostParams::default(), &cm).await.unwrap();
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await;
+
+    let queue = queue().await;
+    let config = format!(
+        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\ncontrollers:\n  - name: {CONTROLLER}\n    for: {{apiVersion: v1, kind: ConfigMap}}\n"
+    );
+    let watcher = watcher(plane, &config, &queue.grpc.to_string()).await;
+    until_ready(&watcher).await;
+
+    // Sent-at time of the latest write to each ConfigMap.
+    let sent: Arc<Mutex<HashMap<String, SystemTime>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let mut work = QueueClient::connect(format!("http://{}", queue.grpc))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let msg = |m| WorkRequest { request: Some(m) };
+    tx.send(msg(Msg::Hello(WorkerHello {
+        worker_id: "bench".into(),
+        controllers: vec![],
+    })))
+    .await
+    .unwrap();
+    tx.send(msg(Msg::Credit(Credit { items: 5_000 })))
+        .await
+        .unwrap();
+    let mut inbound = work
+        .work(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let measuring = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = tokio::spawn({
+        let (sent, latencies, measuring) = (sent.clone(), latencies.clone(), measuring.clone());
+        async move {
+            while let Ok(Some(message)) = inbound.message().await {
+                let Some(Reply::Item(item)) = message.response else {
+                    continue;
+                };
+                let queued_at: SystemTime = item.queued_at.unwrap().try_into().unwrap();
+                let name = item.key.as_ref().unwrap().name.clone();
+                if measuring.load(Ordering::Relaxed)
+                    && let Some(at) = sent.lock().unwrap().remove(&name)
+                {
+                    let ms = queued_at
+                        .duration_since(at)
+                        .unwrap_or_default()
+                        .as_secs_f64()
+                        * 1e3;
+                    latencies.lock().unwrap().push(ms);
+                }
+                let done = Outcome {
+                    shard: item.shard,
+                    epoch: item.epoch,
+                    lease_id: item.lease_id,
+                    result: Some(outcome::Result::Done(Done {})),
+                    duration: None,
+                };
+                if tx.send(msg(Msg::Outcome(done))).await.is_err()
+                    || tx
+                        .send(msg(Msg::Credit(Credit { items: 1 })))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    // Let the initial list's keys drain before measuring.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    measuring.store(true, Ordering::Relaxed);
+
+    let total = RATE * RATE_SECONDS;
+    let mut ticks = tokio::time::interval(Duration::from_micros(1_000_000 / RATE));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(256));
+    let start = Instant::now();
+    for seq in 0..total {
+        ticks.tick().await;
+        let name = format!("cm-{}", seq as usize % OBJECTS);
+        let permit = in_flight.clone().acquire_owned().await.unwrap();
+        let (maps, sent) = (maps.clone(), sent.clone());
+        tokio::spawn(async move {
+            sent.lock().unwrap().insert(name.clone(), SystemTime::now());
+            let patch = Patch::Merge(serde_json::json!({"data": {"seq": seq.to_string()}}));
+            maps.patch(&name, &PatchParams::default(), &patch)
+                .await
+                .unwrap();
+            drop(permit);
+        });
+    }
+    let achieved = total as f64 / start.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut all = latencies.lock().unwrap().clone();
+    all.sort_by(f64::total_cmp);
+    eprintln!(
+        "latency: {} of {total} changes measured at {achieved:.0} changes/s",
+        all.len()
+    );
+    figure("enqueue_latency_p50", percentile(&all, 0.50), "ms");
+    figure("enqueue_latency_p99", percentile(&all, 0.99), "ms");
+    worker.abort();
+    watcher.stop().await;
+    queue.stop().await;
+}
+
+/// Creates `count` Pods bound to `node` in `namespace`, named `<node>-<i>` (kwok makes Pods
+/// on its Nodes Running and Ready).
+async fn create_pods(client: &Client, namespace: &str, count: usize, node: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                let pod: Pod = serde_json::from_value(serde_json::json!({
+                    "metadata": {
+                        "name": format!("{node}-{i}"),
+                        "labels": {"app": "bench", "pod-template-hash": "5d4f8c7b9"},
+                        "ownerReferences": [{
+                            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "bench-5d4f8c7b9",
+                            "uid": "6a1f1a4e-6f5b-4d62-9d3c-1c2b3a4d5e6f", "controller": true,
+                            "blockOwnerDeletion": true
+                        }]
+                    },
+                    "spec": {
+                        "nodeName": node,
+                        "containers": [{
+                            "name": "app", "image": "registry.example/app:1.2.3",
+                            "ports": [{"containerPort": 8080}],
+                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}
+                        }]
+                    }
+                }))
+                .unwrap();
+                pods.create(&PostParams::default(), &pod).await.unwrap();
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+async fn memory(plane: &ControlPlane, client: &Client) {
+    let ns = TestNamespace::create(plane, client, "bench-memory")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    // kwok makes Pods on its Nodes Running and Ready: typical status, conditions and IPs.
+    let share = MEMORY_PODS / plane.nodes().len();
+    for node in plane.nodes() {
+        create_pods(client, &ns, share, node).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let count = plane.nodes().len() * share;
+    loop {
+        let listed = pods.list(&ListParams::default()).await.unwrap();
+        let ready = listed
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        if ready == count {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let full: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &switchyard_k8s::kube::api::ApiResource::erase::<Pod>(&()),
+    );
+    let objects = full.list(&ListParams::default()).await.unwrap().items;
+    let mut store = Store::default();
+    for object in objects {
+        let (summary, json) = summarize(object);
+        store.apply(summary, json);
+    }
+    let full_bytes = held(store);
+
+    let meta: Api<PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), &ns);
+    let objects = meta
+        .list_metadata(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut store = Store::default();
+    for object in objects {
+        let (summary, json) = summarize(object);
+        store.apply(summary, json);
+    }
+    let meta_bytes = held(store);
+
+    let typed = pods.list(&ListParams::default()).await.unwrap().items;
+    let (reader, mut writer) = reflector::store::<Pod>();
+    for mut pod in typed {
+        pod.metadata.managed_fields = None;
+        writer.apply_watcher_event(&kube_watcher::Event::Apply(pod));
+    }
+    assert_eq!(reader.len(), count);
+    let reflector_bytes = held((reader, writer));
+
+    let per = |bytes: usize| bytes as f64 / count as f64;
+    eprintln!("memory: {count} Running kwok Pods");
+    figure("bytes_per_pod_full", per(full_bytes), "bytes");
+    figure("bytes_per_pod_meta", per(meta_bytes), "bytes");
+    figure("reflector_bytes_per_pod", per(reflector_bytes), "bytes");
+}
+
+async fn list_50k(plane: &ControlPlane, client: &Client) {
+    let ns = TestNamespace::create(plane, client, "bench-list")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let start = Instant::now();
+    // Bound to a Node no kwok manages, so 50,000 status updates do not load the machine.
+    create_pods(client, &ns, LIST_PODS, "unmanaged-node").await;
+    eprintln!(
+        "list: created {LIST_PODS} Pods in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    let queue = queue().await;
+    let config = format!(
+        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\nresources:\n  - {{apiVersion: v1, kind: Pod}}\n"
+    );
+    let start = Instant::now();
+    let watcher = watcher(plane, &config, &queue.grpc.to_string()).await;
+    until_ready(&watcher).await;
+    figure("list_50k", start.elapsed().as_secs_f64(), "s");
+    watcher.stop().await;
+    queue.stop().await;
+}
