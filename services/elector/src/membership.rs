@@ -151,8 +151,9 @@ async fn hold(
         tokio::select! {
             _ = renew.tick() => {
                 sent.push(Instant::now());
-                // A failed send surfaces as the deadline passing.
-                let _ = keeper.keep_alive().await;
+                // A failed send surfaces as the deadline passing; a send that cannot go out
+                // must not hold the deadline back.
+                let _ = tokio::time::timeout_at(valid_until, keeper.keep_alive()).await;
             }
             response = responses.message() => match response {
                 Ok(Some(r)) if r.ttl() > 0 => {

@@ -45,6 +45,37 @@ use crate::actor::{Command, Handle};
 /// How often a draining shard's in-flight count is checked, and a failed handover or epoch
 /// renewal retried.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
+/// An etcd call (connect, handover, renewal) that takes longer is abandoned and retried, so
+/// one stuck call cannot hold the other shards back. A lease loss abandons it at once.
+const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The lease a step runs under. An etcd call made in the step races its loss: an etcd that
+/// stalls (answers nothing) must not keep this task from stopping every shard.
+struct LeaseGuard {
+    lease: watch::Receiver<LeaseState>,
+    held: Option<i64>,
+}
+
+fn lease_id(state: &LeaseState) -> Option<i64> {
+    match state {
+        LeaseState::Held { lease, .. } => Some(*lease),
+        LeaseState::Lost => None,
+    }
+}
+
+impl LeaseGuard {
+    /// `call`'s result, or `None` when the lease changed first or the call timed out.
+    async fn run<T>(&self, call: impl std::future::Future<Output = T>) -> Option<T> {
+        let mut lease = self.lease.clone();
+        let held = self.held;
+        let changed = lease.wait_for(|s| lease_id(s) != held);
+        tokio::select! {
+            biased;
+            _ = changed => None,
+            result = tokio::time::timeout(ETCD_CALL_TIMEOUT, call) => result.ok(),
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Local {
@@ -232,9 +263,10 @@ impl Ownership {
         let mut held: Option<i64> = None;
         loop {
             let state = *lease.borrow_and_update();
-            let now_held = match state {
-                LeaseState::Held { lease, .. } => Some(lease),
-                LeaseState::Lost => None,
+            let now_held = lease_id(&state);
+            let guard = LeaseGuard {
+                lease: lease.clone(),
+                held: now_held,
             };
             // A new lease id without a `Lost` in between (the watch kept only the latest
             // state) is a loss all the same.
@@ -242,7 +274,7 @@ impl Ownership {
                 let stopped = local.values().filter(|l| l.served()).count();
                 warn!(member = %self.member, shards = stopped, "member lease may have expired: stopped serving every shard");
                 self.metrics.lease_lost.inc();
-                self.step(&handle, None, None, &mut local, &mut client)
+                self.step(&handle, &guard, None, None, &mut local, &mut client)
                     .await;
             }
             held = now_held;
@@ -254,6 +286,7 @@ impl Ownership {
             let snapshot = map.borrow_and_update().clone();
             self.step(
                 &handle,
+                &guard,
                 registered,
                 snapshot.as_deref(),
                 &mut local,
@@ -284,6 +317,7 @@ impl Ownership {
     async fn step(
         &self,
         handle: &Handle,
+        guard: &LeaseGuard,
         registered: Option<i64>,
         map: Option<&[ShardState]>,
         local: &mut HashMap<u32, Local>,
@@ -335,7 +369,7 @@ impl Ownership {
                         self.metrics.released(shard, Reason::reassigned);
                         info!(shard, "stopped serving shard");
                     }
-                    let renewed = self.renew(client, shard, epoch).await;
+                    let renewed = self.renew(guard, client, shard, epoch).await;
                     local.insert(shard, Local::Renewing { epoch, renewed });
                 }
                 (Some(Local::Serving(e)), Some(Want::Release(epoch))) if e == epoch => {
@@ -362,33 +396,24 @@ impl Ownership {
                         };
                         self.metrics.released(shard, reason);
                         local.insert(shard, Local::HandingOver(epoch));
-                        if self.hand_over(client, shard, epoch).await {
+                        if self.hand_over(guard, client, shard, epoch).await {
                             local.remove(&shard);
                         }
                     }
                 }
                 (Some(Local::HandingOver(epoch)), Some(Want::Release(e))) if e == epoch => {
-                    if self.hand_over(client, shard, epoch).await {
+                    if self.hand_over(guard, client, shard, epoch).await {
                         local.remove(&shard);
                     }
                 }
-                // The map moved on (the release or renewal landed, or the elector gave up on
-                // us): nothing is served.
-                (Some(Local::HandingOver(_) | Local::Renewing { .. }), _) => {
-                    local.remove(&shard);
-                }
-                // Releasing from us but not served here (this member restarted under the same
-                // id): nothing to drain, hand it over.
-                (None, Some(Want::Release(epoch))) => {
-                    local.insert(shard, Local::HandingOver(epoch));
-                    if self.hand_over(client, shard, epoch).await {
-                        local.remove(&shard);
-                    }
-                }
-                // Releasing at an epoch we never served, or nothing for us (the lease is lost,
-                // or the map took the shard away): stop at once.
-                (Some(_), _) => {
-                    if local.remove(&shard).is_some() {
+                // Nothing served here at the epoch the map names: the map moved on (a release
+                // or renewal landed, or the elector gave up on us), or this member restarted
+                // under the same id. Stop whatever was served, then hand over what the map
+                // still has releasing from us: nothing is left to drain.
+                (Some(_) | None, want) => {
+                    if let Some(was) = local.remove(&shard)
+                        && was.served()
+                    {
                         let _ = handle.send(Command::Release { shard });
                         let reason = if registered.is_none() {
                             Reason::lease_lost
@@ -397,6 +422,12 @@ impl Ownership {
                         };
                         self.metrics.released(shard, reason);
                         info!(shard, "stopped serving shard");
+                    }
+                    if let Some(Want::Release(epoch)) = want {
+                        local.insert(shard, Local::HandingOver(epoch));
+                        if self.hand_over(guard, client, shard, epoch).await {
+                            local.remove(&shard);
+                        }
                     }
                 }
             }
@@ -418,50 +449,56 @@ impl Ownership {
     /// Tells etcd the drained shard may go to its next owner. False when it must be retried.
     async fn hand_over(
         &self,
+        guard: &LeaseGuard,
         client: &mut Option<etcd_client::Client>,
         shard: u32,
         epoch: u64,
     ) -> bool {
-        let Some(c) = self.connected(client).await else {
-            warn!(shard, "etcd unreachable: retrying the shard handover");
-            self.metrics.failed("handover");
-            return false;
+        let call = async {
+            let c = self.connected(client).await?;
+            Some(shardmap::release(c, shard, &self.member, epoch).await)
         };
-        match shardmap::release(c, shard, &self.member, epoch).await {
-            Ok(next) => {
+        let result = guard.run(call).await.flatten();
+        match result {
+            Some(Ok(next)) => {
                 info!(shard, epoch, next = %next, "handed shard over");
-                true
+                return true;
             }
             // The shard changed meanwhile (for example, the elector retargeted it): retry
             // against the new state.
-            Err(shardmap::ShardMapError::Fenced) => {
-                self.metrics.failed("handover");
-                false
-            }
-            Err(error) => {
+            Some(Err(shardmap::ShardMapError::Fenced)) => {}
+            Some(Err(error)) => {
                 warn!(%error, shard, "handing the shard over failed");
-                self.metrics.failed("handover");
                 *client = None;
-                false
+            }
+            None => {
+                warn!(
+                    shard,
+                    "etcd unreachable or too slow: retrying the shard handover"
+                );
+                *client = None;
             }
         }
+        self.metrics.failed("handover");
+        false
     }
 
     /// Renews the epoch of a shard held from an earlier registration. False when it must be
     /// retried.
     async fn renew(
         &self,
+        guard: &LeaseGuard,
         client: &mut Option<etcd_client::Client>,
         shard: u32,
         epoch: u64,
     ) -> bool {
-        let Some(c) = self.connected(client).await else {
-            warn!(shard, "etcd unreachable: retrying the epoch renewal");
-            self.metrics.failed("renewal");
-            return false;
+        let call = async {
+            let c = self.connected(client).await?;
+            Some(shardmap::renew(c, shard, &self.member, epoch).await)
         };
-        match shardmap::renew(c, shard, &self.member, epoch).await {
-            Ok(renewed) => {
+        let result = guard.run(call).await.flatten();
+        match result {
+            Some(Ok(renewed)) => {
                 info!(
                     shard,
                     epoch,
@@ -469,18 +506,22 @@ impl Ownership {
                     "renewed the epoch of a shard held from an earlier registration"
                 );
                 self.metrics.renewed.inc();
-                true
+                return true;
             }
-            Err(shardmap::ShardMapError::Fenced) => {
-                self.metrics.failed("renewal");
-                false
-            }
-            Err(error) => {
+            Some(Err(shardmap::ShardMapError::Fenced)) => {}
+            Some(Err(error)) => {
                 warn!(%error, shard, "renewing the shard epoch failed");
-                self.metrics.failed("renewal");
                 *client = None;
-                false
+            }
+            None => {
+                warn!(
+                    shard,
+                    "etcd unreachable or too slow: retrying the epoch renewal"
+                );
+                *client = None;
             }
         }
+        self.metrics.failed("renewal");
+        false
     }
 }

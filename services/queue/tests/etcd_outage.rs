@@ -1,8 +1,14 @@
-//! etcd stopped for longer than the member TTL under three real queue replicas, then
-//! restarted, seen from the queue: the replicas stop serving before their member leases can
-//! have expired (Stats, a refused enqueue, the ownership metrics), keep refusing while etcd is
-//! away, then serve every shard again at new epochs (the watcher's cue to resync) and lease
-//! work end to end. Every replica's serve intervals show no shard served twice at once.
+//! etcd lost under three real queue replicas, seen from the queue.
+//!
+//! - etcd stopped for longer than the member TTL, then restarted: the replicas stop serving
+//!   (Stats, a refused enqueue, the ownership metrics), keep refusing while etcd is away, then
+//!   serve every shard again at new epochs (the watcher's cue to resync) and lease work end
+//!   to end.
+//! - etcd silent (a proxy between the replicas and etcd holds every byte, connections stay
+//!   open): nothing tells the replicas, so each gives up at its own deadline, and every one has
+//!   stopped serving before etcd expires its lease (seen from a watch straight on etcd).
+//!
+//! Every replica's serve intervals show no shard served twice at once.
 
 #![allow(clippy::unwrap_used)]
 
@@ -25,7 +31,20 @@ use switchyard_queue_core::shard::shard_of;
 use switchyard_testenv::ServiceProcess;
 use tonic::Code;
 
-use support::{RS, assert_no_two_owners, cluster, metric, metrics, served, until_all_served};
+use support::{
+    RS, assert_no_two_owners, cluster, cluster_on, metric, metrics, served, until_all_served,
+};
+use switchyard_elector::membership::watch_members;
+use switchyard_runtime::drain_channel;
+use switchyard_testenv::Etcd;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{
+        TcpListener, TcpStream,
+        tcp::{OwnedReadHalf, OwnedWriteHalf},
+    },
+    sync::watch,
+};
 
 const SHARDS: u32 = 16;
 /// The member TTL the replicas run with (the default).
@@ -128,34 +147,47 @@ async fn lease_and_complete(replica: &ServiceProcess) -> (String, u64) {
     (item.key.unwrap().name, item.epoch)
 }
 
+/// Waits until the joins' handovers are over: every shard served once, and each replica's
+/// metrics (lease held, shards served, the epoch of each) agree with its Stats, twice in a
+/// row 200 ms apart. Returns who serves each shard, and at which epoch.
+async fn settled(cluster: &support::Cluster) -> (HashMap<u32, usize>, HashMap<u32, u64>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = None;
+    loop {
+        let (_, owners) = until_all_served(cluster, Duration::from_secs(15)).await;
+        let replicas: Vec<&ServiceProcess> = cluster.replicas.iter().flatten().collect();
+        let epochs = epochs(&replicas).await;
+        let mut agree = true;
+        for replica in &replicas {
+            let text = metrics(replica).await;
+            let shards = served(replica).await;
+            agree &= metric(&text, "switchyard_queue_member_lease_held") == Some(1.0)
+                && metric(&text, "switchyard_queue_shards_served") == Some(shards.len() as f64)
+                && shards.iter().all(|shard| {
+                    metric(
+                        &text,
+                        &format!("switchyard_queue_shard_epoch{{shard=\"{shard}\"}}"),
+                    ) == Some(epochs[shard] as f64)
+                });
+        }
+        let now = (owners, epochs);
+        if agree && last.as_ref() == Some(&now) {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the metrics never settled in step with Stats"
+        );
+        last = agree.then_some(now);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_stop_serving_while_etcd_is_down_and_serve_again_at_new_epochs() {
     let mut cluster = cluster(SHARDS).await;
-    let (_, owners) = until_all_served(&cluster, Duration::from_secs(15)).await;
+    let (owners, before) = settled(&cluster).await;
     let replicas: Vec<&ServiceProcess> = cluster.replicas.iter().flatten().collect();
-    let before = epochs(&replicas).await;
-    for replica in &replicas {
-        let text = metrics(replica).await;
-        assert_eq!(
-            metric(&text, "switchyard_queue_member_lease_held"),
-            Some(1.0)
-        );
-        assert_eq!(
-            metric(&text, "switchyard_queue_shards_served"),
-            Some(served(replica).await.len() as f64),
-            "{text}"
-        );
-        for shard in served(replica).await {
-            assert_eq!(
-                metric(
-                    &text,
-                    &format!("switchyard_queue_shard_epoch{{shard=\"{shard}\"}}")
-                ),
-                Some(before[&shard] as f64),
-                "{text}"
-            );
-        }
-    }
     let owner = replicas[owners[&shard_of(RS, "default", "before", SHARDS)]];
     assert_eq!(
         client(owner)
@@ -294,7 +326,7 @@ async fn replicas_stop_serving_while_etcd_is_down_and_serve_again_at_new_epochs(
     let mut logs = Vec::new();
     for replica in cluster.replicas.iter_mut() {
         let (status, log) = replica.take().unwrap().terminate().await.unwrap();
-        assert!(status.success());
+        assert!(status.success(), "{status}: {log}");
         logs.push((log, SystemTime::now()));
     }
     assert!(
@@ -302,5 +334,132 @@ async fn replicas_stop_serving_while_etcd_is_down_and_serve_again_at_new_epochs(
             .all(|(log, _)| log.contains("member lease may have expired")),
         "every replica logged that it stopped serving"
     );
+    assert_eq!(assert_no_two_owners(&logs), SHARDS as usize);
+}
+
+/// Copies `from` to `to`, holding each chunk while `silent` is set.
+async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut silent: watch::Receiver<bool>) {
+    let mut buf = vec![0; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if silent.wait_for(|s| !s).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// A TCP proxy to `upstream` on a free loopback port. While `silent` is set it accepts and
+/// keeps connections but forwards nothing: a peer that answers nothing, as a partitioned or
+/// stalled etcd does.
+async fn proxy(upstream: String, silent: watch::Receiver<bool>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let (upstream, silent) = (upstream.clone(), silent.clone());
+            tokio::spawn(async move {
+                let Ok(outbound) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (ri, wi) = inbound.into_split();
+                let (ro, wo) = outbound.into_split();
+                tokio::join!(pipe(ri, wo, silent.clone()), pipe(ro, wi, silent));
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_etcd_stops_every_replica_before_etcd_expires_its_lease() {
+    let etcd = Etcd::start().await.unwrap();
+    let endpoints = vec![etcd.endpoint().to_owned()];
+    let (silence, silent) = watch::channel(false);
+    let upstream = etcd.endpoint().trim_start_matches("http://").to_owned();
+    let via_proxy = proxy(upstream, silent).await;
+    let mut cluster = cluster_on(etcd, via_proxy, SHARDS).await;
+    let (_, before) = settled(&cluster).await;
+    let replicas: Vec<&ServiceProcess> = cluster.replicas.iter().flatten().collect();
+    // The members as etcd itself sees them, not through the proxy.
+    let (_stop_watch, drain) = drain_channel();
+    let (mut members, _) = watch_members(endpoints, drain);
+    members
+        .wait_for(|m| m.as_ref().is_some_and(|m| m.len() == 3))
+        .await
+        .unwrap();
+
+    silence.send_replace(true);
+    let silenced = Instant::now();
+    let stopped = loop {
+        let mut serving = 0;
+        for replica in &replicas {
+            serving += served(replica).await.len();
+        }
+        if serving == 0 {
+            break silenced.elapsed();
+        }
+        assert!(
+            silenced.elapsed() <= STOP_BOUND,
+            "{serving} shards still served {:?} after etcd went silent",
+            silenced.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let expired = tokio::time::timeout(
+        Duration::from_secs(10),
+        members.wait_for(|m| m.as_ref().is_some_and(Vec::is_empty)),
+    )
+    .await
+    .expect("etcd expires the silent members' leases")
+    .map(|_| silenced.elapsed())
+    .unwrap();
+    println!(
+        "silent etcd: every replica stopped after {stopped:?}; etcd expired the leases after {expired:?}"
+    );
+    // Nothing told the replicas: each gave up at its deadline, `sent + TTL - TTL/10` of its
+    // last acknowledged renewal (sent at most TTL/3 before the silence, plus a renewal whose
+    // answer the silence held back): at least TTL - TTL/10 - 2 × TTL/3 ≈ 0.47 s after it.
+    assert!(
+        stopped >= Duration::from_millis(450),
+        "stopped after {stopped:?}: not at the lease deadline"
+    );
+    // Safety before liveness: stopped before etcd could expire the leases (the observation
+    // of the stop comes late by one Stats poll, which only makes this stricter).
+    assert!(
+        stopped < expired,
+        "stopped serving {stopped:?} after the silence, etcd expired the leases after {expired:?}"
+    );
+    for replica in &replicas {
+        let text = metrics(replica).await;
+        assert_eq!(
+            metric(&text, "switchyard_queue_member_lease_held"),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(
+            metric(&text, "switchyard_queue_member_lease_lost_total"),
+            Some(1.0),
+            "{text}"
+        );
+        assert_refused(replica, "during").await;
+    }
+
+    silence.send_replace(false);
+    until_all_served(&cluster, Duration::from_secs(30)).await;
+    let replicas: Vec<&ServiceProcess> = cluster.replicas.iter().flatten().collect();
+    for (shard, epoch) in epochs(&replicas).await {
+        assert!(epoch > before[&shard], "shard {shard} at a new epoch");
+    }
+
+    let mut logs = Vec::new();
+    for replica in cluster.replicas.iter_mut() {
+        let (status, log) = replica.take().unwrap().terminate().await.unwrap();
+        assert!(status.success(), "{status}: {log}");
+        logs.push((log, SystemTime::now()));
+    }
     assert_eq!(assert_no_two_owners(&logs), SHARDS as usize);
 }

@@ -26,6 +26,8 @@ pub struct Cluster {
     _elector: ShutdownHandle,
     /// Where the elector serves `switchyard.elector.v1.Elector`.
     pub elector_addr: SocketAddr,
+    /// The etcd URL the replicas are given.
+    replica_endpoint: String,
     pub shard_count: u32,
     pub replicas: Vec<Option<ServiceProcess>>,
     next: usize,
@@ -34,6 +36,13 @@ pub struct Cluster {
 /// etcd, an elector and three replicas serving `shard_count` shards.
 pub async fn cluster(shard_count: u32) -> Cluster {
     let etcd = Etcd::start().await.unwrap();
+    let endpoint = etcd.endpoint().to_owned();
+    cluster_on(etcd, endpoint, shard_count).await
+}
+
+/// Like [`cluster`], with the replicas reaching etcd at `replica_endpoint` (a proxy, say);
+/// the elector talks to etcd directly.
+pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) -> Cluster {
     let endpoints = vec![etcd.endpoint().to_owned()];
     let (stop, drain) = drain_channel();
     let (leading, _) = tokio::sync::watch::channel(false);
@@ -69,6 +78,7 @@ pub async fn cluster(shard_count: u32) -> Cluster {
         etcd,
         _elector: stop,
         elector_addr,
+        replica_endpoint,
         shard_count,
         replicas: Vec::new(),
         next: 0,
@@ -106,7 +116,7 @@ impl Cluster {
                 "--log-format=json",
                 "--drain-grace=2s",
             ],
-            &[("SWITCHYARD_ETCD_ENDPOINTS", self.etcd.endpoint())],
+            &[("SWITCHYARD_ETCD_ENDPOINTS", &self.replica_endpoint)],
         )
         .await
         .unwrap();
