@@ -60,7 +60,12 @@ impl Member {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseState {
     /// Registered and renewed in time: the member may serve its shards.
-    Held { lease: i64 },
+    ///
+    /// `registered` is the etcd revision of this registration's write. A shard activated for
+    /// this member at an epoch (revision) below it was activated for an earlier registration,
+    /// whose queue contents are gone: the member renews such a shard's epoch before serving
+    /// it, so that the new epoch tells the watcher to resync the shard.
+    Held { lease: i64, registered: i64 },
     /// Not registered, or renewals failed long enough that etcd may have expired the lease:
     /// the member must not serve.
     Lost,
@@ -126,16 +131,18 @@ async fn hold(
     let ttl_secs = i64::try_from(timing.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
     let granted_at = Instant::now();
     let lease = client.lease_grant(ttl_secs, None).await?.id();
-    client
+    let registered = client
         .put(
             format!("{MEMBERS_PREFIX}{}", member.id),
             member.address.clone(),
             Some(PutOptions::new().with_lease(lease)),
         )
-        .await?;
+        .await?
+        .header()
+        .map_or(0, |h| h.revision());
     let (mut keeper, mut responses) = client.lease_keep_alive(lease).await?;
-    state.send_replace(LeaseState::Held { lease });
-    info!(member = %member.id, lease, "member registered");
+    state.send_replace(LeaseState::Held { lease, registered });
+    info!(member = %member.id, lease, registered, "member registered");
 
     let mut valid_until = granted_at + timing.ttl - timing.margin;
     let mut renew = tokio::time::interval(timing.ttl / 3);
@@ -144,8 +151,9 @@ async fn hold(
         tokio::select! {
             _ = renew.tick() => {
                 sent.push(Instant::now());
-                // A failed send surfaces as the deadline passing.
-                let _ = keeper.keep_alive().await;
+                // A failed send surfaces as the deadline passing; a send that cannot go out
+                // must not hold the deadline back.
+                let _ = tokio::time::timeout_at(valid_until, keeper.keep_alive()).await;
             }
             response = responses.message() => match response {
                 Ok(Some(r)) if r.ttl() > 0 => {

@@ -1,6 +1,11 @@
 //! A local mirror of every key under an etcd prefix: listed, then kept current by a watch
 //! from the listed revision; after a broken watch (for example a compaction) it lists again,
 //! so no change is missed.
+//!
+//! A watch can also go quiet without breaking: after a network stall, a connection can stay
+//! open while nothing arrives on it. So the mirror asks etcd for a progress report every
+//! [`PROGRESS_EVERY`]; when nothing at all has arrived for [`SILENT_AFTER`], it drops the
+//! connection and lists again.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -13,6 +18,11 @@ use tracing::warn;
 pub type Entries = BTreeMap<String, (Vec<u8>, i64)>;
 
 const RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+/// How often the watch asks for a progress report: one small message each way.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// A watch that has heard nothing (no event, no progress report) for this long is dropped.
+/// Three missed reports: a loaded etcd answers well within that.
+const SILENT_AFTER: Duration = Duration::from_secs(3);
 
 /// Mirrors `prefix` until `drain`. The receiver holds `None` until the first list.
 pub fn mirror(
@@ -74,12 +84,31 @@ async fn follow(
         Ok(events) => events,
         Err(error) => return error,
     };
+    let mut progress = tokio::time::interval(PROGRESS_EVERY);
+    let mut heard = tokio::time::Instant::now();
     loop {
-        let response = match events.message().await {
+        let message = tokio::select! {
+            message = events.message() => message,
+            _ = progress.tick() => {
+                if heard.elapsed() >= SILENT_AFTER {
+                    return etcd_client::Error::InvalidArgs(format!(
+                        "watch silent for {:?}", heard.elapsed()
+                    ));
+                }
+                // A request that cannot even be sent shows up as silence.
+                let _ = tokio::time::timeout(PROGRESS_EVERY, events.request_progress()).await;
+                continue;
+            }
+        };
+        heard = tokio::time::Instant::now();
+        let response = match message {
             Ok(Some(response)) if !response.canceled() => response,
             Ok(_) => return etcd_client::Error::InvalidArgs("watch ended".into()),
             Err(error) => return error,
         };
+        if response.events().is_empty() {
+            continue;
+        }
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(prefix)) else {

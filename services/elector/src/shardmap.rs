@@ -7,7 +7,7 @@
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
-use switchyard_elector_core::{MemberId, ShardState, Transition, released};
+use switchyard_elector_core::{MemberId, ShardState, Transition, released, renewable};
 
 pub const SHARDS_PREFIX: &str = "/switchyard/shards/";
 
@@ -177,6 +177,49 @@ pub async fn release(
     } else {
         Err(ShardMapError::Fenced)
     }
+}
+
+/// A member renews the epoch of a shard it holds as active at `epoch`: the shard stays its
+/// own and gets a new epoch (the revision of this write), which is returned. Refused, with
+/// nothing written, when the member does not hold the shard at `epoch` or the shard changed
+/// while this ran.
+pub async fn renew(client: &mut Client, shard: u32, member: &str, epoch: u64) -> Result<u64> {
+    let key = shard_key(shard);
+    let response = client.get(key.clone(), None).await?;
+    let Some(kv) = response.kvs().first() else {
+        return Err(switchyard_elector_core::ReleaseError::NotHeld {
+            shard,
+            member: member.to_owned(),
+        }
+        .into());
+    };
+    renewable(
+        &decode(shard, kv.value(), kv.mod_revision())?,
+        shard,
+        member,
+        epoch,
+    )?;
+    let txn = Txn::new()
+        .when([Compare::mod_revision(
+            key.clone(),
+            CompareOp::Equal,
+            kv.mod_revision(),
+        )])
+        .and_then([TxnOp::put(
+            key,
+            encode(&Stored::Active {
+                owner: member.to_owned(),
+            }),
+            None,
+        )]);
+    let response = client.txn(txn).await?;
+    if !response.succeeded() {
+        return Err(ShardMapError::Fenced);
+    }
+    Ok(response
+        .header()
+        .and_then(|h| u64::try_from(h.revision()).ok())
+        .unwrap_or(0))
 }
 
 /// Publishes the shard map (`shard_count` entries) now and after every change, until `drain`.

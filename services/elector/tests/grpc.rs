@@ -1,11 +1,12 @@
 //! The elector binary's gRPC API against a real etcd: the shard map snapshot and its watch
-//! with owner addresses, fenced releases, leave, join, and bad input.
+//! with owner addresses, fenced releases, leave, join, and bad input; and a leader process
+//! killed (SIGKILL) while a follower process stands by.
 
 #![allow(clippy::unwrap_used)]
 
 use std::{path::Path, time::Duration};
 
-use switchyard_elector::membership::{LeaseTiming, Member, join};
+use switchyard_elector::membership::{LeaseState, LeaseTiming, Member, join};
 use switchyard_proto::elector::v1::{
     GetShardMapRequest, JoinRequest, LeaveRequest, Member as ProtoMember, ReleaseRequest, ShardMap,
     ShardState, WatchShardMapRequest, elector_client::ElectorClient,
@@ -242,4 +243,111 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
         .unwrap()
         .into_inner();
     assert_eq!(after.shards, before.shards, "nothing changed");
+}
+
+/// A registered member (waits until it holds its lease); dropping the handle keeps it, and
+/// triggering it leaves (the lease is revoked).
+async fn registered(endpoints: &[String], id: &str) -> ShutdownHandle {
+    let (stop, drain) = drain_channel();
+    let (mut state, _) = join(
+        endpoints.to_vec(),
+        Member {
+            id: id.into(),
+            address: format!("{id}:8443"),
+        },
+        LeaseTiming::default(),
+        drain,
+    )
+    .unwrap();
+    state
+        .wait_for(|s| matches!(s, LeaseState::Held { .. }))
+        .await
+        .unwrap();
+    stop
+}
+
+async fn elector_process(etcd: &Etcd, id: &str) -> ServiceProcess {
+    let mut process = ServiceProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_switchyard-elector")),
+        &[
+            &format!("--shard-count={SHARDS}"),
+            &format!("--elector-id={id}"),
+        ],
+        &[("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint())],
+    )
+    .await
+    .unwrap();
+    process.wait_ready().await.unwrap();
+    process
+}
+
+/// `switchyard_elector_leader` of an elector process.
+async fn leads(process: &ServiceProcess) -> bool {
+    let (_, body) = process.admin_get("/metrics").await.unwrap();
+    body.lines().any(|l| l == "switchyard_elector_leader 1")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_by_a_follower_and_the_map_does_not_churn() {
+    let etcd = Etcd::start().await.unwrap();
+    let endpoints = vec![etcd.endpoint().to_owned()];
+    // Both members are registered before the first assignment, so no shard waits for a
+    // release that nobody here would perform.
+    let _a = registered(&endpoints, "a").await;
+    let b = registered(&endpoints, "b").await;
+    let leader = elector_process(&etcd, "e0").await;
+    let follower = elector_process(&etcd, "e1").await;
+    let mut client = ElectorClient::connect(format!("http://{}", follower.grpc_addr()))
+        .await
+        .unwrap();
+    let before = map_until(&mut client, |m| {
+        all_owned_by(m, &["a", "b"]) && m.shards.iter().any(|s| s.member_id == "b")
+    })
+    .await;
+    assert!(leads(&leader).await, "the first elector leads");
+    assert!(!leads(&follower).await, "one leader at a time");
+
+    let _ = leader.kill();
+    let killed = tokio::time::Instant::now();
+    // Until the follower leads, and for two of its resync periods after, the map is exactly
+    // what it was: same owners, same epochs.
+    let mut took = None;
+    while took.is_none() || killed.elapsed() < took.unwrap() + Duration::from_secs(2) {
+        let map = client
+            .get_shard_map(GetShardMapRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(map.shards, before.shards, "the map churned");
+        if took.is_none() && leads(&follower).await {
+            took = Some(killed.elapsed());
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "the follower never took over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = took.unwrap();
+    println!("the follower leads {took:?} after the leader was killed");
+    // The killed leader's election lease (2 s) expires first; etcd checks expiry every 500 ms.
+    assert!(took <= Duration::from_secs(4), "took over after {took:?}");
+
+    // The new leader keeps the map valid: b leaves, and b's shards go to a at new epochs
+    // while a's keep theirs.
+    b.trigger();
+    let after = map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
+    for (old, new) in before.shards.iter().zip(&after.shards) {
+        if old.member_id == "a" {
+            assert_eq!(old.epoch, new.epoch, "shard {} churned", old.shard);
+        } else {
+            assert!(
+                new.epoch > old.epoch,
+                "shard {} moved at a new epoch",
+                old.shard
+            );
+        }
+    }
+    let (status, log) = follower.terminate().await.unwrap();
+    assert!(status.success(), "{log}");
 }

@@ -243,6 +243,7 @@ fn join(
         endpoints: queue.etcd_endpoints.clone(),
         shard_count: queue.shard_count,
         drain_grace: queue.drain_grace.into(),
+        metrics: ownership::OwnershipMetrics::register(rt.metrics()),
     };
     rt.spawn("ownership", move |drain| {
         ownership.run(handle, lease, directory.map, drain)

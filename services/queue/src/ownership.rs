@@ -3,26 +3,79 @@
 //! ```text
 //!  member lease (held/lost) ─┐
 //!                            ├─► per shard: Active(me, e) → acquire at e
-//!  shard map (etcd watch) ───┘              Releasing(me, e) → drain; when idle (or after the
+//!  shard map (etcd watch) ───┘              Active(me, e), e older than my registration →
+//!                                             renew the epoch in etcd (fenced), then acquire
+//!                                           Releasing(me, e) → drain; when idle (or after the
 //!                                             grace) release locally, then in etcd (fenced)
 //!                                           lease lost, or another owner → release at once
 //! ```
 //!
 //! Losing the member lease stops every shard at once: the elector may already have given
 //! them to other replicas.
+//!
+//! A shard the map gives this member at an epoch older than the member's registration was
+//! activated for an earlier registration (before a lost lease, or before this process
+//! restarted under the same id), and its keys are gone. The member renews its epoch in etcd
+//! (a write fenced on the shard key's revision) and serves it only at the new epoch. So
+//! every fresh start of a shard has an epoch of its own, and the watcher, which resends a
+//! shard's keys when its epoch changes, resyncs it.
+//!
+//! [`OwnershipMetrics`] puts all of this on the admin port's `/metrics`.
 
 use std::{collections::HashMap, time::Duration};
 
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Unit,
+};
 use switchyard_elector::{membership::LeaseState, shardmap};
 use switchyard_elector_core::ShardState;
-use switchyard_runtime::Drain;
+use switchyard_runtime::{Drain, Metrics};
 use tokio::{sync::watch, time::Instant};
 use tracing::{info, warn};
 
 use crate::actor::{Command, Handle};
 
-/// How often a draining shard's in-flight count is checked.
+/// How often a draining shard's in-flight count is checked, and a failed handover or epoch
+/// renewal retried.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
+/// An etcd call (connect, handover, renewal) that takes longer is abandoned and retried, so
+/// one stuck call cannot hold the other shards back. A lease loss abandons it at once.
+const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The lease a step runs under. An etcd call made in the step races its loss: an etcd that
+/// stalls (answers nothing) must not keep this task from stopping every shard.
+struct LeaseGuard {
+    lease: watch::Receiver<LeaseState>,
+    held: Option<i64>,
+}
+
+fn lease_id(state: &LeaseState) -> Option<i64> {
+    match state {
+        LeaseState::Held { lease, .. } => Some(*lease),
+        LeaseState::Lost => None,
+    }
+}
+
+impl LeaseGuard {
+    /// `call`'s result, or `None` when the lease changed first or the call timed out.
+    async fn run<T>(&self, call: impl std::future::Future<Output = T>) -> Option<T> {
+        let mut lease = self.lease.clone();
+        let held = self.held;
+        let changed = lease.wait_for(|s| lease_id(s) != held);
+        tokio::select! {
+            biased;
+            _ = changed => None,
+            result = tokio::time::timeout(ETCD_CALL_TIMEOUT, call) => result.ok(),
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Local {
@@ -33,6 +86,159 @@ enum Local {
     },
     /// Stopped serving; the release in etcd has not succeeded yet (retried).
     HandingOver(u64),
+    /// Held at the epoch of an earlier registration, so not served: the epoch is renewed
+    /// first (`renewed` once etcd took it, until the map shows the new epoch).
+    Renewing {
+        epoch: u64,
+        renewed: bool,
+    },
+}
+
+impl Local {
+    /// Whether the actor serves the shard (leases, or takes outcomes while draining).
+    fn served(self) -> bool {
+        matches!(self, Self::Serving(_) | Self::Draining { .. })
+    }
+
+    /// Whether the next step must come without waiting for a change (poll or retry).
+    fn pending(self) -> bool {
+        matches!(
+            self,
+            Self::Draining { .. } | Self::HandingOver(_) | Self::Renewing { renewed: false, .. }
+        )
+    }
+}
+
+/// What the map asks of this member for one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Want {
+    Serve(u64),
+    /// Active here at an epoch older than this registration: renew it before serving.
+    Renew(u64),
+    Release(u64),
+}
+
+/// Why a shard stopped being served here: the `reason` label of
+/// `switchyard_queue_shard_releases_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+enum Reason {
+    /// Planned move: drained with no lease in flight, then handed over.
+    handover,
+    /// Planned move: the drain grace ran out with leases still in flight.
+    handover_grace_expired,
+    /// The member lease may have expired: every shard stops at once.
+    lease_lost,
+    /// The map took the shard away without a release from here.
+    reassigned,
+    /// The replica shuts down: the actor drains and hands every shard back.
+    shutdown,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: Reason,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ShardLabels {
+    shard: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OperationLabels {
+    operation: &'static str,
+}
+
+/// Shard ownership on the admin port's `/metrics`.
+#[derive(Clone, Debug)]
+pub struct OwnershipMetrics {
+    lease_held: Gauge,
+    lease_lost: Counter,
+    served: Gauge,
+    epoch: Family<ShardLabels, Gauge>,
+    acquired: Counter,
+    renewed: Counter,
+    releases: Family<ReasonLabels, Counter>,
+    failures: Family<OperationLabels, Counter>,
+    drain: Histogram,
+}
+
+impl OwnershipMetrics {
+    pub fn register(metrics: &Metrics) -> Self {
+        let this = Self {
+            lease_held: Gauge::default(),
+            lease_lost: Counter::default(),
+            served: Gauge::default(),
+            epoch: Family::default(),
+            acquired: Counter::default(),
+            renewed: Counter::default(),
+            releases: Family::default(),
+            failures: Family::default(),
+            // 1 ms to about 16 s: a drain ends when in-flight leases finish, at most after
+            // --drain-grace (10 s by default).
+            drain: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+        };
+        metrics.register(
+            "switchyard_queue_member_lease_held",
+            "1 while this replica holds its member lease in etcd and may serve shards",
+            this.lease_held.clone(),
+        );
+        metrics.register(
+            "switchyard_queue_member_lease_lost",
+            "Times renewals of the member lease failed long enough that etcd may have expired \
+             it, so every shard stopped at once",
+            this.lease_lost.clone(),
+        );
+        metrics.register(
+            "switchyard_queue_shards_served",
+            "Shards this replica serves (leasing, or draining for a handover)",
+            this.served.clone(),
+        );
+        metrics.register(
+            "switchyard_queue_shard_epoch",
+            "Fencing epoch of each shard this replica serves; absent when not served",
+            this.epoch.clone(),
+        );
+        metrics.register(
+            "switchyard_queue_shard_acquisitions",
+            "Shards this replica started serving (each start is empty, at a new epoch)",
+            this.acquired.clone(),
+        );
+        metrics.register(
+            "switchyard_queue_shard_epoch_renewals",
+            "Shards held from an earlier registration whose epoch was renewed before serving",
+            this.renewed.clone(),
+        );
+        metrics.register(
+            "switchyard_queue_shard_releases",
+            "Shards this replica stopped serving, by reason",
+            this.releases.clone(),
+        );
+        metrics.register(
+            "switchyard_queue_shard_map_write_failures",
+            "Handovers and epoch renewals that etcd refused or did not answer (retried)",
+            this.failures.clone(),
+        );
+        metrics.register_with_unit(
+            "switchyard_queue_shard_drain",
+            "Planned handovers: from the release order until the shard stopped being served",
+            Unit::Seconds,
+            this.drain.clone(),
+        );
+        this
+    }
+
+    fn released(&self, shard: u32, reason: Reason) {
+        self.epoch.remove(&ShardLabels { shard });
+        self.releases.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    fn failed(&self, operation: &'static str) {
+        self.failures
+            .get_or_create(&OperationLabels { operation })
+            .inc();
+    }
 }
 
 #[derive(Debug)]
@@ -41,6 +247,7 @@ pub struct Ownership {
     pub endpoints: Vec<String>,
     pub shard_count: u32,
     pub drain_grace: Duration,
+    pub metrics: OwnershipMetrics,
 }
 
 impl Ownership {
@@ -53,54 +260,119 @@ impl Ownership {
     ) {
         let mut local: HashMap<u32, Local> = HashMap::new();
         let mut client: Option<etcd_client::Client> = None;
+        let mut held: Option<i64> = None;
         loop {
-            let held = matches!(*lease.borrow_and_update(), LeaseState::Held { .. });
+            let state = *lease.borrow_and_update();
+            let now_held = lease_id(&state);
+            let guard = LeaseGuard {
+                lease: lease.clone(),
+                held: now_held,
+            };
+            // A new lease id without a `Lost` in between (the watch kept only the latest
+            // state) is a loss all the same.
+            if held.is_some() && held != now_held {
+                let stopped = local.values().filter(|l| l.served()).count();
+                warn!(member = %self.member, shards = stopped, "member lease may have expired: stopped serving every shard");
+                self.metrics.lease_lost.inc();
+                self.step(&handle, &guard, None, None, &mut local, &mut client)
+                    .await;
+            }
+            held = now_held;
+            self.metrics.lease_held.set(i64::from(held.is_some()));
+            let registered = match state {
+                LeaseState::Held { registered, .. } => Some(registered),
+                LeaseState::Lost => None,
+            };
             let snapshot = map.borrow_and_update().clone();
-            self.step(&handle, held, snapshot.as_deref(), &mut local, &mut client)
-                .await;
-            let draining = local
-                .values()
-                .any(|l| matches!(l, Local::Draining { .. } | Local::HandingOver(_)));
+            self.step(
+                &handle,
+                &guard,
+                registered,
+                snapshot.as_deref(),
+                &mut local,
+                &mut client,
+            )
+            .await;
+            let served = local.values().filter(|l| l.served()).count();
+            self.metrics
+                .served
+                .set(i64::try_from(served).unwrap_or(i64::MAX));
+            let pending = local.values().any(|l| l.pending());
             tokio::select! {
                 changed = lease.changed() => if changed.is_err() { return },
                 changed = map.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(DRAIN_POLL), if draining => {}
+                _ = tokio::time::sleep(DRAIN_POLL), if pending => {}
                 // Shutdown: the actor drains every shard and then the member leaves.
-                _ = drain.clone().signaled() => return,
+                _ = drain.clone().signaled() => {
+                    for (shard, _) in local.iter().filter(|(_, l)| l.served()) {
+                        self.metrics.released(*shard, Reason::shutdown);
+                    }
+                    return;
+                }
             }
         }
     }
 
+    /// `registered` is the revision of this member's registration while it holds its lease.
     async fn step(
         &self,
         handle: &Handle,
-        held: bool,
+        guard: &LeaseGuard,
+        registered: Option<i64>,
         map: Option<&[ShardState]>,
         local: &mut HashMap<u32, Local>,
         client: &mut Option<etcd_client::Client>,
     ) {
         for shard in 0..self.shard_count {
-            let want = match (held, map.and_then(|m| m.get(shard as usize))) {
-                (true, Some(ShardState::Active { owner, epoch })) if *owner == self.member => {
-                    Some((*epoch, false))
-                }
-                (true, Some(ShardState::Releasing { owner, epoch, .. }))
+            let want = match (registered, map.and_then(|m| m.get(shard as usize))) {
+                (Some(registered), Some(ShardState::Active { owner, epoch }))
                     if *owner == self.member =>
                 {
-                    Some((*epoch, true))
+                    // An epoch is the revision of the write that activated the shard.
+                    if i64::try_from(*epoch).is_ok_and(|e| e > registered) {
+                        Some(Want::Serve(*epoch))
+                    } else {
+                        Some(Want::Renew(*epoch))
+                    }
+                }
+                (Some(_), Some(ShardState::Releasing { owner, epoch, .. }))
+                    if *owner == self.member =>
+                {
+                    Some(Want::Release(*epoch))
                 }
                 _ => None,
             };
             let now = local.get(&shard).copied();
             match (now, want) {
                 (None, None) => {}
-                (Some(Local::Serving(e)), Some((epoch, false))) if e == epoch => {}
-                (_, Some((epoch, false))) => {
+                (Some(Local::Serving(e)), Some(Want::Serve(epoch))) if e == epoch => {}
+                (_, Some(Want::Serve(epoch))) => {
                     let _ = handle.send(Command::Acquire { shard, epoch });
                     local.insert(shard, Local::Serving(epoch));
+                    self.metrics.acquired.inc();
+                    self.metrics
+                        .epoch
+                        .get_or_create(&ShardLabels { shard })
+                        .set(i64::try_from(epoch).unwrap_or(i64::MAX));
                     info!(shard, epoch, "serving shard");
                 }
-                (Some(Local::Serving(e)), Some((epoch, true))) if e == epoch => {
+                (
+                    Some(Local::Renewing {
+                        epoch,
+                        renewed: true,
+                    }),
+                    Some(Want::Renew(e)),
+                ) if e == epoch => {}
+                (now, Some(Want::Renew(epoch))) => {
+                    if now.is_some_and(Local::served) {
+                        let _ = handle.send(Command::Release { shard });
+                        self.metrics.released(shard, Reason::reassigned);
+                        info!(shard, "stopped serving shard");
+                    }
+                    let renewed = self.renew(guard, client, shard, epoch).await;
+                    local.insert(shard, Local::Renewing { epoch, renewed });
+                }
+                (Some(Local::Serving(e)), Some(Want::Release(epoch))) if e == epoch => {
                     let _ = handle.send(Command::Drain { shard });
                     local.insert(
                         shard,
@@ -111,74 +383,145 @@ impl Ownership {
                     );
                     info!(shard, epoch, "draining shard for handover");
                 }
-                (Some(Local::Draining { epoch, since }), Some((e, true))) if e == epoch => {
+                (Some(Local::Draining { epoch, since }), Some(Want::Release(e))) if e == epoch => {
                     let idle = handle.in_flight(shard).await.unwrap_or(0) == 0;
                     if idle || since.elapsed() >= self.drain_grace {
                         let _ = handle.send(Command::Release { shard });
                         info!(shard, epoch, "stopped serving shard");
+                        self.metrics.drain.observe(since.elapsed().as_secs_f64());
+                        let reason = if idle {
+                            Reason::handover
+                        } else {
+                            Reason::handover_grace_expired
+                        };
+                        self.metrics.released(shard, reason);
                         local.insert(shard, Local::HandingOver(epoch));
-                        if self.hand_over(client, shard, epoch).await {
+                        if self.hand_over(guard, client, shard, epoch).await {
                             local.remove(&shard);
                         }
                     }
                 }
-                (Some(Local::HandingOver(epoch)), Some((e, true))) if e == epoch => {
-                    if self.hand_over(client, shard, epoch).await {
+                (Some(Local::HandingOver(epoch)), Some(Want::Release(e))) if e == epoch => {
+                    if self.hand_over(guard, client, shard, epoch).await {
                         local.remove(&shard);
                     }
                 }
-                // The map moved on (the release landed, or the elector gave up on us).
-                (Some(Local::HandingOver(_)), _) => {
-                    local.remove(&shard);
-                }
-                // Releasing from us but not served here (this member restarted under the same
-                // id): nothing to drain, hand it over.
-                (None, Some((epoch, true))) => {
-                    local.insert(shard, Local::HandingOver(epoch));
-                    if self.hand_over(client, shard, epoch).await {
-                        local.remove(&shard);
-                    }
-                }
-                // Releasing at an epoch we never served, or nothing for us: stop at once.
-                (Some(_), _) => {
-                    if local.remove(&shard).is_some() {
+                // Nothing served here at the epoch the map names: the map moved on (a release
+                // or renewal landed, or the elector gave up on us), or this member restarted
+                // under the same id. Stop whatever was served, then hand over what the map
+                // still has releasing from us: nothing is left to drain.
+                (Some(_) | None, want) => {
+                    if let Some(was) = local.remove(&shard)
+                        && was.served()
+                    {
                         let _ = handle.send(Command::Release { shard });
+                        let reason = if registered.is_none() {
+                            Reason::lease_lost
+                        } else {
+                            Reason::reassigned
+                        };
+                        self.metrics.released(shard, reason);
                         info!(shard, "stopped serving shard");
+                    }
+                    if let Some(Want::Release(epoch)) = want {
+                        local.insert(shard, Local::HandingOver(epoch));
+                        if self.hand_over(guard, client, shard, epoch).await {
+                            local.remove(&shard);
+                        }
                     }
                 }
             }
         }
     }
 
-    /// Tells etcd the drained shard may go to its next owner. False when it must be retried.
-    async fn hand_over(
+    async fn connected<'a>(
         &self,
-        client: &mut Option<etcd_client::Client>,
-        shard: u32,
-        epoch: u64,
-    ) -> bool {
+        client: &'a mut Option<etcd_client::Client>,
+    ) -> Option<&'a mut etcd_client::Client> {
         if client.is_none() {
             *client = etcd_client::Client::connect(&self.endpoints, None)
                 .await
                 .ok();
         }
-        let Some(c) = client.as_mut() else {
-            warn!(shard, "etcd unreachable: retrying the shard handover");
-            return false;
+        client.as_mut()
+    }
+
+    /// Tells etcd the drained shard may go to its next owner. False when it must be retried.
+    async fn hand_over(
+        &self,
+        guard: &LeaseGuard,
+        client: &mut Option<etcd_client::Client>,
+        shard: u32,
+        epoch: u64,
+    ) -> bool {
+        let call = async {
+            let c = self.connected(client).await?;
+            Some(shardmap::release(c, shard, &self.member, epoch).await)
         };
-        match shardmap::release(c, shard, &self.member, epoch).await {
-            Ok(next) => {
+        let result = guard.run(call).await.flatten();
+        match result {
+            Some(Ok(next)) => {
                 info!(shard, epoch, next = %next, "handed shard over");
-                true
+                return true;
             }
             // The shard changed meanwhile (for example, the elector retargeted it): retry
             // against the new state.
-            Err(shardmap::ShardMapError::Fenced) => false,
-            Err(error) => {
+            Some(Err(shardmap::ShardMapError::Fenced)) => {}
+            Some(Err(error)) => {
                 warn!(%error, shard, "handing the shard over failed");
                 *client = None;
-                false
+            }
+            None => {
+                warn!(
+                    shard,
+                    "etcd unreachable or too slow: retrying the shard handover"
+                );
+                *client = None;
             }
         }
+        self.metrics.failed("handover");
+        false
+    }
+
+    /// Renews the epoch of a shard held from an earlier registration. False when it must be
+    /// retried.
+    async fn renew(
+        &self,
+        guard: &LeaseGuard,
+        client: &mut Option<etcd_client::Client>,
+        shard: u32,
+        epoch: u64,
+    ) -> bool {
+        let call = async {
+            let c = self.connected(client).await?;
+            Some(shardmap::renew(c, shard, &self.member, epoch).await)
+        };
+        let result = guard.run(call).await.flatten();
+        match result {
+            Some(Ok(renewed)) => {
+                info!(
+                    shard,
+                    epoch,
+                    renewed,
+                    "renewed the epoch of a shard held from an earlier registration"
+                );
+                self.metrics.renewed.inc();
+                return true;
+            }
+            Some(Err(shardmap::ShardMapError::Fenced)) => {}
+            Some(Err(error)) => {
+                warn!(%error, shard, "renewing the shard epoch failed");
+                *client = None;
+            }
+            None => {
+                warn!(
+                    shard,
+                    "etcd unreachable or too slow: retrying the epoch renewal"
+                );
+                *client = None;
+            }
+        }
+        self.metrics.failed("renewal");
+        false
     }
 }

@@ -19,13 +19,10 @@ use switchyard_proto::{
 };
 use switchyard_queue_core::shard::shard_of;
 
-use support::{RS, cluster, until_all_served, until_served};
+use support::{RS, assert_no_two_owners, cluster, until_all_served, until_served};
 use tonic::Code;
 
 const SHARDS: u32 = 16;
-/// Log timestamps are taken just after a shard is acquired and just after it is released;
-/// this allows for the gap.
-const CLOCK_MARGIN: Duration = Duration::from_millis(5);
 
 fn key(name: &str) -> WorkKey {
     WorkKey {
@@ -75,45 +72,6 @@ async fn replicas_split_the_shards_and_redirect_to_the_owner() {
     drop(cluster.etcd);
 }
 
-/// A replica's serve intervals per shard, from its JSON log.
-fn intervals(log: &str, end: SystemTime) -> HashMap<u32, Vec<(SystemTime, SystemTime)>> {
-    let mut open: HashMap<u32, SystemTime> = HashMap::new();
-    let mut done: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
-    for line in log.lines() {
-        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let Some(at) = entry["timestamp"]
-            .as_str()
-            .and_then(|t| humantime::parse_rfc3339(t).ok())
-        else {
-            continue;
-        };
-        let shard = entry["shard"].as_u64().map(|s| s as u32);
-        match (entry["message"].as_str(), shard) {
-            (Some("serving shard"), Some(shard)) => {
-                open.insert(shard, at);
-            }
-            (Some("stopped serving shard"), Some(shard)) => {
-                if let Some(start) = open.remove(&shard) {
-                    done.entry(shard).or_default().push((start, at));
-                }
-            }
-            // Shutdown hands every shard back at once.
-            (Some("shards released"), None) => {
-                for (shard, start) in open.drain() {
-                    done.entry(shard).or_default().push((start, at));
-                }
-            }
-            _ => {}
-        }
-    }
-    for (shard, start) in open {
-        done.entry(shard).or_default().push((start, end));
-    }
-    done
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_fails_over_a_stopped_one_hands_over_and_no_shard_has_two_owners() {
     let mut cluster = cluster(SHARDS).await;
@@ -145,22 +103,6 @@ async fn a_killed_replica_fails_over_a_stopped_one_hands_over_and_no_shard_has_t
     let (_, log) = last.terminate().await.unwrap();
     logs.push((log, SystemTime::now()));
 
-    let mut by_shard: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
-    for (log, end) in &logs {
-        for (shard, spans) in intervals(log, *end) {
-            by_shard.entry(shard).or_default().extend(spans);
-        }
-    }
-    assert_eq!(by_shard.len(), SHARDS as usize, "every shard was served");
-    for (shard, spans) in &mut by_shard {
-        spans.sort();
-        for pair in spans.windows(2) {
-            let (_, end) = pair[0];
-            let (start, _) = pair[1];
-            assert!(
-                start + CLOCK_MARGIN >= end,
-                "shard {shard} served twice at once: {spans:?}"
-            );
-        }
-    }
+    let served = assert_no_two_owners(&logs);
+    assert_eq!(served, SHARDS as usize, "every shard was served");
 }

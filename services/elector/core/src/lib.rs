@@ -191,6 +191,37 @@ pub fn released(
     }
 }
 
+/// Checks that `member` may renew the epoch of `shard` in `state`: it holds the shard as
+/// active at `epoch`. A member renews the epoch of a shard that was activated for an earlier
+/// registration of its own (see the queue's ownership), so the new epoch marks a fresh start.
+pub fn renewable(
+    state: &ShardState,
+    shard: u32,
+    member: &str,
+    epoch: u64,
+) -> Result<(), ReleaseError> {
+    match state {
+        ShardState::Active {
+            owner,
+            epoch: current,
+        } if owner == member => {
+            if *current == epoch {
+                Ok(())
+            } else {
+                Err(ReleaseError::StaleEpoch {
+                    shard,
+                    epoch,
+                    current: *current,
+                })
+            }
+        }
+        _ => Err(ReleaseError::NotHeld {
+            shard,
+            member: member.to_owned(),
+        }),
+    }
+}
+
 /// `splitmix64(fnv1a64(member) ^ shard)`: a stable, well-mixed weight per (shard, member).
 fn score(shard: u32, member: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -283,6 +314,32 @@ mod tests {
         assert_eq!(
             released(&current, 0, "b", 9).map_err(|e| e.to_string()),
             Err("shard 0 is not held by member \"b\"".to_owned())
+        );
+    }
+
+    #[test]
+    fn only_the_active_owner_may_renew_and_only_at_its_epoch() {
+        let active = ShardState::Active {
+            owner: "a".into(),
+            epoch: 9,
+        };
+        assert_eq!(renewable(&active, 3, "a", 9), Ok(()));
+        assert_eq!(
+            renewable(&active, 3, "a", 8).map_err(|e| e.to_string()),
+            Err("stale epoch 8 for shard 3 (current epoch 9)".to_owned())
+        );
+        assert_eq!(
+            renewable(&active, 3, "b", 9).map_err(|e| e.to_string()),
+            Err("shard 3 is not held by member \"b\"".to_owned())
+        );
+        let releasing = ShardState::Releasing {
+            owner: "a".into(),
+            epoch: 9,
+            next: "b".into(),
+        };
+        assert!(
+            renewable(&releasing, 3, "a", 9).is_err(),
+            "draining: no renewal"
         );
     }
 }

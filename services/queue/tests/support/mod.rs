@@ -1,15 +1,20 @@
-//! A real etcd, an elector and queue replicas as processes, shared by the sharding tests and
-//! the elector benchmark.
+//! A real etcd, an elector (its leader loop and its gRPC API, in this process) and queue
+//! replicas as processes, shared by the sharding tests and the elector benchmark.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::{
     collections::HashMap,
+    net::SocketAddr,
     path::Path,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
-use switchyard_elector::leader::{self, LeaderConfig};
+use switchyard_elector::{
+    grpc::ElectorService,
+    leader::{self, LeaderConfig},
+    membership, shardmap,
+};
 use switchyard_proto::queue::v1::{StatsRequest, queue_client::QueueClient};
 use switchyard_runtime::{ShutdownHandle, drain_channel};
 use switchyard_testenv::{Etcd, ServiceProcess};
@@ -19,6 +24,10 @@ pub const RS: &str = "apps/v1/ReplicaSet";
 pub struct Cluster {
     pub etcd: Etcd,
     _elector: ShutdownHandle,
+    /// Where the elector serves `switchyard.elector.v1.Elector`.
+    pub elector_addr: SocketAddr,
+    /// The etcd URL the replicas are given.
+    replica_endpoint: String,
     pub shard_count: u32,
     pub replicas: Vec<Option<ServiceProcess>>,
     next: usize,
@@ -27,6 +36,13 @@ pub struct Cluster {
 /// etcd, an elector and three replicas serving `shard_count` shards.
 pub async fn cluster(shard_count: u32) -> Cluster {
     let etcd = Etcd::start().await.unwrap();
+    let endpoint = etcd.endpoint().to_owned();
+    cluster_on(etcd, endpoint, shard_count).await
+}
+
+/// Like [`cluster`], with the replicas reaching etcd at `replica_endpoint` (a proxy, say);
+/// the elector talks to etcd directly.
+pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) -> Cluster {
     let endpoints = vec![etcd.endpoint().to_owned()];
     let (stop, drain) = drain_channel();
     let (leading, _) = tokio::sync::watch::channel(false);
@@ -36,10 +52,33 @@ pub async fn cluster(shard_count: u32) -> Cluster {
         slack: 1,
         ttl: Duration::from_secs(2),
     };
-    tokio::spawn(leader::run(endpoints, config, leading, drain));
+    tokio::spawn(leader::run(
+        endpoints.clone(),
+        config,
+        leading,
+        drain.clone(),
+    ));
+    let service = ElectorService::new(
+        endpoints.clone(),
+        shard_count,
+        shardmap::watch(endpoints.clone(), shard_count, drain.clone()).0,
+        membership::watch_members(endpoints, drain.clone()).0,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let elector_addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service.into_server())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                drain.signaled(),
+            ),
+    );
     let mut cluster = Cluster {
         etcd,
         _elector: stop,
+        elector_addr,
+        replica_endpoint,
         shard_count,
         replicas: Vec::new(),
         next: 0,
@@ -55,6 +94,19 @@ impl Cluster {
     pub async fn add_replica(&mut self) -> usize {
         let id = self.next;
         self.next += 1;
+        let replica = self.start_member(id).await;
+        self.replicas.push(Some(replica));
+        self.replicas.len() - 1
+    }
+
+    /// Starts replica `i` again under its member id `q<i>` (after it was stopped).
+    pub async fn restart_replica(&mut self, i: usize) {
+        assert!(self.replicas[i].is_none(), "replica {i} is still running");
+        self.replicas[i] = Some(self.start_member(i).await);
+    }
+
+    /// A replica process for member `q<id>`, ready (it holds its member lease).
+    async fn start_member(&self, id: usize) -> ServiceProcess {
         let mut replica = ServiceProcess::start(
             Path::new(env!("CARGO_BIN_EXE_switchyard-queue")),
             &[
@@ -64,13 +116,12 @@ impl Cluster {
                 "--log-format=json",
                 "--drain-grace=2s",
             ],
-            &[("SWITCHYARD_ETCD_ENDPOINTS", self.etcd.endpoint())],
+            &[("SWITCHYARD_ETCD_ENDPOINTS", &self.replica_endpoint)],
         )
         .await
         .unwrap();
         replica.wait_ready().await.unwrap();
-        self.replicas.push(Some(replica));
-        self.replicas.len() - 1
+        replica
     }
 }
 
@@ -122,4 +173,86 @@ pub async fn until_served(
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A replica's serve intervals per shard, from its JSON log; a shard still served is open
+/// until `end`.
+pub fn intervals(log: &str, end: SystemTime) -> HashMap<u32, Vec<(SystemTime, SystemTime)>> {
+    let mut open: HashMap<u32, SystemTime> = HashMap::new();
+    let mut done: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
+    for line in log.lines() {
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(at) = entry["timestamp"]
+            .as_str()
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+        else {
+            continue;
+        };
+        let shard = entry["shard"].as_u64().map(|s| s as u32);
+        match (entry["message"].as_str(), shard) {
+            (Some("serving shard"), Some(shard)) => {
+                open.insert(shard, at);
+            }
+            (Some("stopped serving shard"), Some(shard)) => {
+                if let Some(start) = open.remove(&shard) {
+                    done.entry(shard).or_default().push((start, at));
+                }
+            }
+            // Shutdown hands every shard back at once.
+            (Some("shards released"), None) => {
+                for (shard, start) in open.drain() {
+                    done.entry(shard).or_default().push((start, at));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (shard, start) in open {
+        done.entry(shard).or_default().push((start, end));
+    }
+    done
+}
+
+/// Log timestamps are taken just after a shard is acquired and just after it is released;
+/// this allows for the gap.
+pub const CLOCK_MARGIN: Duration = Duration::from_millis(5);
+
+/// Asserts that no two serve intervals of a shard overlap, across every replica's log (each
+/// with the time its open intervals end); returns how many shards were served at all.
+pub fn assert_no_two_owners(logs: &[(String, SystemTime)]) -> usize {
+    let mut by_shard: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
+    for (log, end) in logs {
+        for (shard, spans) in intervals(log, *end) {
+            by_shard.entry(shard).or_default().extend(spans);
+        }
+    }
+    for (shard, spans) in &mut by_shard {
+        spans.sort();
+        for pair in spans.windows(2) {
+            let (_, end) = pair[0];
+            let (start, _) = pair[1];
+            assert!(
+                start + CLOCK_MARGIN >= end,
+                "shard {shard} served twice at once: {spans:?}"
+            );
+        }
+    }
+    by_shard.len()
+}
+
+/// The value of one sample of `/metrics` (`name{labels}` exactly as exposed), if present.
+pub fn metric(exposition: &str, sample: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == sample).then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// A replica's `/metrics` text.
+pub async fn metrics(replica: &ServiceProcess) -> String {
+    let (status, body) = replica.admin_get("/metrics").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
 }
