@@ -294,13 +294,18 @@ async fn latency(plane: &ControlPlane, client: &Client) {
         ticks.tick().await;
         let name = format!("cm-{}", seq as usize % OBJECTS);
         let permit = in_flight.clone().acquire_owned().await.unwrap();
-        let (maps, sent) = (maps.clone(), sent.clone());
+        let (maps, sent, writes) = (maps.clone(), sent.clone(), writes.clone());
         tokio::spawn(async move {
+            let at = Instant::now();
             sent.lock().unwrap().insert(name.clone(), SystemTime::now());
             let patch = Patch::Merge(serde_json::json!({"data": {"seq": seq.to_string()}}));
             maps.patch(&name, &PatchParams::default(), &patch)
                 .await
                 .unwrap();
+            writes
+                .lock()
+                .unwrap()
+                .push(at.elapsed().as_secs_f64() * 1e3);
             drop(permit);
         });
     }
