@@ -58,8 +58,14 @@ impl<'a> Spec<'a> {
         let uid = rs.metadata.uid.as_deref().filter(|u| !u.is_empty());
         let spec = rs.spec.as_ref();
         let selector = spec.map(|s| &s.selector).cloned().unwrap_or_default();
-        if selector.match_labels.as_ref().is_none_or(BTreeMap::is_empty)
-            && selector.match_expressions.as_ref().is_none_or(Vec::is_empty)
+        if selector
+            .match_labels
+            .as_ref()
+            .is_none_or(BTreeMap::is_empty)
+            && selector
+                .match_expressions
+                .as_ref()
+                .is_none_or(Vec::is_empty)
         {
             return Err(SpecError::EmptySelector);
         }
@@ -68,7 +74,8 @@ impl<'a> Spec<'a> {
         Ok(Self {
             rs,
             uid: uid.ok_or(SpecError::NoUid)?,
-            replicas: usize::try_from(replicas).map_err(|_| SpecError::NegativeReplicas(replicas))?,
+            replicas: usize::try_from(replicas)
+                .map_err(|_| SpecError::NegativeReplicas(replicas))?,
             selector: Selector::new(&selector)?,
             min_ready_seconds: spec.and_then(|s| s.min_ready_seconds).unwrap_or(0).into(),
             deleting: rs.metadata.deletion_timestamp.is_some(),
@@ -257,7 +264,9 @@ fn restarts(pod: &Pod) -> i32 {
     pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
-        .map_or(0, |cs| cs.iter().map(|c| c.restart_count).max().unwrap_or(0))
+        .map_or(0, |cs| {
+            cs.iter().map(|c| c.restart_count).max().unwrap_or(0)
+        })
 }
 
 /// Less means deleted first.
@@ -270,10 +279,12 @@ fn deletion_order(a: &Pod, rank_a: usize, b: &Pod, rank_b: usize) -> Ordering {
         .then(is_ready(a).cmp(&is_ready(b)))
         .then(rank_b.cmp(&rank_a))
         // Ready more recently (a later transition time) goes first; unknown times first.
-        .then_with(|| match (ready_since(a).flatten(), ready_since(b).flatten()) {
-            (Some(x), Some(y)) => y.cmp(&x),
-            (x, y) => x.is_some().cmp(&y.is_some()),
-        })
+        .then_with(
+            || match (ready_since(a).flatten(), ready_since(b).flatten()) {
+                (Some(x), Some(y)) => y.cmp(&x),
+                (x, y) => x.is_some().cmp(&y.is_some()),
+            },
+        )
         .then(restarts(b).cmp(&restarts(a)))
         .then_with(|| match (created(a), created(b)) {
             (Some(x), Some(y)) => y.cmp(&x),

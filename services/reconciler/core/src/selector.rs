@@ -143,7 +143,12 @@ mod tests {
         for no in [
             labels(&[("app", "db"), ("tier", "a"), ("team", "x")]),
             labels(&[("app", "web"), ("tier", "c"), ("team", "x")]),
-            labels(&[("app", "web"), ("tier", "a"), ("team", "x"), ("env", "prod")]),
+            labels(&[
+                ("app", "web"),
+                ("tier", "a"),
+                ("team", "x"),
+                ("env", "prod"),
+            ]),
             labels(&[("app", "web"), ("tier", "a")]),
             labels(&[("app", "web"), ("tier", "a"), ("team", "x"), ("legacy", "")]),
         ] {

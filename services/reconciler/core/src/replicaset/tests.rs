@@ -119,7 +119,9 @@ fn claim_keeps_adopts_releases_and_ignores() {
         mk_pod("stopped-matching", &[("app", "db")])
             .owned_by(UID)
             .build(),
-        mk_pod("others", &[("app", "web")]).owned_by("other").build(),
+        mk_pod("others", &[("app", "web")])
+            .owned_by("other")
+            .build(),
         mk_pod("unrelated", &[("app", "db")]).build(),
         mk_pod("terminating", &[("app", "web")])
             .owned_by(UID)
@@ -132,7 +134,9 @@ fn claim_keeps_adopts_releases_and_ignores() {
         mk_pod("orphan-finished", &[("app", "web")])
             .phase("Failed")
             .build(),
-        mk_pod("orphan-deleting", &[("app", "web")]).deleting().build(),
+        mk_pod("orphan-deleting", &[("app", "web")])
+            .deleting()
+            .build(),
     ];
     let claim = claim(&spec, &pods);
     assert_eq!(names(&claim.owned), ["owned"]);
@@ -203,7 +207,10 @@ fn deletion_prefers_unscheduled_pending_not_ready_then_newer() {
             .created(50)
             .ready_since(10)
             .build(),
-        mk_pod("recently-ready", &[]).node("n3").ready_since(40).build(),
+        mk_pod("recently-ready", &[])
+            .node("n3")
+            .ready_since(40)
+            .build(),
         mk_pod("not-ready", &[]).node("n4").build(),
         mk_pod("pending", &[]).node("n5").phase("Pending").build(),
         mk_pod("unscheduled", &[]).phase("Pending").build(),
@@ -226,16 +233,17 @@ fn deletion_prefers_unscheduled_pending_not_ready_then_newer() {
             "old-ready"
         ]
     );
-    assert_eq!(
-        names(&pods_to_delete(&refs, 2)),
-        ["unscheduled", "pending"]
-    );
+    assert_eq!(names(&pods_to_delete(&refs, 2)), ["unscheduled", "pending"]);
 }
 
 #[test]
 fn deletion_prefers_pods_on_crowded_nodes() {
     let pods = [
-        mk_pod("alone", &[]).node("n1").ready_since(10).created(9).build(),
+        mk_pod("alone", &[])
+            .node("n1")
+            .ready_since(10)
+            .created(9)
+            .build(),
         mk_pod("crowded-a", &[]).node("n2").ready_since(10).build(),
         mk_pod("crowded-b", &[]).node("n2").ready_since(10).build(),
     ];
@@ -254,7 +262,11 @@ fn new_pods_follow_the_template_with_a_controller_reference() {
     assert_eq!(pod.metadata.annotations.as_ref().unwrap()["a"], "b");
     let owner = controller_of(&pod).unwrap();
     assert_eq!(
-        (owner.kind.as_str(), owner.uid.as_str(), owner.block_owner_deletion),
+        (
+            owner.kind.as_str(),
+            owner.uid.as_str(),
+            owner.block_owner_deletion
+        ),
         ("ReplicaSet", UID, Some(true))
     );
     assert_eq!(
@@ -269,7 +281,10 @@ fn status_counts_labeled_ready_and_available_pods() {
     let spec = Spec::new(&rs).unwrap();
     let full = [("app", "web"), ("tier", "front")];
     let pods = vec![
-        mk_pod("available", &full).owned_by(UID).ready_since(0).build(),
+        mk_pod("available", &full)
+            .owned_by(UID)
+            .ready_since(0)
+            .build(),
         mk_pod("ready-not-yet-available", &full)
             .owned_by(UID)
             .ready_since(90)
@@ -280,7 +295,10 @@ fn status_counts_labeled_ready_and_available_pods() {
             .owned_by(UID)
             .ready_since(0)
             .build(),
-        mk_pod("terminating", &full).owned_by(UID).deleting().build(),
+        mk_pod("terminating", &full)
+            .owned_by(UID)
+            .deleting()
+            .build(),
     ];
     let claim = claim(&spec, &pods);
     let now = at(100);

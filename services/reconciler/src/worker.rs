@@ -1,0 +1,314 @@
+//! The worker: one Work stream to the queue, up to `concurrency` reconciles at once.
+//!
+//! ```text
+//!  hello(worker id, controllers) ─► credit(concurrency) ─► queue
+//!  queue ─ leased item ─► spawn reconcile ─┬─ done | requeue after d | failed (error, panic, timeout)
+//!                                          │    ─► outcome(duration) + credit(1)
+//!                                          └─ every half lease: extend the lease
+//!  SIGTERM: no new credit, items not started are left to the stream's clean close (the queue
+//!  returns their leases at once), in-flight reconciles finish within the drain budget, then
+//!  the stream is half-closed and the worker exits.
+//! ```
+//!
+//! A reconcile runs in a task of its own, so that a panic becomes a `failed` outcome and the
+//! worker lives on. When the stream breaks, the worker reconnects with backoff; the leases of
+//! the broken stream wait out the queue's visibility timeout.
+
+use std::{
+    convert::Infallible,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use switchyard_proto::queue::v1::{
+    Credit, Done, ExtendLease, Failed, LeasedItem, Outcome, RequeueAfter, WorkRequest, WorkerHello,
+    outcome::Result as Verdict, queue_client::QueueClient, work_request::Request as Msg,
+    work_response::Response as Reply,
+};
+use switchyard_runtime::{Backoff, Drain, Gate};
+use tokio::{
+    sync::mpsc::{UnboundedSender, unbounded_channel},
+    task::JoinSet,
+};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::sdk::{Action, Context, Registry, Request};
+
+/// First and last delay between attempts to reach the queue.
+const QUEUE_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+/// Kept from the drain timeout for closing the stream after in-flight reconciles finish, so
+/// that the close is clean (and the queue returns unstarted leases at once) before the
+/// runtime gives up on the drain.
+const CLOSE_MARGIN: Duration = Duration::from_secs(2);
+/// How long to wait for the queue to acknowledge the last outcomes after the half-close.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// How the worker runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub worker_id: String,
+    /// Reconciles at once (credits granted).
+    pub concurrency: u32,
+    /// A reconcile that runs longer is abandoned and reported failed.
+    pub reconcile_timeout: Duration,
+    /// How long in-flight reconciles may take to finish after SIGTERM.
+    pub drain_timeout: Duration,
+}
+
+/// Serves `queue` until shutdown, reconnecting when the stream breaks. `ready` opens once a
+/// work stream is established.
+pub async fn run(
+    queue: String,
+    registry: Arc<Registry>,
+    ctx: Context,
+    settings: Arc<Settings>,
+    ready: Gate,
+    drain: Drain,
+) {
+    let mut backoff = Backoff::new(QUEUE_BACKOFF.0, QUEUE_BACKOFF.1);
+    let mut ready = Some(ready);
+    loop {
+        let session = Session {
+            endpoint: format!("http://{queue}"),
+            registry: registry.clone(),
+            ctx: ctx.clone(),
+            settings: settings.clone(),
+        };
+        match session.run(&mut ready, &mut backoff, &drain).await {
+            Ok(()) => return,
+            Err(error) => {
+                warn!(%error, %queue, retry_in = ?backoff.current(), "work stream failed")
+            }
+        }
+        if !backoff.wait(&drain).await {
+            return;
+        }
+    }
+}
+
+struct Session {
+    endpoint: String,
+    registry: Arc<Registry>,
+    ctx: Context,
+    settings: Arc<Settings>,
+}
+
+fn msg(request: Msg) -> WorkRequest {
+    WorkRequest {
+        request: Some(request),
+    }
+}
+
+impl Session {
+    /// Ok when it ended because of shutdown.
+    async fn run(
+        self,
+        ready: &mut Option<Gate>,
+        backoff: &mut Backoff,
+        drain: &Drain,
+    ) -> Result<(), tonic::Status> {
+        let mut client = QueueClient::connect(self.endpoint.clone())
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let (tx, rx) = unbounded_channel();
+        let _ = tx.send(msg(Msg::Hello(WorkerHello {
+            worker_id: self.settings.worker_id.clone(),
+            controllers: self.registry.names(),
+        })));
+        let _ = tx.send(msg(Msg::Credit(Credit {
+            items: self.settings.concurrency,
+        })));
+        let mut inbound = client
+            .work(UnboundedReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        info!(queue = %self.endpoint, concurrency = self.settings.concurrency, "work stream open");
+        *backoff = Backoff::new(QUEUE_BACKOFF.0, QUEUE_BACKOFF.1);
+        if let Some(gate) = ready.take() {
+            gate.ready();
+        }
+
+        let mut running = JoinSet::new();
+        let mut tx = Some(tx);
+        let mut drain_deadline: Option<tokio::time::Instant> = None;
+        loop {
+            if drain_deadline.is_some() && running.is_empty() {
+                break;
+            }
+            tokio::select! {
+                message = inbound.message() => match message? {
+                    Some(message) => match message.response {
+                        Some(Reply::Item(item)) => match (&tx, drain_deadline) {
+                            (Some(tx), None) => {
+                                running.spawn(self.reconcile(item, tx.clone(), drain.clone()));
+                            }
+                            // Not started: its lease returns when the stream closes cleanly.
+                            _ => debug!(lease_id = %item.lease_id, "item arrived while draining"),
+                        },
+                        Some(Reply::OutcomeAck(ack)) if !ack.applied => {
+                            warn!(lease_id = %ack.lease_id, reason = %ack.reason, "outcome refused by the queue");
+                        }
+                        Some(Reply::LeaseExtended(extended)) => {
+                            debug!(lease_id = %extended.lease_id, "lease extended");
+                        }
+                        _ => {}
+                    },
+                    None => {
+                        return if drain_deadline.is_some() {
+                            Ok(())
+                        } else {
+                            Err(tonic::Status::unavailable("the queue ended the work stream"))
+                        };
+                    }
+                },
+                Some(_) = running.join_next(), if !running.is_empty() => {}
+                _ = drain.clone().signaled(), if drain_deadline.is_none() => {
+                    let budget = self.settings.drain_timeout.saturating_sub(CLOSE_MARGIN);
+                    info!(in_flight = running.len(), ?budget, "draining: finishing in-flight reconciles");
+                    drain_deadline = Some(tokio::time::Instant::now() + budget);
+                }
+                _ = sleep_until(drain_deadline) => {
+                    warn!(abandoned = running.len(), "drain budget spent: abandoning in-flight reconciles");
+                    running.abort_all();
+                    break;
+                }
+            }
+        }
+        // Half-close: the queue applies the outcomes sent so far, then returns the leases of
+        // items never started.
+        drop(tx.take());
+        drop(running);
+        let _ = tokio::time::timeout(CLOSE_WAIT, async {
+            while let Ok(Some(_)) = inbound.message().await {}
+        })
+        .await;
+        info!("work stream closed");
+        Ok(())
+    }
+
+    fn reconcile(
+        &self,
+        item: LeasedItem,
+        tx: UnboundedSender<WorkRequest>,
+        drain: Drain,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let registry = self.registry.clone();
+        let ctx = self.ctx.clone();
+        let timeout = self.settings.reconcile_timeout;
+        let key = item.key.clone().unwrap_or_default();
+        let span = info_span!("reconcile", controller = %key.controller, namespace = %key.namespace, name = %key.name, attempt = item.attempt);
+        async move {
+            let started = Instant::now();
+            let verdict = match registry.get(&key.controller) {
+                Some(controller) => {
+                    let request = Request {
+                        namespace: key.namespace.clone(),
+                        name: key.name.clone(),
+                        attempt: item.attempt,
+                    };
+                    let task = AbortOnDrop(tokio::spawn(
+                        async move { controller.reconcile(&ctx, &request).await }
+                            .instrument(tracing::Span::current()),
+                    ));
+                    let extend = extend_lease(&item, &tx);
+                    tokio::select! {
+                        joined = tokio::time::timeout(timeout, task) => match joined {
+                            Ok(Ok(Ok(Action::Done))) => Verdict::Done(Done {}),
+                            Ok(Ok(Ok(Action::RequeueAfter(delay)))) => Verdict::RequeueAfter(RequeueAfter {
+                                delay: prost_types::Duration::try_from(delay).ok(),
+                            }),
+                            Ok(Ok(Err(error))) => failed(error.to_string()),
+                            Ok(Err(join)) if join.is_panic() => failed(format!("reconcile panicked: {}", panic_message(join.into_panic()))),
+                            Ok(Err(join)) => failed(format!("reconcile aborted: {join}")),
+                            Err(_) => failed(format!("reconcile timed out after {}", humantime::format_duration(timeout))),
+                        },
+                        never = extend => match never {},
+                    }
+                }
+                None => failed(format!("no controller named {:?} in this worker", key.controller)),
+            };
+            let duration = started.elapsed();
+            match &verdict {
+                Verdict::Failed(Failed { reason }) => warn!(?duration, %reason, "reconcile failed"),
+                _ => debug!(?duration, "reconciled"),
+            }
+            let outcome = Outcome {
+                shard: item.shard,
+                epoch: item.epoch,
+                lease_id: item.lease_id.clone(),
+                result: Some(verdict),
+                duration: prost_types::Duration::try_from(duration).ok(),
+            };
+            let _ = tx.send(msg(Msg::Outcome(outcome)));
+            if !drain.is_draining() {
+                let _ = tx.send(msg(Msg::Credit(Credit { items: 1 })));
+            }
+        }
+        .instrument(span)
+    }
+}
+
+fn failed(reason: String) -> Verdict {
+    Verdict::Failed(Failed { reason })
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string payload".into())
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Renews the item's lease every half lease, by the lease's original length, until dropped.
+async fn extend_lease(item: &LeasedItem, tx: &UnboundedSender<WorkRequest>) -> Infallible {
+    let length = item
+        .lease_deadline
+        .and_then(|t| SystemTime::try_from(t).ok())
+        .and_then(|deadline| deadline.duration_since(SystemTime::now()).ok())
+        .filter(|d| !d.is_zero());
+    let Some(length) = length else {
+        return std::future::pending::<Infallible>().await;
+    };
+    loop {
+        tokio::time::sleep(length / 2).await;
+        let extend = ExtendLease {
+            shard: item.shard,
+            epoch: item.epoch,
+            lease_id: item.lease_id.clone(),
+            extend_by: prost_types::Duration::try_from(length).ok(),
+        };
+        debug!(lease_id = %item.lease_id, ?length, "extending the lease");
+        if tx.send(msg(Msg::Extend(extend))).is_err() {
+            return std::future::pending::<Infallible>().await;
+        }
+    }
+}
+
+/// A reconcile task that is aborted when its worker gives up on it (timeout, drain budget).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}

@@ -1,0 +1,268 @@
+//! The ReplicaSet controller end to end: the real control plane (kwok makes Pods Ready), a
+//! queue, a watcher and a reconciler in this process. A watch on the Pods checks, at every
+//! event, that the active Pods never outnumber `replicas`.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{StreamExt, TryStreamExt};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, DeleteParams, ListParams, Pod, PostParams, ReplicaSet, await_condition,
+    kube::api::{Patch, PatchParams},
+    watcher,
+};
+use switchyard_reconciler_core::replicaset::{controller_of, is_active};
+use switchyard_testenv::{ControlPlane, TestNamespace};
+use tokio::task::JoinHandle;
+
+use support::{RS, WITHIN};
+
+/// Watches the namespace's Pods; at every event that adds an active Pod, the active count
+/// must not exceed the target.
+struct Observer {
+    target: Arc<AtomicUsize>,
+    violations: Arc<Mutex<Vec<String>>>,
+    max_active: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Observer {
+    async fn start(api: Api<Pod>, target: usize) -> Self {
+        let target = Arc::new(AtomicUsize::new(target));
+        let violations = Arc::new(Mutex::new(Vec::new()));
+        let max_active = Arc::new(AtomicUsize::new(0));
+        let (synced_tx, synced) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn({
+            let (target, violations, max_active) =
+                (target.clone(), violations.clone(), max_active.clone());
+            async move {
+                let mut active: BTreeMap<String, bool> = BTreeMap::new();
+                let mut synced_tx = Some(synced_tx);
+                let mut events = watcher(api, watcher::Config::default()).boxed();
+                while let Some(event) = events.try_next().await.unwrap() {
+                    let before = active.values().filter(|a| **a).count();
+                    match event {
+                        watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                            active.insert(pod.metadata.name.clone().unwrap(), is_active(&pod));
+                        }
+                        watcher::Event::Delete(pod) => {
+                            active.remove(pod.metadata.name.as_deref().unwrap());
+                        }
+                        watcher::Event::Init => active.clear(),
+                        watcher::Event::InitDone => {
+                            if let Some(tx) = synced_tx.take() {
+                                let _ = tx.send(());
+                            }
+                        }
+                    }
+                    let now = active.values().filter(|a| **a).count();
+                    max_active.fetch_max(now, Ordering::SeqCst);
+                    let wanted = target.load(Ordering::SeqCst);
+                    if now > before && now > wanted {
+                        violations
+                            .lock()
+                            .unwrap()
+                            .push(format!("{now} active Pods with replicas {wanted}"));
+                    }
+                }
+            }
+        });
+        synced.await.unwrap();
+        Self {
+            target,
+            violations,
+            max_active,
+            task,
+        }
+    }
+
+    fn set_target(&self, replicas: usize) {
+        self.target.store(replicas, Ordering::SeqCst);
+    }
+
+    fn assert_never_overshot(&self) {
+        let violations = self.violations.lock().unwrap();
+        assert!(
+            violations.is_empty(),
+            "more Pods than replicas: {violations:?}"
+        );
+    }
+}
+
+fn replica_set(name: &str, replicas: i32) -> ReplicaSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "tier": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+/// Waits until the ReplicaSet's status says `n` Pods, all fully labeled, ready and available,
+/// for its current generation; then checks the Pods themselves.
+async fn converged(rs_api: &Api<ReplicaSet>, pods: &Api<Pod>, name: &str, n: i32) -> Vec<Pod> {
+    let done = await_condition(rs_api.clone(), name, move |rs: Option<&ReplicaSet>| {
+        rs.is_some_and(|rs| {
+            let status = rs.status.clone().unwrap_or_default();
+            status.observed_generation == rs.metadata.generation
+                && status.replicas == n
+                && status.fully_labeled_replicas == Some(n)
+                && status.ready_replicas == Some(n)
+                && status.available_replicas == Some(n)
+        })
+    });
+    if tokio::time::timeout(Duration::from_secs(60), done)
+        .await
+        .is_err()
+    {
+        let rs = rs_api.get(name).await.unwrap();
+        panic!(
+            "{name} did not converge to {n} ready Pods: status {:?}",
+            rs.status
+        );
+    }
+    let rs = rs_api.get(name).await.unwrap();
+    let uid = rs.metadata.uid.unwrap();
+    let active: Vec<Pod> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(is_active)
+        .collect();
+    assert_eq!(active.len(), n as usize, "active Pods");
+    for pod in &active {
+        let owner = controller_of(pod).expect("a controller reference");
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ReplicaSet", uid.as_str())
+        );
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(
+            (labels["app"].as_str(), labels["tier"].as_str()),
+            (name, "web")
+        );
+        assert!(
+            pod.metadata
+                .name
+                .as_ref()
+                .unwrap()
+                .starts_with(&format!("{name}-"))
+        );
+    }
+    active
+}
+
+async fn scale(rs_api: &Api<ReplicaSet>, name: &str, replicas: i32) {
+    rs_api
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_set_gets_its_pods_scales_and_replaces_without_overshooting() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "rs-e2e")
+        .await
+        .unwrap();
+    let queue = support::queue(&[RS], &[]).await;
+    let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
+    watcher.wait_ready(WITHIN).await;
+    let reconciler = support::reconciler(
+        plane,
+        switchyard_reconciler::builtin_controllers(),
+        queue.grpc(),
+        watcher.grpc(),
+        &[],
+    )
+    .await;
+    reconciler.wait_ready(WITHIN).await;
+
+    let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    let observer = Observer::start(pods.clone(), 10).await;
+
+    rs_api
+        .create(&PostParams::default(), &replica_set("web", 10))
+        .await
+        .unwrap();
+    converged(&rs_api, &pods, "web", 10).await;
+
+    observer.set_target(15);
+    scale(&rs_api, "web", 15).await;
+    converged(&rs_api, &pods, "web", 15).await;
+
+    observer.set_target(3);
+    scale(&rs_api, "web", 3).await;
+    let three = converged(&rs_api, &pods, "web", 3).await;
+
+    let victim = three[0].metadata.name.clone().unwrap();
+    pods.delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
+    // Wait for a replacement: three active Pods, all ready, none of them the deleted one.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let active: Vec<Pod> = pods
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(is_active)
+                .collect();
+            if active.len() == 3
+                && active
+                    .iter()
+                    .all(|p| p.metadata.name.as_ref() != Some(&victim))
+                && active
+                    .iter()
+                    .all(switchyard_reconciler_core::replicaset::is_ready)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the deleted Pod is replaced by a ready one");
+    let replaced = converged(&rs_api, &pods, "web", 3).await;
+    assert!(
+        replaced
+            .iter()
+            .all(|p| p.metadata.name.as_ref() != Some(&victim))
+    );
+
+    observer.assert_never_overshot();
+    assert_eq!(observer.max_active.load(Ordering::SeqCst), 15);
+    observer.task.abort();
+    reconciler.stop().await;
+    watcher.stop().await;
+    queue.stop().await;
+}
