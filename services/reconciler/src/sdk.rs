@@ -34,12 +34,22 @@ pub enum Action {
 pub enum Error {
     /// An apiserver call failed. A 409 conflict lands here too: the queue's backoff retries
     /// it, not a loop in the reconcile.
-    #[error("apiserver: {0}")]
+    #[error("apiserver: {}", kube_message(.0))]
     Kube(#[from] switchyard_k8s::kube::Error),
     #[error(transparent)]
     Cache(#[from] CacheError),
     #[error("{0}")]
     Other(String),
+}
+
+/// An apiserver refusal as `409 Conflict: <message>`, without the debug dump of the status.
+fn kube_message(error: &switchyard_k8s::kube::Error) -> String {
+    match error {
+        switchyard_k8s::kube::Error::Api(status) => {
+            format!("{} {}: {}", status.code, status.reason, status.message)
+        }
+        other => other.to_string(),
+    }
 }
 
 impl Error {

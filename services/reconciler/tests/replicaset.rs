@@ -143,7 +143,7 @@ async fn converged(rs_api: &Api<ReplicaSet>, pods: &Api<Pod>, name: &str, n: i32
     let rs = rs_api.get(name).await.unwrap();
     let uid = rs.metadata.uid.unwrap();
     let active: Vec<Pod> = pods
-        .list(&ListParams::default())
+        .list(&ListParams::default().labels(&format!("app={name}")))
         .await
         .unwrap()
         .items
@@ -162,13 +162,10 @@ async fn converged(rs_api: &Api<ReplicaSet>, pods: &Api<Pod>, name: &str, n: i32
             (labels["app"].as_str(), labels["tier"].as_str()),
             (name, "web")
         );
-        assert!(
-            pod.metadata
-                .name
-                .as_ref()
-                .unwrap()
-                .starts_with(&format!("{name}-"))
-        );
+        // Created from the template (an adopted orphan has a name of its own).
+        if let Some(prefix) = &pod.metadata.generate_name {
+            assert_eq!(prefix, &format!("{name}-"));
+        }
     }
     active
 }
@@ -262,6 +259,105 @@ async fn replica_set_gets_its_pods_scales_and_replaces_without_overshooting() {
     observer.assert_never_overshot();
     assert_eq!(observer.max_active.load(Ordering::SeqCst), 15);
     observer.task.abort();
+    reconciler.stop().await;
+    watcher.stop().await;
+    queue.stop().await;
+}
+
+fn orphan(name: &str, app: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": app, "tier": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_set_adopts_matching_orphans_and_releases_pods_that_stop_matching() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "rs-adopt")
+        .await
+        .unwrap();
+    let queue = support::queue(&[RS], &[]).await;
+    let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
+    watcher.wait_ready(WITHIN).await;
+    let reconciler = support::reconciler(
+        plane,
+        switchyard_reconciler::builtin_controllers(),
+        queue.grpc(),
+        watcher.grpc(),
+        &[],
+    )
+    .await;
+    reconciler.wait_ready(WITHIN).await;
+    let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+
+    // An orphan the selector matches, and one it does not.
+    let params = PostParams::default();
+    pods.create(&params, &orphan("orphan", "adopt"))
+        .await
+        .unwrap();
+    pods.create(&params, &orphan("stranger", "other"))
+        .await
+        .unwrap();
+    rs_api
+        .create(&params, &replica_set("adopt", 2))
+        .await
+        .unwrap();
+    let owned = converged(&rs_api, &pods, "adopt", 2).await;
+    assert!(
+        owned
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some("orphan")),
+        "the matching orphan is adopted, so only one Pod is created"
+    );
+    assert!(controller_of(&pods.get("stranger").await.unwrap()).is_none());
+
+    // A Pod relabeled out of the selector is released and replaced.
+    pods.patch(
+        "orphan",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "gone"}}})),
+    )
+    .await
+    .unwrap();
+    let released = await_condition(pods.clone(), "orphan", |pod: Option<&Pod>| {
+        pod.is_some_and(|p| controller_of(p).is_none())
+    });
+    tokio::time::timeout(Duration::from_secs(30), released)
+        .await
+        .expect("the relabeled Pod is released")
+        .unwrap();
+    let owned = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let owned = pods
+                .list(&ListParams::default().labels("app=adopt"))
+                .await
+                .unwrap()
+                .items;
+            if owned.len() == 2
+                && owned
+                    .iter()
+                    .all(switchyard_reconciler_core::replicaset::is_ready)
+            {
+                return owned;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("a replacement is created");
+    assert!(
+        owned
+            .iter()
+            .all(|p| p.metadata.name.as_deref() != Some("orphan"))
+    );
+    converged(&rs_api, &pods, "adopt", 2).await;
+
     reconciler.stop().await;
     watcher.stop().await;
     queue.stop().await;
