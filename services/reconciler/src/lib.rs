@@ -15,7 +15,7 @@ pub mod replicaset;
 pub mod sdk;
 pub mod worker;
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use switchyard_k8s::kube;
 use switchyard_runtime::{GrpcServer, KubeArgs, Runtime, RuntimeArgs, await_apiserver};
@@ -25,8 +25,15 @@ use crate::{
     cache::{CacheClient, CacheError},
     ratelimit::RateLimitLayer,
     sdk::{Context, Registry},
-    worker::Settings,
+    worker::{Settings, Worker},
 };
+
+/// Where the worker finds the queue.
+#[derive(Debug)]
+enum Route {
+    Queue(String),
+    Elector(String),
+}
 
 pub const SERVICE: &str = "switchyard-reconciler";
 /// Credits one Work message may grant (the queue's limit).
@@ -59,9 +66,17 @@ pub struct Args {
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct ReconcilerArgs {
-    /// gRPC address (host:port) of the queue replica to lease keys from
-    #[arg(long, env = "SWITCHYARD_QUEUE_ADDR")]
-    pub queue_addr: String,
+    /// gRPC address (host:port) of the one queue replica to lease keys from, when no elector
+    /// assigns shards
+    #[arg(long, env = "SWITCHYARD_QUEUE_ADDR", conflicts_with = "elector_addr")]
+    pub queue_addr: Option<String>,
+    /// gRPC address (host:port) of an elector: lease keys from every queue replica of its
+    /// shard map, following it as replicas come and go
+    #[arg(long, env = "SWITCHYARD_ELECTOR_ADDR")]
+    pub elector_addr: Option<String>,
+    /// Number of virtual shards; must match the elector's and the queue's --shard-count
+    #[arg(long, env = "SWITCHYARD_SHARD_COUNT", default_value_t = 256)]
+    pub shard_count: u32,
     /// gRPC address (host:port) of the watcher whose Cache API the controllers read
     #[arg(long, env = "SWITCHYARD_WATCHER_ADDR")]
     pub watcher_addr: String,
@@ -109,6 +124,8 @@ impl Args {
         } = self;
         let ReconcilerArgs {
             queue_addr,
+            elector_addr,
+            shard_count,
             watcher_addr,
             controllers,
             concurrency,
@@ -117,6 +134,18 @@ impl Args {
             kube_api_burst,
             worker_id,
         } = reconciler;
+        let route = match (queue_addr, elector_addr) {
+            (Some(queue), _) => Route::Queue(queue),
+            (None, Some(elector)) => Route::Elector(elector),
+            (None, None) => {
+                return Err(Error::Args(
+                    "set --queue-addr (one queue serves every shard) or --elector-addr".into(),
+                ));
+            }
+        };
+        if shard_count == 0 {
+            return Err(Error::Args("--shard-count: must be at least 1".into()));
+        }
         if !(1..=MAX_CONCURRENCY).contains(&concurrency) {
             return Err(Error::Args(format!(
                 "--concurrency: {concurrency} is out of range 1 to {MAX_CONCURRENCY}"
@@ -159,24 +188,31 @@ impl Args {
             client,
             cache: CacheClient::new(&watcher_addr)?,
         };
-        let settings = Arc::new(Settings {
+        let settings = Settings {
             worker_id,
             concurrency,
             reconcile_timeout: reconcile_timeout.into(),
             drain_timeout,
-        });
+        };
         info!(
             controllers = ?registry.names(),
-            queue = %queue_addr,
+            ?route,
             watcher = %watcher_addr,
             concurrency,
             "configured"
         );
-        let gate = rt.readiness().gate("queue");
-        let registry = Arc::new(registry);
-        rt.spawn("worker", move |drain| {
-            worker::run(queue_addr, registry, ctx, settings, gate, drain)
-        });
+        let worker = Worker::new(registry, ctx, settings, rt.readiness().gate("queue"));
+        match route {
+            Route::Queue(queue) => {
+                rt.spawn("worker", move |drain| worker.serve(queue.into(), drain));
+            }
+            Route::Elector(elector) => {
+                let (view, follow) =
+                    switchyard_directory::follow_elector(elector, shard_count, rt.drain());
+                rt.spawn("shard-map", |_| follow);
+                rt.spawn("worker", move |drain| worker.follow(view, drain));
+            }
+        }
         rt.serve_grpc(GrpcServer::new()).await?;
         Ok(rt)
     }

@@ -15,20 +15,26 @@
 //! the broken stream wait out the queue's visibility timeout.
 
 use std::{
+    collections::BTreeMap,
     convert::Infallible,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
+use switchyard_directory::ShardView;
 use switchyard_proto::queue::v1::{
     Credit, Done, ExtendLease, Failed, LeasedItem, Outcome, RequeueAfter, WorkRequest, WorkerHello,
     outcome::Result as Verdict, queue_client::QueueClient, work_request::Request as Msg,
     work_response::Response as Reply,
 };
-use switchyard_runtime::{Backoff, Drain, Gate};
+use switchyard_runtime::{Backoff, Drain, Gate, ShutdownHandle, drain_channel};
 use tokio::{
-    sync::mpsc::{UnboundedSender, unbounded_channel},
-    task::JoinSet,
+    sync::{
+        Semaphore,
+        mpsc::{UnboundedSender, unbounded_channel},
+        watch,
+    },
+    task::{JoinHandle, JoinSet},
 };
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -56,42 +62,107 @@ pub struct Settings {
     pub drain_timeout: Duration,
 }
 
-/// Serves `queue` until shutdown, reconnecting when the stream breaks. `ready` opens once a
-/// work stream is established.
-pub async fn run(
-    queue: String,
-    registry: Arc<Registry>,
-    ctx: Context,
-    settings: Arc<Settings>,
-    ready: Gate,
-    drain: Drain,
-) {
-    let mut backoff = Backoff::new(QUEUE_BACKOFF.0, QUEUE_BACKOFF.1);
-    let mut ready = Some(ready);
-    loop {
-        let session = Session {
-            endpoint: format!("http://{queue}"),
-            registry: registry.clone(),
-            ctx: ctx.clone(),
-            settings: settings.clone(),
-        };
-        match session.run(&mut ready, &mut backoff, &drain).await {
-            Ok(()) => return,
-            Err(error) => {
-                warn!(%error, %queue, retry_in = ?backoff.current(), "work stream failed")
+/// What every work stream of this worker shares.
+#[derive(Clone)]
+pub struct Worker {
+    pub registry: Arc<Registry>,
+    pub ctx: Context,
+    pub settings: Arc<Settings>,
+    /// Bounds the reconciles running at once across every queue replica.
+    permits: Arc<Semaphore>,
+    /// Opened by the first work stream established.
+    ready: Arc<Mutex<Option<Gate>>>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("registry", &self.registry)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    pub fn new(registry: Registry, ctx: Context, settings: Settings, ready: Gate) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(settings.concurrency as usize)),
+            registry: Arc::new(registry),
+            ctx,
+            settings: Arc::new(settings),
+            ready: Arc::new(Mutex::new(Some(ready))),
+        }
+    }
+
+    /// Serves one queue replica until shutdown, reconnecting when the stream breaks.
+    pub async fn serve(self, queue: Arc<str>, drain: Drain) {
+        let mut backoff = Backoff::new(QUEUE_BACKOFF.0, QUEUE_BACKOFF.1);
+        loop {
+            let session = Session {
+                endpoint: format!("http://{queue}"),
+                worker: self.clone(),
+            };
+            match session.run(&mut backoff, &drain).await {
+                Ok(()) => return,
+                Err(error) => {
+                    warn!(%error, %queue, retry_in = ?backoff.current(), "work stream failed")
+                }
+            }
+            if !backoff.wait(&drain).await {
+                return;
             }
         }
-        if !backoff.wait(&drain).await {
-            return;
+    }
+
+    /// Serves every queue replica of the elector's shard map: a work stream to each distinct
+    /// owner address; a replica that leaves the map is drained like a shutdown.
+    pub async fn follow(self, mut view: watch::Receiver<Option<Arc<ShardView>>>, drain: Drain) {
+        let mut sessions: BTreeMap<Arc<str>, (ShutdownHandle, JoinHandle<()>)> = BTreeMap::new();
+        let mut stopping = Vec::new();
+        loop {
+            let addresses = view
+                .borrow_and_update()
+                .as_ref()
+                .map(|v| v.addresses())
+                .unwrap_or_default();
+            sessions.retain(|address, (handle, task)| {
+                let keep = addresses.contains(address);
+                if !keep {
+                    info!(queue = %address, "queue replica left the shard map: draining its stream");
+                    handle.trigger();
+                    stopping.push(std::mem::replace(task, tokio::spawn(async {})));
+                }
+                keep
+            });
+            for address in addresses {
+                sessions.entry(address.clone()).or_insert_with(|| {
+                    let (handle, session_drain) = drain_channel();
+                    let task = tokio::spawn(
+                        self.clone()
+                            .serve(address.clone(), session_drain)
+                            .instrument(info_span!("queue", address = %address)),
+                    );
+                    (handle, task)
+                });
+            }
+            tokio::select! {
+                changed = view.changed() => if changed.is_err() { break },
+                _ = drain.clone().signaled() => break,
+            }
+        }
+        for (handle, task) in sessions.into_values() {
+            handle.trigger();
+            stopping.push(task);
+        }
+        for task in stopping {
+            let _ = task.await;
         }
     }
 }
 
 struct Session {
     endpoint: String,
-    registry: Arc<Registry>,
-    ctx: Context,
-    settings: Arc<Settings>,
+    worker: Worker,
 }
 
 fn msg(request: Msg) -> WorkRequest {
@@ -102,30 +173,34 @@ fn msg(request: Msg) -> WorkRequest {
 
 impl Session {
     /// Ok when it ended because of shutdown.
-    async fn run(
-        self,
-        ready: &mut Option<Gate>,
-        backoff: &mut Backoff,
-        drain: &Drain,
-    ) -> Result<(), tonic::Status> {
+    async fn run(self, backoff: &mut Backoff, drain: &Drain) -> Result<(), tonic::Status> {
+        let Worker {
+            registry, settings, ..
+        } = &self.worker;
         let mut client = QueueClient::connect(self.endpoint.clone())
             .await
             .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let (tx, rx) = unbounded_channel();
         let _ = tx.send(msg(Msg::Hello(WorkerHello {
-            worker_id: self.settings.worker_id.clone(),
-            controllers: self.registry.names(),
+            worker_id: settings.worker_id.clone(),
+            controllers: registry.names(),
         })));
         let _ = tx.send(msg(Msg::Credit(Credit {
-            items: self.settings.concurrency,
+            items: settings.concurrency,
         })));
         let mut inbound = client
             .work(UnboundedReceiverStream::new(rx))
             .await?
             .into_inner();
-        info!(queue = %self.endpoint, concurrency = self.settings.concurrency, "work stream open");
+        info!(queue = %self.endpoint, concurrency = settings.concurrency, "work stream open");
         *backoff = Backoff::new(QUEUE_BACKOFF.0, QUEUE_BACKOFF.1);
-        if let Some(gate) = ready.take() {
+        let gate = self
+            .worker
+            .ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(gate) = gate {
             gate.ready();
         }
 
@@ -164,7 +239,7 @@ impl Session {
                 },
                 Some(_) = running.join_next(), if !running.is_empty() => {}
                 _ = drain.clone().signaled(), if drain_deadline.is_none() => {
-                    let budget = self.settings.drain_timeout.saturating_sub(CLOSE_MARGIN);
+                    let budget = settings.drain_timeout.saturating_sub(CLOSE_MARGIN);
                     info!(in_flight = running.len(), ?budget, "draining: finishing in-flight reconciles");
                     drain_deadline = Some(tokio::time::Instant::now() + budget);
                 }
@@ -193,42 +268,60 @@ impl Session {
         tx: UnboundedSender<WorkRequest>,
         drain: Drain,
     ) -> impl Future<Output = ()> + Send + 'static {
-        let registry = self.registry.clone();
-        let ctx = self.ctx.clone();
-        let timeout = self.settings.reconcile_timeout;
+        let registry = self.worker.registry.clone();
+        let ctx = self.worker.ctx.clone();
+        let permits = self.worker.permits.clone();
+        let timeout = self.worker.settings.reconcile_timeout;
         let key = item.key.clone().unwrap_or_default();
         let span = info_span!("reconcile", controller = %key.controller, namespace = %key.namespace, name = %key.name, attempt = item.attempt);
         async move {
-            let started = Instant::now();
-            let verdict = match registry.get(&key.controller) {
-                Some(controller) => {
-                    let request = Request {
-                        namespace: key.namespace.clone(),
-                        name: key.name.clone(),
-                        attempt: item.attempt,
-                    };
-                    let task = AbortOnDrop(tokio::spawn(
-                        async move { controller.reconcile(&ctx, &request).await }
-                            .instrument(tracing::Span::current()),
-                    ));
-                    let extend = extend_lease(&item, &tx);
-                    tokio::select! {
-                        joined = tokio::time::timeout(timeout, task) => match joined {
+            // The lease is kept from the start, also while waiting for a permit.
+            let extend = extend_lease(&item, &tx);
+            let work = async {
+                // Never closed: the semaphore lives as long as the worker.
+                let _permit = permits.acquire_owned().await.ok();
+                let started = Instant::now();
+                let verdict = match registry.get(&key.controller) {
+                    Some(controller) => {
+                        let request = Request {
+                            namespace: key.namespace.clone(),
+                            name: key.name.clone(),
+                            attempt: item.attempt,
+                        };
+                        let task = AbortOnDrop(tokio::spawn(
+                            async move { controller.reconcile(&ctx, &request).await }
+                                .instrument(tracing::Span::current()),
+                        ));
+                        match tokio::time::timeout(timeout, task).await {
                             Ok(Ok(Ok(Action::Done))) => Verdict::Done(Done {}),
-                            Ok(Ok(Ok(Action::RequeueAfter(delay)))) => Verdict::RequeueAfter(RequeueAfter {
-                                delay: prost_types::Duration::try_from(delay).ok(),
-                            }),
+                            Ok(Ok(Ok(Action::RequeueAfter(delay)))) => {
+                                Verdict::RequeueAfter(RequeueAfter {
+                                    delay: prost_types::Duration::try_from(delay).ok(),
+                                })
+                            }
                             Ok(Ok(Err(error))) => failed(error.to_string()),
-                            Ok(Err(join)) if join.is_panic() => failed(format!("reconcile panicked: {}", panic_message(join.into_panic()))),
+                            Ok(Err(join)) if join.is_panic() => failed(format!(
+                                "reconcile panicked: {}",
+                                panic_message(join.into_panic())
+                            )),
                             Ok(Err(join)) => failed(format!("reconcile aborted: {join}")),
-                            Err(_) => failed(format!("reconcile timed out after {}", humantime::format_duration(timeout))),
-                        },
-                        never = extend => match never {},
+                            Err(_) => failed(format!(
+                                "reconcile timed out after {}",
+                                humantime::format_duration(timeout)
+                            )),
+                        }
                     }
-                }
-                None => failed(format!("no controller named {:?} in this worker", key.controller)),
+                    None => failed(format!(
+                        "no controller named {:?} in this worker",
+                        key.controller
+                    )),
+                };
+                (verdict, started.elapsed())
             };
-            let duration = started.elapsed();
+            let (verdict, duration) = tokio::select! {
+                done = work => done,
+                never = extend => match never {},
+            };
             match &verdict {
                 Verdict::Failed(Failed { reason }) => warn!(?duration, %reason, "reconcile failed"),
                 _ => debug!(?duration, "reconciled"),
