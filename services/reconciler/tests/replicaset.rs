@@ -26,7 +26,7 @@ use switchyard_reconciler_core::replicaset::{controller_of, is_active};
 use switchyard_testenv::{ControlPlane, TestNamespace};
 use tokio::task::JoinHandle;
 
-use support::{RS, WITHIN};
+use support::{RS, WITHIN, converged, replica_set};
 
 /// Watches the namespace's Pods; at every event that adds an active Pod, the active count
 /// must not exceed the target.
@@ -98,76 +98,6 @@ impl Observer {
             "more Pods than replicas: {violations:?}"
         );
     }
-}
-
-fn replica_set(name: &str, replicas: i32) -> ReplicaSet {
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name, "tier": "web"}},
-                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
-            }
-        }
-    }))
-    .unwrap()
-}
-
-/// Waits until the ReplicaSet's status says `n` Pods, all fully labeled, ready and available,
-/// for its current generation; then checks the Pods themselves.
-async fn converged(rs_api: &Api<ReplicaSet>, pods: &Api<Pod>, name: &str, n: i32) -> Vec<Pod> {
-    let done = await_condition(rs_api.clone(), name, move |rs: Option<&ReplicaSet>| {
-        rs.is_some_and(|rs| {
-            let status = rs.status.clone().unwrap_or_default();
-            status.observed_generation == rs.metadata.generation
-                && status.replicas == n
-                && status.fully_labeled_replicas == Some(n)
-                && status.ready_replicas == Some(n)
-                && status.available_replicas == Some(n)
-        })
-    });
-    if tokio::time::timeout(Duration::from_secs(60), done)
-        .await
-        .is_err()
-    {
-        let rs = rs_api.get(name).await.unwrap();
-        panic!(
-            "{name} did not converge to {n} ready Pods: status {:?}",
-            rs.status
-        );
-    }
-    let rs = rs_api.get(name).await.unwrap();
-    let uid = rs.metadata.uid.unwrap();
-    let active: Vec<Pod> = pods
-        .list(&ListParams::default().labels(&format!("app={name}")))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(is_active)
-        .collect();
-    assert_eq!(active.len(), n as usize, "active Pods");
-    for pod in &active {
-        let owner = controller_of(pod).expect("a controller reference");
-        assert_eq!(
-            (owner.kind.as_str(), owner.uid.as_str()),
-            ("ReplicaSet", uid.as_str())
-        );
-        let labels = pod.metadata.labels.as_ref().unwrap();
-        assert_eq!(
-            (labels["app"].as_str(), labels["tier"].as_str()),
-            (name, "web")
-        );
-        // Created from the template (an adopted orphan has a name of its own).
-        if let Some(prefix) = &pod.metadata.generate_name {
-            assert_eq!(prefix, &format!("{name}-"));
-        }
-    }
-    active
 }
 
 async fn scale(rs_api: &Api<ReplicaSet>, name: &str, replicas: i32) {

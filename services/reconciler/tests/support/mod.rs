@@ -10,7 +10,10 @@ use std::{
 };
 
 use clap::Parser;
+use serde_json::json;
+use switchyard_k8s::{Api, ListParams, Pod, ReplicaSet, await_condition};
 use switchyard_reconciler::sdk::Registry;
+use switchyard_reconciler_core::replicaset::{controller_of, is_active};
 use switchyard_runtime::ShutdownHandle;
 use switchyard_testenv::ControlPlane;
 use tokio::task::JoinHandle;
@@ -113,6 +116,11 @@ pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
 
 /// A watcher with `config` (YAML) against `plane`'s apiserver, sending keys to `queue`.
 pub async fn watcher(plane: &ControlPlane, config: &str, queue: SocketAddr) -> InProcess {
+    watcher_routed(plane, config, &format!("--queue-addr={queue}")).await
+}
+
+/// A watcher routing keys by `route` (`--queue-addr=...` or `--elector-addr=...`).
+pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> InProcess {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
@@ -122,7 +130,7 @@ pub async fn watcher(plane: &ControlPlane, config: &str, queue: SocketAddr) -> I
         "--grpc-addr=127.0.0.1:0".into(),
         format!("--kubeconfig={}", plane.kubeconfig().display()),
         format!("--config={}", path.display()),
-        format!("--queue-addr={queue}"),
+        route.to_owned(),
     ];
     let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
         .unwrap()
@@ -147,12 +155,30 @@ pub async fn reconciler(
     watcher: SocketAddr,
     extra: &[&str],
 ) -> InProcess {
+    reconciler_routed(
+        plane,
+        registry,
+        &format!("--queue-addr={queue}"),
+        watcher,
+        extra,
+    )
+    .await
+}
+
+/// A reconciler finding its queues by `route` (`--queue-addr=...` or `--elector-addr=...`).
+pub async fn reconciler_routed(
+    plane: &ControlPlane,
+    registry: Registry,
+    route: &str,
+    watcher: SocketAddr,
+    extra: &[&str],
+) -> InProcess {
     let mut args = vec![
         "switchyard-reconciler".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
         "--grpc-addr=127.0.0.1:0".into(),
         format!("--kubeconfig={}", plane.kubeconfig().display()),
-        format!("--queue-addr={queue}"),
+        route.to_owned(),
         format!("--watcher-addr={watcher}"),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
@@ -186,4 +212,74 @@ controllers:
       - {{apiVersion: v1, kind: Pod}}
 "#
     )
+}
+
+pub fn replica_set(name: &str, replicas: i32) -> ReplicaSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "tier": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+/// Waits until the ReplicaSet's status says `n` Pods, all fully labeled, ready and available,
+/// for its current generation; then checks the Pods themselves.
+pub async fn converged(rs_api: &Api<ReplicaSet>, pods: &Api<Pod>, name: &str, n: i32) -> Vec<Pod> {
+    let done = await_condition(rs_api.clone(), name, move |rs: Option<&ReplicaSet>| {
+        rs.is_some_and(|rs| {
+            let status = rs.status.clone().unwrap_or_default();
+            status.observed_generation == rs.metadata.generation
+                && status.replicas == n
+                && status.fully_labeled_replicas == Some(n)
+                && status.ready_replicas == Some(n)
+                && status.available_replicas == Some(n)
+        })
+    });
+    if tokio::time::timeout(Duration::from_secs(60), done)
+        .await
+        .is_err()
+    {
+        let rs = rs_api.get(name).await.unwrap();
+        panic!(
+            "{name} did not converge to {n} ready Pods: status {:?}",
+            rs.status
+        );
+    }
+    let rs = rs_api.get(name).await.unwrap();
+    let uid = rs.metadata.uid.unwrap();
+    let active: Vec<Pod> = pods
+        .list(&ListParams::default().labels(&format!("app={name}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(is_active)
+        .collect();
+    assert_eq!(active.len(), n as usize, "active Pods");
+    for pod in &active {
+        let owner = controller_of(pod).expect("a controller reference");
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ReplicaSet", uid.as_str())
+        );
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(
+            (labels["app"].as_str(), labels["tier"].as_str()),
+            (name, "web")
+        );
+        // Created from the template (an adopted orphan has a name of its own).
+        if let Some(prefix) = &pod.metadata.generate_name {
+            assert_eq!(prefix, &format!("{name}-"));
+        }
+    }
+    active
 }
