@@ -10,6 +10,7 @@
 //! Built-in controllers: ReplicaSet ([`replicaset`]).
 
 pub mod cache;
+pub mod metrics;
 pub mod ratelimit;
 pub mod replicaset;
 pub mod sdk;
@@ -201,7 +202,13 @@ impl Args {
             concurrency,
             "configured"
         );
-        let worker = Worker::new(registry, ctx, settings, rt.readiness().gate("queue"));
+        let worker = Worker::new(
+            registry,
+            ctx,
+            settings,
+            rt.readiness().gate("queue"),
+            metrics::ReconcilerMetrics::register(rt.metrics()),
+        );
         match route {
             Route::Queue(queue) => {
                 rt.spawn("worker", move |drain| worker.serve(queue.into(), drain));

@@ -39,7 +39,10 @@ use tokio::{
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::sdk::{Action, Context, Registry, Request};
+use crate::{
+    metrics::{ControllerLabels, OutcomeLabels, ReconcilerMetrics},
+    sdk::{Action, Context, Registry, Request},
+};
 
 /// First and last delay between attempts to reach the queue.
 const QUEUE_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
@@ -72,6 +75,7 @@ pub struct Worker {
     permits: Arc<Semaphore>,
     /// Opened by the first work stream established.
     ready: Arc<Mutex<Option<Gate>>>,
+    metrics: ReconcilerMetrics,
 }
 
 impl std::fmt::Debug for Worker {
@@ -84,8 +88,15 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    pub fn new(registry: Registry, ctx: Context, settings: Settings, ready: Gate) -> Self {
+    pub fn new(
+        registry: Registry,
+        ctx: Context,
+        settings: Settings,
+        ready: Gate,
+        metrics: ReconcilerMetrics,
+    ) -> Self {
         Self {
+            metrics,
             permits: Arc::new(Semaphore::new(settings.concurrency as usize)),
             registry: Arc::new(registry),
             ctx,
@@ -271,6 +282,7 @@ impl Session {
         let registry = self.worker.registry.clone();
         let ctx = self.worker.ctx.clone();
         let permits = self.worker.permits.clone();
+        let metrics = self.worker.metrics.clone();
         let timeout = self.worker.settings.reconcile_timeout;
         let key = item.key.clone().unwrap_or_default();
         let span = info_span!("reconcile", controller = %key.controller, namespace = %key.namespace, name = %key.name, attempt = item.attempt);
@@ -280,6 +292,7 @@ impl Session {
             let work = async {
                 // Never closed: the semaphore lives as long as the worker.
                 let _permit = permits.acquire_owned().await.ok();
+                metrics.in_flight.inc();
                 let started = Instant::now();
                 let verdict = match registry.get(&key.controller) {
                     Some(controller) => {
@@ -293,35 +306,53 @@ impl Session {
                                 .instrument(tracing::Span::current()),
                         ));
                         match tokio::time::timeout(timeout, task).await {
-                            Ok(Ok(Ok(Action::Done))) => Verdict::Done(Done {}),
-                            Ok(Ok(Ok(Action::RequeueAfter(delay)))) => {
+                            Ok(Ok(Ok(Action::Done))) => ("done", Verdict::Done(Done {})),
+                            Ok(Ok(Ok(Action::RequeueAfter(delay)))) => (
+                                "requeue_after",
                                 Verdict::RequeueAfter(RequeueAfter {
                                     delay: prost_types::Duration::try_from(delay).ok(),
-                                })
-                            }
-                            Ok(Ok(Err(error))) => failed(error.to_string()),
-                            Ok(Err(join)) if join.is_panic() => failed(format!(
-                                "reconcile panicked: {}",
-                                panic_message(join.into_panic())
-                            )),
-                            Ok(Err(join)) => failed(format!("reconcile aborted: {join}")),
-                            Err(_) => failed(format!(
-                                "reconcile timed out after {}",
-                                humantime::format_duration(timeout)
-                            )),
+                                }),
+                            ),
+                            Ok(Ok(Err(error))) => failed("failed", error.to_string()),
+                            Ok(Err(join)) if join.is_panic() => failed(
+                                "panicked",
+                                format!("reconcile panicked: {}", panic_message(join.into_panic())),
+                            ),
+                            Ok(Err(join)) => failed("failed", format!("reconcile aborted: {join}")),
+                            Err(_) => failed(
+                                "timed_out",
+                                format!(
+                                    "reconcile timed out after {}",
+                                    humantime::format_duration(timeout)
+                                ),
+                            ),
                         }
                     }
-                    None => failed(format!(
-                        "no controller named {:?} in this worker",
-                        key.controller
-                    )),
+                    None => failed(
+                        "failed",
+                        format!("no controller named {:?} in this worker", key.controller),
+                    ),
                 };
+                metrics.in_flight.dec();
                 (verdict, started.elapsed())
             };
-            let (verdict, duration) = tokio::select! {
+            let ((kind, verdict), duration) = tokio::select! {
                 done = work => done,
                 never = extend => match never {},
             };
+            metrics
+                .outcomes
+                .get_or_create(&OutcomeLabels {
+                    controller: key.controller.clone(),
+                    outcome: kind,
+                })
+                .inc();
+            metrics
+                .durations
+                .get_or_create(&ControllerLabels {
+                    controller: key.controller.clone(),
+                })
+                .observe(duration.as_secs_f64());
             match &verdict {
                 Verdict::Failed(Failed { reason }) => warn!(?duration, %reason, "reconcile failed"),
                 _ => debug!(?duration, "reconciled"),
@@ -342,8 +373,8 @@ impl Session {
     }
 }
 
-fn failed(reason: String) -> Verdict {
-    Verdict::Failed(Failed { reason })
+fn failed(kind: &'static str, reason: String) -> (&'static str, Verdict) {
+    (kind, Verdict::Failed(Failed { reason }))
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {

@@ -174,6 +174,19 @@ async fn failures_panics_and_timeouts_are_failed_outcomes_and_the_worker_lives_o
     events.expect("requeue finished", within).await;
     events.expect("requeue#1", within).await;
 
+    // Every outcome is counted by kind.
+    for (outcome, count) in [
+        ("failed", 1.0),
+        ("panicked", 1.0),
+        ("timed_out", 1.0),
+        ("requeue_after", 1.0),
+    ] {
+        let series = format!(
+            r#"switchyard_reconciles_total{{controller="{SCRIPTED}",outcome="{outcome}"}}"#
+        );
+        assert_eq!(reconciler.metric(&series).await, count, "{series}");
+    }
+
     reconciler.stop().await;
     queue.stop().await;
 }
