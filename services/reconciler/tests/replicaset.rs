@@ -292,3 +292,74 @@ async fn replica_set_adopts_matching_orphans_and_releases_pods_that_stop_matchin
     watcher.stop().await;
     queue.stop().await;
 }
+
+/// The controller called directly, twice back to back, against the real watcher's cache and
+/// the apiserver: the first reconcile counts the Pods it just created (its status reads its
+/// own writes), and the second creates none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
+    use switchyard_reconciler::{
+        cache::CacheClient,
+        sdk::{Action, Context, Controller, Request},
+    };
+
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "rs-own-writes")
+        .await
+        .unwrap();
+    // Nobody leases from this queue: the reconciles below are the only ones.
+    let queue = support::queue(&[RS], &[]).await;
+    let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
+    watcher.wait_ready(WITHIN).await;
+    let ctx = Context {
+        client: client.clone(),
+        cache: CacheClient::new(&watcher.grpc().to_string()).unwrap(),
+    };
+    let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    let created = rs_api
+        .create(&PostParams::default(), &replica_set("own", 5))
+        .await
+        .unwrap();
+    // The cache has the ReplicaSet.
+    ctx.cache
+        .get::<ReplicaSet>(
+            ns.name(),
+            "own",
+            created.metadata.resource_version.as_deref(),
+        )
+        .await
+        .unwrap()
+        .expect("cached");
+
+    let request = Request {
+        namespace: ns.name().to_owned(),
+        name: "own".into(),
+        attempt: 1,
+    };
+    let controller = switchyard_reconciler::replicaset::ReplicaSetController;
+    let first = controller.reconcile(&ctx, &request).await.unwrap();
+    assert_eq!(first, Action::Done);
+    let status = rs_api.get("own").await.unwrap().status.unwrap();
+    assert_eq!(
+        (status.replicas, status.observed_generation),
+        (5, Some(1)),
+        "the status counts the Pods this reconcile created"
+    );
+    for _ in 0..2 {
+        controller.reconcile(&ctx, &request).await.unwrap();
+        let active = pods
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(is_active)
+            .count();
+        assert_eq!(active, 5, "a reconcile right after another adds no Pod");
+    }
+
+    watcher.stop().await;
+    queue.stop().await;
+}
