@@ -79,6 +79,13 @@ impl Writes {
     }
 }
 
+/// Keeps the first error of a reconcile; the rest of its writes still go ahead.
+fn note(first: &mut Option<Error>, error: kube::Error) {
+    if first.is_none() {
+        *first = Some(error.into());
+    }
+}
+
 fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.is_not_found())
 }
@@ -173,11 +180,6 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
 
     let mut writes = Writes::default();
     let mut first_error: Option<Error> = None;
-    let mut note = |error: kube::Error| {
-        if first_error.is_none() {
-            first_error = Some(error.into());
-        }
-    };
 
     let adopted = join_all(claim.adopt.iter().map(|pod| adopt(&pods_api, &spec, pod))).await;
     let released = join_all(
@@ -194,17 +196,22 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                 writes.saw(&pod);
                 adopted_pods.push(pod);
             }
-            // Gone or changed since the read: the next reconcile sees it as it is now.
+            // Gone since the read: nothing to adopt.
             Err(error) if is_not_found(&error) => {}
-            Err(error) => note(error),
+            Err(error) => note(&mut first_error, error),
         }
     }
     for result in released {
         match result {
             Ok(pod) => writes.saw(&pod),
             Err(error) if is_not_found(&error) => {}
-            Err(error) => note(error),
+            Err(error) => note(&mut first_error, error),
         }
+    }
+    // As kube-controller-manager does: no scaling on a failed claim (a Pod not adopted now
+    // would be adopted later, on top of a replacement created for it).
+    if let Some(error) = first_error {
+        return Err(error);
     }
     let mut owned: Vec<&Pod> = claim.owned.clone();
     owned.extend(adopted_pods.iter().filter(|p| controller_of(p).is_some()));
@@ -225,7 +232,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                                 reason: "FailedCreate",
                                 message: error.to_string(),
                             });
-                            note(error);
+                            note(&mut first_error, error);
                         }
                     }
                 }
@@ -258,7 +265,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                             reason: "FailedDelete",
                             message: error.to_string(),
                         });
-                        note(error);
+                        note(&mut first_error, error);
                     }
                 }
             }

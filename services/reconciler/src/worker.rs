@@ -292,7 +292,7 @@ impl Session {
             let work = async {
                 // Never closed: the semaphore lives as long as the worker.
                 let _permit = permits.acquire_owned().await.ok();
-                metrics.in_flight.inc();
+                let _in_flight = InFlight::new(&metrics.in_flight);
                 let started = Instant::now();
                 let verdict = match registry.get(&key.controller) {
                     Some(controller) => {
@@ -333,7 +333,6 @@ impl Session {
                         format!("no controller named {:?} in this worker", key.controller),
                     ),
                 };
-                metrics.in_flight.dec();
                 (verdict, started.elapsed())
             };
             let ((kind, verdict), duration) = tokio::select! {
@@ -414,6 +413,22 @@ async fn extend_lease(item: &LeasedItem, tx: &UnboundedSender<WorkRequest>) -> I
         if tx.send(msg(Msg::Extend(extend))).is_err() {
             return std::future::pending::<Infallible>().await;
         }
+    }
+}
+
+/// Counts a reconcile in `switchyard_reconciles_in_flight` until it ends or is abandoned.
+struct InFlight(prometheus_client::metrics::gauge::Gauge);
+
+impl InFlight {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
