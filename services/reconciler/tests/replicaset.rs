@@ -1,5 +1,5 @@
 //! The ReplicaSet controller end to end: the real control plane (kwok makes Pods Ready), a
-//! queue, a watcher and a reconciler in this process. A watch on the Pods checks, at every
+//! queue, a watcher and reconcilers in this process. A watch on the Pods checks, at every
 //! event, that the active Pods never outnumber `replicas`.
 
 #![allow(clippy::unwrap_used)]
@@ -121,15 +121,20 @@ async fn replica_set_gets_its_pods_scales_and_replaces_without_overshooting() {
     let queue = support::queue(&[RS], &[]).await;
     let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
     watcher.wait_ready(WITHIN).await;
-    let reconciler = support::reconciler(
-        plane,
-        switchyard_reconciler::builtin_controllers(),
-        queue.grpc(),
-        watcher.grpc(),
-        &[],
-    )
-    .await;
-    reconciler.wait_ready(WITHIN).await;
+    // Two workers: the key moves between them, and each must see the other's writes.
+    let mut reconcilers = Vec::new();
+    for _ in 0..2 {
+        let reconciler = support::reconciler(
+            plane,
+            switchyard_reconciler::builtin_controllers(),
+            queue.grpc(),
+            watcher.grpc(),
+            &[],
+        )
+        .await;
+        reconciler.wait_ready(WITHIN).await;
+        reconcilers.push(reconciler);
+    }
 
     let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
@@ -189,7 +194,17 @@ async fn replica_set_gets_its_pods_scales_and_replaces_without_overshooting() {
     observer.assert_never_overshot();
     assert_eq!(observer.max_active.load(Ordering::SeqCst), 15);
     observer.task.abort();
-    reconciler.stop().await;
+    for reconciler in &reconcilers {
+        let series =
+            r#"switchyard_reconciles_total{controller="apps/v1/ReplicaSet",outcome="done"}"#;
+        assert!(
+            reconciler.metric(series).await > 0.0,
+            "both workers reconciled"
+        );
+    }
+    for reconciler in reconcilers {
+        reconciler.stop().await;
+    }
     watcher.stop().await;
     queue.stop().await;
 }
