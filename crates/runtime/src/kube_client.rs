@@ -34,6 +34,11 @@ const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Durat
 
 impl KubeArgs {
     pub async fn client(&self) -> Result<Client, KubeError> {
+        Ok(Client::try_from(self.config().await?)?)
+    }
+
+    /// The client configuration, for services that add layers to the client's stack.
+    pub async fn config(&self) -> Result<Config, KubeError> {
         let options = kube::config::KubeConfigOptions {
             context: self.kube_context.clone(),
             ..Default::default()
@@ -55,7 +60,7 @@ impl KubeArgs {
             }
             None => Config::infer().await?,
         };
-        Ok(Client::try_from(config)?)
+        Ok(config)
     }
 }
 

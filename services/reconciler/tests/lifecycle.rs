@@ -1,5 +1,7 @@
-//! The binary starts, connects to the real apiserver, reports ready, serves health, metrics
-//! and reflection, and drains on SIGTERM.
+//! The binary starts, connects to the real apiserver and a queue, reports ready, serves
+//! health, metrics and reflection, and drains on SIGTERM.
+
+mod support;
 
 use switchyard_testenv::ControlPlane;
 
@@ -7,10 +9,18 @@ use switchyard_testenv::ControlPlane;
 async fn starts_reports_ready_and_stops_cleanly_on_sigterm() {
     let plane = ControlPlane::shared().expect("control plane");
     let kubeconfig = plane.kubeconfig().display().to_string();
+    let queue = support::queue(&[support::RS], &[]).await;
+    let queue_addr = queue.grpc().to_string();
     switchyard_testenv::assert_service_lifecycle(
         std::path::Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
         "switchyard-reconciler",
-        &[("KUBECONFIG", &kubeconfig)],
+        &[
+            ("KUBECONFIG", &kubeconfig),
+            ("SWITCHYARD_QUEUE_ADDR", &queue_addr),
+            // Read lazily: nothing is reconciled in this test.
+            ("SWITCHYARD_WATCHER_ADDR", "127.0.0.1:1"),
+        ],
     )
     .await;
+    queue.stop().await;
 }

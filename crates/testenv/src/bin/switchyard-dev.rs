@@ -232,6 +232,7 @@ async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Re
     std::fs::write(&watcher_config, WATCHER_CONFIG)?;
     let watcher_config = watcher_config.display().to_string();
     let mut elector_addr = String::new();
+    let mut watcher_addr = String::new();
     let mut running = Vec::new();
     for service in SERVICES {
         let program = services_dir.join(service);
@@ -245,6 +246,7 @@ async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Re
             ("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint()),
             ("SWITCHYARD_WATCHER_CONFIG", watcher_config.as_str()),
             ("SWITCHYARD_ELECTOR_ADDR", elector_addr.as_str()),
+            ("SWITCHYARD_WATCHER_ADDR", watcher_addr.as_str()),
         ];
         let mut process = ServiceProcess::start(&program, &[], &env)
             .await
@@ -258,8 +260,10 @@ async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Re
             process.admin_addr(),
             process.grpc_addr()
         );
-        if service == "switchyard-elector" {
-            elector_addr = process.grpc_addr().to_string();
+        match service {
+            "switchyard-elector" => elector_addr = process.grpc_addr().to_string(),
+            "switchyard-watcher" => watcher_addr = process.grpc_addr().to_string(),
+            _ => {}
         }
         running.push((service, process));
     }

@@ -1,0 +1,427 @@
+//! The ReplicaSet controller's decisions, as kube-controller-manager's
+//! `pkg/controller/replicaset` makes them.
+//!
+//! ```text
+//!  pods (owned ∪ selected) ─► claim ─► owned active pods ─► diff ─► create n (slow start) | delete ranked
+//!                               ├─► adopt: orphans the selector matches
+//!                               └─► release: owned pods it no longer matches
+//!  owned pods after the writes ─► status (replicas, fullyLabeled, ready, available, terminating)
+//! ```
+
+use std::{cmp::Ordering, collections::BTreeMap, time::Duration};
+
+use k8s_openapi::{
+    api::{
+        apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus},
+        core::v1::{Pod, PodTemplateSpec},
+    },
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time},
+    jiff::Timestamp,
+};
+
+use crate::selector::{Selector, SelectorError};
+
+/// The most Pods created or deleted by one reconcile (kube-controller-manager's
+/// `BurstReplicas`): bounds a single reconcile's apiserver calls; the rest come next time.
+pub const BURST_REPLICAS: usize = 500;
+/// Creations start with one Pod, then double (`SlowStartInitialBatchSize`): a template the
+/// apiserver refuses (quota, admission) costs one call, not `replicas` calls.
+pub const SLOW_START_INITIAL_BATCH: usize = 1;
+/// The condition set while creating or deleting Pods fails.
+pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+
+/// A ReplicaSet as the controller needs it.
+#[derive(Debug, Clone)]
+pub struct Spec<'a> {
+    pub rs: &'a ReplicaSet,
+    pub uid: &'a str,
+    pub replicas: usize,
+    pub selector: Selector,
+    pub min_ready_seconds: i64,
+    pub deleting: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("metadata.uid: empty")]
+    NoUid,
+    #[error("spec.{0}")]
+    Selector(#[from] SelectorError),
+    #[error("spec.selector: empty, it would select every Pod of the namespace")]
+    EmptySelector,
+    #[error("spec.replicas: negative ({0})")]
+    NegativeReplicas(i32),
+}
+
+impl<'a> Spec<'a> {
+    pub fn new(rs: &'a ReplicaSet) -> Result<Self, SpecError> {
+        let uid = rs.metadata.uid.as_deref().filter(|u| !u.is_empty());
+        let spec = rs.spec.as_ref();
+        let selector = spec.map(|s| &s.selector).cloned().unwrap_or_default();
+        if selector
+            .match_labels
+            .as_ref()
+            .is_none_or(BTreeMap::is_empty)
+            && selector
+                .match_expressions
+                .as_ref()
+                .is_none_or(Vec::is_empty)
+        {
+            return Err(SpecError::EmptySelector);
+        }
+        // An unset replicas means 1, as the apiserver defaults it.
+        let replicas = spec.and_then(|s| s.replicas).unwrap_or(1);
+        Ok(Self {
+            rs,
+            uid: uid.ok_or(SpecError::NoUid)?,
+            replicas: usize::try_from(replicas)
+                .map_err(|_| SpecError::NegativeReplicas(replicas))?,
+            selector: Selector::new(&selector)?,
+            min_ready_seconds: spec.and_then(|s| s.min_ready_seconds).unwrap_or(0).into(),
+            deleting: rs.metadata.deletion_timestamp.is_some(),
+        })
+    }
+
+    fn controls(&self, pod: &Pod) -> bool {
+        controller_of(pod).is_some_and(|r| r.uid == self.uid)
+    }
+}
+
+/// The owner reference with `controller: true`, if any.
+pub fn controller_of(pod: &Pod) -> Option<&OwnerReference> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+}
+
+/// Not finished and not being deleted (`controller.FilterActivePods`).
+pub fn is_active(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, Some("Succeeded" | "Failed")) && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// Being deleted and not finished (`controller.FilterTerminatingPods`).
+pub fn is_terminating(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, Some("Succeeded" | "Failed")) && pod.metadata.deletion_timestamp.is_some()
+}
+
+/// When the Pod's `Ready` condition last turned true; `None` while not ready.
+pub fn ready_since(pod: &Pod) -> Option<Option<Timestamp>> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready" && c.status == "True")
+        .map(|c| c.last_transition_time.as_ref().map(|t| t.0))
+}
+
+pub fn is_ready(pod: &Pod) -> bool {
+    ready_since(pod).is_some()
+}
+
+/// Ready for at least `min_ready_seconds` (`podutil.IsPodAvailable`).
+pub fn is_available(pod: &Pod, min_ready_seconds: i64, now: Timestamp) -> bool {
+    available_in(pod, min_ready_seconds, now) == Some(Duration::ZERO)
+}
+
+/// How long until the Pod counts as available: zero when it is, `None` while not ready.
+fn available_in(pod: &Pod, min_ready_seconds: i64, now: Timestamp) -> Option<Duration> {
+    let since = ready_since(pod)?;
+    if min_ready_seconds <= 0 {
+        return Some(Duration::ZERO);
+    }
+    let Some(since) = since else {
+        return Some(Duration::ZERO);
+    };
+    let ready_for = now.as_millisecond() - since.as_millisecond();
+    let wanted = min_ready_seconds * 1000;
+    // kube-controller-manager requires strictly more than minReadySeconds.
+    Some(if ready_for > wanted {
+        Duration::ZERO
+    } else {
+        Duration::from_millis((wanted - ready_for + 1).unsigned_abs())
+    })
+}
+
+/// Which Pods the ReplicaSet keeps, adopts and releases (`PodControllerRefManager.ClaimPods`).
+#[derive(Debug, Default, PartialEq)]
+pub struct Claim<'p> {
+    /// Controlled by the ReplicaSet, matching its selector, active.
+    pub owned: Vec<&'p Pod>,
+    /// Controlled, matching and being deleted: counted as `terminatingReplicas`.
+    pub terminating: Vec<&'p Pod>,
+    /// Orphans the selector matches: to be given a controller reference.
+    pub adopt: Vec<&'p Pod>,
+    /// Controlled but no longer matching: the controller reference is to be removed.
+    pub release: Vec<&'p Pod>,
+}
+
+pub fn claim<'p>(spec: &Spec<'_>, pods: &'p [Pod]) -> Claim<'p> {
+    let mut claim = Claim::default();
+    let namespace = spec.rs.metadata.namespace.as_deref();
+    for pod in pods {
+        if pod.metadata.namespace.as_deref() != namespace {
+            continue;
+        }
+        let matches = spec.selector.matches(pod.metadata.labels.as_ref());
+        if spec.controls(pod) {
+            if !matches {
+                // A ReplicaSet being deleted leaves its Pods to the garbage collector.
+                if !spec.deleting && is_active(pod) {
+                    claim.release.push(pod);
+                }
+            } else if is_active(pod) {
+                claim.owned.push(pod);
+            } else if is_terminating(pod) {
+                claim.terminating.push(pod);
+            }
+        } else if controller_of(pod).is_none()
+            && matches
+            && !spec.deleting
+            && pod.metadata.deletion_timestamp.is_none()
+            && is_active(pod)
+        {
+            claim.adopt.push(pod);
+        }
+    }
+    claim
+}
+
+/// What to do about the number of Pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Diff {
+    Create(usize),
+    Delete(usize),
+    None,
+}
+
+/// `replicas` against the active owned Pods, at most [`BURST_REPLICAS`] at a time.
+pub fn diff(spec: &Spec<'_>, active: usize) -> Diff {
+    if spec.deleting {
+        return Diff::None;
+    }
+    match active.cmp(&spec.replicas) {
+        Ordering::Less => Diff::Create((spec.replicas - active).min(BURST_REPLICAS)),
+        Ordering::Greater => Diff::Delete((active - spec.replicas).min(BURST_REPLICAS)),
+        Ordering::Equal => Diff::None,
+    }
+}
+
+/// Batch sizes for creating `count` Pods: 1, 2, 4, … (the last one what is left). The caller
+/// stops at the first batch with a failure and skips the rest.
+pub fn slow_start_batches(count: usize) -> Vec<usize> {
+    let mut batches = Vec::new();
+    let (mut left, mut size) = (count, SLOW_START_INITIAL_BATCH);
+    while left > 0 {
+        let batch = size.min(left);
+        batches.push(batch);
+        left -= batch;
+        size *= 2;
+    }
+    batches
+}
+
+/// The `count` Pods to delete, first to go first (`controller.ActivePodsWithRanks`, with
+/// the rank being the number of this ReplicaSet's Pods on the same Node):
+/// unscheduled before scheduled; Pending before Unknown before Running; not ready before
+/// ready; Pods on crowded Nodes first; ready for less time first; more restarts first; newer
+/// before older.
+pub fn pods_to_delete<'p>(owned: &[&'p Pod], count: usize) -> Vec<&'p Pod> {
+    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+    for pod in owned {
+        if let Some(node) = node_of(pod) {
+            *per_node.entry(node).or_default() += 1;
+        }
+    }
+    let rank = |pod: &Pod| node_of(pod).map_or(0, |n| per_node[n]);
+    let mut ranked = owned.to_vec();
+    ranked.sort_by(|a, b| deletion_order(a, rank(a), b, rank(b)));
+    ranked.truncate(count);
+    ranked
+}
+
+fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())
+}
+
+fn phase_rank(pod: &Pod) -> u8 {
+    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some("Pending") => 0,
+        Some("Unknown") => 1,
+        Some("Running") => 2,
+        _ => 0,
+    }
+}
+
+fn restarts(pod: &Pod) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |cs| {
+            cs.iter().map(|c| c.restart_count).max().unwrap_or(0)
+        })
+}
+
+/// Less means deleted first.
+fn deletion_order(a: &Pod, rank_a: usize, b: &Pod, rank_b: usize) -> Ordering {
+    let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    node_of(a)
+        .is_some()
+        .cmp(&node_of(b).is_some())
+        .then(phase_rank(a).cmp(&phase_rank(b)))
+        .then(is_ready(a).cmp(&is_ready(b)))
+        .then(rank_b.cmp(&rank_a))
+        // Ready more recently (a later transition time) goes first; unknown times first.
+        .then_with(
+            || match (ready_since(a).flatten(), ready_since(b).flatten()) {
+                (Some(x), Some(y)) => y.cmp(&x),
+                (x, y) => x.is_some().cmp(&y.is_some()),
+            },
+        )
+        .then(restarts(b).cmp(&restarts(a)))
+        .then_with(|| match (created(a), created(b)) {
+            (Some(x), Some(y)) => y.cmp(&x),
+            (x, y) => x.is_some().cmp(&y.is_some()),
+        })
+        .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+}
+
+/// The controller reference every Pod of the ReplicaSet carries.
+pub fn controller_ref(spec: &Spec<'_>) -> OwnerReference {
+    OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "ReplicaSet".into(),
+        name: spec.rs.metadata.name.clone().unwrap_or_default(),
+        uid: spec.uid.to_owned(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// A new Pod from the template (`controller.GetPodFromTemplate`): `generateName`
+/// `<replicaset>-`, the template's labels, annotations, finalizers and spec, and the
+/// controller reference.
+pub fn pod_from_template(spec: &Spec<'_>) -> Pod {
+    let template: PodTemplateSpec = spec
+        .rs
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.clone())
+        .unwrap_or_default();
+    let meta = template.metadata.unwrap_or_default();
+    Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!(
+                "{}-",
+                spec.rs.metadata.name.as_deref().unwrap_or_default()
+            )),
+            namespace: spec.rs.metadata.namespace.clone(),
+            labels: meta.labels,
+            annotations: meta.annotations,
+            finalizers: meta.finalizers,
+            owner_references: Some(vec![controller_ref(spec)]),
+            ..ObjectMeta::default()
+        },
+        spec: template.spec,
+        status: None,
+    }
+}
+
+/// A failure of the last create or delete round, reported as the `ReplicaFailure` condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManageFailure {
+    /// `FailedCreate` or `FailedDelete`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The status kube-controller-manager would write (`calculateStatus`), from the owned Pods
+/// as read after this reconcile's writes.
+pub fn status(
+    spec: &Spec<'_>,
+    claim: &Claim<'_>,
+    failure: Option<&ManageFailure>,
+    now: Timestamp,
+) -> ReplicaSetStatus {
+    let template_labels = spec
+        .rs
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.as_ref())
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    let fully = Selector::from_labels(&template_labels);
+    let count = |f: &dyn Fn(&Pod) -> bool| {
+        i32::try_from(claim.owned.iter().filter(|p| f(p)).count()).unwrap_or(i32::MAX)
+    };
+    let old = spec.rs.status.clone().unwrap_or_default();
+    let mut conditions: Vec<ReplicaSetCondition> = old
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_ != REPLICA_FAILURE)
+        .collect();
+    if let Some(failure) = failure {
+        let previous = spec
+            .rs
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == REPLICA_FAILURE));
+        conditions.push(ReplicaSetCondition {
+            type_: REPLICA_FAILURE.into(),
+            status: "True".into(),
+            reason: Some(failure.reason.into()),
+            message: Some(failure.message.clone()),
+            // Kept from the previous condition so that a persisting failure does not rewrite
+            // the status on every retry.
+            last_transition_time: previous
+                .and_then(|c| c.last_transition_time.clone())
+                .or(Some(Time(now))),
+        });
+    }
+    ReplicaSetStatus {
+        replicas: count(&|_| true),
+        fully_labeled_replicas: Some(count(&|p| fully.matches(p.metadata.labels.as_ref()))),
+        ready_replicas: Some(count(&is_ready)),
+        available_replicas: Some(count(&|p| is_available(p, spec.min_ready_seconds, now))),
+        terminating_replicas: Some(i32::try_from(claim.terminating.len()).unwrap_or(i32::MAX)),
+        observed_generation: spec.rs.metadata.generation,
+        conditions: (!conditions.is_empty()).then_some(conditions),
+    }
+}
+
+/// Whether `new` differs from the status the ReplicaSet has, so that a write is needed.
+pub fn status_changed(rs: &ReplicaSet, new: &ReplicaSetStatus) -> bool {
+    let old = rs.status.clone().unwrap_or_default();
+    let zero = |v: Option<i32>| v.unwrap_or(0);
+    old.replicas != new.replicas
+        || zero(old.fully_labeled_replicas) != zero(new.fully_labeled_replicas)
+        || zero(old.ready_replicas) != zero(new.ready_replicas)
+        || zero(old.available_replicas) != zero(new.available_replicas)
+        || zero(old.terminating_replicas) != zero(new.terminating_replicas)
+        || old.observed_generation != new.observed_generation
+        || old.conditions.unwrap_or_default() != new.conditions.clone().unwrap_or_default()
+}
+
+/// When to look again so that `availableReplicas` catches up with Pods that are ready but not
+/// yet for `minReadySeconds`.
+pub fn recheck_after(spec: &Spec<'_>, claim: &Claim<'_>, now: Timestamp) -> Option<Duration> {
+    claim
+        .owned
+        .iter()
+        .filter_map(|p| available_in(p, spec.min_ready_seconds, now))
+        .filter(|d| !d.is_zero())
+        .min()
+}
+
+#[cfg(test)]
+mod tests;

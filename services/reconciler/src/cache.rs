@@ -1,0 +1,143 @@
+//! Typed reads from the watcher's Cache API (`switchyard.watcher.v1.Cache`).
+//!
+//! A reconcile reads what it needs here, never from the apiserver. After a write it passes the
+//! write's resourceVersion as `min_resource_version`, so the read reflects the write: this
+//! replaces client-go's expectations.
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use switchyard_k8s::Resource;
+use switchyard_proto::{
+    common::v1::GroupVersionKind,
+    watcher::v1::{Freshness, GetRequest, ListRequest, cache_client::CacheClient as Grpc},
+};
+use tonic::transport::Channel;
+
+/// How long a read waits for the cache to reach a resourceVersion (the watcher caps it at
+/// 30 s): long enough for a watch event to arrive under load, short enough that a stuck
+/// watcher fails the reconcile well within its timeout.
+pub const FRESHNESS_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("invalid watcher address {0:?} (expected host:port)")]
+    Address(String),
+    #[error("cache {call} failed: {status}")]
+    Call {
+        call: &'static str,
+        status: Box<tonic::Status>,
+    },
+    #[error("cache returned an undecodable {kind}: {source}")]
+    Decode {
+        kind: &'static str,
+        source: serde_json::Error,
+    },
+}
+
+/// A filter for [`CacheClient::list`].
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter<'a> {
+    pub label_selector: &'a str,
+    pub controller_uid: &'a str,
+    /// Read at least this resourceVersion of the kind (a write of this reconcile).
+    pub min_resource_version: Option<&'a str>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CacheClient {
+    grpc: Grpc<Channel>,
+}
+
+fn gvk<K: Resource>() -> GroupVersionKind {
+    GroupVersionKind {
+        group: K::GROUP.to_owned(),
+        version: K::VERSION.to_owned(),
+        kind: K::KIND.to_owned(),
+    }
+}
+
+fn freshness(min_resource_version: Option<&str>) -> Option<Freshness> {
+    min_resource_version.map(|rv| Freshness {
+        min_resource_version: rv.to_owned(),
+        max_wait: prost_types::Duration::try_from(FRESHNESS_WAIT).ok(),
+    })
+}
+
+fn decode<K: Resource + DeserializeOwned>(json: &[u8]) -> Result<K, CacheError> {
+    serde_json::from_slice(json).map_err(|source| CacheError::Decode {
+        kind: K::KIND,
+        source,
+    })
+}
+
+impl CacheClient {
+    /// A client of the watcher at `address` (host:port); connects lazily.
+    pub fn new(address: &str) -> Result<Self, CacheError> {
+        let endpoint = Channel::from_shared(format!("http://{address}"))
+            .map_err(|_| CacheError::Address(address.to_owned()))?;
+        Ok(Self {
+            grpc: Grpc::new(endpoint.connect_lazy()),
+        })
+    }
+
+    pub async fn get<K: Resource + DeserializeOwned>(
+        &self,
+        namespace: &str,
+        name: &str,
+        min_resource_version: Option<&str>,
+    ) -> Result<Option<K>, CacheError> {
+        let request = GetRequest {
+            gvk: Some(gvk::<K>()),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            freshness: freshness(min_resource_version),
+        };
+        let response = self
+            .grpc
+            .clone()
+            .get(request)
+            .await
+            .map_err(|status| CacheError::Call {
+                call: "Get",
+                status: Box::new(status),
+            })?
+            .into_inner();
+        if !response.found {
+            return Ok(None);
+        }
+        decode(&response.object_json).map(Some)
+    }
+
+    pub async fn list<K: Resource + DeserializeOwned>(
+        &self,
+        namespace: &str,
+        filter: ListFilter<'_>,
+    ) -> Result<Vec<K>, CacheError> {
+        let request = ListRequest {
+            gvk: Some(gvk::<K>()),
+            namespace: namespace.to_owned(),
+            label_selector: filter.label_selector.to_owned(),
+            controller_uid: filter.controller_uid.to_owned(),
+            freshness: freshness(filter.min_resource_version),
+        };
+        let call = |status| CacheError::Call {
+            call: "List",
+            status: Box::new(status),
+        };
+        let mut chunks = self
+            .grpc
+            .clone()
+            .list(request)
+            .await
+            .map_err(call)?
+            .into_inner();
+        let mut objects = Vec::new();
+        while let Some(chunk) = chunks.message().await.map_err(call)? {
+            for json in &chunk.objects_json {
+                objects.push(decode(json)?);
+            }
+        }
+        Ok(objects)
+    }
+}

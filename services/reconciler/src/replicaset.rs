@@ -1,0 +1,302 @@
+//! The ReplicaSet controller on the SDK: reads from the watcher's cache, decides with
+//! `switchyard_reconciler_core::replicaset`, writes to the apiserver.
+//!
+//! ```text
+//!  cache: ReplicaSet, its Pods (by controller UID) ∪ the selector's Pods
+//!     ─► claim: adopt orphans, release Pods that stopped matching   (patches, resourceVersion-guarded)
+//!     ─► diff:  create in slow-start batches | delete the lowest-ranked
+//!     ─► cache again, at least at the resourceVersion of the last write   (reads its own writes)
+//!     ─► status from that read ─► replace status (409 on a stale read: failed, queue backoff)
+//! ```
+//!
+//! Why the second read: the Pods are counted from a cache that has seen every write of this
+//! reconcile, and the next reconcile of the key (on any worker) starts after this one's
+//! outcome, from a cache at least as new. So no reconcile counts a stale set of Pods and
+//! creates more than `replicas`: this takes the place of kube-controller-manager's
+//! expectations.
+
+use std::collections::BTreeMap;
+
+use futures::future::{BoxFuture, join_all};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, DeleteParams, Pod, PostParams, ReplicaSet,
+    k8s_openapi::jiff::Timestamp,
+    kube::{
+        self,
+        api::{Patch, PatchParams},
+    },
+};
+use switchyard_reconciler_core::replicaset::{
+    self as core, Diff, ManageFailure, Spec, controller_of, pod_from_template, pods_to_delete,
+    slow_start_batches,
+};
+use tracing::{debug, warn};
+
+use crate::{
+    cache::ListFilter,
+    sdk::{Action, Context, Controller, Error, Request, Result},
+};
+
+pub const NAME: &str = "apps/v1/ReplicaSet";
+
+/// kube-controller-manager's ReplicaSet controller.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplicaSetController;
+
+impl Controller for ReplicaSetController {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
+        Box::pin(reconcile(ctx, request))
+    }
+}
+
+/// The highest resourceVersion of this reconcile's Pod writes.
+#[derive(Debug, Default)]
+struct Writes {
+    max: Option<(u64, String)>,
+}
+
+impl Writes {
+    fn saw(&mut self, pod: &Pod) {
+        let Some(rv) = pod.metadata.resource_version.as_deref() else {
+            return;
+        };
+        // resourceVersions are etcd revisions; the watcher compares them as numbers too.
+        let Ok(number) = rv.parse::<u64>() else {
+            return;
+        };
+        if self.max.as_ref().is_none_or(|(max, _)| number > *max) {
+            self.max = Some((number, rv.to_owned()));
+        }
+    }
+
+    fn resource_version(&self) -> Option<&str> {
+        self.max.as_ref().map(|(_, rv)| rv.as_str())
+    }
+}
+
+/// Keeps the first error of a reconcile; the rest of its writes still go ahead.
+fn note(first: &mut Option<Error>, error: kube::Error) {
+    if first.is_none() {
+        *first = Some(error.into());
+    }
+}
+
+fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.is_not_found())
+}
+
+async fn read_pods(ctx: &Context, spec: &Spec<'_>, min_rv: Option<&str>) -> Result<Vec<Pod>> {
+    let namespace = spec.rs.metadata.namespace.as_deref().unwrap_or_default();
+    let query = spec.selector.to_query();
+    let (owned, selected) = futures::try_join!(
+        ctx.cache.list::<Pod>(
+            namespace,
+            ListFilter {
+                controller_uid: spec.uid,
+                min_resource_version: min_rv,
+                ..ListFilter::default()
+            },
+        ),
+        ctx.cache.list::<Pod>(
+            namespace,
+            ListFilter {
+                label_selector: &query,
+                min_resource_version: min_rv,
+                ..ListFilter::default()
+            },
+        ),
+    )?;
+    let mut by_name: BTreeMap<String, Pod> = BTreeMap::new();
+    for pod in owned.into_iter().chain(selected) {
+        by_name.insert(pod.metadata.name.clone().unwrap_or_default(), pod);
+    }
+    Ok(by_name.into_values().collect())
+}
+
+/// Sets the ReplicaSet as the Pod's controller, unless the Pod changed since it was read.
+async fn adopt(api: &Api<Pod>, spec: &Spec<'_>, pod: &Pod) -> kube::Result<Pod> {
+    let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
+    refs.push(core::controller_ref(spec));
+    patch_owners(api, pod, refs).await
+}
+
+/// Removes the ReplicaSet's controller reference, unless the Pod changed since it was read.
+async fn release(api: &Api<Pod>, spec: &Spec<'_>, pod: &Pod) -> kube::Result<Pod> {
+    let refs = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.uid != spec.uid)
+        .cloned()
+        .collect();
+    patch_owners(api, pod, refs).await
+}
+
+async fn patch_owners(
+    api: &Api<Pod>,
+    pod: &Pod,
+    refs: Vec<switchyard_k8s::OwnerReference>,
+) -> kube::Result<Pod> {
+    let patch = json!({
+        "metadata": {
+            "ownerReferences": refs,
+            "resourceVersion": pod.metadata.resource_version,
+        }
+    });
+    api.patch(
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+}
+
+async fn reconcile(ctx: &Context, request: &Request) -> Result {
+    let Some(rs) = ctx
+        .cache
+        .get::<ReplicaSet>(&request.namespace, &request.name, None)
+        .await?
+    else {
+        debug!("replica set gone");
+        return Ok(Action::Done);
+    };
+    let spec = match Spec::new(&rs) {
+        Ok(spec) => spec,
+        Err(error) => {
+            // Retrying cannot fix the object; its next change is keyed again.
+            warn!(%error, "invalid replica set, not reconciled");
+            return Ok(Action::Done);
+        }
+    };
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &request.namespace);
+    let pods = read_pods(ctx, &spec, None).await?;
+    let claim = core::claim(&spec, &pods);
+
+    let mut writes = Writes::default();
+    let mut first_error: Option<Error> = None;
+
+    let adopted = join_all(claim.adopt.iter().map(|pod| adopt(&pods_api, &spec, pod))).await;
+    let released = join_all(
+        claim
+            .release
+            .iter()
+            .map(|pod| release(&pods_api, &spec, pod)),
+    )
+    .await;
+    let mut adopted_pods = Vec::new();
+    for result in adopted {
+        match result {
+            Ok(pod) => {
+                writes.saw(&pod);
+                adopted_pods.push(pod);
+            }
+            // Gone since the read: nothing to adopt.
+            Err(error) if is_not_found(&error) => {}
+            Err(error) => note(&mut first_error, error),
+        }
+    }
+    for result in released {
+        match result {
+            Ok(pod) => writes.saw(&pod),
+            Err(error) if is_not_found(&error) => {}
+            Err(error) => note(&mut first_error, error),
+        }
+    }
+    // As kube-controller-manager does: no scaling on a failed claim (a Pod not adopted now
+    // would be adopted later, on top of a replacement created for it).
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    let mut owned: Vec<&Pod> = claim.owned.clone();
+    owned.extend(adopted_pods.iter().filter(|p| controller_of(p).is_some()));
+
+    let mut failure = None;
+    match core::diff(&spec, owned.len()) {
+        Diff::Create(count) => {
+            let template = pod_from_template(&spec);
+            let params = PostParams::default();
+            for batch in slow_start_batches(count) {
+                let created =
+                    join_all((0..batch).map(|_| pods_api.create(&params, &template))).await;
+                for result in created {
+                    match result {
+                        Ok(pod) => writes.saw(&pod),
+                        Err(error) => {
+                            failure.get_or_insert(ManageFailure {
+                                reason: "FailedCreate",
+                                message: error.to_string(),
+                            });
+                            note(&mut first_error, error);
+                        }
+                    }
+                }
+                // The rest of the batches are skipped: the template is likely refused again.
+                if failure.is_some() {
+                    break;
+                }
+            }
+            debug!(count, failed = failure.is_some(), "created pods");
+        }
+        Diff::Delete(count) => {
+            let victims = pods_to_delete(&owned, count);
+            let params = DeleteParams::default();
+            let deleted = join_all(victims.iter().map(|pod| {
+                pods_api.delete(pod.metadata.name.as_deref().unwrap_or_default(), &params)
+            }))
+            .await;
+            for result in deleted {
+                match result {
+                    // Graceful deletion returns the Pod marked for deletion, immediate deletion
+                    // the deleted Pod: either carries the write's resourceVersion.
+                    Ok(either) => {
+                        if let Some(pod) = either.left() {
+                            writes.saw(&pod);
+                        }
+                    }
+                    Err(error) if is_not_found(&error) => {}
+                    Err(error) => {
+                        failure.get_or_insert(ManageFailure {
+                            reason: "FailedDelete",
+                            message: error.to_string(),
+                        });
+                        note(&mut first_error, error);
+                    }
+                }
+            }
+            debug!(count, failed = failure.is_some(), "deleted pods");
+        }
+        Diff::None => {}
+    }
+
+    // Count from a read that reflects every write above.
+    let settled;
+    let claim = match writes.resource_version() {
+        Some(rv) => {
+            settled = read_pods(ctx, &spec, Some(rv)).await?;
+            core::claim(&spec, &settled)
+        }
+        None => claim,
+    };
+    let now = Timestamp::now();
+    let status = core::status(&spec, &claim, failure.as_ref(), now);
+    if core::status_changed(&rs, &status) {
+        let mut updated = rs.clone();
+        updated.status = Some(status);
+        Api::<ReplicaSet>::namespaced(ctx.client.clone(), &request.namespace)
+            .replace_status(&request.name, &PostParams::default(), &updated)
+            .await?;
+    }
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    Ok(match core::recheck_after(&spec, &claim, now) {
+        Some(delay) => Action::RequeueAfter(delay),
+        None => Action::Done,
+    })
+}

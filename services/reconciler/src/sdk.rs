@@ -1,0 +1,132 @@
+//! The controller SDK: what a controller implements and what it is given.
+//!
+//! ```text
+//!  queue ─ leased key (controller, namespace, name) ─► worker ─► Controller::reconcile(ctx, request)
+//!                                                                   │ reads: ctx.cache (watcher)
+//!                                                                   │ writes: ctx.client (apiserver, rate-limited)
+//!                                                                   ▼
+//!                                    Done | RequeueAfter(d) | Err (backoff) ─► outcome to the queue
+//! ```
+//!
+//! A controller is registered under the name its keys carry (`apps/v1/ReplicaSet`); the
+//! watcher's configuration maps events to keys of that name. A reconcile reads fresh state
+//! (a key is not a snapshot), may be run on any worker, is never run twice at once for one
+//! key, and is bounded by the worker's reconcile timeout.
+
+use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
+
+use futures::future::BoxFuture;
+use switchyard_k8s::Client;
+
+use crate::cache::{CacheClient, CacheError};
+
+/// What a successful reconcile asks for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Reconciled; the key's failures are forgotten.
+    Done,
+    /// Reconciled; look again after the delay (for example when something becomes due).
+    RequeueAfter(Duration),
+}
+
+/// A failed reconcile: the queue retries the key with per-key exponential backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An apiserver call failed. A 409 conflict lands here too: the queue's backoff retries
+    /// it, not a loop in the reconcile.
+    #[error("apiserver: {}", kube_message(.0))]
+    Kube(#[from] switchyard_k8s::kube::Error),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// An apiserver refusal as `409 Conflict: <message>`, without the debug dump of the status.
+fn kube_message(error: &switchyard_k8s::kube::Error) -> String {
+    match error {
+        switchyard_k8s::kube::Error::Api(status) => {
+            format!("{} {}: {}", status.code, status.reason, status.message)
+        }
+        other => other.to_string(),
+    }
+}
+
+impl Error {
+    /// A 409 from the apiserver (a write based on a stale read).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Kube(switchyard_k8s::kube::Error::Api(status)) if status.is_conflict())
+    }
+}
+
+pub type Result<T = Action, E = Error> = std::result::Result<T, E>;
+
+/// The key being reconciled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Empty for a cluster-scoped object.
+    pub namespace: String,
+    pub name: String,
+    /// 1 for the first attempt since the key's failures were last forgotten.
+    pub attempt: u32,
+}
+
+/// What a reconcile may use: the apiserver client for writes and the watcher's cache for
+/// reads. Cheap to clone.
+#[derive(Clone)]
+pub struct Context {
+    /// The apiserver, behind this worker's QPS/burst limit.
+    pub client: Client,
+    /// The watcher's Cache API.
+    pub cache: CacheClient,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").finish_non_exhaustive()
+    }
+}
+
+/// A controller. Implement `reconcile` with `Box::pin(async move { ... })`.
+pub trait Controller: Send + Sync + 'static {
+    /// The name the keys carry, for example `apps/v1/ReplicaSet`.
+    fn name(&self) -> &str;
+
+    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result>;
+}
+
+/// The controllers a worker runs, by name.
+#[derive(Clone, Default)]
+pub struct Registry(BTreeMap<String, Arc<dyn Controller>>);
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl Registry {
+    /// Adds a controller; a second one with the same name replaces the first.
+    pub fn register(&mut self, controller: impl Controller) -> &mut Self {
+        self.0
+            .insert(controller.name().to_owned(), Arc::new(controller));
+        self
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Controller>> {
+        self.0.get(name).cloned()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.0.keys().cloned().collect()
+    }
+
+    /// Keeps only the named controllers; an unknown name is returned as the error.
+    pub fn retain(&mut self, names: &[String]) -> std::result::Result<(), String> {
+        if let Some(unknown) = names.iter().find(|n| !self.0.contains_key(n.as_str())) {
+            return Err(unknown.clone());
+        }
+        self.0.retain(|name, _| names.contains(name));
+        Ok(())
+    }
+}

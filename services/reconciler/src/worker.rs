@@ -1,0 +1,453 @@
+//! The worker: one Work stream to the queue, up to `concurrency` reconciles at once.
+//!
+//! ```text
+//!  hello(worker id, controllers) ─► credit(concurrency) ─► queue
+//!  queue ─ leased item ─► spawn reconcile ─┬─ done | requeue after d | failed (error, panic, timeout)
+//!                                          │    ─► outcome(duration) + credit(1)
+//!                                          └─ every half lease: extend the lease
+//!  SIGTERM: no new credit, items not started are left to the stream's clean close (the queue
+//!  returns their leases at once), in-flight reconciles finish within the drain budget, then
+//!  the stream is half-closed and the worker exits.
+//! ```
+//!
+//! A reconcile runs in a task of its own, so that a panic becomes a `failed` outcome and the
+//! worker lives on. When the stream breaks, the worker reconnects with backoff; the leases of
+//! the broken stream wait out the queue's visibility timeout.
+
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use switchyard_directory::ShardView;
+use switchyard_proto::queue::v1::{
+    Credit, Done, ExtendLease, Failed, LeasedItem, Outcome, RequeueAfter, WorkRequest, WorkerHello,
+    outcome::Result as Verdict, queue_client::QueueClient, work_request::Request as Msg,
+    work_response::Response as Reply,
+};
+use switchyard_runtime::{Backoff, Drain, Gate, ShutdownHandle, drain_channel};
+use tokio::{
+    sync::{
+        Semaphore,
+        mpsc::{UnboundedSender, unbounded_channel},
+        watch,
+    },
+    task::{JoinHandle, JoinSet},
+};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::{
+    metrics::{ControllerLabels, OutcomeLabels, ReconcilerMetrics},
+    sdk::{Action, Context, Registry, Request},
+};
+
+/// First and last delay between attempts to reach the queue.
+const QUEUE_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+/// Kept from the drain timeout for closing the stream after in-flight reconciles finish, so
+/// that the close is clean (and the queue returns unstarted leases at once) before the
+/// runtime gives up on the drain.
+const CLOSE_MARGIN: Duration = Duration::from_secs(2);
+/// How long to wait for the queue to acknowledge the last outcomes after the half-close.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// How the worker runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub worker_id: String,
+    /// Reconciles at once (credits granted).
+    pub concurrency: u32,
+    /// A reconcile that runs longer is abandoned and reported failed.
+    pub reconcile_timeout: Duration,
+    /// How long in-flight reconciles may take to finish after SIGTERM.
+    pub drain_timeout: Duration,
+}
+
+/// What every work stream of this worker shares.
+#[derive(Clone)]
+pub struct Worker {
+    pub registry: Arc<Registry>,
+    pub ctx: Context,
+    pub settings: Arc<Settings>,
+    /// Bounds the reconciles running at once across every queue replica.
+    permits: Arc<Semaphore>,
+    /// Opened by the first work stream established.
+    ready: Arc<Mutex<Option<Gate>>>,
+    metrics: ReconcilerMetrics,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("registry", &self.registry)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    pub fn new(
+        registry: Registry,
+        ctx: Context,
+        settings: Settings,
+        ready: Gate,
+        metrics: ReconcilerMetrics,
+    ) -> Self {
+        Self {
+            metrics,
+            permits: Arc::new(Semaphore::new(settings.concurrency as usize)),
+            registry: Arc::new(registry),
+            ctx,
+            settings: Arc::new(settings),
+            ready: Arc::new(Mutex::new(Some(ready))),
+        }
+    }
+
+    /// Serves one queue replica until shutdown, reconnecting when the stream breaks.
+    pub async fn serve(self, queue: Arc<str>, drain: Drain) {
+        let mut backoff = Backoff::new(QUEUE_BACKOFF.0, QUEUE_BACKOFF.1);
+        loop {
+            let session = Session {
+                endpoint: format!("http://{queue}"),
+                worker: self.clone(),
+            };
+            match session.run(&mut backoff, &drain).await {
+                Ok(()) => return,
+                Err(error) => {
+                    warn!(%error, %queue, retry_in = ?backoff.current(), "work stream failed")
+                }
+            }
+            if !backoff.wait(&drain).await {
+                return;
+            }
+        }
+    }
+
+    /// Serves every queue replica of the elector's shard map: a work stream to each distinct
+    /// owner address; a replica that leaves the map is drained like a shutdown.
+    pub async fn follow(self, mut view: watch::Receiver<Option<Arc<ShardView>>>, drain: Drain) {
+        let mut sessions: BTreeMap<Arc<str>, (ShutdownHandle, JoinHandle<()>)> = BTreeMap::new();
+        let mut stopping = Vec::new();
+        loop {
+            let addresses = view
+                .borrow_and_update()
+                .as_ref()
+                .map(|v| v.addresses())
+                .unwrap_or_default();
+            sessions.retain(|address, (handle, task)| {
+                let keep = addresses.contains(address);
+                if !keep {
+                    info!(queue = %address, "queue replica left the shard map: draining its stream");
+                    handle.trigger();
+                    stopping.push(std::mem::replace(task, tokio::spawn(async {})));
+                }
+                keep
+            });
+            for address in addresses {
+                sessions.entry(address.clone()).or_insert_with(|| {
+                    let (handle, session_drain) = drain_channel();
+                    let task = tokio::spawn(
+                        self.clone()
+                            .serve(address.clone(), session_drain)
+                            .instrument(info_span!("queue", address = %address)),
+                    );
+                    (handle, task)
+                });
+            }
+            tokio::select! {
+                changed = view.changed() => if changed.is_err() { break },
+                _ = drain.clone().signaled() => break,
+            }
+        }
+        for (handle, task) in sessions.into_values() {
+            handle.trigger();
+            stopping.push(task);
+        }
+        for task in stopping {
+            let _ = task.await;
+        }
+    }
+}
+
+struct Session {
+    endpoint: String,
+    worker: Worker,
+}
+
+fn msg(request: Msg) -> WorkRequest {
+    WorkRequest {
+        request: Some(request),
+    }
+}
+
+impl Session {
+    /// Ok when it ended because of shutdown.
+    async fn run(self, backoff: &mut Backoff, drain: &Drain) -> Result<(), tonic::Status> {
+        let Worker {
+            registry, settings, ..
+        } = &self.worker;
+        let mut client = QueueClient::connect(self.endpoint.clone())
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let (tx, rx) = unbounded_channel();
+        let _ = tx.send(msg(Msg::Hello(WorkerHello {
+            worker_id: settings.worker_id.clone(),
+            controllers: registry.names(),
+        })));
+        let _ = tx.send(msg(Msg::Credit(Credit {
+            items: settings.concurrency,
+        })));
+        let mut inbound = client
+            .work(UnboundedReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        info!(queue = %self.endpoint, concurrency = settings.concurrency, "work stream open");
+        *backoff = Backoff::new(QUEUE_BACKOFF.0, QUEUE_BACKOFF.1);
+        let gate = self
+            .worker
+            .ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(gate) = gate {
+            gate.ready();
+        }
+
+        let mut running = JoinSet::new();
+        let mut tx = Some(tx);
+        let mut drain_deadline: Option<tokio::time::Instant> = None;
+        loop {
+            if drain_deadline.is_some() && running.is_empty() {
+                break;
+            }
+            tokio::select! {
+                message = inbound.message() => match message? {
+                    Some(message) => match message.response {
+                        Some(Reply::Item(item)) => match (&tx, drain_deadline) {
+                            (Some(tx), None) => {
+                                running.spawn(self.reconcile(item, tx.clone(), drain.clone()));
+                            }
+                            // Not started: its lease returns when the stream closes cleanly.
+                            _ => debug!(lease_id = %item.lease_id, "item arrived while draining"),
+                        },
+                        Some(Reply::OutcomeAck(ack)) if !ack.applied => {
+                            warn!(lease_id = %ack.lease_id, reason = %ack.reason, "outcome refused by the queue");
+                        }
+                        Some(Reply::LeaseExtended(extended)) => {
+                            debug!(lease_id = %extended.lease_id, "lease extended");
+                        }
+                        _ => {}
+                    },
+                    None => {
+                        return if drain_deadline.is_some() {
+                            Ok(())
+                        } else {
+                            Err(tonic::Status::unavailable("the queue ended the work stream"))
+                        };
+                    }
+                },
+                Some(_) = running.join_next(), if !running.is_empty() => {}
+                _ = drain.clone().signaled(), if drain_deadline.is_none() => {
+                    let budget = settings.drain_timeout.saturating_sub(CLOSE_MARGIN);
+                    info!(in_flight = running.len(), ?budget, "draining: finishing in-flight reconciles");
+                    drain_deadline = Some(tokio::time::Instant::now() + budget);
+                }
+                _ = sleep_until(drain_deadline) => {
+                    warn!(abandoned = running.len(), "drain budget spent: abandoning in-flight reconciles");
+                    running.abort_all();
+                    break;
+                }
+            }
+        }
+        // Half-close: the queue applies the outcomes sent so far, then returns the leases of
+        // items never started.
+        drop(tx.take());
+        drop(running);
+        let _ = tokio::time::timeout(CLOSE_WAIT, async {
+            while let Ok(Some(_)) = inbound.message().await {}
+        })
+        .await;
+        info!("work stream closed");
+        Ok(())
+    }
+
+    fn reconcile(
+        &self,
+        item: LeasedItem,
+        tx: UnboundedSender<WorkRequest>,
+        drain: Drain,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let registry = self.worker.registry.clone();
+        let ctx = self.worker.ctx.clone();
+        let permits = self.worker.permits.clone();
+        let metrics = self.worker.metrics.clone();
+        let timeout = self.worker.settings.reconcile_timeout;
+        let key = item.key.clone().unwrap_or_default();
+        let span = info_span!("reconcile", controller = %key.controller, namespace = %key.namespace, name = %key.name, attempt = item.attempt);
+        async move {
+            // The lease is kept from the start, also while waiting for a permit.
+            let extend = extend_lease(&item, &tx);
+            let work = async {
+                // Never closed: the semaphore lives as long as the worker.
+                let _permit = permits.acquire_owned().await.ok();
+                let _in_flight = InFlight::new(&metrics.in_flight);
+                let started = Instant::now();
+                let verdict = match registry.get(&key.controller) {
+                    Some(controller) => {
+                        let request = Request {
+                            namespace: key.namespace.clone(),
+                            name: key.name.clone(),
+                            attempt: item.attempt,
+                        };
+                        let task = AbortOnDrop(tokio::spawn(
+                            async move { controller.reconcile(&ctx, &request).await }
+                                .instrument(tracing::Span::current()),
+                        ));
+                        match tokio::time::timeout(timeout, task).await {
+                            Ok(Ok(Ok(Action::Done))) => ("done", Verdict::Done(Done {})),
+                            Ok(Ok(Ok(Action::RequeueAfter(delay)))) => (
+                                "requeue_after",
+                                Verdict::RequeueAfter(RequeueAfter {
+                                    delay: prost_types::Duration::try_from(delay).ok(),
+                                }),
+                            ),
+                            Ok(Ok(Err(error))) => failed("failed", error.to_string()),
+                            Ok(Err(join)) if join.is_panic() => failed(
+                                "panicked",
+                                format!("reconcile panicked: {}", panic_message(join.into_panic())),
+                            ),
+                            Ok(Err(join)) => failed("failed", format!("reconcile aborted: {join}")),
+                            Err(_) => failed(
+                                "timed_out",
+                                format!(
+                                    "reconcile timed out after {}",
+                                    humantime::format_duration(timeout)
+                                ),
+                            ),
+                        }
+                    }
+                    None => failed(
+                        "failed",
+                        format!("no controller named {:?} in this worker", key.controller),
+                    ),
+                };
+                (verdict, started.elapsed())
+            };
+            let ((kind, verdict), duration) = tokio::select! {
+                done = work => done,
+                never = extend => match never {},
+            };
+            metrics
+                .outcomes
+                .get_or_create(&OutcomeLabels {
+                    controller: key.controller.clone(),
+                    outcome: kind,
+                })
+                .inc();
+            metrics
+                .durations
+                .get_or_create(&ControllerLabels {
+                    controller: key.controller.clone(),
+                })
+                .observe(duration.as_secs_f64());
+            match &verdict {
+                Verdict::Failed(Failed { reason }) => warn!(?duration, %reason, "reconcile failed"),
+                _ => debug!(?duration, "reconciled"),
+            }
+            let outcome = Outcome {
+                shard: item.shard,
+                epoch: item.epoch,
+                lease_id: item.lease_id.clone(),
+                result: Some(verdict),
+                duration: prost_types::Duration::try_from(duration).ok(),
+            };
+            let _ = tx.send(msg(Msg::Outcome(outcome)));
+            if !drain.is_draining() {
+                let _ = tx.send(msg(Msg::Credit(Credit { items: 1 })));
+            }
+        }
+        .instrument(span)
+    }
+}
+
+fn failed(kind: &'static str, reason: String) -> (&'static str, Verdict) {
+    (kind, Verdict::Failed(Failed { reason }))
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string payload".into())
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Renews the item's lease every half lease, by the lease's original length, until dropped.
+async fn extend_lease(item: &LeasedItem, tx: &UnboundedSender<WorkRequest>) -> Infallible {
+    let length = item
+        .lease_deadline
+        .and_then(|t| SystemTime::try_from(t).ok())
+        .and_then(|deadline| deadline.duration_since(SystemTime::now()).ok())
+        .filter(|d| !d.is_zero());
+    let Some(length) = length else {
+        return std::future::pending::<Infallible>().await;
+    };
+    loop {
+        tokio::time::sleep(length / 2).await;
+        let extend = ExtendLease {
+            shard: item.shard,
+            epoch: item.epoch,
+            lease_id: item.lease_id.clone(),
+            extend_by: prost_types::Duration::try_from(length).ok(),
+        };
+        debug!(lease_id = %item.lease_id, ?length, "extending the lease");
+        if tx.send(msg(Msg::Extend(extend))).is_err() {
+            return std::future::pending::<Infallible>().await;
+        }
+    }
+}
+
+/// Counts a reconcile in `switchyard_reconciles_in_flight` until it ends or is abandoned.
+struct InFlight(prometheus_client::metrics::gauge::Gauge);
+
+impl InFlight {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// A reconcile task that is aborted when its worker gives up on it (timeout, drain budget).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}

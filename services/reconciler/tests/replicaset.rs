@@ -1,0 +1,380 @@
+//! The ReplicaSet controller end to end: the real control plane (kwok makes Pods Ready), a
+//! queue, a watcher and reconcilers in this process. A watch on the Pods checks, at every
+//! event, that the active Pods never outnumber `replicas`.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{StreamExt, TryStreamExt};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, DeleteParams, ListParams, Pod, PostParams, ReplicaSet, await_condition,
+    kube::api::{Patch, PatchParams},
+    watcher,
+};
+use switchyard_reconciler_core::replicaset::{controller_of, is_active};
+use switchyard_testenv::{ControlPlane, TestNamespace};
+use tokio::task::JoinHandle;
+
+use support::{RS, WITHIN, converged, replica_set};
+
+/// Watches the namespace's Pods; at every event that adds an active Pod, the active count
+/// must not exceed the target.
+struct Observer {
+    target: Arc<AtomicUsize>,
+    violations: Arc<Mutex<Vec<String>>>,
+    max_active: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Observer {
+    async fn start(api: Api<Pod>, target: usize) -> Self {
+        let target = Arc::new(AtomicUsize::new(target));
+        let violations = Arc::new(Mutex::new(Vec::new()));
+        let max_active = Arc::new(AtomicUsize::new(0));
+        let (synced_tx, synced) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn({
+            let (target, violations, max_active) =
+                (target.clone(), violations.clone(), max_active.clone());
+            async move {
+                let mut active: BTreeMap<String, bool> = BTreeMap::new();
+                let mut synced_tx = Some(synced_tx);
+                let mut events = watcher(api, watcher::Config::default()).boxed();
+                while let Some(event) = events.try_next().await.unwrap() {
+                    let before = active.values().filter(|a| **a).count();
+                    match event {
+                        watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                            active.insert(pod.metadata.name.clone().unwrap(), is_active(&pod));
+                        }
+                        watcher::Event::Delete(pod) => {
+                            active.remove(pod.metadata.name.as_deref().unwrap());
+                        }
+                        watcher::Event::Init => active.clear(),
+                        watcher::Event::InitDone => {
+                            if let Some(tx) = synced_tx.take() {
+                                let _ = tx.send(());
+                            }
+                        }
+                    }
+                    let now = active.values().filter(|a| **a).count();
+                    max_active.fetch_max(now, Ordering::SeqCst);
+                    let wanted = target.load(Ordering::SeqCst);
+                    if now > before && now > wanted {
+                        violations
+                            .lock()
+                            .unwrap()
+                            .push(format!("{now} active Pods with replicas {wanted}"));
+                    }
+                }
+            }
+        });
+        synced.await.unwrap();
+        Self {
+            target,
+            violations,
+            max_active,
+            task,
+        }
+    }
+
+    fn set_target(&self, replicas: usize) {
+        self.target.store(replicas, Ordering::SeqCst);
+    }
+
+    fn assert_never_overshot(&self) {
+        let violations = self.violations.lock().unwrap();
+        assert!(
+            violations.is_empty(),
+            "more Pods than replicas: {violations:?}"
+        );
+    }
+}
+
+async fn scale(rs_api: &Api<ReplicaSet>, name: &str, replicas: i32) {
+    rs_api
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_set_gets_its_pods_scales_and_replaces_without_overshooting() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "rs-e2e")
+        .await
+        .unwrap();
+    let queue = support::queue(&[RS], &[]).await;
+    let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
+    watcher.wait_ready(WITHIN).await;
+    // Two workers: the key moves between them, and each must see the other's writes.
+    let mut reconcilers = Vec::new();
+    for _ in 0..2 {
+        let reconciler = support::reconciler(
+            plane,
+            switchyard_reconciler::builtin_controllers(),
+            queue.grpc(),
+            watcher.grpc(),
+            &[],
+        )
+        .await;
+        reconciler.wait_ready(WITHIN).await;
+        reconcilers.push(reconciler);
+    }
+
+    let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    let observer = Observer::start(pods.clone(), 10).await;
+
+    rs_api
+        .create(&PostParams::default(), &replica_set("web", 10))
+        .await
+        .unwrap();
+    converged(&rs_api, &pods, "web", 10).await;
+
+    observer.set_target(15);
+    scale(&rs_api, "web", 15).await;
+    converged(&rs_api, &pods, "web", 15).await;
+
+    observer.set_target(3);
+    scale(&rs_api, "web", 3).await;
+    let three = converged(&rs_api, &pods, "web", 3).await;
+
+    let victim = three[0].metadata.name.clone().unwrap();
+    pods.delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
+    // Wait for a replacement: three active Pods, all ready, none of them the deleted one.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let active: Vec<Pod> = pods
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(is_active)
+                .collect();
+            if active.len() == 3
+                && active
+                    .iter()
+                    .all(|p| p.metadata.name.as_ref() != Some(&victim))
+                && active
+                    .iter()
+                    .all(switchyard_reconciler_core::replicaset::is_ready)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the deleted Pod is replaced by a ready one");
+    let replaced = converged(&rs_api, &pods, "web", 3).await;
+    assert!(
+        replaced
+            .iter()
+            .all(|p| p.metadata.name.as_ref() != Some(&victim))
+    );
+
+    observer.assert_never_overshot();
+    assert_eq!(observer.max_active.load(Ordering::SeqCst), 15);
+    observer.task.abort();
+    for reconciler in &reconcilers {
+        let series =
+            r#"switchyard_reconciles_total{controller="apps/v1/ReplicaSet",outcome="done"}"#;
+        assert!(
+            reconciler.metric(series).await > 0.0,
+            "both workers reconciled"
+        );
+    }
+    for reconciler in reconcilers {
+        reconciler.stop().await;
+    }
+    watcher.stop().await;
+    queue.stop().await;
+}
+
+fn orphan(name: &str, app: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": app, "tier": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_set_adopts_matching_orphans_and_releases_pods_that_stop_matching() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "rs-adopt")
+        .await
+        .unwrap();
+    let queue = support::queue(&[RS], &[]).await;
+    let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
+    watcher.wait_ready(WITHIN).await;
+    let reconciler = support::reconciler(
+        plane,
+        switchyard_reconciler::builtin_controllers(),
+        queue.grpc(),
+        watcher.grpc(),
+        &[],
+    )
+    .await;
+    reconciler.wait_ready(WITHIN).await;
+    let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+
+    // An orphan the selector matches, and one it does not.
+    let params = PostParams::default();
+    pods.create(&params, &orphan("orphan", "adopt"))
+        .await
+        .unwrap();
+    pods.create(&params, &orphan("stranger", "other"))
+        .await
+        .unwrap();
+    rs_api
+        .create(&params, &replica_set("adopt", 2))
+        .await
+        .unwrap();
+    let owned = converged(&rs_api, &pods, "adopt", 2).await;
+    assert!(
+        owned
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some("orphan")),
+        "the matching orphan is adopted, so only one Pod is created"
+    );
+    assert!(controller_of(&pods.get("stranger").await.unwrap()).is_none());
+
+    // A Pod relabeled out of the selector is released and replaced.
+    pods.patch(
+        "orphan",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "gone"}}})),
+    )
+    .await
+    .unwrap();
+    let released = await_condition(pods.clone(), "orphan", |pod: Option<&Pod>| {
+        pod.is_some_and(|p| controller_of(p).is_none())
+    });
+    tokio::time::timeout(Duration::from_secs(30), released)
+        .await
+        .expect("the relabeled Pod is released")
+        .unwrap();
+    let owned = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let owned = pods
+                .list(&ListParams::default().labels("app=adopt"))
+                .await
+                .unwrap()
+                .items;
+            if owned.len() == 2
+                && owned
+                    .iter()
+                    .all(switchyard_reconciler_core::replicaset::is_ready)
+            {
+                return owned;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("a replacement is created");
+    assert!(
+        owned
+            .iter()
+            .all(|p| p.metadata.name.as_deref() != Some("orphan"))
+    );
+    converged(&rs_api, &pods, "adopt", 2).await;
+
+    reconciler.stop().await;
+    watcher.stop().await;
+    queue.stop().await;
+}
+
+/// The controller called directly, twice back to back, against the real watcher's cache and
+/// the apiserver: the first reconcile counts the Pods it just created (its status reads its
+/// own writes), and the second creates none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
+    use switchyard_reconciler::{
+        cache::CacheClient,
+        sdk::{Action, Context, Controller, Request},
+    };
+
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "rs-own-writes")
+        .await
+        .unwrap();
+    // Nobody leases from this queue: the reconciles below are the only ones.
+    let queue = support::queue(&[RS], &[]).await;
+    let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
+    watcher.wait_ready(WITHIN).await;
+    let ctx = Context {
+        client: client.clone(),
+        cache: CacheClient::new(&watcher.grpc().to_string()).unwrap(),
+    };
+    let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    let created = rs_api
+        .create(&PostParams::default(), &replica_set("own", 5))
+        .await
+        .unwrap();
+    // The cache has the ReplicaSet.
+    ctx.cache
+        .get::<ReplicaSet>(
+            ns.name(),
+            "own",
+            created.metadata.resource_version.as_deref(),
+        )
+        .await
+        .unwrap()
+        .expect("cached");
+
+    let request = Request {
+        namespace: ns.name().to_owned(),
+        name: "own".into(),
+        attempt: 1,
+    };
+    let controller = switchyard_reconciler::replicaset::ReplicaSetController;
+    let first = controller.reconcile(&ctx, &request).await.unwrap();
+    assert_eq!(first, Action::Done);
+    let status = rs_api.get("own").await.unwrap().status.unwrap();
+    assert_eq!(
+        (status.replicas, status.observed_generation),
+        (5, Some(1)),
+        "the status counts the Pods this reconcile created"
+    );
+    for _ in 0..2 {
+        controller.reconcile(&ctx, &request).await.unwrap();
+        let active = pods
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(is_active)
+            .count();
+        assert_eq!(active, 5, "a reconcile right after another adds no Pod");
+    }
+
+    watcher.stop().await;
+    queue.stop().await;
+}

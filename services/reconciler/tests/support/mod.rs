@@ -1,0 +1,285 @@
+//! A queue, a watcher and a reconciler in this process, against the harness's real control
+//! plane.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::{
+    io::Write,
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use serde_json::json;
+use switchyard_k8s::{Api, ListParams, Pod, ReplicaSet, await_condition};
+use switchyard_reconciler::sdk::Registry;
+use switchyard_reconciler_core::replicaset::{controller_of, is_active};
+use switchyard_runtime::ShutdownHandle;
+use switchyard_testenv::ControlPlane;
+use tokio::task::JoinHandle;
+
+pub const RS: &str = "apps/v1/ReplicaSet";
+pub const SHARDS: u32 = 16;
+pub const WITHIN: Duration = Duration::from_secs(30);
+
+/// A service running in this process until `stop`.
+pub struct InProcess {
+    pub grpc: Option<SocketAddr>,
+    pub admin: SocketAddr,
+    shutdown: ShutdownHandle,
+    running: JoinHandle<()>,
+}
+
+impl InProcess {
+    pub fn grpc(&self) -> SocketAddr {
+        self.grpc.unwrap()
+    }
+
+    /// Triggers shutdown and waits for the service to stop; returns how long that took.
+    pub async fn stop(self) -> Duration {
+        let start = Instant::now();
+        self.shutdown.trigger();
+        tokio::time::timeout(Duration::from_secs(30), self.running)
+            .await
+            .expect("stopped in time")
+            .unwrap();
+        start.elapsed()
+    }
+
+    pub fn trigger_shutdown(&self) {
+        self.shutdown.trigger();
+    }
+
+    pub async fn stopped(self, within: Duration) {
+        tokio::time::timeout(within, self.running)
+            .await
+            .expect("stopped in time")
+            .unwrap();
+    }
+
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        let response = reqwest::get(format!("http://{}{path}", self.admin))
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    pub async fn wait_ready(&self, within: Duration) {
+        let start = Instant::now();
+        loop {
+            let (status, body) = self.admin_get("/readyz").await;
+            if status == 200 {
+                return;
+            }
+            assert!(
+                start.elapsed() < within,
+                "not ready after {within:?}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The value of one sample of `/metrics` (the line starting with `series`), 0 if absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let (_, text) = self.admin_get("/metrics").await;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+/// A queue serving every shard (static mode) for `controllers`.
+pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
+    let mut args = vec![
+        "switchyard-queue".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--shard-count={SHARDS}"),
+        format!("--controllers={}", controllers.join(",")),
+        "--drain-grace=1s".into(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
+    let running = tokio::spawn(async move { rt.run().await.unwrap() });
+    InProcess {
+        grpc: Some(grpc),
+        admin,
+        shutdown,
+        running,
+    }
+}
+
+/// A watcher with `config` (YAML) against `plane`'s apiserver, sending keys to `queue`.
+pub async fn watcher(plane: &ControlPlane, config: &str, queue: SocketAddr) -> InProcess {
+    watcher_routed(plane, config, &format!("--queue-addr={queue}")).await
+}
+
+/// A watcher routing keys by `route` (`--queue-addr=...` or `--elector-addr=...`).
+pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> InProcess {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(config.as_bytes()).unwrap();
+    let path = file.into_temp_path().keep().unwrap();
+    let args = vec![
+        "switchyard-watcher".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--config={}", path.display()),
+        route.to_owned(),
+    ];
+    let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
+    let running = tokio::spawn(async move { rt.run().await.unwrap() });
+    InProcess {
+        grpc: Some(grpc),
+        admin,
+        shutdown,
+        running,
+    }
+}
+
+/// A reconciler with `registry`'s controllers, leasing from `queue` and reading `watcher`.
+pub async fn reconciler(
+    plane: &ControlPlane,
+    registry: Registry,
+    queue: SocketAddr,
+    watcher: SocketAddr,
+    extra: &[&str],
+) -> InProcess {
+    reconciler_routed(
+        plane,
+        registry,
+        &format!("--queue-addr={queue}"),
+        watcher,
+        extra,
+    )
+    .await
+}
+
+/// A reconciler finding its queues by `route` (`--queue-addr=...` or `--elector-addr=...`).
+pub async fn reconciler_routed(
+    plane: &ControlPlane,
+    registry: Registry,
+    route: &str,
+    watcher: SocketAddr,
+    extra: &[&str],
+) -> InProcess {
+    let mut args = vec![
+        "switchyard-reconciler".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        route.to_owned(),
+        format!("--watcher-addr={watcher}"),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let rt = switchyard_reconciler::Args::try_parse_from(args)
+        .unwrap()
+        .start(registry)
+        .await
+        .unwrap();
+    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
+    let running = tokio::spawn(async move { rt.run().await.unwrap() });
+    InProcess {
+        grpc: None,
+        admin,
+        shutdown,
+        running,
+    }
+}
+
+/// The ReplicaSet controller's watcher configuration for one namespace (Pods in full: the
+/// controller needs their status).
+pub fn rs_config(namespace: &str) -> String {
+    format!(
+        r#"
+shardCount: {SHARDS}
+namespaces:
+  include: [{namespace}]
+controllers:
+  - name: {RS}
+    for: {{apiVersion: apps/v1, kind: ReplicaSet, predicates: [generationChanged, labelsChanged]}}
+    owns:
+      - {{apiVersion: v1, kind: Pod}}
+"#
+    )
+}
+
+pub fn replica_set(name: &str, replicas: i32) -> ReplicaSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "tier": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+/// Waits until the ReplicaSet's status says `n` Pods, all fully labeled, ready and available,
+/// for its current generation; then checks the Pods themselves.
+pub async fn converged(rs_api: &Api<ReplicaSet>, pods: &Api<Pod>, name: &str, n: i32) -> Vec<Pod> {
+    let done = await_condition(rs_api.clone(), name, move |rs: Option<&ReplicaSet>| {
+        rs.is_some_and(|rs| {
+            let status = rs.status.clone().unwrap_or_default();
+            status.observed_generation == rs.metadata.generation
+                && status.replicas == n
+                && status.fully_labeled_replicas == Some(n)
+                && status.ready_replicas == Some(n)
+                && status.available_replicas == Some(n)
+        })
+    });
+    if tokio::time::timeout(Duration::from_secs(60), done)
+        .await
+        .is_err()
+    {
+        let rs = rs_api.get(name).await.unwrap();
+        panic!(
+            "{name} did not converge to {n} ready Pods: status {:?}",
+            rs.status
+        );
+    }
+    let rs = rs_api.get(name).await.unwrap();
+    let uid = rs.metadata.uid.unwrap();
+    let active: Vec<Pod> = pods
+        .list(&ListParams::default().labels(&format!("app={name}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(is_active)
+        .collect();
+    assert_eq!(active.len(), n as usize, "active Pods");
+    for pod in &active {
+        let owner = controller_of(pod).expect("a controller reference");
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ReplicaSet", uid.as_str())
+        );
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(
+            (labels["app"].as_str(), labels["tier"].as_str()),
+            (name, "web")
+        );
+        // Created from the template (an adopted orphan has a name of its own).
+        if let Some(prefix) = &pod.metadata.generate_name {
+            assert_eq!(prefix, &format!("{name}-"));
+        }
+    }
+    active
+}

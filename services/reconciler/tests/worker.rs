@@ -1,0 +1,241 @@
+//! The worker runtime with a scripted controller, a real queue in this process and the real
+//! apiserver (the client is built, not used): outcomes, panics, timeouts, lease extension,
+//! requeue and drain, observed through what the queue leases next.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{net::SocketAddr, time::Duration};
+
+use futures::future::BoxFuture;
+use switchyard_proto::{
+    common::v1::WorkKey,
+    queue::v1::{EnqueueItem, EnqueueRequest, Priority, queue_client::QueueClient},
+};
+use switchyard_reconciler::sdk::{Action, Context, Controller, Registry, Request, Result};
+use switchyard_testenv::ControlPlane;
+use tokio::sync::mpsc;
+
+const SCRIPTED: &str = "example.com/v1/Scripted";
+
+/// Records `"<name>#<attempt>"` when a reconcile starts and `"<name> finished"` when it
+/// ends; behaves by the key's name.
+struct Scripted(mpsc::UnboundedSender<String>);
+
+impl Controller for Scripted {
+    fn name(&self) -> &str {
+        SCRIPTED
+    }
+
+    fn reconcile<'a>(&'a self, _ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
+        Box::pin(async move {
+            let name = request.name.as_str();
+            let _ = self.0.send(format!("{name}#{}", request.attempt));
+            let first = request.attempt == 1;
+            let action = match name {
+                "panics" if first => panic!("scripted panic"),
+                "hangs" if first => {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Action::Done
+                }
+                "fails" if first => {
+                    return Err(switchyard_reconciler::sdk::Error::Other("scripted".into()));
+                }
+                n if n.starts_with("slow") => {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Action::Done
+                }
+                "requeue" if !self.requeued() => Action::RequeueAfter(Duration::from_millis(300)),
+                _ => Action::Done,
+            };
+            let _ = self.0.send(format!("{name} finished"));
+            Ok(action)
+        })
+    }
+}
+
+impl Scripted {
+    fn requeued(&self) -> bool {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static ONCE: AtomicBool = AtomicBool::new(false);
+        ONCE.swap(true, Ordering::SeqCst)
+    }
+}
+
+async fn enqueue(queue: SocketAddr, name: &str) {
+    let mut client = QueueClient::connect(format!("http://{queue}"))
+        .await
+        .unwrap();
+    client
+        .enqueue(EnqueueRequest {
+            batch_id: 1,
+            shard: switchyard_queue_core::shard::shard_of(SCRIPTED, "ns", name, support::SHARDS),
+            items: vec![EnqueueItem {
+                key: Some(WorkKey {
+                    controller: SCRIPTED.into(),
+                    namespace: "ns".into(),
+                    name: name.into(),
+                }),
+                priority: Priority::Normal as i32,
+                delay: None,
+                trace_context: Default::default(),
+            }],
+        })
+        .await
+        .unwrap();
+}
+
+struct Events(mpsc::UnboundedReceiver<String>);
+
+impl Events {
+    async fn expect(&mut self, event: &str, within: Duration) {
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.0.recv()).await {
+                Ok(Some(got)) if got == event => return,
+                Ok(Some(got)) => seen.push(got),
+                _ => panic!("no {event:?} within {within:?}; saw {seen:?}"),
+            }
+        }
+    }
+
+    async fn collect(&mut self, during: Duration) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + during;
+        let mut seen = Vec::new();
+        while let Ok(Some(got)) = tokio::time::timeout_at(deadline, self.0.recv()).await {
+            seen.push(got);
+        }
+        seen
+    }
+
+    async fn expect_none(&mut self, event: &str, during: Duration) {
+        let deadline = tokio::time::Instant::now() + during;
+        while let Ok(Some(got)) = tokio::time::timeout_at(deadline, self.0.recv()).await {
+            assert_ne!(got, event, "{event:?} happened");
+        }
+    }
+}
+
+async fn worker(
+    plane: &ControlPlane,
+    queue: SocketAddr,
+    extra: &[&str],
+) -> (support::InProcess, Events) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut registry = Registry::default();
+    registry.register(Scripted(tx));
+    // Nothing reads the cache here.
+    let watcher: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let process = support::reconciler(plane, registry, queue, watcher, extra).await;
+    process.wait_ready(support::WITHIN).await;
+    (process, Events(rx))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_panics_and_timeouts_are_failed_outcomes_and_the_worker_lives_on() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let queue = support::queue(&[SCRIPTED], &["--lease-timeout=2s"]).await;
+    let (reconciler, mut events) = worker(
+        plane,
+        queue.grpc(),
+        &["--reconcile-timeout=1s", "--concurrency=4"],
+    )
+    .await;
+    let within = Duration::from_secs(10);
+
+    // A failed outcome makes the queue lease the key again as attempt 2.
+    enqueue(queue.grpc(), "fails").await;
+    events.expect("fails#1", within).await;
+    events.expect("fails#2", within).await;
+
+    // A panic is a failed outcome, and the worker lives on.
+    enqueue(queue.grpc(), "panics").await;
+    events.expect("panics#1", within).await;
+    events.expect("panics#2", within).await;
+    events.expect("panics finished", within).await;
+
+    // Past --reconcile-timeout the reconcile is abandoned and reported failed (long before
+    // the 2 s lease would have expired).
+    enqueue(queue.grpc(), "hangs").await;
+    events.expect("hangs#1", within).await;
+    let start = std::time::Instant::now();
+    events.expect("hangs#2", within).await;
+    assert!(
+        start.elapsed() < Duration::from_millis(1800),
+        "{:?}",
+        start.elapsed()
+    );
+
+    // RequeueAfter brings the key back after the delay, as a first attempt.
+    enqueue(queue.grpc(), "requeue").await;
+    events.expect("requeue#1", within).await;
+    events.expect("requeue finished", within).await;
+    events.expect("requeue#1", within).await;
+
+    // Every outcome is counted by kind.
+    for (outcome, count) in [
+        ("failed", 1.0),
+        ("panicked", 1.0),
+        ("timed_out", 1.0),
+        ("requeue_after", 1.0),
+    ] {
+        let series = format!(
+            r#"switchyard_reconciles_total{{controller="{SCRIPTED}",outcome="{outcome}"}}"#
+        );
+        assert_eq!(reconciler.metric(&series).await, count, "{series}");
+    }
+
+    reconciler.stop().await;
+    queue.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_longer_than_the_lease_keeps_it_by_extending() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let queue = support::queue(&[SCRIPTED], &["--lease-timeout=2s"]).await;
+    let (reconciler, mut events) = worker(plane, queue.grpc(), &[]).await;
+    let within = Duration::from_secs(10);
+    // 5 s with a 2 s lease: extensions keep it; an expired lease would come back as #2.
+    enqueue(queue.grpc(), "slow").await;
+    events.expect("slow#1", within).await;
+    let seen = events.collect(Duration::from_secs(8)).await;
+    assert_eq!(seen, ["slow finished"], "leased once, finished once");
+    reconciler.stop().await;
+    queue.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_in_flight_reconciles_and_returns_unstarted_leases() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let queue = support::queue(&[SCRIPTED], &["--lease-timeout=60s"]).await;
+    let (reconciler, mut events) = worker(
+        plane,
+        queue.grpc(),
+        &["--concurrency=2", "--drain-timeout=20s"],
+    )
+    .await;
+    let within = Duration::from_secs(10);
+
+    enqueue(queue.grpc(), "slow-drain").await;
+    events.expect("slow-drain#1", within).await;
+    reconciler.trigger_shutdown();
+    // Leased to the draining worker (one credit is left) but not started.
+    enqueue(queue.grpc(), "after-drain").await;
+    events.expect("slow-drain finished", within).await;
+    reconciler.stopped(within).await;
+    events
+        .expect_none("after-drain#1", Duration::from_millis(200))
+        .await;
+
+    // The next worker gets the unstarted key at once, as a first attempt (a lease that had
+    // to expire would take 60 s and come back as attempt 2), and never the finished one.
+    let (next, mut events) = worker(plane, queue.grpc(), &[]).await;
+    events.expect("after-drain#1", within).await;
+    events
+        .expect_none("slow-drain#1", Duration::from_secs(1))
+        .await;
+    next.stop().await;
+    queue.stop().await;
+}
