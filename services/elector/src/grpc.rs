@@ -231,15 +231,66 @@ impl elector_server::Elector for ElectorService {
         &self,
         _: Request<pb::WatchShardMapRequest>,
     ) -> Result<Response<Self::WatchShardMapStream>, Status> {
-        let members = self.members.clone();
+        let (map, members) = (self.map.clone(), self.members.clone());
         let shard_count = self.shard_count;
-        // A new map is sent on every change; a slow reader skips to the latest.
-        let stream = WatchStream::new(self.map.clone()).filter_map(move |map| {
+        // A new snapshot on every change of the map or of the members (owners' addresses
+        // come from the members: a map seen before its owners registered their addresses
+        // is sent again once they have); a slow reader skips to the latest.
+        let changes = futures::stream::select(
+            WatchStream::new(map.clone()).map(|_| ()),
+            WatchStream::new(members.clone()).map(|_| ()),
+        );
+        let stream = changes.filter_map(move |()| {
+            let map = map.borrow().clone();
             let members = members.borrow().clone();
             std::future::ready(
                 map.map(|map| Ok(snapshot(Some(&map), members.as_deref(), shard_count))),
             )
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use elector_server::Elector as _;
+
+    use super::*;
+
+    /// A subscriber that saw the map before its owners' addresses were known gets the
+    /// addresses as soon as the members change, with no change of the map.
+    #[tokio::test]
+    async fn the_watch_sends_again_when_only_the_members_change() {
+        let active = |owner: &str| ShardState::Active {
+            owner: owner.into(),
+            epoch: 7,
+        };
+        let (_map_tx, map) = watch::channel(Some(vec![active("a"), active("a")]));
+        let (members_tx, members) = watch::channel(Some(Vec::new()));
+        let service = ElectorService::new(Vec::new(), 2, map, members);
+        let mut updates = service
+            .watch_shard_map(Request::new(pb::WatchShardMapRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        let address = |map: &pb::ShardMap| map.shards[0].address.clone();
+        let first = updates.next().await.unwrap().unwrap();
+        assert_eq!(address(&first), "");
+        members_tx.send_replace(Some(vec![Member {
+            id: "a".into(),
+            address: "a:8443".into(),
+        }]));
+        let next = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            loop {
+                let map = updates.next().await.unwrap().unwrap();
+                if !address(&map).is_empty() {
+                    return map;
+                }
+            }
+        })
+        .await
+        .expect("a new snapshot after the members changed");
+        assert_eq!(address(&next), "a:8443");
+        assert_eq!(next.shards[0].epoch, 7);
     }
 }
