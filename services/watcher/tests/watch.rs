@@ -507,3 +507,67 @@ async fn bad_configuration_and_flags_are_named() {
     .to_string();
     assert!(missing.contains("/nonexistent/watcher.yaml"), "{missing}");
 }
+
+#[tokio::test]
+async fn two_watchers_run_active_active_and_the_queue_keeps_each_key_once() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watch-twice")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[RS], &[]).await;
+    let route = format!("--queue-addr={}", queue.grpc);
+    let first = watcher(plane, &rs_config(&ns, false), &route).await;
+    let second = watcher(plane, &rs_config(&ns, false), &route).await;
+    first.wait_ready(WITHIN).await;
+    second.wait_ready(WITHIN).await;
+    let sent = "switchyard_watcher_keys_sent_total";
+    let before = (first.metric(sent).await, second.metric(sent).await);
+
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> = (0..10).map(|i| format!("rs-{i}")).collect();
+    for name in &names {
+        sets.create(&PostParams::default(), &replica_set(name, 0))
+            .await
+            .unwrap();
+    }
+    // Both watchers send every key; no worker leases yet, so the queue holds them.
+    let start = std::time::Instant::now();
+    while first.metric(sent).await < before.0 + 10.0 || second.metric(sent).await < before.1 + 10.0
+    {
+        assert!(
+            start.elapsed() < WITHIN,
+            "the watchers did not both send the keys"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut stats = switchyard_proto::queue::v1::queue_client::QueueClient::connect(format!(
+        "http://{}",
+        queue.grpc
+    ))
+    .await
+    .unwrap();
+    let depth: u64 = stats
+        .stats(switchyard_proto::queue::v1::StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .shards
+        .iter()
+        .map(|s| s.depth)
+        .sum();
+    assert_eq!(
+        depth, 10,
+        "each key queued once though both watchers sent it"
+    );
+    let mut worker = Worker::start(queue.grpc).await;
+    let wanted: Vec<String> = names.iter().map(|n| key(RS, &ns, n)).collect();
+    worker.expect_all(&wanted, WITHIN).await;
+    let again = worker.leased_during(Duration::from_millis(700)).await;
+    assert!(again.is_empty(), "a key was leased twice: {again:?}");
+
+    first.stop().await;
+    second.stop().await;
+    queue.stop().await;
+}
