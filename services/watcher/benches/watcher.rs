@@ -41,7 +41,7 @@ use switchyard_proto::queue::v1::{
     Credit, Done, Outcome, WorkRequest, WorkerHello, outcome, queue_client::QueueClient,
     work_request::Request as Msg, work_response::Response as Reply,
 };
-use switchyard_testenv::{ControlPlane, ControlPlaneOptions, TestNamespace};
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, TestNamespace};
 use switchyard_watcher::informer::summarize;
 use switchyard_watcher_core::Store;
 use tokio_stream::wrappers::ReceiverStream;
@@ -113,21 +113,7 @@ async fn run() {
     plane.stop();
 }
 
-struct Service {
-    grpc: std::net::SocketAddr,
-    admin: std::net::SocketAddr,
-    shutdown: switchyard_runtime::ShutdownHandle,
-    running: tokio::task::JoinHandle<()>,
-}
-
-impl Service {
-    async fn stop(self) {
-        self.shutdown.trigger();
-        let _ = self.running.await;
-    }
-}
-
-async fn queue() -> Service {
+async fn queue() -> InProcess {
     let (rt, grpc) = switchyard_queue::Args::try_parse_from([
         "switchyard-queue".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
@@ -140,17 +126,10 @@ async fn queue() -> Service {
     .start()
     .await
     .unwrap();
-    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
-    let running = tokio::spawn(async move { rt.run().await.unwrap() });
-    Service {
-        grpc,
-        admin,
-        shutdown,
-        running,
-    }
+    InProcess::spawn(rt, Some(grpc))
 }
 
-async fn watcher(plane: &ControlPlane, config: &str, queue: &str) -> Service {
+async fn watcher(plane: &ControlPlane, config: &str, queue: &str) -> InProcess {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
@@ -167,24 +146,12 @@ async fn watcher(plane: &ControlPlane, config: &str, queue: &str) -> Service {
     .start()
     .await
     .unwrap();
-    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
-    let running = tokio::spawn(async move { rt.run().await.unwrap() });
-    Service {
-        grpc,
-        admin,
-        shutdown,
-        running,
-    }
+    InProcess::spawn(rt, Some(grpc))
 }
 
-async fn until_ready(service: &Service) {
-    loop {
-        let ready = reqwest::get(format!("http://{}/readyz", service.admin))
-            .await
-            .is_ok_and(|r| r.status().is_success());
-        if ready {
-            return;
-        }
+/// Polls `/readyz` every 10 ms (finer than [`InProcess::wait_ready`], for `list_50k`).
+async fn until_ready(service: &InProcess) {
+    while !service.is_ready().await {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -218,13 +185,13 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     let config = format!(
         "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\ncontrollers:\n  - name: {CONTROLLER}\n    for: {{apiVersion: v1, kind: ConfigMap}}\n"
     );
-    let watcher = watcher(plane, &config, &queue.grpc.to_string()).await;
+    let watcher = watcher(plane, &config, &queue.grpc().to_string()).await;
     until_ready(&watcher).await;
 
     // Sent-at time of the latest write to each ConfigMap.
     let sent: Arc<Mutex<HashMap<String, SystemTime>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
-    let mut work = QueueClient::connect(format!("http://{}", queue.grpc))
+    let mut work = QueueClient::connect(format!("http://{}", queue.grpc()))
         .await
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
@@ -476,7 +443,7 @@ async fn list_50k(plane: &ControlPlane, client: &Client) {
         "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\nresources:\n  - {{apiVersion: v1, kind: Pod}}\n"
     );
     let start = Instant::now();
-    let watcher = watcher(plane, &config, &queue.grpc.to_string()).await;
+    let watcher = watcher(plane, &config, &queue.grpc().to_string()).await;
     until_ready(&watcher).await;
     figure("list_50k", start.elapsed().as_secs_f64(), "s");
     watcher.stop().await;

@@ -25,11 +25,11 @@ async fn no_change_is_lost_across_an_apiserver_restart_or_a_410() {
         .unwrap();
     let ns = ns.name().to_owned();
     let queue = queue(&[RS], &[]).await;
-    let mut worker = Worker::start(queue.grpc).await;
+    let mut worker = Worker::start(queue.grpc()).await;
     let watcher = watcher(
         plane,
         &rs_config(&ns, false),
-        &format!("--queue-addr={}", queue.grpc),
+        &format!("--queue-addr={}", queue.grpc()),
     )
     .await;
     watcher.wait_ready(WITHIN).await;
@@ -96,7 +96,7 @@ async fn no_change_is_lost_across_an_apiserver_restart_or_a_410() {
     // The cache agrees with the apiserver afterwards.
     let mut cache = switchyard_proto::watcher::v1::cache_client::CacheClient::connect(format!(
         "http://{}",
-        watcher.grpc
+        watcher.grpc()
     ))
     .await
     .unwrap();

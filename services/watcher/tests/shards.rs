@@ -85,8 +85,8 @@ async fn a_moved_shard_is_resynced_to_its_new_owner() {
     let q0 = member(&etcd, "q0").await;
     let q1 = member(&etcd, "q1").await;
     until_assigned(&elector, &["q0", "q1"]).await;
-    let mut w0 = Worker::start(q0.grpc).await;
-    let mut w1 = Worker::start(q1.grpc).await;
+    let mut w0 = Worker::start(q0.grpc()).await;
+    let mut w1 = Worker::start(q1.grpc()).await;
 
     let watcher = watcher(
         plane,

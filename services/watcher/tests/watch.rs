@@ -34,11 +34,11 @@ async fn typed_changes_become_replicaset_keys() {
         .unwrap();
     let ns = ns.name().to_owned();
     let queue = queue(&[RS], &[]).await;
-    let mut worker = Worker::start(queue.grpc).await;
+    let mut worker = Worker::start(queue.grpc()).await;
     let watcher = watcher(
         plane,
         &rs_config(&ns, false),
-        &format!("--queue-addr={}", queue.grpc),
+        &format!("--queue-addr={}", queue.grpc()),
     )
     .await;
     watcher.wait_ready(WITHIN).await;
@@ -166,7 +166,7 @@ async fn a_crd_created_while_running_is_watched() {
         .unwrap();
     let ns = ns.name().to_owned();
     let queue = queue(&[WIDGET], &[]).await;
-    let mut worker = Worker::start(queue.grpc).await;
+    let mut worker = Worker::start(queue.grpc()).await;
     let config = format!(
         r#"
 shardCount: {SHARDS}
@@ -178,7 +178,7 @@ controllers:
       - {{apiVersion: v1, kind: ConfigMap, label: example.com/widget}}
 "#
     );
-    let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc)).await;
+    let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
     // ConfigMaps list at once; Widgets are not served yet, so the watcher is not ready.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!watcher.is_ready().await, "ready before the Widget list");
@@ -265,11 +265,11 @@ async fn the_cache_answers_owner_label_and_fresh_reads() {
     let watcher = watcher(
         plane,
         &rs_config(&ns, true),
-        &format!("--queue-addr={}", queue.grpc),
+        &format!("--queue-addr={}", queue.grpc()),
     )
     .await;
     watcher.wait_ready(WITHIN).await;
-    let mut cache = CacheClient::connect(format!("http://{}", watcher.grpc))
+    let mut cache = CacheClient::connect(format!("http://{}", watcher.grpc()))
         .await
         .unwrap();
 
@@ -517,7 +517,7 @@ async fn two_watchers_run_active_active_and_the_queue_keeps_each_key_once() {
         .unwrap();
     let ns = ns.name().to_owned();
     let queue = queue(&[RS], &[]).await;
-    let route = format!("--queue-addr={}", queue.grpc);
+    let route = format!("--queue-addr={}", queue.grpc());
     let first = watcher(plane, &rs_config(&ns, false), &route).await;
     let second = watcher(plane, &rs_config(&ns, false), &route).await;
     first.wait_ready(WITHIN).await;
@@ -544,7 +544,7 @@ async fn two_watchers_run_active_active_and_the_queue_keeps_each_key_once() {
     }
     let mut stats = switchyard_proto::queue::v1::queue_client::QueueClient::connect(format!(
         "http://{}",
-        queue.grpc
+        queue.grpc()
     ))
     .await
     .unwrap();
@@ -561,7 +561,7 @@ async fn two_watchers_run_active_active_and_the_queue_keeps_each_key_once() {
         depth, 10,
         "each key queued once though both watchers sent it"
     );
-    let mut worker = Worker::start(queue.grpc).await;
+    let mut worker = Worker::start(queue.grpc()).await;
     let wanted: Vec<String> = names.iter().map(|n| key(RS, &ns, n)).collect();
     worker.expect_all(&wanted, WITHIN).await;
     let again = worker.leased_during(Duration::from_millis(700)).await;

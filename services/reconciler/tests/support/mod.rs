@@ -3,90 +3,19 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::{
-    io::Write,
-    net::SocketAddr,
-    time::{Duration, Instant},
-};
+use std::{io::Write, net::SocketAddr, time::Duration};
 
 use clap::Parser;
 use serde_json::json;
 use switchyard_k8s::{Api, ListParams, Pod, ReplicaSet, await_condition};
 use switchyard_reconciler::sdk::Registry;
 use switchyard_reconciler_core::replicaset::{controller_of, is_active};
-use switchyard_runtime::ShutdownHandle;
 use switchyard_testenv::ControlPlane;
-use tokio::task::JoinHandle;
+pub use switchyard_testenv::InProcess;
 
 pub const RS: &str = "apps/v1/ReplicaSet";
 pub const SHARDS: u32 = 16;
 pub const WITHIN: Duration = Duration::from_secs(30);
-
-/// A service running in this process until `stop`.
-pub struct InProcess {
-    pub grpc: Option<SocketAddr>,
-    pub admin: SocketAddr,
-    shutdown: ShutdownHandle,
-    running: JoinHandle<()>,
-}
-
-impl InProcess {
-    pub fn grpc(&self) -> SocketAddr {
-        self.grpc.unwrap()
-    }
-
-    /// Triggers shutdown and waits for the service to stop; returns how long that took.
-    pub async fn stop(self) -> Duration {
-        let start = Instant::now();
-        self.shutdown.trigger();
-        tokio::time::timeout(Duration::from_secs(30), self.running)
-            .await
-            .expect("stopped in time")
-            .unwrap();
-        start.elapsed()
-    }
-
-    pub fn trigger_shutdown(&self) {
-        self.shutdown.trigger();
-    }
-
-    pub async fn stopped(self, within: Duration) {
-        tokio::time::timeout(within, self.running)
-            .await
-            .expect("stopped in time")
-            .unwrap();
-    }
-
-    pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        let response = reqwest::get(format!("http://{}{path}", self.admin))
-            .await
-            .unwrap();
-        (response.status().as_u16(), response.text().await.unwrap())
-    }
-
-    pub async fn wait_ready(&self, within: Duration) {
-        let start = Instant::now();
-        loop {
-            let (status, body) = self.admin_get("/readyz").await;
-            if status == 200 {
-                return;
-            }
-            assert!(
-                start.elapsed() < within,
-                "not ready after {within:?}: {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The value of one sample of `/metrics` (the line starting with `series`), 0 if absent.
-    pub async fn metric(&self, series: &str) -> f64 {
-        let (_, text) = self.admin_get("/metrics").await;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(0.0)
-    }
-}
 
 /// A queue serving every shard (static mode) for `controllers`.
 pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
@@ -104,14 +33,7 @@ pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
         .start()
         .await
         .unwrap();
-    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
-    let running = tokio::spawn(async move { rt.run().await.unwrap() });
-    InProcess {
-        grpc: Some(grpc),
-        admin,
-        shutdown,
-        running,
-    }
+    InProcess::spawn(rt, Some(grpc))
 }
 
 /// A watcher with `config` (YAML) against `plane`'s apiserver, sending keys to `queue`.
@@ -137,14 +59,7 @@ pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> 
         .start()
         .await
         .unwrap();
-    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
-    let running = tokio::spawn(async move { rt.run().await.unwrap() });
-    InProcess {
-        grpc: Some(grpc),
-        admin,
-        shutdown,
-        running,
-    }
+    InProcess::spawn(rt, Some(grpc))
 }
 
 /// A reconciler with `registry`'s controllers, leasing from `queue` and reading `watcher`.
@@ -187,14 +102,7 @@ pub async fn reconciler_routed(
         .start(registry)
         .await
         .unwrap();
-    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
-    let running = tokio::spawn(async move { rt.run().await.unwrap() });
-    InProcess {
-        grpc: None,
-        admin,
-        shutdown,
-        running,
-    }
+    InProcess::spawn(rt, None)
 }
 
 /// The ReplicaSet controller's watcher configuration for one namespace (Pods in full: the

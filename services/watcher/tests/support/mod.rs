@@ -3,75 +3,21 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::{
-    collections::HashSet,
-    io::Write,
-    net::SocketAddr,
-    time::{Duration, Instant},
-};
+use std::{collections::HashSet, io::Write, net::SocketAddr, time::Duration};
 
 use clap::Parser;
 use switchyard_proto::queue::v1::{
     Credit, Done, Outcome, WorkRequest, WorkerHello, outcome, queue_client::QueueClient,
     work_request::Request as Msg, work_response::Response as Reply,
 };
-use switchyard_runtime::ShutdownHandle;
 use switchyard_testenv::ControlPlane;
+pub use switchyard_testenv::InProcess;
 use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_stream::wrappers::ReceiverStream;
 
 pub const RS: &str = "apps/v1/ReplicaSet";
 pub const WIDGET: &str = "example.com/v1/Widget";
 pub const SHARDS: u32 = 16;
-
-/// A service running in this process until `stop`.
-pub struct InProcess {
-    pub grpc: SocketAddr,
-    pub admin: SocketAddr,
-    shutdown: ShutdownHandle,
-    running: JoinHandle<()>,
-}
-
-impl InProcess {
-    pub async fn stop(self) {
-        self.shutdown.trigger();
-        tokio::time::timeout(Duration::from_secs(30), self.running)
-            .await
-            .expect("stopped in time")
-            .unwrap();
-    }
-
-    pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        let response = reqwest::get(format!("http://{}{path}", self.admin))
-            .await
-            .unwrap();
-        (response.status().as_u16(), response.text().await.unwrap())
-    }
-
-    pub async fn is_ready(&self) -> bool {
-        self.admin_get("/readyz").await.0 == 200
-    }
-
-    pub async fn wait_ready(&self, within: Duration) {
-        let start = Instant::now();
-        while !self.is_ready().await {
-            assert!(
-                start.elapsed() < within,
-                "not ready after {within:?}: {}",
-                self.admin_get("/readyz").await.1
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The value of one sample of `/metrics` (the line starting with `series`), 0 if absent.
-    pub async fn metric(&self, series: &str) -> f64 {
-        let (_, text) = self.admin_get("/metrics").await;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(0.0)
-    }
-}
 
 /// A queue serving every shard (static mode) for `controllers`.
 pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
@@ -89,14 +35,7 @@ pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
         .start()
         .await
         .unwrap();
-    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
-    let running = tokio::spawn(async move { rt.run().await.unwrap() });
-    InProcess {
-        grpc,
-        admin,
-        shutdown,
-        running,
-    }
+    InProcess::spawn(rt, Some(grpc))
 }
 
 /// A watcher with `config` (YAML) against `plane`'s apiserver; `route` is `--queue-addr=...`
@@ -118,14 +57,7 @@ pub async fn watcher(plane: &ControlPlane, config: &str, route: &str) -> InProce
         .start()
         .await
         .unwrap();
-    let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
-    let running = tokio::spawn(async move { rt.run().await.unwrap() });
-    InProcess {
-        grpc,
-        admin,
-        shutdown,
-        running,
-    }
+    InProcess::spawn(rt, Some(grpc))
 }
 
 /// A worker that leases every key of a queue, reports it done at once and records it as

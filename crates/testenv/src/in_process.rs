@@ -1,0 +1,103 @@
+//! A Switchyard service running inside the test process, for tests and benchmarks that start
+//! several services against one control plane.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use switchyard_runtime::{Runtime, ShutdownHandle};
+use tokio::task::JoinHandle;
+
+/// How long a stopping service may take before the test fails.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A started [`Runtime`] running on the test's tokio runtime until [`InProcess::stop`].
+#[derive(Debug)]
+pub struct InProcess {
+    grpc: Option<SocketAddr>,
+    pub admin: SocketAddr,
+    shutdown: ShutdownHandle,
+    running: JoinHandle<()>,
+}
+
+impl InProcess {
+    /// Runs `rt` in the background; `grpc` is its bound gRPC address, if it serves one the
+    /// test uses.
+    pub fn spawn(rt: Runtime, grpc: Option<SocketAddr>) -> Self {
+        let (admin, shutdown) = (rt.admin_addr(), rt.shutdown_handle());
+        let running = tokio::spawn(async move {
+            rt.run().await.expect("the service stops cleanly");
+        });
+        Self {
+            grpc,
+            admin,
+            shutdown,
+            running,
+        }
+    }
+
+    /// The gRPC address given to [`InProcess::spawn`].
+    pub fn grpc(&self) -> SocketAddr {
+        self.grpc
+            .expect("the service was spawned with its gRPC address")
+    }
+
+    /// Triggers shutdown and waits for the service to stop; returns how long that took.
+    pub async fn stop(self) -> Duration {
+        let start = Instant::now();
+        self.shutdown.trigger();
+        self.stopped(STOP_TIMEOUT).await;
+        start.elapsed()
+    }
+
+    /// Triggers shutdown without waiting (see [`InProcess::stopped`]).
+    pub fn trigger_shutdown(&self) {
+        self.shutdown.trigger();
+    }
+
+    /// Waits, at most `within`, for the service to stop.
+    pub async fn stopped(self, within: Duration) {
+        tokio::time::timeout(within, self.running)
+            .await
+            .expect("stopped in time")
+            .expect("the service task did not panic");
+    }
+
+    /// GET `path` on the admin port: status and body.
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        let response = reqwest::get(format!("http://{}{path}", self.admin))
+            .await
+            .expect("the admin port answers");
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("a text body"))
+    }
+
+    pub async fn is_ready(&self) -> bool {
+        self.admin_get("/readyz").await.0 == 200
+    }
+
+    /// Waits until `/readyz` answers 200; fails the test with what it waits for after `within`.
+    pub async fn wait_ready(&self, within: Duration) {
+        let start = Instant::now();
+        loop {
+            let (status, body) = self.admin_get("/readyz").await;
+            if status == 200 {
+                return;
+            }
+            assert!(
+                start.elapsed() < within,
+                "not ready after {within:?}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The value of one sample of `/metrics` (the line starting with `series`), 0 if absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let (_, text) = self.admin_get("/metrics").await;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
