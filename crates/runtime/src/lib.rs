@@ -53,8 +53,8 @@ pub enum Error {
     Grpc(#[from] tonic::transport::Error),
     #[error("failed to build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    #[error("tasks still running after the drain timeout of {0:?}")]
-    DrainTimeout(Duration),
+    #[error("tasks still running after the drain timeout of {timeout:?}: {running}")]
+    DrainTimeout { timeout: Duration, running: String },
     #[error("aborted by a second shutdown signal")]
     Aborted,
     #[error("failed to install the signal handler: {0}")]
@@ -155,8 +155,7 @@ impl Runtime {
     {
         let fut = task(self.shutdown.drain());
         self.shutdown
-            .tracker()
-            .spawn(fut.instrument(info_span!("task", name)));
+            .spawn(name, fut.instrument(info_span!("task", name)));
     }
 
     /// Binds the gRPC port and serves `server`'s routes plus health and reflection until
@@ -165,8 +164,7 @@ impl Runtime {
         let gate = self.readiness.gate("grpc");
         let (addr, serve) = server.bind(&self.grpc, self.shutdown.drain()).await?;
         self.shutdown
-            .tracker()
-            .spawn(serve.instrument(info_span!("grpc", %addr)));
+            .spawn("grpc", serve.instrument(info_span!("grpc", %addr)));
         gate.ready();
         Ok(addr)
     }

@@ -2,7 +2,15 @@
 //! token every task holds; the runtime then waits, bounded, for every tracked task. A second
 //! signal aborts the wait.
 
-use std::time::Duration;
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -41,11 +49,52 @@ impl ShutdownHandle {
     }
 }
 
+/// The names of the tracked tasks still running, so a drain that times out can say which.
+#[derive(Clone, Debug, Default)]
+struct Running {
+    tasks: Arc<Mutex<BTreeMap<u64, &'static str>>>,
+    next_id: Arc<AtomicU64>,
+}
+
+/// Removes its task from [`Running`] when the task ends (or is dropped).
+struct Registered {
+    running: Running,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.running.lock().remove(&self.id);
+    }
+}
+
+impl Running {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, &'static str>> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn register(&self, name: &'static str) -> Registered {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, name);
+        Registered {
+            running: self.clone(),
+            id,
+        }
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        self.lock().values().copied().collect()
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Shutdown {
     drain: CancellationToken,
     requested: CancellationToken,
     tracker: TaskTracker,
+    running: Running,
     sigterm: Signal,
     sigint: Signal,
 }
@@ -56,6 +105,7 @@ impl Shutdown {
             drain: CancellationToken::new(),
             requested: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            running: Running::default(),
             sigterm: signal(SignalKind::terminate()).map_err(Error::Signal)?,
             sigint: signal(SignalKind::interrupt()).map_err(Error::Signal)?,
         })
@@ -69,8 +119,18 @@ impl Shutdown {
         ShutdownHandle(self.requested.clone())
     }
 
-    pub(crate) fn tracker(&self) -> &TaskTracker {
-        &self.tracker
+    /// Runs `task` as a tracked task named `name`: shutdown waits for it, and names it if
+    /// it is still running when the drain times out.
+    pub(crate) fn spawn(
+        &self,
+        name: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let registered = self.running.register(name);
+        self.tracker.spawn(async move {
+            let _registered = registered;
+            task.await;
+        });
     }
 
     /// Waits for the first signal or a triggered handle; names what it was.
@@ -88,7 +148,10 @@ impl Shutdown {
         self.tracker.close();
         tokio::select! {
             _ = self.tracker.wait() => Ok(()),
-            _ = tokio::time::sleep(timeout) => Err(Error::DrainTimeout(timeout)),
+            _ = tokio::time::sleep(timeout) => Err(Error::DrainTimeout {
+                timeout,
+                running: self.running.names().join(", "),
+            }),
             _ = self.sigterm.recv() => Err(Error::Aborted),
             _ = self.sigint.recv() => Err(Error::Aborted),
         }
@@ -104,7 +167,7 @@ mod tests {
         let mut shutdown = Shutdown::new().expect("signal handlers");
         let drain = shutdown.drain();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        shutdown.tracker().spawn(async move {
+        shutdown.spawn("worker", async move {
             drain.signaled().await;
             // Finishing in-flight work takes a while after the signal.
             tokio::time::sleep(Duration::from_secs(5)).await;
@@ -123,11 +186,16 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn drain_gives_up_after_the_timeout() {
         let mut shutdown = Shutdown::new().expect("signal handlers");
-        shutdown.tracker().spawn(std::future::pending::<()>());
+        shutdown.spawn("done", async {});
+        shutdown.spawn("stuck", std::future::pending::<()>());
         let err = shutdown
             .drain_all(Duration::from_secs(3))
             .await
             .expect_err("a stuck task times out");
-        assert!(matches!(err, Error::DrainTimeout(d) if d == Duration::from_secs(3)));
+        assert!(
+            matches!(&err, Error::DrainTimeout { timeout, running }
+                if *timeout == Duration::from_secs(3) && running == "stuck"),
+            "{err}"
+        );
     }
 }

@@ -261,6 +261,8 @@ impl Actor {
             let wake = self.queue.next_wakeup().map(tokio::time::Instant::from_std);
             tokio::select! {
                 command = self.rx.recv() => {
+                    // Every handle is gone: shutdown dropped the servers before this loop saw
+                    // the drain. The shards are handed back all the same, below.
                     let Some(command) = command else { break };
                     self.handle(command);
                     for _ in 1..COMMAND_BATCH {
@@ -272,13 +274,12 @@ impl Actor {
                 }
                 _ = sleep_until(wake) => {}
                 _ = gauges.tick() => self.metrics.set_gauges(&self.queue.stats(now())),
-                _ = &mut draining => {
-                    self.drain_all().await;
-                    break;
-                }
+                _ = &mut draining => break,
             }
             self.tick();
         }
+        // Either way out ends here, so the member always leaves after its shards are back.
+        self.drain_all().await;
     }
 
     fn tick(&mut self) {
@@ -546,5 +547,50 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use switchyard_queue_core::QueueConfig;
+    use switchyard_runtime::{Metrics, drain_channel};
+
+    use super::*;
+
+    fn actor() -> (Actor, Handle) {
+        let queue = Queue::new(QueueConfig::default(), &["rs"]);
+        let names: Vec<Arc<str>> = queue.controller_names().to_vec();
+        let metrics = QueueMetrics::register(&Metrics::new_for_tests(), &names);
+        Actor::new(queue, metrics, Duration::from_secs(1))
+    }
+
+    /// Shutdown may drop every handle (the gRPC server, the ownership task) before the actor
+    /// sees the drain: the shards are handed back and the member told to leave all the same.
+    #[tokio::test]
+    async fn the_member_leaves_when_every_handle_is_gone_before_the_drain() {
+        let (actor, handle) = actor();
+        let (leave, left) = drain_channel();
+        let (_shutdown, drain) = drain_channel();
+        handle
+            .send(Command::Acquire { shard: 3, epoch: 7 })
+            .expect("actor running");
+        drop(handle);
+        actor.on_drained(leave).run(drain).await;
+        assert!(left.is_draining(), "the member was told to leave");
+    }
+
+    #[tokio::test]
+    async fn the_member_leaves_after_the_drain() {
+        let (actor, handle) = actor();
+        let (leave, left) = drain_channel();
+        let (shutdown, drain) = drain_channel();
+        let run = tokio::spawn(actor.on_drained(leave).run(drain));
+        assert_eq!(handle.in_flight(3).await.expect("actor running"), 0);
+        assert!(!left.is_draining());
+        shutdown.trigger();
+        run.await.expect("actor ends");
+        assert!(left.is_draining(), "the member was told to leave");
     }
 }

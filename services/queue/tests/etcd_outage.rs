@@ -167,7 +167,7 @@ async fn settled(cluster: &support::Cluster) -> (HashMap<u32, usize>, HashMap<u3
                     metric(
                         &text,
                         &format!("switchyard_queue_shard_epoch{{shard=\"{shard}\"}}"),
-                    ) == Some(epochs[shard] as f64)
+                    ) == epochs.get(shard).map(|epoch| *epoch as f64)
                 });
         }
         let now = (owners, epochs);
