@@ -161,8 +161,16 @@ impl Runtime {
     /// Binds the gRPC port and serves `server`'s routes plus health and reflection until
     /// shutdown. Returns the bound address.
     pub async fn serve_grpc(&self, server: GrpcServer) -> Result<SocketAddr> {
+        self.serve_grpc_until(server, self.shutdown.drain()).await
+    }
+
+    /// Like [`Self::serve_grpc`], but the port stays open until `stop` rather than until
+    /// shutdown begins: for a service that must keep listening while it drains (a queue
+    /// member closes its port only after it has left, so a closed port proves it serves
+    /// nothing). Shutdown still waits for the server, bounded by the drain timeout.
+    pub async fn serve_grpc_until(&self, server: GrpcServer, stop: Drain) -> Result<SocketAddr> {
         let gate = self.readiness.gate("grpc");
-        let (addr, serve) = server.bind(&self.grpc, self.shutdown.drain()).await?;
+        let (addr, serve) = server.bind(&self.grpc, stop).await?;
         self.shutdown
             .spawn("grpc", serve.instrument(info_span!("grpc", %addr)));
         gate.ready();

@@ -133,6 +133,17 @@ impl ServiceProcess {
         self.log()
     }
 
+    /// Freezes the process (SIGSTOP): it holds its ports and answers nothing, as a stalled
+    /// process does.
+    pub fn pause(&self) {
+        self.process.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.process.signal(libc::SIGCONT);
+    }
+
     /// Sends SIGTERM and waits for the process to exit.
     pub async fn terminate(mut self) -> Result<(ExitStatus, String)> {
         self.process.signal(libc::SIGTERM);

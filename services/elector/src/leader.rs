@@ -11,13 +11,14 @@
 use std::time::Duration;
 
 use etcd_client::Client;
+use prometheus_client::metrics::counter::Counter;
 use switchyard_elector_core::{assign, plan};
 use switchyard_runtime::Drain;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
-use crate::{membership, shardmap};
+use crate::{liveness, membership, shardmap};
 
 /// The etcd election the elector replicas campaign in.
 pub const ELECTION: &str = "/switchyard/elector";
@@ -33,6 +34,25 @@ pub struct LeaderConfig {
     pub slack: u32,
     /// TTL of the leader's election lease: how fast a follower takes over a dead leader.
     pub ttl: Duration,
+    /// Whether the leader revokes the registration of a member whose port refuses
+    /// connections (see [`liveness`]).
+    pub member_probe: bool,
+    /// Registrations revoked that way.
+    pub members_found_gone: Counter,
+}
+
+impl LeaderConfig {
+    /// The defaults of the elector's flags: slack 1, a 2 s election TTL, the member probe on.
+    pub fn new(id: impl Into<String>, shard_count: u32) -> Self {
+        Self {
+            id: id.into(),
+            shard_count,
+            slack: 1,
+            ttl: Duration::from_secs(2),
+            member_probe: true,
+            members_found_gone: Counter::default(),
+        }
+    }
 }
 
 /// Campaigns and, while leading, keeps the shard map in step, until `drain`. `leading`
@@ -94,6 +114,13 @@ async fn campaign_and_lead(
     let (mut members, watch) = membership::watch_members(endpoints.to_vec(), drain.clone());
     // The watch lives as long as this term of leadership.
     let _watch = AbortOnDropHandle::new(watch);
+    let _liveness = config.member_probe.then(|| {
+        AbortOnDropHandle::new(tokio::spawn(liveness::run(
+            client.clone(),
+            members.clone(),
+            config.members_found_gone.clone(),
+        )))
+    });
     let mut resync = tokio::time::interval(RESYNC);
     loop {
         tokio::select! {

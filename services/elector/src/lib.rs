@@ -7,17 +7,20 @@
 //! - [`shardmap`]: the shard map in etcd, with epochs that are etcd revisions, and the fenced
 //!   release a draining owner performs.
 //!
+//! - [`liveness`]: the leader revokes the registration of a member whose port refuses
+//!   connections, so a crashed member's shards move before its lease would expire;
 //! - [`grpc`]: `switchyard.elector.v1.Elector`, the shard map for tools and watchers.
 
 pub mod grpc;
 pub mod leader;
+pub mod liveness;
 pub mod membership;
 pub mod mirror;
 pub mod shardmap;
 
 use std::time::Duration;
 
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use switchyard_runtime::{Backoff, GrpcServer, Runtime, RuntimeArgs};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -59,6 +62,11 @@ pub struct Args {
     /// TTL of the leader's election lease: how soon a follower replaces a dead leader
     #[arg(long, env = "SWITCHYARD_ELECTION_TTL", default_value = "2s")]
     pub election_ttl: humantime::Duration,
+    /// Revoke the registration of a member whose gRPC port refuses connections (a crashed
+    /// process), rather than wait for its lease to expire. Turn off where a firewall between
+    /// the elector and the queue rejects connections instead of dropping them.
+    #[arg(long, env = "SWITCHYARD_MEMBER_PROBE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub member_probe: bool,
 }
 
 /// First and last delay between attempts to reach etcd at start.
@@ -73,6 +81,7 @@ impl Args {
             shard_count,
             shard_slack,
             election_ttl,
+            member_probe,
         } = self;
         if etcd_endpoints.iter().all(|e| e.trim().is_empty()) {
             return Err(Error::Config(
@@ -133,11 +142,20 @@ impl Args {
             }
         });
 
+        let members_found_gone = Counter::default();
+        rt.metrics().register(
+            "switchyard_elector_members_found_gone",
+            "Member registrations the leader revoked because the member's port refused \
+             connections (a crashed process), ahead of the lease's expiry",
+            members_found_gone.clone(),
+        );
         let config = leader::LeaderConfig {
             id,
             shard_count,
             slack: shard_slack,
             ttl,
+            member_probe,
+            members_found_gone,
         };
         let service = grpc::ElectorService::new(
             etcd_endpoints.clone(),

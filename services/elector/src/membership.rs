@@ -176,8 +176,9 @@ async fn hold(
             }
             _ = drain.clone().signaled() => {
                 state.send_replace(LeaseState::Lost);
-                // Free the member's shards at once rather than after the TTL.
-                let _ = client.lease_revoke(lease).await;
+                // Free the member's shards at once rather than after the TTL; an etcd that
+                // does not answer leaves them to the TTL.
+                let _ = tokio::time::timeout(timing.ttl, client.lease_revoke(lease)).await;
                 info!(member = %member.id, "member left");
                 return Ok(());
             }

@@ -47,12 +47,7 @@ async fn member(endpoints: &[String], id: &str) -> Running {
 fn elector(endpoints: &[String], id: &str) -> (Running, watch::Receiver<bool>) {
     let (stop, drain) = drain_channel();
     let (leading, rx) = watch::channel(false);
-    let config = LeaderConfig {
-        id: id.into(),
-        shard_count: SHARDS,
-        slack: 1,
-        ttl: Duration::from_secs(2),
-    };
+    let config = LeaderConfig::new(id, SHARDS);
     let task = tokio::spawn(leader::run(endpoints.to_vec(), config, leading, drain));
     (Running { _stop: stop, task }, rx)
 }
@@ -229,12 +224,7 @@ async fn a_map_larger_than_one_etcd_transaction_is_written_whole() {
     let mut client = Client::connect(&endpoints, None).await.unwrap();
     let (stop, drain) = drain_channel();
     let (leading, _) = watch::channel(false);
-    let config = LeaderConfig {
-        id: "elector".into(),
-        shard_count: 1024,
-        slack: 1,
-        ttl: Duration::from_secs(2),
-    };
+    let config = LeaderConfig::new("elector", 1024);
     tokio::spawn(leader::run(endpoints.clone(), config, leading, drain));
     let _a = member(&endpoints, "a").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

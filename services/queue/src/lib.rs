@@ -155,6 +155,7 @@ impl Args {
         let metrics = metrics::QueueMetrics::register(rt.metrics(), &controllers);
         let (mut actor, handle) = actor::Actor::new(core, metrics, queue.drain_grace.into());
         let (leave, member_drain) = switchyard_runtime::drain_channel();
+        let (close_port, member_left) = switchyard_runtime::drain_channel();
         if membership {
             // The member leaves only after the actor has drained, so no shard is served
             // twice during a graceful handover.
@@ -179,15 +180,25 @@ impl Args {
         {
             rt.spawn("external-metrics", |drain| server.run(drain));
         }
-        let addr = rt
-            .serve_grpc(
-                GrpcServer::new()
-                    .add_service(service.into_server())
-                    .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
-            )
-            .await?;
+        let server = GrpcServer::new()
+            .add_service(service.into_server())
+            .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET);
+        let addr = match &directory {
+            // A member keeps its port open until it has left: the elector takes a refused
+            // connection as proof that a member is gone (docs/elector.md).
+            Some(_) => rt.serve_grpc_until(server, member_left.clone()).await?,
+            None => rt.serve_grpc(server).await?,
+        };
         if let Some(directory) = directory {
-            join(&rt, &queue, addr, handle, directory, member_drain)?;
+            join(
+                &rt,
+                &queue,
+                addr,
+                handle,
+                directory,
+                member_drain,
+                close_port,
+            )?;
         }
         Ok((rt, addr))
     }
@@ -208,6 +219,7 @@ fn join(
     handle: actor::Handle,
     directory: grpc::Directory,
     member_drain: switchyard_runtime::Drain,
+    close_port: switchyard_runtime::ShutdownHandle,
 ) -> Result<()> {
     let id = member_id(queue);
     let address = queue
@@ -226,9 +238,11 @@ fn join(
     let (lease, task) =
         membership::join(queue.etcd_endpoints.clone(), member, timing, member_drain)
             .map_err(|e| Error::Config(format!("--member-id: {e}")))?;
-    // Tracked, so shutdown waits for the member to leave (its lease revoked).
+    // Tracked, so shutdown waits for the member to leave (its lease revoked); only then
+    // does the gRPC port close.
     rt.spawn("membership", |_| async move {
         let _ = task.await;
+        close_port.trigger();
     });
     let gate = rt.readiness().gate("member");
     let mut first = lease.clone();

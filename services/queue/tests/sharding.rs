@@ -83,10 +83,15 @@ async fn a_killed_replica_fails_over_a_stopped_one_hands_over_and_no_shard_has_t
     logs.push((killed.kill(), killed_at));
     let (failover, _) = until_all_served(&cluster, Duration::from_secs(10)).await;
     println!("failover after kill -9: {failover:?}");
-    // The member lease TTL is 2 s (etcd's minimum with its default timing); expiry is
-    // checked every 500 ms.
+    // The elector found the killed replica's port refusing connections and revoked its
+    // registration: no wait for the 2 s lease (and etcd's 500 ms expiry tick).
+    let counted = tokio::time::Instant::now() + Duration::from_secs(1);
+    while cluster.members_found_gone.get() == 0 && tokio::time::Instant::now() < counted {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(cluster.members_found_gone.get(), 1);
     assert!(
-        failover <= Duration::from_secs(4),
+        failover <= Duration::from_secs(1),
         "failover took {failover:?}"
     );
 
@@ -105,4 +110,34 @@ async fn a_killed_replica_fails_over_a_stopped_one_hands_over_and_no_shard_has_t
 
     let served = assert_no_two_owners(&logs);
     assert_eq!(served, SHARDS as usize, "every shard was served");
+}
+
+/// A frozen replica (SIGSTOP) still holds its port, so the elector has no proof that it is
+/// gone: its shards move only when its lease expires, by which time it has stopped serving
+/// on its own deadline. When it runs again it finds its lease lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_replica_is_not_taken_for_a_crashed_one() {
+    let mut cluster = cluster(SHARDS).await;
+    until_all_served(&cluster, Duration::from_secs(15)).await;
+
+    let frozen = cluster.replicas[1].take().unwrap();
+    frozen.pause();
+    let (failover, _) = until_all_served(&cluster, Duration::from_secs(10)).await;
+    println!("shards of a frozen replica served elsewhere after {failover:?}");
+    assert_eq!(cluster.members_found_gone.get(), 0, "no proof, no revoke");
+    // The replica renews every third of the 2 s TTL, so its lease has at least 1.33 s left
+    // when it freezes.
+    assert!(
+        failover >= Duration::from_millis(1300),
+        "shards moved after {failover:?}, before the lease could expire"
+    );
+
+    frozen.resume();
+    let (status, log) = frozen.terminate().await.unwrap();
+    assert!(status.success(), "{status}: {log}");
+    assert!(log.contains("member lease may have expired"), "{log}");
+    for replica in cluster.replicas.iter_mut().filter_map(Option::take) {
+        let (status, _) = replica.terminate().await.unwrap();
+        assert!(status.success());
+    }
 }

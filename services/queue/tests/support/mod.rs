@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use prometheus_client::metrics::counter::Counter;
 use switchyard_elector::{
     grpc::ElectorService,
     leader::{self, LeaderConfig},
@@ -23,6 +24,8 @@ pub const RS: &str = "apps/v1/ReplicaSet";
 
 pub struct Cluster {
     pub etcd: Etcd,
+    /// The elector's count of members it found gone (their port refused connections).
+    pub members_found_gone: Counter,
     _elector: ShutdownHandle,
     /// Where the elector serves `switchyard.elector.v1.Elector`.
     pub elector_addr: SocketAddr,
@@ -46,12 +49,8 @@ pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) 
     let endpoints = vec![etcd.endpoint().to_owned()];
     let (stop, drain) = drain_channel();
     let (leading, _) = tokio::sync::watch::channel(false);
-    let config = LeaderConfig {
-        id: "elector".into(),
-        shard_count,
-        slack: 1,
-        ttl: Duration::from_secs(2),
-    };
+    let config = LeaderConfig::new("elector", shard_count);
+    let members_found_gone = config.members_found_gone.clone();
     tokio::spawn(leader::run(
         endpoints.clone(),
         config,
@@ -76,6 +75,7 @@ pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) 
     );
     let mut cluster = Cluster {
         etcd,
+        members_found_gone,
         _elector: stop,
         elector_addr,
         replica_endpoint,
