@@ -10,6 +10,7 @@
 //! Built-in controllers: ReplicaSet ([`replicaset`]).
 
 pub mod cache;
+pub mod finalizer;
 pub mod metrics;
 pub mod ratelimit;
 pub mod replicaset;
@@ -185,10 +186,7 @@ impl Args {
             let client = client.clone();
             move |drain| await_apiserver(client, gate, drain)
         });
-        let ctx = Context {
-            client,
-            cache: CacheClient::new(&watcher_addr)?,
-        };
+        let ctx = Context::new(client, CacheClient::new(&watcher_addr)?, &worker_id);
         let settings = Settings {
             worker_id,
             concurrency,

@@ -16,7 +16,14 @@
 use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
-use switchyard_k8s::Client;
+pub use switchyard_k8s::kube::runtime::events::EventType;
+use switchyard_k8s::{
+    Client,
+    kube::{
+        self,
+        runtime::events::{Event, Recorder, Reporter},
+    },
+};
 
 use crate::cache::{CacheClient, CacheError};
 
@@ -71,14 +78,78 @@ pub struct Request {
     pub attempt: u32,
 }
 
-/// What a reconcile may use: the apiserver client for writes and the watcher's cache for
-/// reads. Cheap to clone.
+/// What a reconcile may use: the apiserver client for writes, the watcher's cache for
+/// reads, and an events recorder. Cheap to clone.
 #[derive(Clone)]
 pub struct Context {
     /// The apiserver, behind this worker's QPS/burst limit.
     pub client: Client,
     /// The watcher's Cache API.
     pub cache: CacheClient,
+    /// Events (`events.k8s.io/v1`) about the objects reconciled, as `kubectl describe`
+    /// shows them.
+    pub events: Events,
+}
+
+impl Context {
+    /// A context whose events name `instance` (this worker) as their reporting instance.
+    pub fn new(client: Client, cache: CacheClient, instance: &str) -> Self {
+        let events = Events::new(client.clone(), instance);
+        Self {
+            client,
+            cache,
+            events,
+        }
+    }
+}
+
+/// Publishes `events.k8s.io/v1` Events, reported by `switchyard-reconciler` and this worker.
+/// Repeats of one event (same object, type, reason, action and note) within six minutes
+/// become one Event with a growing `series.count`, as client-go's recorder does.
+#[derive(Clone)]
+pub struct Events(Recorder);
+
+impl fmt::Debug for Events {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Events").finish_non_exhaustive()
+    }
+}
+
+impl Events {
+    pub fn new(client: Client, instance: &str) -> Self {
+        Self(Recorder::new(
+            client,
+            Reporter {
+                controller: crate::SERVICE.to_owned(),
+                instance: Some(instance.to_owned()),
+            },
+        ))
+    }
+
+    /// Records `reason` (PascalCase, at most 128 characters) for the `action` taken on
+    /// `object`, with a human-readable `note`. A failure to record is an error of the
+    /// reconcile only if the caller makes it one.
+    pub async fn publish<K>(
+        &self,
+        object: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) -> Result<(), Error>
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note.into()),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        self.0.publish(&event, &object.object_ref(&())).await?;
+        Ok(())
+    }
 }
 
 impl fmt::Debug for Context {

@@ -327,10 +327,11 @@ async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
     let queue = support::queue(&[RS], &[]).await;
     let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
     watcher.wait_ready(WITHIN).await;
-    let ctx = Context {
-        client: client.clone(),
-        cache: CacheClient::new(&watcher.grpc().to_string()).unwrap(),
-    };
+    let ctx = Context::new(
+        client.clone(),
+        CacheClient::new(&watcher.grpc().to_string()).unwrap(),
+        "test",
+    );
     let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
     let created = rs_api
