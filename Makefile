@@ -32,7 +32,8 @@ lint:
 test: lint testenv
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) test --locked --workspace
 	@# cargo test built every service binary and switchyard-dev (the integration tests run them).
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run --exit-when-ready
+	@# The smoke run uses its own control plane, never the cluster KUBECONFIG may name.
+	env -u KUBECONFIG SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run --exit-when-ready
 	scripts/check-no-orphans.sh
 
 run: testenv build

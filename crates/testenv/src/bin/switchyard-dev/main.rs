@@ -3,8 +3,9 @@
 //! - `up`: start etcd, kube-apiserver, kube-scheduler and kwok and keep them running
 //!   (`--detach` returns once the cluster is ready; `make cluster-up`);
 //! - `down`: stop a detached cluster (`make cluster-down`);
-//! - `run`: start a control plane and every Switchyard service against it, show them ready,
-//!   and stop everything on Ctrl-C (`make run`).
+//! - `run`: start a control plane (unless `KUBECONFIG` names a cluster) and every Switchyard
+//!   service against it, apply a sample workload and follow it until it is Available, and
+//!   stop everything on Ctrl-C (`make run`).
 
 use std::{
     os::unix::process::CommandExt,
@@ -15,18 +16,10 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use switchyard_testenv::{Binaries, ControlPlane, ControlPlaneOptions, Etcd, ServiceProcess};
+use switchyard_testenv::{Binaries, ControlPlane, ControlPlaneOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
-/// In start order: the watcher follows the elector's shard map and sends to the queues.
-const SERVICES: [&str; 4] = [
-    "switchyard-elector",
-    "switchyard-queue",
-    "switchyard-watcher",
-    "switchyard-reconciler",
-];
-/// The built-in controllers' watches: the configuration the kustomize base installs.
-const WATCHER_CONFIG: &str = include_str!("../../../../deploy/kustomize/base/watcher-config.yaml");
+mod run;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -58,12 +51,13 @@ enum Cmd {
         #[arg(long, env = "SWITCHYARD_CLUSTER_DIR", default_value_os_t = default_dir())]
         dir: PathBuf,
     },
-    /// Start a control plane and every Switchyard service against it
+    /// Start a control plane (unless KUBECONFIG names a cluster) and every Switchyard
+    /// service against it, apply a sample workload and show its progress
     Run {
         /// Where the service binaries are (default: beside this binary)
         #[arg(long)]
         services_dir: Option<PathBuf>,
-        /// Exit as soon as everything is ready (a smoke test)
+        /// Exit as soon as the sample workload is Available (a smoke test)
         #[arg(long)]
         exit_when_ready: bool,
     },
@@ -97,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Run {
             services_dir,
             exit_when_ready,
-        } => run(services_dir, exit_when_ready).await,
+        } => run::run(services_dir, exit_when_ready).await,
     }
 }
 
@@ -202,90 +196,6 @@ async fn down(dir: &Path) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(dir.join("pid"));
     println!("control plane stopped");
-    Ok(())
-}
-
-async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Result<()> {
-    let services_dir = match services_dir {
-        Some(dir) => dir,
-        None => std::env::current_exe()?
-            .parent()
-            .context("the binary has no directory")?
-            .to_owned(),
-    };
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let plane = ControlPlane::start(ControlPlaneOptions::default())
-        .await
-        .context("starting the control plane")?;
-    println!("control plane ready: {}", plane.server());
-    println!("kubeconfig: {}", plane.kubeconfig().display());
-
-    // The elector's own etcd, apart from the apiserver's, as in a real installation.
-    let etcd = Etcd::start()
-        .await
-        .context("starting etcd for the elector")?;
-    println!("elector etcd: {}", etcd.endpoint());
-
-    let kubeconfig = plane.kubeconfig().display().to_string();
-    let watcher_config = plane.dir().join("watcher.yaml");
-    std::fs::write(&watcher_config, WATCHER_CONFIG)?;
-    let watcher_config = watcher_config.display().to_string();
-    let mut elector_addr = String::new();
-    let mut watcher_addr = String::new();
-    let mut running = Vec::new();
-    for service in SERVICES {
-        let program = services_dir.join(service);
-        anyhow::ensure!(
-            program.exists(),
-            "{} is missing; build it with `cargo build --bins`",
-            program.display()
-        );
-        let env = [
-            ("KUBECONFIG", kubeconfig.as_str()),
-            ("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint()),
-            ("SWITCHYARD_WATCHER_CONFIG", watcher_config.as_str()),
-            ("SWITCHYARD_ELECTOR_ADDR", elector_addr.as_str()),
-            ("SWITCHYARD_WATCHER_ADDR", watcher_addr.as_str()),
-        ];
-        let mut process = ServiceProcess::start(&program, &[], &env)
-            .await
-            .with_context(|| format!("starting {service}"))?;
-        process
-            .wait_ready()
-            .await
-            .with_context(|| format!("{service} did not become ready:\n{}", process.log()))?;
-        println!(
-            "{service:<22} ready   admin http://{}  grpc {}",
-            process.admin_addr(),
-            process.grpc_addr()
-        );
-        match service {
-            "switchyard-elector" => elector_addr = process.grpc_addr().to_string(),
-            "switchyard-watcher" => watcher_addr = process.grpc_addr().to_string(),
-            _ => {}
-        }
-        running.push((service, process));
-    }
-    if !exit_when_ready {
-        println!("everything is ready; Ctrl-C stops it");
-        tokio::select! {
-            _ = sigterm.recv() => {}
-            _ = sigint.recv() => {}
-        }
-    }
-    let mut clean = true;
-    while let Some((service, process)) = running.pop() {
-        let (status, log) = process.terminate().await?;
-        println!("{service:<22} stopped ({status})");
-        if !status.success() {
-            clean = false;
-            eprintln!("{log}");
-        }
-    }
-    drop(etcd);
-    plane.stop();
-    anyhow::ensure!(clean, "a service did not stop cleanly");
     Ok(())
 }
 

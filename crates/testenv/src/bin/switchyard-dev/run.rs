@@ -1,0 +1,361 @@
+//! `switchyard-dev run` (`make run`): Switchyard against a cluster, with a sample workload.
+//!
+//! ```text
+//!  cluster: KUBECONFIG, or a local control plane (etcd, apiserver, scheduler, kwok)
+//!  etcd for the elector
+//!  elector ─► queue × 2 (members) ─► watcher ─► reconciler × 2
+//!  apply deploy/samples/workload.yaml ─► follow its Deployments until all are Available
+//!  Ctrl-C (or --exit-when-ready once Available) ─► stop every service, then the rest
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use switchyard_k8s::{
+    Api, Client, Deployment, Namespace,
+    kube::api::{ListParams, Patch, PatchParams},
+};
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, Etcd, ServiceProcess};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+/// The built-in controllers' watches: the configuration the kustomize base installs.
+const WATCHER_CONFIG: &str =
+    include_str!("../../../../../deploy/kustomize/base/watcher-config.yaml");
+/// The sample workload: a Namespace and a few Deployments.
+const WORKLOAD: &str = include_str!("../../../../../deploy/samples/workload.yaml");
+const WORKLOAD_NAMESPACE: &str = "switchyard-demo";
+/// How long `--exit-when-ready` waits for the workload.
+const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(180);
+const FIELD_MANAGER: &str = "switchyard-dev";
+
+/// In start order, with how many replicas: the watcher follows the elector's shard map and
+/// sends to the queues; the reconcilers lease from the queues and read the watcher.
+const SERVICES: [(&str, usize); 4] = [
+    ("switchyard-elector", 1),
+    ("switchyard-queue", 2),
+    ("switchyard-watcher", 1),
+    ("switchyard-reconciler", 2),
+];
+
+/// Where the services run against.
+enum Cluster {
+    Local(ControlPlane),
+    /// `KUBECONFIG`'s cluster: the person's own.
+    External(PathBuf),
+}
+
+impl Cluster {
+    async fn start() -> anyhow::Result<Self> {
+        if let Some(path) = std::env::var_os("KUBECONFIG").filter(|p| !p.is_empty()) {
+            let path = std::env::split_paths(&path)
+                .next()
+                .context("KUBECONFIG names no file")?;
+            anyhow::ensure!(
+                path.exists(),
+                "KUBECONFIG names {}, which does not exist",
+                path.display()
+            );
+            println!("cluster: KUBECONFIG={}", path.display());
+            return Ok(Self::External(path));
+        }
+        let plane = ControlPlane::start(ControlPlaneOptions::default())
+            .await
+            .context("starting the control plane")?;
+        println!("control plane ready: {}", plane.server());
+        println!("kubeconfig: {}", plane.kubeconfig().display());
+        Ok(Self::Local(plane))
+    }
+
+    fn kubeconfig(&self) -> &Path {
+        match self {
+            Self::Local(plane) => plane.kubeconfig(),
+            Self::External(path) => path,
+        }
+    }
+
+    async fn client(&self) -> anyhow::Result<Client> {
+        Ok(match self {
+            Self::Local(plane) => plane.client().await?,
+            Self::External(_) => Client::try_default().await?,
+        })
+    }
+
+    /// A directory for the files the services read.
+    fn scratch(&self) -> anyhow::Result<PathBuf> {
+        Ok(match self {
+            Self::Local(plane) => plane.dir().to_owned(),
+            Self::External(_) => tempfile::Builder::new()
+                .prefix("switchyard-run-")
+                .tempdir()?
+                .keep(),
+        })
+    }
+
+    fn stop(self) {
+        if let Self::Local(plane) = self {
+            plane.stop();
+        }
+    }
+}
+
+struct Signals {
+    sigterm: Signal,
+    sigint: Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            sigterm: signal(SignalKind::terminate())?,
+            sigint: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn received(&mut self) {
+        tokio::select! {
+            _ = self.sigterm.recv() => {}
+            _ = self.sigint.recv() => {}
+        }
+    }
+}
+
+pub async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Result<()> {
+    let services_dir = match services_dir {
+        Some(dir) => dir,
+        None => std::env::current_exe()?
+            .parent()
+            .context("the binary has no directory")?
+            .to_owned(),
+    };
+    let mut signals = Signals::new()?;
+    let cluster = Cluster::start().await?;
+    // The elector's own etcd, apart from the apiserver's, as in a real installation.
+    let etcd = Etcd::start()
+        .await
+        .context("starting etcd for the elector")?;
+    println!("elector etcd: {}", etcd.endpoint());
+
+    let mut running = Vec::new();
+    let started = start_services(&services_dir, &cluster, &etcd, &mut running).await;
+    let outcome = match started {
+        Ok(()) => follow_workload(&cluster, &mut signals, exit_when_ready).await,
+        Err(error) => Err(error),
+    };
+    if outcome.is_ok() && !exit_when_ready {
+        println!("everything is running; Ctrl-C stops it");
+        signals.received().await;
+    }
+    let mut clean = true;
+    while let Some((service, process)) = running.pop() {
+        let (status, log) = process.terminate().await?;
+        println!("{service:<26} stopped ({status})");
+        if !status.success() {
+            clean = false;
+            eprintln!("{log}");
+        }
+    }
+    drop(etcd);
+    cluster.stop();
+    outcome?;
+    anyhow::ensure!(clean, "a service did not stop cleanly");
+    Ok(())
+}
+
+async fn start_services(
+    services_dir: &Path,
+    cluster: &Cluster,
+    etcd: &Etcd,
+    running: &mut Vec<(String, ServiceProcess)>,
+) -> anyhow::Result<()> {
+    let kubeconfig = cluster.kubeconfig().display().to_string();
+    let watcher_config = cluster.scratch()?.join("watcher.yaml");
+    std::fs::write(&watcher_config, WATCHER_CONFIG)?;
+    let watcher_config = watcher_config.display().to_string();
+    let mut elector_addr = String::new();
+    let mut watcher_addr = String::new();
+    for (service, replicas) in SERVICES {
+        let program = services_dir.join(service);
+        anyhow::ensure!(
+            program.exists(),
+            "{} is missing; build it with `cargo build --bins`",
+            program.display()
+        );
+        for replica in 0..replicas {
+            let name = if replicas == 1 {
+                service.to_owned()
+            } else {
+                format!("{service}-{replica}")
+            };
+            let env = [
+                ("KUBECONFIG", kubeconfig.as_str()),
+                ("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint()),
+                ("SWITCHYARD_WATCHER_CONFIG", watcher_config.as_str()),
+                ("SWITCHYARD_ELECTOR_ADDR", elector_addr.as_str()),
+                ("SWITCHYARD_WATCHER_ADDR", watcher_addr.as_str()),
+                // The queue's member id and the reconciler's worker id.
+                ("HOSTNAME", name.as_str()),
+            ];
+            let mut process = ServiceProcess::start(&program, &[], &env)
+                .await
+                .with_context(|| format!("starting {name}"))?;
+            process
+                .wait_ready()
+                .await
+                .with_context(|| format!("{name} did not become ready:\n{}", process.log()))?;
+            println!(
+                "{name:<26} ready   admin http://{}  grpc {}",
+                process.admin_addr(),
+                process.grpc_addr()
+            );
+            match service {
+                "switchyard-elector" => elector_addr = process.grpc_addr().to_string(),
+                "switchyard-watcher" => watcher_addr = process.grpc_addr().to_string(),
+                _ => {}
+            }
+            running.push((name, process));
+        }
+    }
+    Ok(())
+}
+
+/// Applies the sample workload and prints its progress until every Deployment is Available
+/// (or a signal, which ends the run early without an error).
+async fn follow_workload(
+    cluster: &Cluster,
+    signals: &mut Signals,
+    exit_when_ready: bool,
+) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
+    let deployments = apply_workload(&client).await?;
+    println!(
+        "applied the sample workload: {} Deployments in namespace {WORKLOAD_NAMESPACE}",
+        deployments.len()
+    );
+    let api: Api<Deployment> = Api::namespaced(client, WORKLOAD_NAMESPACE);
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        let listed = api
+            .list(&ListParams::default())
+            .await
+            .context("listing the sample Deployments")?;
+        let progress: BTreeMap<String, Progress> = listed
+            .items
+            .iter()
+            .filter(|d| deployments.contains(&d.metadata.name.clone().unwrap_or_default()))
+            .map(|d| (d.metadata.name.clone().unwrap_or_default(), Progress::of(d)))
+            .collect();
+        let line = progress
+            .iter()
+            .map(|(name, p)| format!("{name} {p}"))
+            .collect::<Vec<_>>()
+            .join("  |  ");
+        if line != last {
+            println!("[{:>6.1}s] {line}", start.elapsed().as_secs_f64());
+            last = line;
+        }
+        if progress.len() == deployments.len() && progress.values().all(|p| p.available) {
+            println!(
+                "the sample workload is Available after {:.1}s",
+                start.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        anyhow::ensure!(
+            !exit_when_ready || start.elapsed() < WORKLOAD_TIMEOUT,
+            "the sample workload was not Available within {WORKLOAD_TIMEOUT:?}: {last}"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = signals.received() => {
+                println!("stopping before the workload is Available");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Applies `deploy/samples/workload.yaml` server-side; returns the Deployments' names.
+async fn apply_workload(client: &Client) -> anyhow::Result<Vec<String>> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut names = Vec::new();
+    for document in WORKLOAD.split("\n---\n") {
+        let value: serde_json::Value =
+            serde_yaml::from_str(document).context("parsing the sample workload")?;
+        match value["kind"].as_str() {
+            Some("Namespace") => {
+                let namespace: Namespace = serde_json::from_value(value)?;
+                let name = namespace.metadata.name.clone().unwrap_or_default();
+                Api::<Namespace>::all(client.clone())
+                    .patch(&name, &params, &Patch::Apply(&namespace))
+                    .await
+                    .with_context(|| format!("applying Namespace {name}"))?;
+            }
+            Some("Deployment") => {
+                let deployment: Deployment = serde_json::from_value(value)?;
+                let name = deployment.metadata.name.clone().unwrap_or_default();
+                Api::<Deployment>::namespaced(client.clone(), WORKLOAD_NAMESPACE)
+                    .patch(&name, &params, &Patch::Apply(&deployment))
+                    .await
+                    .with_context(|| format!("applying Deployment {name}"))?;
+                names.push(name);
+            }
+            other => anyhow::bail!("the sample workload has an unexpected kind {other:?}"),
+        }
+    }
+    Ok(names)
+}
+
+/// What `kubectl rollout status` looks at, in one line per Deployment.
+struct Progress {
+    replicas: i32,
+    ready: i32,
+    updated: i32,
+    available: bool,
+}
+
+impl Progress {
+    fn of(deployment: &Deployment) -> Self {
+        let wanted = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.replicas)
+            .unwrap_or(1);
+        let status = deployment.status.clone().unwrap_or_default();
+        let observed = status.observed_generation >= deployment.metadata.generation;
+        let condition = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Available" && c.status == "True");
+        let updated = status.updated_replicas.unwrap_or(0);
+        let available_replicas = status.available_replicas.unwrap_or(0);
+        Self {
+            replicas: wanted,
+            ready: status.ready_replicas.unwrap_or(0),
+            updated,
+            available: observed
+                && condition
+                && updated == wanted
+                && available_replicas == wanted
+                && status.replicas.unwrap_or(0) == wanted,
+        }
+    }
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{} ready, {} updated{}",
+            self.ready,
+            self.replicas,
+            self.updated,
+            if self.available { ", Available" } else { "" }
+        )
+    }
+}
