@@ -60,6 +60,6 @@ bench-elector: testenv
 bench-watcher: testenv
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-watcher --bench watcher
 
-# This area has no benchmark yet; it comes with the reconciler.
-bench-e2e:
-	@echo "$@: no benchmark in this area yet"
+# Deployments converged under kube-controller-manager and under Switchyard (about 15 minutes).
+bench-e2e: testenv
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench e2e

@@ -100,6 +100,9 @@ pub struct ReconcilerArgs {
     /// This worker's identity in the queue's logs; default: the host name and process id
     #[arg(long, env = "SWITCHYARD_WORKER_ID")]
     pub worker_id: Option<String>,
+    /// Added to every reconcile, as if each called a slow external system (for benchmarks)
+    #[arg(long, env = "SWITCHYARD_SIMULATED_LATENCY", default_value = "0s")]
+    pub simulated_latency: humantime::Duration,
 }
 
 /// The controllers built into the reconciler.
@@ -135,6 +138,7 @@ impl Args {
             kube_api_qps,
             kube_api_burst,
             worker_id,
+            simulated_latency,
         } = reconciler;
         let route = match (queue_addr, elector_addr) {
             (Some(queue), _) => Route::Queue(queue),
@@ -168,6 +172,10 @@ impl Args {
         }
         if registry.names().is_empty() {
             return Err(Error::Args("no controllers to run".into()));
+        }
+        let simulated_latency: Duration = simulated_latency.into();
+        if !simulated_latency.is_zero() {
+            registry.add_latency(simulated_latency);
         }
         let drain_timeout: Duration = runtime.drain_timeout.into();
         let worker_id = worker_id.unwrap_or_else(|| {

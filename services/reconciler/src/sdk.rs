@@ -192,6 +192,17 @@ impl Registry {
         self.0.keys().cloned().collect()
     }
 
+    /// Makes every reconcile first wait `delay`, as if each called a slow external system
+    /// (`--simulated-latency`, for benchmarks).
+    pub fn add_latency(&mut self, delay: Duration) {
+        for controller in self.0.values_mut() {
+            *controller = Arc::new(WithLatency {
+                inner: controller.clone(),
+                delay,
+            });
+        }
+    }
+
     /// Keeps only the named controllers; an unknown name is returned as the error.
     pub fn retain(&mut self, names: &[String]) -> std::result::Result<(), String> {
         if let Some(unknown) = names.iter().find(|n| !self.0.contains_key(n.as_str())) {
@@ -199,5 +210,24 @@ impl Registry {
         }
         self.0.retain(|name, _| names.contains(name));
         Ok(())
+    }
+}
+
+/// A controller whose reconciles start with a wait.
+struct WithLatency {
+    inner: Arc<dyn Controller>,
+    delay: Duration,
+}
+
+impl Controller for WithLatency {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
+        Box::pin(async move {
+            tokio::time::sleep(self.delay).await;
+            self.inner.reconcile(ctx, request).await
+        })
     }
 }

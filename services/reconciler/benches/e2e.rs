@@ -1,0 +1,292 @@
+//! `make bench-e2e`: Deployments converged end to end, under kube-controller-manager and under
+//! Switchyard, each run on a fresh control plane (etcd, kube-apiserver, kube-scheduler, kwok
+//! with 10 Nodes).
+//!
+//! A run creates 500 Deployments of 4 replicas (2,000 Pods; `SWITCHYARD_BENCH_DEPLOYMENTS`
+//! changes the count) and measures from the first create until every Deployment is Available
+//! with all its replicas updated and available. Every controller process gets the same client
+//! limits (`--kube-api-qps=100 --kube-api-burst=200`).
+//!
+//! - `e2e.kcm_converge` (s): kube-controller-manager with its deployment and replicaset
+//!   controllers only (5 workers each, its defaults);
+//! - `e2e.sy1_converge`, `e2e.sy2_converge`, `e2e.sy4_converge` (s): Switchyard with 1, 2 and
+//!   4 reconciler processes (a queue and a watcher in this process);
+//! - `e2e.sy1_converge_slow`, `e2e.sy4_converge_slow` (s): the same with every reconcile
+//!   waiting 20 ms first, as if it called an external system (`--simulated-latency`);
+//! - `e2e.sy1_vs_kcm` and `e2e.sy4_vs_sy1_slow` (ratios): time against kube-controller-manager,
+//!   and the speed-up of 4 reconcilers over 1 with slow reconciles.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use futures::{StreamExt, stream};
+use serde_json::json;
+use switchyard_k8s::{Api, Deployment, Namespace, PostParams, kube::api::ListParams};
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, ServiceProcess};
+
+const REPLICAS: i32 = 4;
+const NODES: usize = 10;
+const NAMESPACE: &str = "bench";
+const CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=100", "--kube-api-burst=200"];
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(900);
+/// The shipped watcher configuration: what the built-in controllers watch.
+const WATCHER_CONFIG: &str = include_str!("../../../deploy/kustomize/base/watcher-config.yaml");
+const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment";
+
+#[derive(Clone, Copy, Debug)]
+enum Under {
+    ControllerManager,
+    Switchyard { reconcilers: usize, latency_ms: u64 },
+}
+
+fn deployments() -> usize {
+    std::env::var("SWITCHYARD_BENCH_DEPLOYMENTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(500)
+}
+
+fn deployment(name: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": REPLICAS,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+fn available(deployment: &Deployment) -> bool {
+    let Some(status) = &deployment.status else {
+        return false;
+    };
+    status.observed_generation >= deployment.metadata.generation
+        && status.updated_replicas == Some(REPLICAS)
+        && status.available_replicas == Some(REPLICAS)
+        && status.replicas == Some(REPLICAS)
+}
+
+/// What runs the controllers during one measurement; stopped on drop.
+enum Controllers {
+    Kcm(#[allow(dead_code)] switchyard_testenv::ControllerManager),
+    Switchyard {
+        queue: InProcess,
+        watcher: InProcess,
+        reconcilers: Vec<ServiceProcess>,
+    },
+}
+
+impl Controllers {
+    async fn start(plane: &ControlPlane, under: Under) -> Self {
+        match under {
+            Under::ControllerManager => Self::Kcm(
+                plane
+                    .start_controller_manager(
+                        &["deployment-controller", "replicaset-controller"],
+                        &CLIENT_LIMITS,
+                    )
+                    .await
+                    .unwrap(),
+            ),
+            Under::Switchyard {
+                reconcilers,
+                latency_ms,
+            } => {
+                let queue = in_process_queue().await;
+                let watcher = in_process_watcher(plane, queue.grpc()).await;
+                watcher.wait_ready(Duration::from_secs(60)).await;
+                let mut started = Vec::new();
+                for i in 0..reconcilers {
+                    let mut args = vec![
+                        format!("--kubeconfig={}", plane.kubeconfig().display()),
+                        format!("--queue-addr={}", queue.grpc()),
+                        format!("--watcher-addr={}", watcher.grpc()),
+                        format!("--worker-id=bench-{i}"),
+                        format!("--simulated-latency={latency_ms}ms"),
+                        "--log-format=json".to_owned(),
+                    ];
+                    args.extend(CLIENT_LIMITS.iter().map(|a| (*a).to_owned()));
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let mut process = ServiceProcess::start(
+                        Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
+                        &args,
+                        &[("SWITCHYARD_LOG", "warn")],
+                    )
+                    .await
+                    .unwrap();
+                    process.wait_ready().await.unwrap();
+                    started.push(process);
+                }
+                Self::Switchyard {
+                    queue,
+                    watcher,
+                    reconcilers: started,
+                }
+            }
+        }
+    }
+
+    async fn stop(self) {
+        if let Self::Switchyard {
+            queue,
+            watcher,
+            reconcilers,
+        } = self
+        {
+            for reconciler in reconcilers {
+                let _ = reconciler.terminate().await;
+            }
+            watcher.stop().await;
+            queue.stop().await;
+        }
+    }
+}
+
+async fn in_process_queue() -> InProcess {
+    let args = [
+        "switchyard-queue",
+        "--admin-addr=127.0.0.1:0",
+        "--grpc-addr=127.0.0.1:0",
+        "--shard-count=256",
+        &format!("--controllers={CONTROLLERS}"),
+        "--log-level=warn",
+    ];
+    let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    InProcess::spawn(rt, Some(grpc))
+}
+
+async fn in_process_watcher(plane: &ControlPlane, queue: std::net::SocketAddr) -> InProcess {
+    let config = plane.dir().join("watcher-bench.yaml");
+    std::fs::write(&config, WATCHER_CONFIG).unwrap();
+    let args = [
+        "switchyard-watcher".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--config={}", config.display()),
+        format!("--queue-addr={queue}"),
+        "--log-level=warn".into(),
+    ];
+    let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    InProcess::spawn(rt, Some(grpc))
+}
+
+/// Seconds from the first create until every Deployment is Available.
+async fn converge(under: Under, count: usize) -> f64 {
+    let plane = ControlPlane::start(ControlPlaneOptions {
+        nodes: NODES,
+        dir: None,
+    })
+    .await
+    .unwrap();
+    let client = plane.client().await.unwrap();
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let controllers = Controllers::start(&plane, under).await;
+    let api: Api<Deployment> = Api::namespaced(client, NAMESPACE);
+
+    let start = Instant::now();
+    stream::iter(0..count)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &deployment(&format!("d{i:04}")))
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<()>()
+        .await;
+    let created = start.elapsed();
+    loop {
+        let done = api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|d| available(d))
+            .count();
+        if done == count {
+            break;
+        }
+        assert!(
+            start.elapsed() < CONVERGE_TIMEOUT,
+            "{under:?}: {done} of {count} Deployments Available after {CONVERGE_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let took = start.elapsed().as_secs_f64();
+    eprintln!("{under:?}: created in {created:?}, all Available after {took:.1} s");
+    controllers.stop().await;
+    plane.stop();
+    took
+}
+
+async fn run() {
+    let count = deployments();
+    eprintln!("{count} Deployments x {REPLICAS} replicas per run");
+    let kcm = converge(Under::ControllerManager, count).await;
+    println!("bench e2e.kcm_converge {kcm:.1} s");
+    let mut fast = Vec::new();
+    for reconcilers in [1, 2, 4] {
+        let took = converge(
+            Under::Switchyard {
+                reconcilers,
+                latency_ms: 0,
+            },
+            count,
+        )
+        .await;
+        println!("bench e2e.sy{reconcilers}_converge {took:.1} s");
+        fast.push(took);
+    }
+    let mut slow = Vec::new();
+    for reconcilers in [1, 4] {
+        let took = converge(
+            Under::Switchyard {
+                reconcilers,
+                latency_ms: 20,
+            },
+            count,
+        )
+        .await;
+        println!("bench e2e.sy{reconcilers}_converge_slow {took:.1} s");
+        slow.push(took);
+    }
+    println!("bench e2e.sy1_vs_kcm {:.2} ratio", fast[0] / kcm);
+    println!("bench e2e.sy4_vs_sy1_slow {:.2} ratio", slow[0] / slow[1]);
+}
+
+fn main() {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(run());
+}
