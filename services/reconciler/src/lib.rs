@@ -7,9 +7,10 @@
 //!                                                   └─ writes: apiserver, behind a QPS/burst limit ([`ratelimit`])
 //! ```
 //!
-//! Built-in controllers: ReplicaSet ([`replicaset`]).
+//! Built-in controllers: ReplicaSet ([`replicaset`]) and Deployment ([`deployment`]).
 
 pub mod cache;
+pub mod deployment;
 pub mod metrics;
 pub mod ratelimit;
 pub mod replicaset;
@@ -105,6 +106,7 @@ pub struct ReconcilerArgs {
 pub fn builtin_controllers() -> Registry {
     let mut registry = Registry::default();
     registry.register(replicaset::ReplicaSetController);
+    registry.register(deployment::DeploymentController);
     registry
 }
 
