@@ -806,8 +806,10 @@ pub fn rolling_old_sizes(
         cleaned += down;
         changed[i] = true;
     }
-    // Then healthy ones, keeping the minimum available.
-    let available: i32 = sum(&all, |rs| status_of(rs).2);
+    // Then healthy ones, keeping the minimum available. A ReplicaSet's available Pods count
+    // up to its size only: above it, Pods are being deleted though its status may not say so
+    // yet. kube-controller-manager counts the status as is, and can take such a Pod twice.
+    let available: i32 = sum(&all, |rs| status_of(rs).2.min(replicas(rs)));
     if available > min_available {
         let total = available - min_available;
         let mut done = 0;

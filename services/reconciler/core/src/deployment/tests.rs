@@ -237,6 +237,12 @@ fn rolling_update_scales_new_up_within_surge_and_old_down_within_unavailability(
     let sick = mk_rs("web-old", "a", 0, 8, 2, 1);
     let new = mk_rs("web-new", "b", 10, 3, 3, 2);
     assert_eq!(sizes(&rolling_old_sizes(&spec, &new, &[&sick])), [("web-old", 5)]);
+    // An old ReplicaSet just scaled from 8 to 5 whose status still says 8 available: only
+    // the 5 it keeps count. With 5 new available, 10 are, so 2 more may go (not all 5).
+    let mut shrinking = mk_rs("web-old", "a", 0, 5, 8, 1);
+    shrinking.status.as_mut().unwrap().replicas = 8;
+    let new = mk_rs("web-new", "b", 10, 5, 5, 2);
+    assert_eq!(sizes(&rolling_old_sizes(&spec, &new, &[&shrinking])), [("web-old", 3)]);
     // No room (the new Pods are not available yet): nothing goes.
     let new = mk_rs("web-new", "b", 10, 5, 0, 2);
     assert!(rolling_old_sizes(&spec, &new, &[&sick]).is_empty());
