@@ -35,6 +35,8 @@ use support::{DEPLOY, RS, WITHIN};
 /// How long a rollout may take here: 10 Pods on kwok converge in seconds; this bounds a
 /// broken controller's test.
 const ROLLOUT: Duration = Duration::from_secs(60);
+/// A finalizer the tests put on Pods to keep them terminating.
+const HOLD: &str = "example.com/hold";
 
 /// A queue, a watcher and one reconciler for one namespace.
 struct Stack {
@@ -525,7 +527,55 @@ async fn recreate_never_runs_old_and_new_pods_together() {
         (images.len() > 1).then(|| format!("old and new Pods at once: {images:?}"))
     });
     let watch = PodWatch::start(pods.clone(), check).await;
+    // A finalizer holds the old Pods while they terminate.
+    let old: Vec<String> = active_pods(&pods, "once")
+        .await
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    for name in &old {
+        pods.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": [HOLD]}})),
+        )
+        .await
+        .unwrap();
+    }
     set_image(&deployments, "once", "registry.example/once:b").await;
+    // The old ReplicaSet reports no Pods (they are terminating) and the Deployment's status
+    // has caught up with that: the reconcile that could start the new Pods has run.
+    let drained = await_condition(deployments.clone(), "once", |d: Option<&Deployment>| {
+        d.is_some_and(|d| {
+            let status = d.status.clone().unwrap_or_default();
+            status.observed_generation == d.metadata.generation && status.replicas.unwrap_or(0) == 0
+        })
+    });
+    tokio::time::timeout(ROLLOUT, drained)
+        .await
+        .expect("the old ReplicaSet is scaled to 0")
+        .unwrap();
+    let terminating = pods.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(terminating.len(), 4, "the old Pods are held");
+    assert!(terminating.iter().all(|p| !is_active(p)));
+    let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    assert!(
+        replica_sets(&rss, "once")
+            .await
+            .iter()
+            .all(|rs| rs_image(rs) == "registry.example/once:a"),
+        "no new ReplicaSet while old Pods remain"
+    );
+    for name in &old {
+        pods.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    }
+    // Their deletion (a Pod event, mapped through the ReplicaSet) keys the Deployment.
     complete(&deployments, &pods, "once", 4, "registry.example/once:b").await;
     kubectl_rollout_status(plane, ns.name(), "once").await;
     watch.assert_no_violation();
