@@ -19,8 +19,8 @@
 
 use std::collections::BTreeMap;
 
-use futures::future::join_all;
 use futures::future::BoxFuture;
+use futures::future::join_all;
 use serde_json::json;
 use switchyard_k8s::{
     Api, DeleteParams, Deployment, Pod, PostParams, ReplicaSet,
@@ -90,7 +90,11 @@ impl Run<'_> {
         let Ok(number) = rv.parse::<u64>() else {
             return;
         };
-        if self.last_write.as_ref().is_none_or(|(max, _, _)| number > *max) {
+        if self
+            .last_write
+            .as_ref()
+            .is_none_or(|(max, _, _)| number > *max)
+        {
             self.last_write = Some((number, rv.to_owned(), rs_name(rs).to_owned()));
         }
     }
@@ -134,7 +138,11 @@ impl Run<'_> {
         for result in results {
             match result {
                 Ok(rs) => {
-                    debug!(replica_set = rs_name(&rs), replicas = replicas(&rs), "scaled");
+                    debug!(
+                        replica_set = rs_name(&rs),
+                        replicas = replicas(&rs),
+                        "scaled"
+                    );
                     any = true;
                     self.keep(rs);
                 }
@@ -359,9 +367,10 @@ impl Run<'_> {
             return Ok(self.rollout_status(spec));
         }
         let (_, old) = self.split(spec);
-        let pods = if old.iter().any(|rs| {
-            rs.status.as_ref().is_some_and(|s| s.replicas > 0)
-        }) {
+        let pods = if old
+            .iter()
+            .any(|rs| rs.status.as_ref().is_some_and(|s| s.replicas > 0))
+        {
             Vec::new()
         } else {
             self.old_pods(&old).await?

@@ -22,8 +22,8 @@ use switchyard_k8s::{
 };
 use switchyard_reconciler_core::{
     deployment::{
-        self as core, AVAILABLE, NEW_RS_AVAILABLE, PAUSED, PROGRESSING, REVISION,
-        REVISION_HISTORY, controller_of, get_condition,
+        self as core, AVAILABLE, NEW_RS_AVAILABLE, PAUSED, PROGRESSING, REVISION, REVISION_HISTORY,
+        controller_of, get_condition,
     },
     replicaset::{is_active, is_ready},
 };
@@ -209,7 +209,12 @@ fn annotation(rs: &ReplicaSet, key: &str) -> Option<String> {
 }
 
 fn rs_image(rs: &ReplicaSet) -> String {
-    rs.spec.as_ref().unwrap().template.as_ref().unwrap()
+    rs.spec
+        .as_ref()
+        .unwrap()
+        .template
+        .as_ref()
+        .unwrap()
         .spec
         .as_ref()
         .unwrap()
@@ -343,40 +348,63 @@ async fn deployment_becomes_available_scales_and_replaces_a_deleted_pod() {
     assert_eq!(owned.len(), 1);
     let rs = &owned[0];
     let hash = rs.metadata.labels.as_ref().unwrap()[core::POD_TEMPLATE_HASH].clone();
-    assert_eq!(rs.metadata.name.as_deref(), Some(format!("web-{hash}").as_str()));
     assert_eq!(
-        rs.spec.as_ref().unwrap().selector.match_labels.as_ref().unwrap()[core::POD_TEMPLATE_HASH],
+        rs.metadata.name.as_deref(),
+        Some(format!("web-{hash}").as_str())
+    );
+    assert_eq!(
+        rs.spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .match_labels
+            .as_ref()
+            .unwrap()[core::POD_TEMPLATE_HASH],
         hash
     );
     assert_eq!(annotation(rs, REVISION).as_deref(), Some("1"));
-    assert_eq!(annotation(rs, core::DESIRED_REPLICAS).as_deref(), Some("10"));
+    assert_eq!(
+        annotation(rs, core::DESIRED_REPLICAS).as_deref(),
+        Some("10")
+    );
     assert_eq!(
         d.metadata.annotations.as_ref().unwrap()[REVISION],
         "1",
         "the Deployment carries its revision"
     );
     for pod in active_pods(&pods, "web").await {
-        assert_eq!(pod.metadata.labels.as_ref().unwrap()[core::POD_TEMPLATE_HASH], hash);
+        assert_eq!(
+            pod.metadata.labels.as_ref().unwrap()[core::POD_TEMPLATE_HASH],
+            hash
+        );
     }
 
     patch(&deployments, "web", json!({"spec": {"replicas": 15}})).await;
     complete(&deployments, &pods, "web", 15, "registry.example/web:1").await;
     patch(&deployments, "web", json!({"spec": {"replicas": 4}})).await;
     complete(&deployments, &pods, "web", 4, "registry.example/web:1").await;
-    assert_eq!(replica_sets(&rss, "web").await.len(), 1, "scaling makes no new ReplicaSet");
+    assert_eq!(
+        replica_sets(&rss, "web").await.len(),
+        1,
+        "scaling makes no new ReplicaSet"
+    );
 
     let victim = active_pods(&pods, "web").await[0]
         .metadata
         .name
         .clone()
         .unwrap();
-    pods.delete(&victim, &DeleteParams::default()).await.unwrap();
+    pods.delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
     tokio::time::timeout(ROLLOUT, async {
         loop {
             let active = active_pods(&pods, "web").await;
             if active.len() == 4
                 && active.iter().all(is_ready)
-                && active.iter().all(|p| p.metadata.name.as_ref() != Some(&victim))
+                && active
+                    .iter()
+                    .all(|p| p.metadata.name.as_ref() != Some(&victim))
             {
                 return;
             }
@@ -420,23 +448,44 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
         )
         .await
         .unwrap();
-    complete(&deployments, &pods, "roll", replicas, "registry.example/roll:a").await;
+    complete(
+        &deployments,
+        &pods,
+        "roll",
+        replicas,
+        "registry.example/roll:a",
+    )
+    .await;
 
     let check: Check = Box::new(move |pods: &BTreeMap<String, Pod>| {
         let active: Vec<&Pod> = pods.values().filter(|p| is_active(p)).collect();
         let ready = active.iter().filter(|p| is_ready(p)).count();
         let max = usize::try_from(replicas + surge).unwrap();
         let min = usize::try_from(replicas - unavailable).unwrap();
-        (active.len() > max || ready < min)
-            .then(|| format!("{} active (at most {max}), {ready} ready (at least {min})", active.len()))
+        (active.len() > max || ready < min).then(|| {
+            format!(
+                "{} active (at most {max}), {ready} ready (at least {min})",
+                active.len()
+            )
+        })
     });
     let watch = PodWatch::start(pods.clone(), check).await;
 
     set_image(&deployments, "roll", "registry.example/roll:b").await;
-    let d = complete(&deployments, &pods, "roll", replicas, "registry.example/roll:b").await;
+    let d = complete(
+        &deployments,
+        &pods,
+        "roll",
+        replicas,
+        "registry.example/roll:b",
+    )
+    .await;
     kubectl_rollout_status(plane, ns.name(), "roll").await;
     watch.assert_no_violation();
-    assert!(watch.saw_images_together(), "a rolling update overlaps old and new Pods");
+    assert!(
+        watch.saw_images_together(),
+        "a rolling update overlaps old and new Pods"
+    );
     assert_eq!(d.metadata.annotations.as_ref().unwrap()[REVISION], "2");
     let owned = replica_sets(&rss, "roll").await;
     assert_eq!(owned.len(), 2);
@@ -449,7 +498,14 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
     assert_eq!(annotation(&b, REVISION).as_deref(), Some("2"));
 
     set_image(&deployments, "roll", "registry.example/roll:c").await;
-    complete(&deployments, &pods, "roll", replicas, "registry.example/roll:c").await;
+    complete(
+        &deployments,
+        &pods,
+        "roll",
+        replicas,
+        "registry.example/roll:c",
+    )
+    .await;
     watch.assert_no_violation();
     // revisionHistoryLimit 1: the oldest (a) is deleted, b stays, c is new.
     let pruned = tokio::time::timeout(ROLLOUT, async {
@@ -470,7 +526,14 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
 
     // Back to b: b's ReplicaSet becomes the new one again, at revision 4.
     set_image(&deployments, "roll", "registry.example/roll:b").await;
-    let d = complete(&deployments, &pods, "roll", replicas, "registry.example/roll:b").await;
+    let d = complete(
+        &deployments,
+        &pods,
+        "roll",
+        replicas,
+        "registry.example/roll:b",
+    )
+    .await;
     watch.assert_no_violation();
     let owned = replica_sets(&rss, "roll").await;
     assert_eq!(owned.len(), 2, "no ReplicaSet is created for a rollback");
@@ -491,7 +554,10 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
 
     drop(watch);
     stack.stop().await;
-    eprintln!("rolled out, pruned and rolled back in {:?}", started.elapsed());
+    eprintln!(
+        "rolled out, pruned and rolled back in {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -627,7 +693,11 @@ async fn a_paused_deployment_scales_but_does_not_roll_out_until_resumed() {
         .unwrap();
     let owned = replica_sets(&rss, "hold").await;
     assert_eq!(owned.len(), 1, "no new ReplicaSet while paused");
-    assert_eq!(core::replicas(&owned[0]), 5, "a paused Deployment still scales");
+    assert_eq!(
+        core::replicas(&owned[0]),
+        5,
+        "a paused Deployment still scales"
+    );
     tokio::time::timeout(ROLLOUT, async {
         loop {
             let active = active_pods(&pods, "hold").await;

@@ -115,8 +115,14 @@ impl Caches {
             // Copied out, so that `owns ... through` rules can read another cache meanwhile.
             let summaries: Vec<_> = cache.read().summaries().cloned().collect();
             for summary in &summaries {
-                self.mapper
-                    .keys(cache.index, EventKind::Sync, None, summary, self, &mut scratch);
+                self.mapper.keys(
+                    cache.index,
+                    EventKind::Sync,
+                    None,
+                    summary,
+                    self,
+                    &mut scratch,
+                );
                 keys.extend(
                     scratch
                         .drain(..)

@@ -69,7 +69,10 @@ const NO_DEADLINE: i32 = i32::MAX;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
     Recreate,
-    RollingUpdate { max_surge: i32, max_unavailable: i32 },
+    RollingUpdate {
+        max_surge: i32,
+        max_unavailable: i32,
+    },
 }
 
 /// A Deployment as the controller needs it.
@@ -102,7 +105,9 @@ pub enum SpecError {
     EmptySelector,
     #[error("spec.replicas: negative ({0})")]
     NegativeReplicas(i32),
-    #[error("spec.strategy.rollingUpdate.{field}: {value:?} is neither an integer nor a percentage")]
+    #[error(
+        "spec.strategy.rollingUpdate.{field}: {value:?} is neither an integer nor a percentage"
+    )]
     IntOrPercent { field: &'static str, value: String },
     #[error("spec.strategy.type: unknown strategy {0:?} (expected RollingUpdate or Recreate)")]
     Strategy(String),
@@ -174,7 +179,11 @@ impl<'a> Spec<'a> {
             .filter(|n| !n.is_empty())
             .ok_or(SpecError::NoName)?;
         let spec = d.spec.clone().unwrap_or_default();
-        if spec.selector.match_labels.as_ref().is_none_or(BTreeMap::is_empty)
+        if spec
+            .selector
+            .match_labels
+            .as_ref()
+            .is_none_or(BTreeMap::is_empty)
             && spec
                 .selector
                 .match_expressions
@@ -214,9 +223,7 @@ impl<'a> Spec<'a> {
             strategy,
             min_ready_seconds: spec.min_ready_seconds.unwrap_or(0),
             revision_history_limit: spec.revision_history_limit,
-            progress_deadline_seconds: spec
-                .progress_deadline_seconds
-                .filter(|s| *s != NO_DEADLINE),
+            progress_deadline_seconds: spec.progress_deadline_seconds.filter(|s| *s != NO_DEADLINE),
             paused: spec.paused.unwrap_or(false),
             deleting: d.metadata.deletion_timestamp.is_some(),
             template: spec.template,
@@ -360,11 +367,7 @@ pub fn pod_template_hash(template: &PodTemplateSpec, collision_count: Option<i32
 
 fn without_hash(template: &PodTemplateSpec) -> PodTemplateSpec {
     let mut template = template.clone();
-    if let Some(labels) = template
-        .metadata
-        .as_mut()
-        .and_then(|m| m.labels.as_mut())
-    {
+    if let Some(labels) = template.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
         labels.remove(POD_TEMPLATE_HASH);
     }
     template
@@ -616,7 +619,11 @@ pub fn refresh_new_replica_set(
 ) -> Option<ReplicaSet> {
     let mut updated = rs.clone();
     let annotations_changed = set_new_rs_annotations(spec, &mut updated, new_revision(old), true);
-    let min_ready = rs.spec.as_ref().and_then(|s| s.min_ready_seconds).unwrap_or(0);
+    let min_ready = rs
+        .spec
+        .as_ref()
+        .and_then(|s| s.min_ready_seconds)
+        .unwrap_or(0);
     if !annotations_changed && min_ready == spec.min_ready_seconds {
         return None;
     }
@@ -630,12 +637,18 @@ pub fn refresh_new_replica_set(
 /// annotations; `None` when both are already so.
 pub fn scaled(spec: &Spec<'_>, rs: &ReplicaSet, to: i32) -> Option<ReplicaSet> {
     let mut updated = rs.clone();
-    let annotations_changed =
-        set_replicas_annotations(&mut updated, spec.replicas, spec.replicas + spec.max_surge());
+    let annotations_changed = set_replicas_annotations(
+        &mut updated,
+        spec.replicas,
+        spec.replicas + spec.max_surge(),
+    );
     if replicas(rs) == to && !annotations_changed {
         return None;
     }
-    updated.spec.get_or_insert_with(ReplicaSetSpec::default).replicas = Some(to);
+    updated
+        .spec
+        .get_or_insert_with(ReplicaSetSpec::default)
+        .replicas = Some(to);
     Some(updated)
 }
 
@@ -685,11 +698,7 @@ fn fraction(spec: &Spec<'_>, rs: &ReplicaSet) -> i32 {
 
 /// The sizes `scale` gives to the ReplicaSets (`DeploymentController.scale`), by name. The
 /// caller writes those that differ with [`scaled`].
-pub fn scale(
-    spec: &Spec<'_>,
-    new: Option<&ReplicaSet>,
-    old: &[&ReplicaSet],
-) -> Vec<(String, i32)> {
+pub fn scale(spec: &Spec<'_>, new: Option<&ReplicaSet>, old: &[&ReplicaSet]) -> Vec<(String, i32)> {
     if let Some(rs) = active_or_latest(new, old) {
         return vec![(name(rs).to_owned(), spec.replicas)];
     }
@@ -868,7 +877,11 @@ pub fn to_clean_up<'r>(spec: &Spec<'_>, old: &[&'r ReplicaSet]) -> Vec<&'r Repli
     if excess == 0 {
         return Vec::new();
     }
-    alive.sort_by(|a, b| revision(a).cmp(&revision(b)).then_with(|| by_creation(a, b)));
+    alive.sort_by(|a, b| {
+        revision(a)
+            .cmp(&revision(b))
+            .then_with(|| by_creation(a, b))
+    });
     alive
         .into_iter()
         .take(excess)
@@ -887,7 +900,13 @@ pub fn to_clean_up<'r>(spec: &Spec<'_>, old: &[&'r ReplicaSet]) -> Vec<&'r Repli
 
 // --- status and conditions (progress.go) ----------------------------------------------------
 
-fn condition(type_: &str, status: &str, reason: &str, message: String, now: Timestamp) -> DeploymentCondition {
+fn condition(
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) -> DeploymentCondition {
     DeploymentCondition {
         type_: type_.into(),
         status: status.into(),
@@ -898,8 +917,15 @@ fn condition(type_: &str, status: &str, reason: &str, message: String, now: Time
     }
 }
 
-pub fn get_condition<'s>(status: &'s DeploymentStatus, type_: &str) -> Option<&'s DeploymentCondition> {
-    status.conditions.iter().flatten().find(|c| c.type_ == type_)
+pub fn get_condition<'s>(
+    status: &'s DeploymentStatus,
+    type_: &str,
+) -> Option<&'s DeploymentCondition> {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == type_)
 }
 
 fn remove_condition(status: &mut DeploymentStatus, type_: &str) {
@@ -923,7 +949,10 @@ pub fn set_condition(status: &mut DeploymentStatus, mut condition: DeploymentCon
         }
     }
     remove_condition(status, &condition.type_);
-    status.conditions.get_or_insert_with(Vec::new).push(condition);
+    status
+        .conditions
+        .get_or_insert_with(Vec::new)
+        .push(condition);
 }
 
 /// `calculateStatus`: the counts over every ReplicaSet, and `Available`.
@@ -950,12 +979,24 @@ pub fn calculate_status(
     if available >= spec.replicas - spec.max_unavailable() {
         set_condition(
             &mut status,
-            condition(AVAILABLE, "True", MIN_AVAILABLE, "Deployment has minimum availability.".into(), now),
+            condition(
+                AVAILABLE,
+                "True",
+                MIN_AVAILABLE,
+                "Deployment has minimum availability.".into(),
+                now,
+            ),
         );
     } else {
         set_condition(
             &mut status,
-            condition(AVAILABLE, "False", MIN_UNAVAILABLE, "Deployment does not have minimum availability.".into(), now),
+            condition(
+                AVAILABLE,
+                "False",
+                MIN_UNAVAILABLE,
+                "Deployment does not have minimum availability.".into(),
+                now,
+            ),
         );
     }
     status
@@ -1028,10 +1069,22 @@ pub fn rollout_status(
         if is_complete(spec, &status) {
             set_condition(
                 &mut status,
-                condition(PROGRESSING, "True", NEW_RS_AVAILABLE, format!("{what} has successfully progressed."), now),
+                condition(
+                    PROGRESSING,
+                    "True",
+                    NEW_RS_AVAILABLE,
+                    format!("{what} has successfully progressed."),
+                    now,
+                ),
             );
         } else if is_progressing(current, &status) {
-            let mut cond = condition(PROGRESSING, "True", RS_UPDATED, format!("{what} is progressing."), now);
+            let mut cond = condition(
+                PROGRESSING,
+                "True",
+                RS_UPDATED,
+                format!("{what} is progressing."),
+                now,
+            );
             if let Some(c) = current_cond
                 && c.status == "True"
             {
@@ -1042,13 +1095,23 @@ pub fn rollout_status(
         } else if is_timed_out(spec, &status, now) {
             set_condition(
                 &mut status,
-                condition(PROGRESSING, "False", TIMED_OUT, format!("{what} has timed out progressing."), now),
+                condition(
+                    PROGRESSING,
+                    "False",
+                    TIMED_OUT,
+                    format!("{what} has timed out progressing."),
+                    now,
+                ),
             );
         }
     }
     // The first ReplicaFailure of a ReplicaSet, new one first, becomes the Deployment's.
     let mut ordered: Vec<&ReplicaSet> = new.into_iter().collect();
-    ordered.extend(all.iter().copied().filter(|rs| new.is_none_or(|n| name(n) != name(rs))));
+    ordered.extend(
+        all.iter()
+            .copied()
+            .filter(|rs| new.is_none_or(|n| name(n) != name(rs))),
+    );
     let failure = ordered.iter().find_map(|rs| {
         rs.status
             .as_ref()?
@@ -1076,14 +1139,20 @@ pub fn rollout_status(
 
 /// When to look at a rollout again to notice that it passed its progress deadline
 /// (`requeueStuckDeployment`); `None` when complete, timed out, or without a deadline.
-pub fn recheck_after(spec: &Spec<'_>, status: &DeploymentStatus, now: Timestamp) -> Option<Duration> {
+pub fn recheck_after(
+    spec: &Spec<'_>,
+    status: &DeploymentStatus,
+    now: Timestamp,
+) -> Option<Duration> {
     if is_complete(spec, status) {
         return None;
     }
     let deadline = deadline_of(spec, status)?;
     let left = deadline.as_second() - now.as_second();
     // One second past the deadline, as kube-controller-manager: the check is "before now".
-    Some(Duration::from_secs(u64::try_from(left.max(0)).unwrap_or(0) + 1))
+    Some(Duration::from_secs(
+        u64::try_from(left.max(0)).unwrap_or(0) + 1,
+    ))
 }
 
 /// `checkPausedConditions`: `Progressing` says paused or resumed; `None` when it already
@@ -1101,12 +1170,24 @@ pub fn paused_status(spec: &Spec<'_>, now: Timestamp) -> Option<DeploymentStatus
     if spec.paused && !paused_now {
         set_condition(
             &mut status,
-            condition(PROGRESSING, "Unknown", PAUSED, "Deployment is paused".into(), now),
+            condition(
+                PROGRESSING,
+                "Unknown",
+                PAUSED,
+                "Deployment is paused".into(),
+                now,
+            ),
         );
     } else if !spec.paused && paused_now {
         set_condition(
             &mut status,
-            condition(PROGRESSING, "Unknown", RESUMED, "Deployment is resumed".into(), now),
+            condition(
+                PROGRESSING,
+                "Unknown",
+                RESUMED,
+                "Deployment is resumed".into(),
+                now,
+            ),
         );
     } else {
         return None;
@@ -1116,25 +1197,49 @@ pub fn paused_status(spec: &Spec<'_>, now: Timestamp) -> Option<DeploymentStatus
 
 /// The `Progressing` condition for a new ReplicaSet just created, or found when the
 /// Deployment had none.
-pub fn note_new_replica_set(status: &mut DeploymentStatus, spec: &Spec<'_>, rs_name: &str, created: bool, now: Timestamp) {
+pub fn note_new_replica_set(
+    status: &mut DeploymentStatus,
+    spec: &Spec<'_>,
+    rs_name: &str,
+    created: bool,
+    now: Timestamp,
+) {
     if !spec.has_progress_deadline() {
         return;
     }
     if created {
         set_condition(
             status,
-            condition(PROGRESSING, "True", NEW_RS_CREATED, format!("Created new replica set {rs_name:?}"), now),
+            condition(
+                PROGRESSING,
+                "True",
+                NEW_RS_CREATED,
+                format!("Created new replica set {rs_name:?}"),
+                now,
+            ),
         );
     } else if get_condition(status, PROGRESSING).is_none() {
         set_condition(
             status,
-            condition(PROGRESSING, "True", FOUND_NEW_RS, format!("Found new replica set {rs_name:?}"), now),
+            condition(
+                PROGRESSING,
+                "True",
+                FOUND_NEW_RS,
+                format!("Found new replica set {rs_name:?}"),
+                now,
+            ),
         );
     }
 }
 
 /// The `Progressing` condition after the new ReplicaSet could not be created.
-pub fn note_create_failure(status: &mut DeploymentStatus, spec: &Spec<'_>, rs_name: &str, error: &str, now: Timestamp) {
+pub fn note_create_failure(
+    status: &mut DeploymentStatus,
+    spec: &Spec<'_>,
+    rs_name: &str,
+    error: &str,
+    now: Timestamp,
+) {
     if spec.has_progress_deadline() {
         set_condition(
             status,

@@ -378,13 +378,17 @@ impl Config {
                         if via == gvk {
                             return Err(invalid(
                                 at,
-                                format!("{via} is the owned kind itself; name the kind between it and {owner}"),
+                                format!(
+                                    "{via} is the owned kind itself; name the kind between it and {owner}"
+                                ),
                             ));
                         }
                         if via == owner {
                             return Err(invalid(
                                 at,
-                                format!("{via} is the for kind; an owns entry without through maps to it"),
+                                format!(
+                                    "{via} is the for kind; an owns entry without through maps to it"
+                                ),
                             ));
                         }
                         Some(index_of(&via))
@@ -572,7 +576,10 @@ controllers:
         )
         .unwrap();
         let kinds: Vec<String> = config.resources.iter().map(|r| r.gvk.to_string()).collect();
-        assert_eq!(kinds, ["apps/v1/Deployment", "apps/v1/ReplicaSet", "v1/Pod"]);
+        assert_eq!(
+            kinds,
+            ["apps/v1/Deployment", "apps/v1/ReplicaSet", "v1/Pod"]
+        );
         assert_eq!(
             config.rules[1].kind,
             RuleKind::Owns {
@@ -609,6 +616,26 @@ controllers:
             )
             .contains("always")
         );
+    }
+
+    #[test]
+    fn the_shipped_configuration_is_valid_and_maps_pods_through_replica_sets() {
+        let shipped = include_str!("../../../../deploy/kustomize/base/watcher-config.yaml");
+        let config = Config::from_yaml(shipped).unwrap();
+        assert_eq!(
+            config.controllers(),
+            ["apps/v1/ReplicaSet", "apps/v1/Deployment"]
+        );
+        let rs = config
+            .resources
+            .iter()
+            .position(|r| r.gvk.kind == "ReplicaSet")
+            .unwrap();
+        assert!(config.rules.iter().any(|r| r.kind
+            == RuleKind::Owns {
+                owner: Gvk::parse("apps/v1", "Deployment").unwrap(),
+                through: Some(rs),
+            }));
     }
 
     #[test]

@@ -78,7 +78,9 @@ enum MapKind {
         kind: String,
         through: Option<Through>,
     },
-    ByLabel { label: String },
+    ByLabel {
+        label: String,
+    },
 }
 
 /// The kind between an owned object and its owner's owner.
@@ -373,8 +375,17 @@ controllers:
     struct Cached;
 
     impl Owners for Cached {
-        fn controller(&self, resource: usize, namespace: &str, name: &str) -> Option<ControllerRef> {
-            assert_eq!((resource, namespace), (1, "ns"), "looked up in the ReplicaSet cache");
+        fn controller(
+            &self,
+            resource: usize,
+            namespace: &str,
+            name: &str,
+        ) -> Option<ControllerRef> {
+            assert_eq!(
+                (resource, namespace),
+                (1, "ns"),
+                "looked up in the ReplicaSet cache"
+            );
             match name {
                 "rs1" => owned_by("Deployment", "apps/v1", "d1"),
                 "rs2" => owned_by("Deployment", "apps/v1", "d2"),
@@ -406,8 +417,14 @@ controllers:
                 .collect::<Vec<_>>()
         };
         let pod = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "rs1"));
-        assert_eq!(keys(EventKind::Deleted, None, &pod), ["apps/v1/Deployment ns/d1"]);
-        assert_eq!(keys(EventKind::Added, None, &pod), ["apps/v1/Deployment ns/d1"]);
+        assert_eq!(
+            keys(EventKind::Deleted, None, &pod),
+            ["apps/v1/Deployment ns/d1"]
+        );
+        assert_eq!(
+            keys(EventKind::Added, None, &pod),
+            ["apps/v1/Deployment ns/d1"]
+        );
         let orphan_rs = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "orphan"));
         assert!(keys(EventKind::Deleted, None, &orphan_rs).is_empty());
         let not_cached = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "gone"));
@@ -415,7 +432,12 @@ controllers:
         let other_kind = mk("p", 0, &[], owned_by("StatefulSet", "apps/v1", "rs1"));
         assert!(keys(EventKind::Deleted, None, &other_kind).is_empty());
         // A status change fails the predicate; a move to another ReplicaSet keys both.
-        let relabelled = mk("p", 0, &[("a", "b")], owned_by("ReplicaSet", "apps/v1", "rs2"));
+        let relabelled = mk(
+            "p",
+            0,
+            &[("a", "b")],
+            owned_by("ReplicaSet", "apps/v1", "rs2"),
+        );
         assert!(keys(EventKind::Modified, Some(&pod), &pod).is_empty());
         assert_eq!(
             keys(EventKind::Modified, Some(&pod), &relabelled),

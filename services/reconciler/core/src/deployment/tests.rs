@@ -117,7 +117,12 @@ fn surge_rounds_up_unavailable_down_and_both_zero_means_one_unavailable() {
 #[test]
 fn invalid_specs_are_named_by_field() {
     let mut d = mk_deploy(1, "a", json!({"type": "Sideways"}));
-    assert!(Spec::new(&d).unwrap_err().to_string().starts_with("spec.strategy.type"));
+    assert!(
+        Spec::new(&d)
+            .unwrap_err()
+            .to_string()
+            .starts_with("spec.strategy.type")
+    );
     d.spec.as_mut().unwrap().strategy = None;
     d.spec.as_mut().unwrap().selector = LabelSelector::default();
     assert_eq!(Spec::new(&d).unwrap_err(), SpecError::EmptySelector);
@@ -131,9 +136,15 @@ fn the_hash_is_stable_safe_and_changes_with_the_template_and_collisions() {
     assert_eq!(hash, pod_template_hash(&a.clone(), None));
     assert_ne!(hash, pod_template_hash(&b, None));
     assert_ne!(hash, pod_template_hash(&a, Some(1)));
-    assert_ne!(pod_template_hash(&a, Some(1)), pod_template_hash(&a, Some(2)));
+    assert_ne!(
+        pod_template_hash(&a, Some(1)),
+        pod_template_hash(&a, Some(2))
+    );
     assert!(!hash.is_empty() && hash.len() <= 10);
-    assert!(hash.chars().all(|c| "bcdfghjklmnpqrstvwxz2456789".contains(c)));
+    assert!(
+        hash.chars()
+            .all(|c| "bcdfghjklmnpqrstvwxz2456789".contains(c))
+    );
 }
 
 #[test]
@@ -145,8 +156,15 @@ fn the_new_replica_set_is_found_by_template_ignoring_the_hash() {
     let newer_twin = mk_rs("web-twin", "b", 20, 0, 0, 0);
     let owned = [&new, &old, &newer_twin];
     let (found, olds) = split(&spec, &owned);
-    assert_eq!(found.map(name), Some("web-new"), "the oldest equal template");
-    assert_eq!(olds.iter().map(|rs| name(rs)).collect::<Vec<_>>(), ["web-old", "web-twin"]);
+    assert_eq!(
+        found.map(name),
+        Some("web-new"),
+        "the oldest equal template"
+    );
+    assert_eq!(
+        olds.iter().map(|rs| name(rs)).collect::<Vec<_>>(),
+        ["web-old", "web-twin"]
+    );
     let d = mk_deploy(3, "c", default_rolling());
     let spec = Spec::new(&d).unwrap();
     assert!(split(&spec, &owned).0.is_none());
@@ -181,25 +199,46 @@ fn the_new_replica_set_carries_the_hash_revision_and_surge_sized_replicas() {
     let old = mk_rs("web-old", "a", 0, 10, 10, 4);
     let rs = new_replica_set(&spec, &[&old]);
     let hash = pod_template_hash(&spec.template, None);
-    assert_eq!(rs.metadata.name.as_deref(), Some(format!("web-{hash}").as_str()));
+    assert_eq!(
+        rs.metadata.name.as_deref(),
+        Some(format!("web-{hash}").as_str())
+    );
     let labels = rs.metadata.labels.as_ref().unwrap();
     assert_eq!(labels[POD_TEMPLATE_HASH], hash);
     let rs_spec = rs.spec.as_ref().unwrap();
-    assert_eq!(rs_spec.selector.match_labels.as_ref().unwrap()[POD_TEMPLATE_HASH], hash);
-    let template_labels = rs_spec.template.as_ref().unwrap().metadata.as_ref().unwrap().labels.as_ref().unwrap();
+    assert_eq!(
+        rs_spec.selector.match_labels.as_ref().unwrap()[POD_TEMPLATE_HASH],
+        hash
+    );
+    let template_labels = rs_spec
+        .template
+        .as_ref()
+        .unwrap()
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .as_ref()
+        .unwrap();
     assert_eq!(template_labels[POD_TEMPLATE_HASH], hash);
     assert_eq!(rs_spec.replicas, Some(3), "10 old + 3 surge");
     let annotations = rs.metadata.annotations.as_ref().unwrap();
     assert_eq!(annotations[REVISION], "5");
     assert_eq!(annotations[DESIRED_REPLICAS], "10");
     assert_eq!(annotations[MAX_REPLICAS], "13");
-    assert_eq!(annotations["team"], "a", "the Deployment's annotations are copied");
+    assert_eq!(
+        annotations["team"], "a",
+        "the Deployment's annotations are copied"
+    );
     assert_eq!(controller_of(&rs.metadata).unwrap().uid, UID);
     assert!(is_ours_with_template(&spec, &rs));
     // Without old ReplicaSets it starts at full size; Recreate always does.
     assert_eq!(replicas(&new_replica_set(&spec, &[])), 10);
     let d = mk_deploy(10, "b", json!({"type": "Recreate"}));
-    assert_eq!(replicas(&new_replica_set(&Spec::new(&d).unwrap(), &[&old])), 10);
+    assert_eq!(
+        replicas(&new_replica_set(&Spec::new(&d).unwrap(), &[&old])),
+        10
+    );
 }
 
 #[test]
@@ -215,7 +254,10 @@ fn a_rollback_makes_the_old_replica_set_the_newest_revision() {
     let annotations = updated.metadata.annotations.as_ref().unwrap();
     assert_eq!(annotations[REVISION], "3");
     assert_eq!(annotations[REVISION_HISTORY], "1");
-    assert!(refresh_new_replica_set(&spec, &updated, &old).is_none(), "then up to date");
+    assert!(
+        refresh_new_replica_set(&spec, &updated, &old).is_none(),
+        "then up to date"
+    );
 }
 
 #[test]
@@ -224,25 +266,41 @@ fn rolling_update_scales_new_up_within_surge_and_old_down_within_unavailability(
     let spec = Spec::new(&d).unwrap();
     let old = mk_rs("web-old", "a", 0, 10, 10, 1);
     let new = mk_rs("web-new", "b", 10, 3, 0, 2);
-    assert_eq!(rolling_new_size(&spec, &new, &[&old, &new]), None, "13 = 10 + surge 3");
+    assert_eq!(
+        rolling_new_size(&spec, &new, &[&old, &new]),
+        None,
+        "13 = 10 + surge 3"
+    );
     // 13 Pods, at least 8 available, 3 new ones not yet: 2 old ones may go.
-    assert_eq!(sizes(&rolling_old_sizes(&spec, &new, &[&old])), [("web-old", 8)]);
+    assert_eq!(
+        sizes(&rolling_old_sizes(&spec, &new, &[&old])),
+        [("web-old", 8)]
+    );
     let old = mk_rs("web-old", "a", 0, 8, 8, 1);
     assert_eq!(rolling_new_size(&spec, &new, &[&old, &new]), Some(5));
     // New Pods available: old goes down to keep 8 available in all.
     let new = mk_rs("web-new", "b", 10, 5, 5, 2);
-    assert_eq!(sizes(&rolling_old_sizes(&spec, &new, &[&old])), [("web-old", 3)]);
+    assert_eq!(
+        sizes(&rolling_old_sizes(&spec, &new, &[&old])),
+        [("web-old", 3)]
+    );
     // Unavailable old Pods go first, as far as the room allows: 11 Pods, 8 must stay
     // available, so 3 unavailable old ones go though only 5 are available.
     let sick = mk_rs("web-old", "a", 0, 8, 2, 1);
     let new = mk_rs("web-new", "b", 10, 3, 3, 2);
-    assert_eq!(sizes(&rolling_old_sizes(&spec, &new, &[&sick])), [("web-old", 5)]);
+    assert_eq!(
+        sizes(&rolling_old_sizes(&spec, &new, &[&sick])),
+        [("web-old", 5)]
+    );
     // An old ReplicaSet just scaled from 8 to 5 whose status still says 8 available: only
     // the 5 it keeps count. With 5 new available, 10 are, so 2 more may go (not all 5).
     let mut shrinking = mk_rs("web-old", "a", 0, 5, 8, 1);
     shrinking.status.as_mut().unwrap().replicas = 8;
     let new = mk_rs("web-new", "b", 10, 5, 5, 2);
-    assert_eq!(sizes(&rolling_old_sizes(&spec, &new, &[&shrinking])), [("web-old", 3)]);
+    assert_eq!(
+        sizes(&rolling_old_sizes(&spec, &new, &[&shrinking])),
+        [("web-old", 3)]
+    );
     // No room (the new Pods are not available yet): nothing goes.
     let new = mk_rs("web-new", "b", 10, 5, 0, 2);
     assert!(rolling_old_sizes(&spec, &new, &[&sick]).is_empty());
@@ -311,11 +369,15 @@ fn recreate_waits_for_every_old_pod() {
     still.status.as_mut().unwrap().replicas = 1;
     assert!(old_pods_running(&[&still], &[]));
     let pod = |phase: &str| -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": "p"}, "status": {"phase": phase}})).unwrap()
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "status": {"phase": phase}}))
+            .unwrap()
     };
     assert!(old_pods_running(&[&old], &[pod("Running")]));
     assert!(old_pods_running(&[&old], &[pod("Unknown")]));
-    assert!(!old_pods_running(&[&old], &[pod("Succeeded"), pod("Failed")]));
+    assert!(!old_pods_running(
+        &[&old],
+        &[pod("Succeeded"), pod("Failed")]
+    ));
 }
 
 #[test]
@@ -325,15 +387,28 @@ fn history_beyond_the_limit_is_deleted_oldest_revision_first() {
     let r1 = mk_rs("web-1", "a", 30, 0, 0, 1);
     let r2 = mk_rs("web-2", "b", 20, 0, 0, 2);
     let r3 = mk_rs("web-3", "c", 10, 0, 0, 3);
-    let doomed: Vec<&str> = to_clean_up(&spec, &[&r3, &r1, &r2]).into_iter().map(name).collect();
+    let doomed: Vec<&str> = to_clean_up(&spec, &[&r3, &r1, &r2])
+        .into_iter()
+        .map(name)
+        .collect();
     assert_eq!(doomed, ["web-1", "web-2"], "limit 1 keeps revision 3");
     let busy = mk_rs("web-1", "a", 30, 1, 1, 1);
-    let doomed: Vec<&str> = to_clean_up(&spec, &[&r3, &busy, &r2]).into_iter().map(name).collect();
+    let doomed: Vec<&str> = to_clean_up(&spec, &[&r3, &busy, &r2])
+        .into_iter()
+        .map(name)
+        .collect();
     assert_eq!(doomed, ["web-2"], "one with replicas is kept");
     let mut lagging = r1.clone();
     lagging.metadata.generation = Some(2);
-    let doomed: Vec<&str> = to_clean_up(&spec, &[&r3, &lagging, &r2]).into_iter().map(name).collect();
-    assert_eq!(doomed, ["web-2"], "one its controller has not caught up with is kept");
+    let doomed: Vec<&str> = to_clean_up(&spec, &[&r3, &lagging, &r2])
+        .into_iter()
+        .map(name)
+        .collect();
+    assert_eq!(
+        doomed,
+        ["web-2"],
+        "one its controller has not caught up with is kept"
+    );
 }
 
 fn with_status(mut d: Deployment, status: serde_json::Value) -> Deployment {
@@ -348,17 +423,36 @@ fn status_sums_the_replica_sets_and_says_available() {
     let old = mk_rs("web-old", "a", 0, 6, 6, 1);
     let mut new = mk_rs("web-new", "b", 10, 6, 2, 2);
     new.status.as_mut().unwrap().ready_replicas = Some(3);
-    let status = calculate_status(&spec, Some(&new), &[&old, &new], &DeploymentStatus::default(), at(0));
+    let status = calculate_status(
+        &spec,
+        Some(&new),
+        &[&old, &new],
+        &DeploymentStatus::default(),
+        at(0),
+    );
     assert_eq!(
-        (status.replicas, status.updated_replicas, status.ready_replicas, status.available_replicas, status.unavailable_replicas, status.observed_generation),
+        (
+            status.replicas,
+            status.updated_replicas,
+            status.ready_replicas,
+            status.available_replicas,
+            status.unavailable_replicas,
+            status.observed_generation
+        ),
         (Some(12), Some(6), Some(9), Some(8), Some(4), Some(2))
     );
     let available = get_condition(&status, AVAILABLE).unwrap();
-    assert_eq!((available.status.as_str(), available.reason.as_deref()), ("True", Some(MIN_AVAILABLE)));
+    assert_eq!(
+        (available.status.as_str(), available.reason.as_deref()),
+        ("True", Some(MIN_AVAILABLE))
+    );
     let old = mk_rs("web-old", "a", 0, 6, 5, 1);
     let status = calculate_status(&spec, Some(&new), &[&old, &new], &status, at(5));
     let unavailable = get_condition(&status, AVAILABLE).unwrap();
-    assert_eq!((unavailable.status.as_str(), unavailable.reason.as_deref()), ("False", Some(MIN_UNAVAILABLE)));
+    assert_eq!(
+        (unavailable.status.as_str(), unavailable.reason.as_deref()),
+        ("False", Some(MIN_UNAVAILABLE))
+    );
     assert_eq!(unavailable.last_transition_time, Some(Time(at(5))));
 }
 
@@ -368,7 +462,13 @@ fn progressing_tracks_progress_completion_and_the_deadline() {
     let spec = Spec::new(&d).unwrap();
     let mut current = DeploymentStatus::default();
     note_new_replica_set(&mut current, &spec, "web-new", true, at(0));
-    assert_eq!(get_condition(&current, PROGRESSING).unwrap().reason.as_deref(), Some(NEW_RS_CREATED));
+    assert_eq!(
+        get_condition(&current, PROGRESSING)
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some(NEW_RS_CREATED)
+    );
 
     // Progress: two new Pods available.
     let new = mk_rs("web-new", "b", 10, 3, 2, 2);
@@ -376,14 +476,27 @@ fn progressing_tracks_progress_completion_and_the_deadline() {
     let spec = Spec::new(&d).unwrap();
     let status = rollout_status(&spec, Some(&new), &[&new], &current, at(10));
     let cond = get_condition(&status, PROGRESSING).unwrap();
-    assert_eq!((cond.reason.as_deref(), cond.last_update_time.clone()), (Some(RS_UPDATED), Some(Time(at(10)))));
-    assert_eq!(cond.last_transition_time, Some(Time(at(0))), "still True: transition kept");
-    assert_eq!(recheck_after(&spec, &status, at(10)), Some(Duration::from_secs(61)));
+    assert_eq!(
+        (cond.reason.as_deref(), cond.last_update_time.clone()),
+        (Some(RS_UPDATED), Some(Time(at(10))))
+    );
+    assert_eq!(
+        cond.last_transition_time,
+        Some(Time(at(0))),
+        "still True: transition kept"
+    );
+    assert_eq!(
+        recheck_after(&spec, &status, at(10)),
+        Some(Duration::from_secs(61))
+    );
 
     // No progress past the deadline: timed out.
     let stuck = rollout_status(&spec, Some(&new), &[&new], &status, at(71));
     let cond = get_condition(&stuck, PROGRESSING).unwrap();
-    assert_eq!((cond.status.as_str(), cond.reason.as_deref()), ("False", Some(TIMED_OUT)));
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_deref()),
+        ("False", Some(TIMED_OUT))
+    );
     assert_eq!(recheck_after(&spec, &stuck, at(71)), None);
 
     // Complete.
@@ -391,7 +504,10 @@ fn progressing_tracks_progress_completion_and_the_deadline() {
     let status = rollout_status(&spec, Some(&done), &[&done], &status, at(20));
     let cond = get_condition(&status, PROGRESSING).unwrap();
     assert_eq!(cond.reason.as_deref(), Some(NEW_RS_AVAILABLE));
-    assert_eq!(cond.message.as_deref(), Some("ReplicaSet \"web-new\" has successfully progressed."));
+    assert_eq!(
+        cond.message.as_deref(),
+        Some("ReplicaSet \"web-new\" has successfully progressed.")
+    );
     assert_eq!(recheck_after(&spec, &status, at(20)), None);
     assert!(is_complete(&spec, &status));
 }
@@ -411,8 +527,20 @@ fn replica_failures_of_replica_sets_are_carried_over() {
         }]),
         ..ReplicaSetStatus::default()
     });
-    let status = rollout_status(&spec, Some(&new), &[&new], &DeploymentStatus::default(), at(2));
-    assert_eq!(get_condition(&status, REPLICA_FAILURE).unwrap().reason.as_deref(), Some("FailedCreate"));
+    let status = rollout_status(
+        &spec,
+        Some(&new),
+        &[&new],
+        &DeploymentStatus::default(),
+        at(2),
+    );
+    assert_eq!(
+        get_condition(&status, REPLICA_FAILURE)
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("FailedCreate")
+    );
     let healthy = mk_rs("web-new", "b", 10, 3, 0, 2);
     let status = rollout_status(&spec, Some(&healthy), &[&healthy], &status, at(3));
     assert!(get_condition(&status, REPLICA_FAILURE).is_none());
@@ -424,11 +552,26 @@ fn pausing_and_resuming_show_in_progressing() {
     d.spec.as_mut().unwrap().paused = Some(true);
     let spec = Spec::new(&d).unwrap();
     let paused = paused_status(&spec, at(0)).unwrap();
-    assert_eq!(get_condition(&paused, PROGRESSING).unwrap().reason.as_deref(), Some(PAUSED));
+    assert_eq!(
+        get_condition(&paused, PROGRESSING)
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some(PAUSED)
+    );
     let d = with_status(d, serde_json::to_value(&paused).unwrap());
-    assert!(paused_status(&Spec::new(&d).unwrap(), at(1)).is_none(), "already says so");
+    assert!(
+        paused_status(&Spec::new(&d).unwrap(), at(1)).is_none(),
+        "already says so"
+    );
     let mut resumed = d.clone();
     resumed.spec.as_mut().unwrap().paused = Some(false);
     let status = paused_status(&Spec::new(&resumed).unwrap(), at(2)).unwrap();
-    assert_eq!(get_condition(&status, PROGRESSING).unwrap().reason.as_deref(), Some(RESUMED));
+    assert_eq!(
+        get_condition(&status, PROGRESSING)
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some(RESUMED)
+    );
 }
