@@ -79,6 +79,8 @@ struct Run<'c> {
     owned: Vec<ReplicaSet>,
     /// resourceVersion (as a number and as written) and name of the newest ReplicaSet write.
     last_write: Option<(u64, String, String)>,
+    /// The revision annotation of `d` changed and is to be written.
+    revision_changed: bool,
     now: Timestamp,
 }
 
@@ -170,7 +172,7 @@ impl Run<'_> {
                 self.replace(&updated).await?;
             }
             core::note_new_replica_set(&mut self.status, spec, &name, false, self.now);
-            self.set_revision(revision).await?;
+            self.set_revision(revision);
             return Ok(Some(name));
         }
         if !create {
@@ -184,7 +186,7 @@ impl Run<'_> {
                 let revision = revision(&created);
                 self.keep(created);
                 core::note_new_replica_set(&mut self.status, spec, &name, true, self.now);
-                self.set_revision(revision).await?;
+                self.set_revision(revision);
                 Ok(Some(name))
             }
             Err(error) if is_already_exists(&error) => {
@@ -192,7 +194,7 @@ impl Run<'_> {
                 if core::is_ours_with_template(spec, &existing) {
                     let revision = revision(&existing);
                     self.keep(existing);
-                    self.set_revision(revision).await?;
+                    self.set_revision(revision);
                     return Ok(Some(name));
                 }
                 // A hash collision: the next name comes from a higher collision count.
@@ -216,33 +218,20 @@ impl Run<'_> {
     }
 
     /// The Deployment's revision annotation follows its new ReplicaSet's
-    /// (`SetDeploymentRevision`).
-    async fn set_revision(&mut self, revision: i64) -> Result<()> {
+    /// (`SetDeploymentRevision`). It is written with the status: the apiserver keeps
+    /// annotations on a status write without raising the generation, which a metadata
+    /// change through the main resource would.
+    fn set_revision(&mut self, revision: i64) {
         let value = revision.to_string();
-        let current = self
+        let annotations = self
             .d
             .metadata
             .annotations
-            .as_ref()
-            .and_then(|a| a.get(REVISION));
-        if revision == 0 || current == Some(&value) {
-            return Ok(());
+            .get_or_insert_with(BTreeMap::new);
+        if revision != 0 && annotations.get(REVISION) != Some(&value) {
+            annotations.insert(REVISION.to_owned(), value);
+            self.revision_changed = true;
         }
-        let patch = json!({
-            "metadata": {
-                "annotations": {REVISION: value},
-                "resourceVersion": self.d.metadata.resource_version,
-            }
-        });
-        self.d = self
-            .d_api
-            .patch(
-                self.d.metadata.name.as_deref().unwrap_or_default(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        Ok(())
     }
 
     /// Deletes old ReplicaSets beyond the history limit (`cleanupDeployment`).
@@ -274,6 +263,7 @@ impl Run<'_> {
             .d_api
             .replace_status(&name, &PostParams::default(), &updated)
             .await?;
+        self.revision_changed = false;
         Ok(())
     }
 
@@ -348,10 +338,20 @@ impl Run<'_> {
         if self.resize(spec, &sizes).await? {
             return Ok(self.rollout_status(spec));
         }
-        if core::is_complete(spec, &self.d.status.clone().unwrap_or_default()) {
+        self.clean_up_if_complete(spec).await
+    }
+
+    /// The rollout status, after cleaning up the history if the rollout is complete.
+    /// kube-controller-manager looks at the status it had written before; this looks at the
+    /// new one too, because the Deployment's own status writes do not key it again (the
+    /// watcher's predicates), so a rollout completing now is cleaned up now.
+    async fn clean_up_if_complete(&mut self, spec: &Spec<'_>) -> Result<DeploymentStatus> {
+        let status = self.rollout_status(spec);
+        let before = self.d.status.clone().unwrap_or_default();
+        if core::is_complete(spec, &before) || core::is_complete(spec, &status) {
             self.clean_up(spec).await?;
         }
-        Ok(self.rollout_status(spec))
+        Ok(status)
     }
 
     /// `rolloutRecreate`.
@@ -383,10 +383,7 @@ impl Run<'_> {
             return Ok(self.rollout_status(spec));
         };
         self.resize(spec, &[(new_name, spec.replicas)]).await?;
-        if core::is_complete(spec, &self.d.status.clone().unwrap_or_default()) {
-            self.clean_up(spec).await?;
-        }
-        Ok(self.rollout_status(spec))
+        self.clean_up_if_complete(spec).await
     }
 }
 
@@ -486,6 +483,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
         status: d.status.clone().unwrap_or_default(),
         owned: claim.owned.iter().map(|rs| (*rs).clone()).collect(),
         last_write: None,
+        revision_changed: false,
         now: core::whole_seconds(Timestamp::now()),
     };
     let mut first_error: Option<Error> = None;
@@ -539,7 +537,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     }
     let status = outcome?;
     let original = run.d.status.clone().unwrap_or_default();
-    if core::status_changed(&original, &status) {
+    if run.revision_changed || core::status_changed(&original, &status) {
         run.write_status(status.clone()).await?;
         let rv = run.d.metadata.resource_version.clone();
         ctx.cache
