@@ -29,6 +29,8 @@ use support::{DEPLOY, RS, WITHIN};
 
 /// How long one step of the scenario may take.
 const STEP: Duration = Duration::from_secs(60);
+/// The progress deadline of the stalled rollout at the end: short, so the test is.
+const DEADLINE_SECONDS: i32 = 4;
 const NAME: &str = "cmp";
 
 /// What a user would compare after the scenario: everything but names, UIDs and times.
@@ -62,6 +64,29 @@ async fn set_image(api: &Api<Deployment>, image: &str) {
         json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": image}]}}}}),
     )
     .await;
+}
+
+/// Waits until the Deployment's controller has observed its generation and `check` holds
+/// for its status.
+async fn wait_status(
+    deployments: &Api<Deployment>,
+    what: &str,
+    check: impl Fn(&switchyard_k8s::k8s_openapi::api::apps::v1::DeploymentStatus) -> bool
+    + Send
+    + 'static,
+) {
+    let done = await_condition(deployments.clone(), NAME, move |d: Option<&Deployment>| {
+        d.is_some_and(|d| {
+            let s = d.status.clone().unwrap_or_default();
+            s.observed_generation == d.metadata.generation && check(&s)
+        })
+    });
+    if tokio::time::timeout(STEP, done).await.is_err() {
+        panic!(
+            "{what}: not seen; status {:?}",
+            deployments.get(NAME).await.unwrap().status
+        );
+    }
 }
 
 /// Waits until the rollout of `n` replicas is complete, as `kubectl rollout status` sees it,
@@ -110,7 +135,8 @@ async fn complete(deployments: &Api<Deployment>, pods: &Api<Pod>, n: i32, image:
 }
 
 /// Create, scale up, roll out twice, pause (an image change and a scale while paused),
-/// resume, then switch to Recreate with another image.
+/// resume, switch to Recreate with another image; then back to RollingUpdate with a rollout
+/// that cannot finish, scaled while stalled, past its progress deadline.
 async fn scenario(client: &switchyard_k8s::Client, namespace: &str) -> Outcome {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -180,6 +206,39 @@ async fn scenario(client: &switchyard_k8s::Client, namespace: &str) -> Outcome {
     })
     .await
     .expect("old ReplicaSets beyond the limit are deleted");
+
+    // A rollout that cannot finish: the new Pods fit no Node. It stalls with 3 old and 3 new
+    // (maxSurge 2, maxUnavailable 1 of 4).
+    merge(
+        &deployments,
+        json!({"spec": {
+            "progressDeadlineSeconds": DEADLINE_SECONDS,
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 2, "maxUnavailable": 1}},
+            "template": {"spec": {
+                "nodeSelector": {"switchyard.example/none": "true"},
+                "containers": [{"name": "c", "image": image("f")}]
+            }}
+        }}),
+    )
+    .await;
+    wait_status(&deployments, "the rollout stalls at 3 old and 3 new", |s| {
+        s.replicas == Some(6) && s.updated_replicas == Some(3)
+    })
+    .await;
+    // Scaled mid-rollout: 6 more, shared in proportion; then the deadline passes.
+    merge(&deployments, json!({"spec": {"replicas": 10}})).await;
+    wait_status(
+        &deployments,
+        "the stalled rollout scales and times out",
+        |s| {
+            s.replicas == Some(12)
+                && s.updated_replicas == Some(6)
+                && get_condition(s, PROGRESSING)
+                    .is_some_and(|c| c.reason.as_deref() == Some(core::TIMED_OUT))
+        },
+    )
+    .await;
 
     let d = deployments.get(NAME).await.unwrap();
     let s = d.status.clone().unwrap_or_default();
@@ -292,16 +351,42 @@ async fn the_same_scenario_ends_the_same_under_kube_controller_manager_and_switc
     eprintln!("{under_switchyard:#?}");
 
     assert_eq!(under_switchyard, under_kcm);
-    // And the outcome is the one the scenario asks for.
-    assert_eq!(under_switchyard.counts, [4, 4, 4, 4, 0, 10, 0]);
-    assert_eq!(under_switchyard.revision.as_deref(), Some("5"));
+    // And the outcome is the one the scenario asks for: 10 replicas + 2 surge, 6 old and
+    // available, 6 new and pending, the deadline passed.
+    assert_eq!(under_switchyard.counts, [12, 6, 6, 6, 6, 12, 0]);
+    assert_eq!(under_switchyard.revision.as_deref(), Some("6"));
     assert_eq!(
         under_switchyard
             .replica_sets
             .iter()
             .map(|(revision, replicas, _, _)| (*revision, *replicas))
             .collect::<Vec<_>>(),
-        [(3, 0), (4, 0), (5, 4)]
+        [(3, 0), (4, 0), (5, 6), (6, 6)]
+    );
+    assert!(under_switchyard.conditions.contains(&(
+        "Progressing".into(),
+        "False".into(),
+        "ProgressDeadlineExceeded".into()
+    )));
+    // kubectl sees the deadline too.
+    let mut command = plane.kubectl();
+    command.args([
+        "rollout",
+        "status",
+        &format!("deployment/{NAME}"),
+        "-n",
+        ns.name(),
+        "--timeout=20s",
+    ]);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("exceeded its progress deadline"),
+        "{stderr}"
     );
 
     reconciler.stop().await;
