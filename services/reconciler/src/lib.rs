@@ -7,9 +7,10 @@
 //!                                                   └─ writes: apiserver, behind a QPS/burst limit ([`ratelimit`])
 //! ```
 //!
-//! Built-in controllers: ReplicaSet ([`replicaset`]).
+//! Built-in controllers: ReplicaSet ([`replicaset`]) and Deployment ([`deployment`]).
 
 pub mod cache;
+pub mod deployment;
 pub mod finalizer;
 pub mod metrics;
 pub mod ratelimit;
@@ -109,6 +110,7 @@ pub struct ReconcilerArgs {
 pub fn builtin_controllers() -> Registry {
     let mut registry = Registry::default();
     registry.register(replicaset::ReplicaSetController);
+    registry.register(deployment::DeploymentController);
     registry
 }
 

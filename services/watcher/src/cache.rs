@@ -7,7 +7,8 @@ use std::{
 };
 
 use switchyard_watcher_core::{
-    Config, EventKind, Gvk, Key, Mapper, ResourceConfig, Store, config::Namespaces,
+    Config, ControllerRef, EventKind, Gvk, Key, Mapper, Owners, ResourceConfig, Store,
+    config::Namespaces,
 };
 use tokio::sync::watch;
 
@@ -111,10 +112,17 @@ impl Caches {
             if !self.mapper.maps(cache.index) {
                 continue;
             }
-            let store = cache.read();
-            for summary in store.summaries() {
-                self.mapper
-                    .keys(cache.index, EventKind::Sync, None, summary, &mut scratch);
+            // Copied out, so that `owns ... through` rules can read another cache meanwhile.
+            let summaries: Vec<_> = cache.read().summaries().cloned().collect();
+            for summary in &summaries {
+                self.mapper.keys(
+                    cache.index,
+                    EventKind::Sync,
+                    None,
+                    summary,
+                    self,
+                    &mut scratch,
+                );
                 keys.extend(
                     scratch
                         .drain(..)
@@ -125,5 +133,18 @@ impl Caches {
         keys.sort_unstable();
         keys.dedup();
         keys
+    }
+}
+
+/// `owns ... through` rules look the object between up in its cache.
+impl Owners for Caches {
+    fn controller(&self, resource: usize, namespace: &str, name: &str) -> Option<ControllerRef> {
+        let cache = self.resources.get(resource)?;
+        let store = cache.read();
+        store
+            .summary(namespace, name)?
+            .controller
+            .as_deref()
+            .cloned()
     }
 }

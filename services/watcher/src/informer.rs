@@ -232,6 +232,7 @@ impl Informer {
                             EventKind::Deleted,
                             None,
                             summary,
+                            &*self.caches,
                             &mut keys,
                         );
                     }
@@ -262,6 +263,7 @@ impl Informer {
                         EventKind::Deleted,
                         None,
                         cached.as_ref().unwrap_or(&summary),
+                        &*self.caches,
                         &mut keys,
                     );
                     Priority::Normal
@@ -299,7 +301,7 @@ impl Informer {
         };
         self.caches
             .mapper
-            .keys(self.cache.index, kind, old, &new, keys);
+            .keys(self.cache.index, kind, old, &new, &*self.caches, keys);
     }
 
     fn after_change(&self) {

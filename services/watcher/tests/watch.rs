@@ -571,3 +571,115 @@ async fn two_watchers_run_active_active_and_the_queue_keeps_each_key_once() {
     second.stop().await;
     queue.stop().await;
 }
+
+/// `owns` with `through`: a Pod keys the Deployment of its controller ReplicaSet, found in
+/// the watcher's ReplicaSet cache; creations and deletions always, updates by the predicate.
+#[tokio::test]
+async fn a_pod_keys_the_deployment_of_its_replica_set() {
+    const DEPLOY: &str = "apps/v1/Deployment";
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watch-through")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[DEPLOY], &[]).await;
+    let mut worker = Worker::start(queue.grpc()).await;
+    let config = format!(
+        r#"
+shardCount: {SHARDS}
+namespaces:
+  include: [{ns}]
+controllers:
+  - name: {DEPLOY}
+    for: {{apiVersion: apps/v1, kind: Deployment}}
+    owns:
+      - {{apiVersion: apps/v1, kind: ReplicaSet}}
+      - {{apiVersion: v1, kind: Pod, through: {{apiVersion: apps/v1, kind: ReplicaSet}}, predicates: [labelsChanged]}}
+"#
+    );
+    let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
+    watcher.wait_ready(WITHIN).await;
+
+    let deployments: Api<switchyard_k8s::Deployment> = Api::namespaced(client.clone(), &ns);
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let front: switchyard_k8s::Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "front"},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "front"}},
+            "template": {
+                "metadata": {"labels": {"app": "front"}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+            }
+        }
+    }))
+    .unwrap();
+    let front = deployments
+        .create(&PostParams::default(), &front)
+        .await
+        .unwrap();
+    let front_key = key(DEPLOY, &ns, "front");
+    worker.expect(&front_key, WITHIN).await;
+
+    let mut rs = replica_set("front-1", 0);
+    rs.metadata.owner_references = Some(vec![switchyard_k8s::OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "Deployment".into(),
+        name: "front".into(),
+        uid: front.metadata.uid.clone().unwrap(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    let rs = sets.create(&PostParams::default(), &rs).await.unwrap();
+    worker.expect(&front_key, WITHIN).await;
+    // A ReplicaSet nobody controls: its Pods key nothing.
+    let orphan_rs = sets
+        .create(&PostParams::default(), &replica_set("loose", 0))
+        .await
+        .unwrap();
+    worker.leased_during(Duration::from_millis(500)).await;
+
+    let rs_uid = rs.metadata.uid.clone().unwrap();
+    let owner = Some(("ReplicaSet", "apps/v1", "front-1", rs_uid.as_str()));
+    pods.create(
+        &PostParams::default(),
+        &pod("p", &[("app", "front-1")], owner),
+    )
+    .await
+    .unwrap();
+    worker.expect(&front_key, WITHIN).await;
+
+    let loose_uid = orphan_rs.metadata.uid.clone().unwrap();
+    let loose = Some(("ReplicaSet", "apps/v1", "loose", loose_uid.as_str()));
+    pods.create(
+        &PostParams::default(),
+        &pod("q", &[("app", "loose")], loose),
+    )
+    .await
+    .unwrap();
+    // An annotation change fails labelsChanged.
+    pods.patch(
+        "p",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"touched": "yes"}}})),
+    )
+    .await
+    .unwrap();
+    let leased = worker.leased_during(Duration::from_millis(700)).await;
+    assert!(
+        leased.is_empty(),
+        "a Pod of an uncontrolled ReplicaSet, or a Pod update failing the predicate, made keys: {leased:?}"
+    );
+
+    pods.delete("p", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    worker.expect(&front_key, WITHIN).await;
+
+    watcher.stop().await;
+    queue.stop().await;
+}

@@ -14,6 +14,7 @@ use switchyard_testenv::ControlPlane;
 pub use switchyard_testenv::InProcess;
 
 pub const RS: &str = "apps/v1/ReplicaSet";
+pub const DEPLOY: &str = "apps/v1/Deployment";
 pub const SHARDS: u32 = 16;
 pub const WITHIN: Duration = Duration::from_secs(30);
 
@@ -118,6 +119,29 @@ controllers:
     for: {{apiVersion: apps/v1, kind: ReplicaSet, predicates: [generationChanged, labelsChanged]}}
     owns:
       - {{apiVersion: v1, kind: Pod}}
+"#
+    )
+}
+
+/// The ReplicaSet and Deployment controllers' watcher configuration for one namespace: a Pod
+/// keys its ReplicaSet, and (created, deleted or relabeled) the Deployment of that ReplicaSet,
+/// which Recreate waits on.
+pub fn deploy_config(namespace: &str) -> String {
+    format!(
+        r#"
+shardCount: {SHARDS}
+namespaces:
+  include: [{namespace}]
+controllers:
+  - name: {RS}
+    for: {{apiVersion: apps/v1, kind: ReplicaSet, predicates: [generationChanged, labelsChanged]}}
+    owns:
+      - {{apiVersion: v1, kind: Pod}}
+  - name: {DEPLOY}
+    for: {{apiVersion: apps/v1, kind: Deployment, predicates: [generationChanged, labelsChanged, annotationsChanged]}}
+    owns:
+      - {{apiVersion: apps/v1, kind: ReplicaSet}}
+      - {{apiVersion: v1, kind: Pod, through: {{apiVersion: apps/v1, kind: ReplicaSet}}, predicates: [labelsChanged]}}
 "#
     )
 }

@@ -16,6 +16,12 @@
 //!       - {apiVersion: v1, kind: Pod}
 //!     mapByLabel:
 //!       - {apiVersion: v1, kind: ConfigMap, label: example.com/replicaset}
+//!   - name: apps/v1/Deployment
+//!     for: {apiVersion: apps/v1, kind: Deployment}
+//!     owns:
+//!       - {apiVersion: apps/v1, kind: ReplicaSet}
+//!       # a Pod's controller ReplicaSet, looked up in the cache, and that one's Deployment
+//!       - {apiVersion: v1, kind: Pod, through: {apiVersion: apps/v1, kind: ReplicaSet}}
 //! ```
 //!
 //! Every error names the field that is wrong (`controllers[1].owns[0].kind: ...`).
@@ -162,6 +168,17 @@ struct RawRule {
     kind: String,
     #[serde(default)]
     predicates: Vec<Predicate>,
+    /// `owns` only: the kind between the object and the owner (`Pod` -> `ReplicaSet` ->
+    /// `Deployment`).
+    #[serde(default)]
+    through: Option<RawKind>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawKind {
+    api_version: String,
+    kind: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -187,8 +204,11 @@ pub struct ResourceConfig {
 pub enum RuleKind {
     /// The object's own key.
     For,
-    /// The key of the object's controller owner, when that owner is of this kind.
-    Owns { owner: Gvk },
+    /// The key of the object's controller owner, when that owner is of this kind. With
+    /// `through`, the object's controller is of that kind instead (a resource, by index into
+    /// [`Config::resources`], so it is cached), and the key is that object's controller owner,
+    /// looked up in the cache.
+    Owns { owner: Gvk, through: Option<usize> },
     /// The key named by this label's value, in the object's namespace.
     ByLabel { label: String },
 }
@@ -334,6 +354,12 @@ impl Config {
             };
             let owner = Gvk::parse(&for_.api_version, &for_.kind)
                 .map_err(|e| invalid(format!("{field}.for"), e))?;
+            if for_.through.is_some() {
+                return Err(invalid(
+                    format!("{field}.for.through"),
+                    "only an owns entry maps through an owner",
+                ));
+            }
             rules.push(Rule {
                 resource: index_of(&owner),
                 controller: name.clone(),
@@ -343,11 +369,37 @@ impl Config {
             for (i, rule) in owns.into_iter().enumerate() {
                 let gvk = Gvk::parse(&rule.api_version, &rule.kind)
                     .map_err(|e| invalid(format!("{field}.owns[{i}]"), e))?;
+                let through = match rule.through {
+                    None => None,
+                    Some(through) => {
+                        let at = format!("{field}.owns[{i}].through");
+                        let via = Gvk::parse(&through.api_version, &through.kind)
+                            .map_err(|e| invalid(&at, e))?;
+                        if via == gvk {
+                            return Err(invalid(
+                                at,
+                                format!(
+                                    "{via} is the owned kind itself; name the kind between it and {owner}"
+                                ),
+                            ));
+                        }
+                        if via == owner {
+                            return Err(invalid(
+                                at,
+                                format!(
+                                    "{via} is the for kind; an owns entry without through maps to it"
+                                ),
+                            ));
+                        }
+                        Some(index_of(&via))
+                    }
+                };
                 rules.push(Rule {
                     resource: index_of(&gvk),
                     controller: name.clone(),
                     kind: RuleKind::Owns {
                         owner: owner.clone(),
+                        through,
                     },
                     predicates: rule.predicates,
                 });
@@ -469,7 +521,8 @@ controllers:
         assert_eq!(
             owns_rs.kind,
             RuleKind::Owns {
-                owner: Gvk::parse("apps/v1", "Deployment").unwrap()
+                owner: Gvk::parse("apps/v1", "Deployment").unwrap(),
+                through: None,
             }
         );
         assert!(!config.namespaces.admits("kube-system"));
@@ -517,6 +570,42 @@ controllers:
     }
 
     #[test]
+    fn owns_through_caches_the_kind_between_and_is_validated() {
+        let config = Config::from_yaml(
+            "controllers: [{name: d, for: {apiVersion: apps/v1, kind: Deployment}, owns: [{apiVersion: v1, kind: Pod, through: {apiVersion: apps/v1, kind: ReplicaSet}}]}]",
+        )
+        .unwrap();
+        let kinds: Vec<String> = config.resources.iter().map(|r| r.gvk.to_string()).collect();
+        assert_eq!(
+            kinds,
+            ["apps/v1/Deployment", "apps/v1/ReplicaSet", "v1/Pod"]
+        );
+        assert_eq!(
+            config.rules[1].kind,
+            RuleKind::Owns {
+                owner: Gvk::parse("apps/v1", "Deployment").unwrap(),
+                through: Some(1),
+            }
+        );
+        assert!(
+            error("controllers: [{name: d, for: {apiVersion: apps/v1, kind: Deployment}, owns: [{apiVersion: v1, kind: Pod, through: {apiVersion: v1, kind: Pod}}]}]")
+                .contains("controllers[0].owns[0].through: v1/Pod is the owned kind itself")
+        );
+        assert!(
+            error("controllers: [{name: d, for: {apiVersion: apps/v1, kind: Deployment}, owns: [{apiVersion: v1, kind: Pod, through: {apiVersion: apps/v1, kind: Deployment}}]}]")
+                .contains("controllers[0].owns[0].through: apps/v1/Deployment is the for kind")
+        );
+        assert!(
+            error("controllers: [{name: d, for: {apiVersion: apps/v1, kind: Deployment}, owns: [{apiVersion: v1, kind: Pod, through: {apiVersion: apps/v1, kind: replicaset}}]}]")
+                .contains("controllers[0].owns[0].through: kind \"replicaset\"")
+        );
+        assert!(
+            error("controllers: [{name: d, for: {apiVersion: apps/v1, kind: Deployment, through: {apiVersion: apps/v1, kind: ReplicaSet}}}]")
+                .contains("controllers[0].for.through: only an owns entry")
+        );
+    }
+
+    #[test]
     fn unknown_fields_and_bad_predicates_are_named() {
         assert!(
             error("resources: [{apiVersion: v1, kind: Pod, metaOnly: true}]").contains("metaOnly")
@@ -527,6 +616,26 @@ controllers:
             )
             .contains("always")
         );
+    }
+
+    #[test]
+    fn the_shipped_configuration_is_valid_and_maps_pods_through_replica_sets() {
+        let shipped = include_str!("../../../../deploy/kustomize/base/watcher-config.yaml");
+        let config = Config::from_yaml(shipped).unwrap();
+        assert_eq!(
+            config.controllers(),
+            ["apps/v1/ReplicaSet", "apps/v1/Deployment"]
+        );
+        let rs = config
+            .resources
+            .iter()
+            .position(|r| r.gvk.kind == "ReplicaSet")
+            .unwrap();
+        assert!(config.rules.iter().any(|r| r.kind
+            == RuleKind::Owns {
+                owner: Gvk::parse("apps/v1", "Deployment").unwrap(),
+                through: Some(rs),
+            }));
     }
 
     #[test]

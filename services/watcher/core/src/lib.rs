@@ -4,7 +4,7 @@
 //!  watch event ─► Summary (namespace, name, rv, generation, labels, controller ref) + JSON
 //!                    │
 //!                    ├─► Store::apply / delete        (cache; owner-UID index; relist sweep)
-//!                    └─► Mapper::keys(old, new)       (for / owns / mapByLabel, predicates)
+//!                    └─► Mapper::keys(old, new)       (for / owns [through] / mapByLabel, predicates)
 //!                               │
 //!                               └─► Key (controller, namespace, name) ─► shard_of ─► queue
 //! ```
@@ -15,6 +15,6 @@ pub mod selector;
 pub mod store;
 
 pub use config::{Config, ConfigError, Gvk, Predicate, ResourceConfig};
-pub use mapping::{EventKind, Key, Mapper};
+pub use mapping::{EventKind, Key, Mapper, NoOwners, Owners};
 pub use selector::{Selector, SelectorError};
 pub use store::{ControllerRef, Store, Summary};

@@ -5,6 +5,10 @@
 //!   (an object with no controller owner maps to nothing); when an update changes the
 //!   controller owner, both the old and the new owner are keyed, as kube-controller-manager's
 //!   ReplicaSet controller does;
+//!   With `through`, the object's controller is of the kind between, and the key is that
+//!   object's controller owner, looked up in the watcher's cache ([`Owners`]): a Pod keys
+//!   the Deployment of its ReplicaSet. When the object between is not cached (yet, or any
+//!   more), nothing is keyed; its own events key the owner;
 //! - `mapByLabel`: the object in the same namespace that the label's value names (old and
 //!   new values both, when it changed).
 //!
@@ -15,9 +19,26 @@ use std::sync::Arc;
 use switchyard_queue_core::shard::shard_of;
 
 use crate::{
-    Config, Predicate, Summary,
+    Config, ControllerRef, Predicate, Summary,
     config::{Gvk, RuleKind},
 };
+
+/// The controller owners of cached objects, for `owns` rules with `through`.
+pub trait Owners {
+    /// The controller owner of the object `namespace/name` of `resource` (an index into
+    /// [`Config::resources`]), if it is cached and has one.
+    fn controller(&self, resource: usize, namespace: &str, name: &str) -> Option<ControllerRef>;
+}
+
+/// No cache: `through` rules map to nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoOwners;
+
+impl Owners for NoOwners {
+    fn controller(&self, _: usize, _: &str, _: &str) -> Option<ControllerRef> {
+        None
+    }
+}
 
 /// A work key: `(controller, namespace, name)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -52,8 +73,22 @@ struct Rule {
 #[derive(Debug)]
 enum MapKind {
     For,
-    Owns { group: String, kind: String },
-    ByLabel { label: String },
+    Owns {
+        group: String,
+        kind: String,
+        through: Option<Through>,
+    },
+    ByLabel {
+        label: String,
+    },
+}
+
+/// The kind between an owned object and its owner's owner.
+#[derive(Debug)]
+struct Through {
+    resource: usize,
+    group: String,
+    kind: String,
 }
 
 /// The rules of a configuration, grouped by resource.
@@ -76,11 +111,19 @@ impl Mapper {
             };
             let kind = match &rule.kind {
                 RuleKind::For => MapKind::For,
-                RuleKind::Owns { owner } => {
+                RuleKind::Owns { owner, through } => {
                     let Gvk { group, kind, .. } = owner;
                     MapKind::Owns {
                         group: group.clone(),
                         kind: kind.clone(),
+                        through: through.map(|resource| {
+                            let via = &config.resources[resource].gvk;
+                            Through {
+                                resource,
+                                group: via.group.clone(),
+                                kind: via.kind.clone(),
+                            }
+                        }),
                     }
                 }
                 RuleKind::ByLabel { label } => MapKind::ByLabel {
@@ -103,12 +146,14 @@ impl Mapper {
 
     /// Appends to `out` the keys caused by `event` on an object of `resource`. For
     /// `Modified`, `old` is the cached summary before the change (if it was cached).
+    /// `owners` resolves the objects `through` rules pass.
     pub fn keys(
         &self,
         resource: usize,
         event: EventKind,
         old: Option<&Summary>,
         new: &Summary,
+        owners: &dyn Owners,
         out: &mut Vec<Key>,
     ) {
         for rule in &self.by_resource[resource] {
@@ -134,12 +179,24 @@ impl Mapper {
                     namespace: new.namespace.clone(),
                     name: new.name.clone(),
                 }),
-                MapKind::Owns { group, kind } => {
-                    let owner = |s: &Summary| {
-                        s.controller
-                            .as_ref()
-                            .filter(|c| c.kind == *kind && c.group() == group)
-                            .map(|c| c.name.clone())
+                MapKind::Owns {
+                    group,
+                    kind,
+                    through,
+                } => {
+                    let owner = |s: &Summary| -> Option<String> {
+                        let controller = s.controller.as_deref()?;
+                        let controller = match through {
+                            None => controller.clone(),
+                            Some(via) => {
+                                if controller.kind != via.kind || controller.group() != via.group {
+                                    return None;
+                                }
+                                owners.controller(via.resource, &s.namespace, &controller.name)?
+                            }
+                        };
+                        (controller.kind == *kind && controller.group() == group)
+                            .then_some(controller.name)
                     };
                     let now = owner(new);
                     if let Some(name) = &now {
@@ -233,7 +290,7 @@ controllers:
         assert_eq!(config.resources[POD].gvk.kind, "Pod");
         assert_eq!(config.resources[CM].gvk.kind, "ConfigMap");
         let mut out = Vec::new();
-        Mapper::new(&config).keys(resource, event, old, new, &mut out);
+        Mapper::new(&config).keys(resource, event, old, new, &NoOwners, &mut out);
         out.iter()
             .map(|k| format!("{} {}/{}", k.controller, k.namespace, k.name))
             .collect()
@@ -312,5 +369,79 @@ controllers:
         );
         let unlabelled = mk("cm", 0, &[], None);
         assert!(keys(CM, EventKind::Added, None, &unlabelled).is_empty());
+    }
+
+    /// A cache of ReplicaSets: `rs1` belongs to Deployment `d1`, `rs2` to `d2`, `orphan` to none.
+    struct Cached;
+
+    impl Owners for Cached {
+        fn controller(
+            &self,
+            resource: usize,
+            namespace: &str,
+            name: &str,
+        ) -> Option<ControllerRef> {
+            assert_eq!(
+                (resource, namespace),
+                (1, "ns"),
+                "looked up in the ReplicaSet cache"
+            );
+            match name {
+                "rs1" => owned_by("Deployment", "apps/v1", "d1"),
+                "rs2" => owned_by("Deployment", "apps/v1", "d2"),
+                _ => None,
+            }
+        }
+    }
+
+    #[test]
+    fn owns_through_keys_the_owner_of_the_owner() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: apps/v1/Deployment
+    for: {apiVersion: apps/v1, kind: Deployment}
+    owns:
+      - {apiVersion: v1, kind: Pod, through: {apiVersion: apps/v1, kind: ReplicaSet}, predicates: [labelsChanged]}
+"#,
+        )
+        .unwrap();
+        let pod_resource = 2;
+        assert_eq!(config.resources[pod_resource].gvk.kind, "Pod");
+        let mapper = Mapper::new(&config);
+        let keys = |event, old: Option<&Summary>, new: &Summary| {
+            let mut out = Vec::new();
+            mapper.keys(pod_resource, event, old, new, &Cached, &mut out);
+            out.iter()
+                .map(|k| format!("{} {}/{}", k.controller, k.namespace, k.name))
+                .collect::<Vec<_>>()
+        };
+        let pod = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "rs1"));
+        assert_eq!(
+            keys(EventKind::Deleted, None, &pod),
+            ["apps/v1/Deployment ns/d1"]
+        );
+        assert_eq!(
+            keys(EventKind::Added, None, &pod),
+            ["apps/v1/Deployment ns/d1"]
+        );
+        let orphan_rs = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "orphan"));
+        assert!(keys(EventKind::Deleted, None, &orphan_rs).is_empty());
+        let not_cached = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "gone"));
+        assert!(keys(EventKind::Deleted, None, &not_cached).is_empty());
+        let other_kind = mk("p", 0, &[], owned_by("StatefulSet", "apps/v1", "rs1"));
+        assert!(keys(EventKind::Deleted, None, &other_kind).is_empty());
+        // A status change fails the predicate; a move to another ReplicaSet keys both.
+        let relabelled = mk(
+            "p",
+            0,
+            &[("a", "b")],
+            owned_by("ReplicaSet", "apps/v1", "rs2"),
+        );
+        assert!(keys(EventKind::Modified, Some(&pod), &pod).is_empty());
+        assert_eq!(
+            keys(EventKind::Modified, Some(&pod), &relabelled),
+            ["apps/v1/Deployment ns/d2", "apps/v1/Deployment ns/d1"]
+        );
     }
 }

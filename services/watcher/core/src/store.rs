@@ -277,6 +277,15 @@ impl Store {
         self.objects.get(&key).map(|e| &*e.json)
     }
 
+    /// The summary of a cached object (its controller owner, for mapping through owners).
+    pub fn summary(&self, namespace: &str, name: &str) -> Option<&Summary> {
+        let key = ObjKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        self.objects.get(&key).map(|e| &e.summary)
+    }
+
     /// Objects in `namespace` (all when `None`) owned by `controller_uid` (any when `None`)
     /// and matching `selector`, in namespace/name order.
     pub fn list<'a>(

@@ -43,7 +43,7 @@ const SERVICES: [(&str, usize); 4] = [
 
 /// Where the services run against.
 enum Cluster {
-    Local(ControlPlane),
+    Local(Box<ControlPlane>),
     /// `KUBECONFIG`'s cluster: the person's own.
     External(PathBuf),
 }
@@ -67,7 +67,7 @@ impl Cluster {
             .context("starting the control plane")?;
         println!("control plane ready: {}", plane.server());
         println!("kubeconfig: {}", plane.kubeconfig().display());
-        Ok(Self::Local(plane))
+        Ok(Self::Local(Box::new(plane)))
     }
 
     fn kubeconfig(&self) -> &Path {

@@ -1,0 +1,554 @@
+//! The Deployment controller on the SDK: reads from the watcher's cache, decides with
+//! `switchyard_reconciler_core::deployment`, writes to the apiserver.
+//!
+//! ```text
+//!  cache: Deployment, its ReplicaSets (by controller UID) ∪ the selector's
+//!     ─► claim: adopt orphans, release those that stopped matching  (patches, resourceVersion-guarded)
+//!     ─► being deleted: status only
+//!     ─► paused, or replicas changed: scale (one active RS, or proportionally)
+//!     ─► RollingUpdate: new RS (created or brought up to date) ─► scale new up | old down
+//!        Recreate:      old RSs to 0 ─► no old Pod left (Pod cache) ─► new RS at replicas
+//!     ─► complete: old RSs beyond revisionHistoryLimit deleted
+//!     ─► status (Available, Progressing) ─► replace status (409 on a stale read: failed, backoff)
+//!     ─► cache again at the resourceVersion of the last write   (the next reconcile reads it)
+//! ```
+//!
+//! One step per reconcile, as kube-controller-manager takes it: the ReplicaSets' status
+//! changes key the Deployment again, and `RequeueAfter` brings it back at its progress
+//! deadline.
+
+use std::collections::BTreeMap;
+
+use futures::future::BoxFuture;
+use futures::future::join_all;
+use serde_json::json;
+use switchyard_k8s::{
+    Api, DeleteParams, Deployment, Pod, PostParams, ReplicaSet,
+    k8s_openapi::{api::apps::v1::DeploymentStatus, jiff::Timestamp},
+    kube::{
+        self,
+        api::{Patch, PatchParams},
+    },
+};
+use switchyard_reconciler_core::deployment::{
+    self as core, REVISION, Spec, Strategy, controller_of, replicas, revision,
+};
+use tracing::{debug, info, warn};
+
+use crate::{
+    cache::ListFilter,
+    sdk::{Action, Context, Error, Request, Result},
+};
+
+pub const NAME: &str = "apps/v1/Deployment";
+
+/// kube-controller-manager's Deployment controller.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeploymentController;
+
+impl crate::sdk::Controller for DeploymentController {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
+        Box::pin(reconcile(ctx, request))
+    }
+}
+
+fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.is_not_found())
+}
+
+fn is_already_exists(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.is_already_exists())
+}
+
+fn rs_name(rs: &ReplicaSet) -> &str {
+    rs.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// One reconcile's view: the Deployment as last written, the status being built, the
+/// ReplicaSets it owns as last read or written, and its last ReplicaSet write.
+struct Run<'c> {
+    ctx: &'c Context,
+    rs_api: Api<ReplicaSet>,
+    d_api: Api<Deployment>,
+    d: Deployment,
+    status: DeploymentStatus,
+    owned: Vec<ReplicaSet>,
+    /// resourceVersion (as a number and as written) and name of the newest ReplicaSet write.
+    last_write: Option<(u64, String, String)>,
+    /// The revision annotation of `d` changed and is to be written.
+    revision_changed: bool,
+    now: Timestamp,
+}
+
+impl Run<'_> {
+    fn saw(&mut self, rs: &ReplicaSet) {
+        let Some(rv) = rs.metadata.resource_version.as_deref() else {
+            return;
+        };
+        let Ok(number) = rv.parse::<u64>() else {
+            return;
+        };
+        if self
+            .last_write
+            .as_ref()
+            .is_none_or(|(max, _, _)| number > *max)
+        {
+            self.last_write = Some((number, rv.to_owned(), rs_name(rs).to_owned()));
+        }
+    }
+
+    /// Keeps `rs` as the owned ReplicaSet of its name.
+    fn keep(&mut self, rs: ReplicaSet) {
+        self.saw(&rs);
+        match self.owned.iter_mut().find(|o| rs_name(o) == rs_name(&rs)) {
+            Some(slot) => *slot = rs,
+            None => self.owned.push(rs),
+        }
+    }
+
+    async fn replace(&mut self, rs: &ReplicaSet) -> Result<()> {
+        let written = self
+            .rs_api
+            .replace(rs_name(rs), &PostParams::default(), rs)
+            .await?;
+        self.keep(written);
+        Ok(())
+    }
+
+    /// Writes the sizes the decision gave, by name, where they differ.
+    async fn resize(&mut self, spec: &Spec<'_>, sizes: &[(String, i32)]) -> Result<bool> {
+        let updates: Vec<ReplicaSet> = sizes
+            .iter()
+            .filter_map(|(name, size)| {
+                let rs = self.owned.iter().find(|rs| rs_name(rs) == name)?;
+                core::scaled(spec, rs, *size)
+            })
+            .collect();
+        let params = PostParams::default();
+        let results = join_all(
+            updates
+                .iter()
+                .map(|rs| self.rs_api.replace(rs_name(rs), &params, rs)),
+        )
+        .await;
+        let mut first_error = None;
+        let mut any = false;
+        for result in results {
+            match result {
+                Ok(rs) => {
+                    debug!(
+                        replica_set = rs_name(&rs),
+                        replicas = replicas(&rs),
+                        "scaled"
+                    );
+                    any = true;
+                    self.keep(rs);
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        match first_error {
+            Some(error) => Err(error.into()),
+            None => Ok(any),
+        }
+    }
+
+    /// The new ReplicaSet, brought up to date, or created when `create` and there is none
+    /// (`getNewReplicaSet`). Its name, if any.
+    async fn new_replica_set(&mut self, spec: &Spec<'_>, create: bool) -> Result<Option<String>> {
+        let refs: Vec<&ReplicaSet> = self.owned.iter().collect();
+        let (new, old) = core::split(spec, &refs);
+        if let Some(new) = new {
+            let name = rs_name(new).to_owned();
+            let refreshed = core::refresh_new_replica_set(spec, new, &old);
+            let revision = revision(refreshed.as_ref().unwrap_or(new));
+            if let Some(updated) = refreshed {
+                self.replace(&updated).await?;
+            }
+            core::note_new_replica_set(&mut self.status, spec, &name, false, self.now);
+            self.set_revision(revision);
+            return Ok(Some(name));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let rs = core::new_replica_set(spec, &old);
+        let name = rs_name(&rs).to_owned();
+        match self.rs_api.create(&PostParams::default(), &rs).await {
+            Ok(created) => {
+                info!(replica_set = %name, replicas = replicas(&created), "created new replica set");
+                let revision = revision(&created);
+                self.keep(created);
+                core::note_new_replica_set(&mut self.status, spec, &name, true, self.now);
+                self.set_revision(revision);
+                Ok(Some(name))
+            }
+            Err(error) if is_already_exists(&error) => {
+                let existing = self.rs_api.get(&name).await?;
+                if core::is_ours_with_template(spec, &existing) {
+                    let revision = revision(&existing);
+                    self.keep(existing);
+                    self.set_revision(revision);
+                    return Ok(Some(name));
+                }
+                // A hash collision: the next name comes from a higher collision count.
+                let mut status = self.d.status.clone().unwrap_or_default();
+                status.collision_count = Some(status.collision_count.unwrap_or(0) + 1);
+                warn!(replica_set = %name, collision_count = status.collision_count, "pod-template-hash collision");
+                self.write_status(status).await?;
+                Err(Error::Other(format!(
+                    "replica set {name:?} exists with another template; collision count raised"
+                )))
+            }
+            Err(error) => {
+                let mut status = self.status.clone();
+                core::note_create_failure(&mut status, spec, &name, &error.to_string(), self.now);
+                if let Err(status_error) = self.write_status(status).await {
+                    debug!(error = %status_error, "could not report the failed creation");
+                }
+                Err(error.into())
+            }
+        }
+    }
+
+    /// The Deployment's revision annotation follows its new ReplicaSet's
+    /// (`SetDeploymentRevision`). It is written with the status: the apiserver keeps
+    /// annotations on a status write without raising the generation, which a metadata
+    /// change through the main resource would.
+    fn set_revision(&mut self, revision: i64) {
+        let value = revision.to_string();
+        let annotations = self
+            .d
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new);
+        if revision != 0 && annotations.get(REVISION) != Some(&value) {
+            annotations.insert(REVISION.to_owned(), value);
+            self.revision_changed = true;
+        }
+    }
+
+    /// Deletes old ReplicaSets beyond the history limit (`cleanupDeployment`).
+    async fn clean_up(&mut self, spec: &Spec<'_>) -> Result<()> {
+        let refs: Vec<&ReplicaSet> = self.owned.iter().collect();
+        let (_, old) = core::split(spec, &refs);
+        let doomed: Vec<String> = core::to_clean_up(spec, &old)
+            .into_iter()
+            .map(|rs| rs_name(rs).to_owned())
+            .collect();
+        for name in doomed {
+            match self.rs_api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {
+                    debug!(replica_set = %name, "deleted old replica set");
+                    self.owned.retain(|rs| rs_name(rs) != name);
+                }
+                Err(error) if is_not_found(&error) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_status(&mut self, status: DeploymentStatus) -> Result<()> {
+        let mut updated = self.d.clone();
+        updated.status = Some(status);
+        let name = self.d.metadata.name.clone().unwrap_or_default();
+        self.d = self
+            .d_api
+            .replace_status(&name, &PostParams::default(), &updated)
+            .await?;
+        self.revision_changed = false;
+        Ok(())
+    }
+
+    /// The Pods the old ReplicaSets still control, from the cache.
+    async fn old_pods(&self, old: &[&ReplicaSet]) -> Result<Vec<Pod>> {
+        let namespace = self.d.metadata.namespace.as_deref().unwrap_or_default();
+        let lists = join_all(old.iter().map(|rs| {
+            self.ctx.cache.list::<Pod>(
+                namespace,
+                ListFilter {
+                    controller_uid: rs.metadata.uid.as_deref().unwrap_or_default(),
+                    ..ListFilter::default()
+                },
+            )
+        }))
+        .await;
+        let mut pods = Vec::new();
+        for list in lists {
+            pods.extend(list?);
+        }
+        Ok(pods)
+    }
+
+    fn split<'s>(&'s self, spec: &Spec<'_>) -> (Option<&'s ReplicaSet>, Vec<&'s ReplicaSet>) {
+        let refs: Vec<&ReplicaSet> = self.owned.iter().collect();
+        core::split(spec, &refs)
+    }
+
+    fn all(&self) -> Vec<&ReplicaSet> {
+        self.owned.iter().collect()
+    }
+
+    /// `sync`: scaling, and the history while paused; the status without `Progressing`
+    /// changes (`syncDeploymentStatus`).
+    async fn sync(&mut self, spec: &Spec<'_>) -> Result<DeploymentStatus> {
+        self.new_replica_set(spec, false).await?;
+        let (new, old) = self.split(spec);
+        let sizes = core::scale(spec, new, &old);
+        self.resize(spec, &sizes).await?;
+        if spec.paused {
+            self.clean_up(spec).await?;
+        }
+        let (new, _) = self.split(spec);
+        Ok(core::calculate_status(
+            spec,
+            new,
+            &self.all(),
+            &self.status,
+            self.now,
+        ))
+    }
+
+    fn rollout_status(&self, spec: &Spec<'_>) -> DeploymentStatus {
+        let (new, _) = self.split(spec);
+        core::rollout_status(spec, new, &self.all(), &self.status, self.now)
+    }
+
+    /// `rolloutRolling`.
+    async fn rolling(&mut self, spec: &Spec<'_>) -> Result<DeploymentStatus> {
+        let Some(new_name) = self.new_replica_set(spec, true).await? else {
+            return Ok(self.rollout_status(spec));
+        };
+        let (new, old) = self.split(spec);
+        let Some(new) = new.filter(|rs| rs_name(rs) == new_name) else {
+            return Ok(self.rollout_status(spec));
+        };
+        if let Some(size) = core::rolling_new_size(spec, new, &self.all()) {
+            self.resize(spec, &[(new_name, size)]).await?;
+            return Ok(self.rollout_status(spec));
+        }
+        let sizes = core::rolling_old_sizes(spec, new, &old);
+        if self.resize(spec, &sizes).await? {
+            return Ok(self.rollout_status(spec));
+        }
+        self.clean_up_if_complete(spec).await
+    }
+
+    /// The rollout status, after cleaning up the history if the rollout is complete.
+    /// kube-controller-manager looks at the status it had written before; this looks at the
+    /// new one too, because the Deployment's own status writes do not key it again (the
+    /// watcher's predicates), so a rollout completing now is cleaned up now.
+    async fn clean_up_if_complete(&mut self, spec: &Spec<'_>) -> Result<DeploymentStatus> {
+        let status = self.rollout_status(spec);
+        let before = self.d.status.clone().unwrap_or_default();
+        if core::is_complete(spec, &before) || core::is_complete(spec, &status) {
+            self.clean_up(spec).await?;
+        }
+        Ok(status)
+    }
+
+    /// `rolloutRecreate`.
+    async fn recreate(&mut self, spec: &Spec<'_>) -> Result<DeploymentStatus> {
+        self.new_replica_set(spec, false).await?;
+        let (_, old) = self.split(spec);
+        let to_zero: Vec<(String, i32)> = old
+            .iter()
+            .filter(|rs| replicas(rs) > 0)
+            .map(|rs| (rs_name(rs).to_owned(), 0))
+            .collect();
+        if self.resize(spec, &to_zero).await? {
+            return Ok(self.rollout_status(spec));
+        }
+        let (_, old) = self.split(spec);
+        let pods = if old
+            .iter()
+            .any(|rs| rs.status.as_ref().is_some_and(|s| s.replicas > 0))
+        {
+            Vec::new()
+        } else {
+            self.old_pods(&old).await?
+        };
+        if core::old_pods_running(&old, &pods) {
+            debug!("waiting for the old pods to go");
+            return Ok(self.rollout_status(spec));
+        }
+        let Some(new_name) = self.new_replica_set(spec, true).await? else {
+            return Ok(self.rollout_status(spec));
+        };
+        self.resize(spec, &[(new_name, spec.replicas)]).await?;
+        self.clean_up_if_complete(spec).await
+    }
+}
+
+async fn read_replica_sets(ctx: &Context, spec: &Spec<'_>) -> Result<Vec<ReplicaSet>> {
+    let query = spec.selector.to_query();
+    let (owned, selected) = futures::try_join!(
+        ctx.cache.list::<ReplicaSet>(
+            spec.namespace,
+            ListFilter {
+                controller_uid: spec.uid,
+                ..ListFilter::default()
+            },
+        ),
+        ctx.cache.list::<ReplicaSet>(
+            spec.namespace,
+            ListFilter {
+                label_selector: &query,
+                ..ListFilter::default()
+            },
+        ),
+    )?;
+    let mut by_name: BTreeMap<String, ReplicaSet> = BTreeMap::new();
+    for rs in owned.into_iter().chain(selected) {
+        by_name.insert(rs_name(&rs).to_owned(), rs);
+    }
+    Ok(by_name.into_values().collect())
+}
+
+/// Sets or removes the Deployment as the ReplicaSet's controller, unless the ReplicaSet
+/// changed since it was read.
+async fn patch_owner(
+    api: &Api<ReplicaSet>,
+    spec: &Spec<'_>,
+    rs: &ReplicaSet,
+    adopt: bool,
+) -> kube::Result<ReplicaSet> {
+    let mut refs: Vec<_> = rs
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.uid != spec.uid)
+        .cloned()
+        .collect();
+    if adopt {
+        refs.push(spec.controller_ref());
+    }
+    let patch = json!({
+        "metadata": {
+            "ownerReferences": refs,
+            "resourceVersion": rs.metadata.resource_version,
+        }
+    });
+    api.patch(rs_name(rs), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+async fn reconcile(ctx: &Context, request: &Request) -> Result {
+    let Some(d) = ctx
+        .cache
+        .get::<Deployment>(&request.namespace, &request.name, None)
+        .await?
+    else {
+        debug!("deployment gone");
+        return Ok(Action::Done);
+    };
+    let spec = match Spec::new(&d) {
+        Ok(spec) => spec,
+        Err(error) => {
+            // Retrying cannot fix the object; its next change is keyed again.
+            warn!(%error, "invalid deployment, not reconciled");
+            return Ok(Action::Done);
+        }
+    };
+    let rs_api: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), &request.namespace);
+    let rss = read_replica_sets(ctx, &spec).await?;
+    let claim = core::claim(&spec, &rss);
+
+    let patched = join_all(
+        claim
+            .adopt
+            .iter()
+            .map(|rs| patch_owner(&rs_api, &spec, rs, true))
+            .chain(
+                claim
+                    .release
+                    .iter()
+                    .map(|rs| patch_owner(&rs_api, &spec, rs, false)),
+            ),
+    )
+    .await;
+    let mut run = Run {
+        ctx,
+        rs_api: rs_api.clone(),
+        d_api: Api::namespaced(ctx.client.clone(), &request.namespace),
+        d: d.clone(),
+        status: d.status.clone().unwrap_or_default(),
+        owned: claim.owned.iter().map(|rs| (*rs).clone()).collect(),
+        last_write: None,
+        revision_changed: false,
+        now: core::whole_seconds(Timestamp::now()),
+    };
+    let mut first_error: Option<Error> = None;
+    for result in patched {
+        match result {
+            Ok(rs) => {
+                run.saw(&rs);
+                if controller_of(&rs.metadata).is_some_and(|r| r.uid == spec.uid) {
+                    run.owned.push(rs);
+                }
+            }
+            Err(error) if is_not_found(&error) => {}
+            Err(error) => {
+                first_error.get_or_insert(error.into());
+            }
+        }
+    }
+    // As kube-controller-manager: no rollout on a failed claim.
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+
+    let outcome = if spec.deleting {
+        let (new, _) = run.split(&spec);
+        Ok(core::calculate_status(
+            &spec,
+            new,
+            &run.all(),
+            &run.status,
+            run.now,
+        ))
+    } else {
+        if let Some(status) = core::paused_status(&spec, run.now) {
+            run.status = status;
+        }
+        let refs: Vec<&ReplicaSet> = run.owned.iter().collect();
+        if spec.paused || core::is_scaling_event(&spec, &refs) {
+            run.sync(&spec).await
+        } else {
+            match spec.strategy {
+                Strategy::RollingUpdate { .. } => run.rolling(&spec).await,
+                Strategy::Recreate => run.recreate(&spec).await,
+            }
+        }
+    };
+    // Whatever happened, the next reconcile must see this one's ReplicaSet writes.
+    if let Some((_, rv, name)) = run.last_write.clone() {
+        ctx.cache
+            .get::<ReplicaSet>(&request.namespace, &name, Some(&rv))
+            .await?;
+    }
+    let status = outcome?;
+    let original = run.d.status.clone().unwrap_or_default();
+    if run.revision_changed || core::status_changed(&original, &status) {
+        run.write_status(status.clone()).await?;
+        let rv = run.d.metadata.resource_version.clone();
+        ctx.cache
+            .get::<Deployment>(&request.namespace, &request.name, rv.as_deref())
+            .await?;
+    }
+    if spec.paused || spec.deleting {
+        return Ok(Action::Done);
+    }
+    Ok(match core::recheck_after(&spec, &status, run.now) {
+        Some(delay) => Action::RequeueAfter(delay),
+        None => Action::Done,
+    })
+}
