@@ -17,6 +17,7 @@ use std::{
 use anyhow::Context;
 use switchyard_k8s::{
     Api, Client, Deployment, Namespace,
+    k8s_openapi::api::core::v1::ServiceAccount,
     kube::api::{ListParams, Patch, PatchParams},
 };
 use switchyard_testenv::{ControlPlane, ControlPlaneOptions, Etcd, ServiceProcess};
@@ -294,6 +295,14 @@ async fn apply_workload(client: &Client) -> anyhow::Result<Vec<String>> {
                     .patch(&name, &params, &Patch::Apply(&namespace))
                     .await
                     .with_context(|| format!("applying Namespace {name}"))?;
+            }
+            Some("ServiceAccount") => {
+                let account: ServiceAccount = serde_json::from_value(value)?;
+                let name = account.metadata.name.clone().unwrap_or_default();
+                Api::<ServiceAccount>::namespaced(client.clone(), WORKLOAD_NAMESPACE)
+                    .patch(&name, &params, &Patch::Apply(&account))
+                    .await
+                    .with_context(|| format!("applying ServiceAccount {name}"))?;
             }
             Some("Deployment") => {
                 let deployment: Deployment = serde_json::from_value(value)?;
