@@ -224,6 +224,22 @@ fn rs_image(rs: &ReplicaSet) -> String {
         .unwrap_or_default()
 }
 
+/// Runs kubectl; its standard output, or a panic with its standard error.
+async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
+    let mut command = plane.kubectl();
+    command.args(args);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "kubectl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// `kubectl rollout status`, as a user would run it.
 async fn kubectl_rollout_status(plane: &ControlPlane, namespace: &str, name: &str) {
     let mut command = plane.kubectl();
@@ -524,8 +540,14 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
         ["registry.example/roll:b", "registry.example/roll:c"]
     );
 
-    // Back to b: b's ReplicaSet becomes the new one again, at revision 4.
-    set_image(&deployments, "roll", "registry.example/roll:b").await;
+    // Back to b, as a user does it: kubectl copies b's template (revision 2) into the
+    // Deployment. b's ReplicaSet becomes the new one again, at revision 4.
+    let undo = kubectl(
+        plane,
+        &["rollout", "undo", "deployment/roll", "-n", ns.name()],
+    )
+    .await;
+    assert!(undo.contains("rolled back"), "{undo}");
     let d = complete(
         &deployments,
         &pods,
@@ -545,6 +567,17 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
     assert_eq!(annotation(back, REVISION).as_deref(), Some("4"));
     assert_eq!(annotation(back, REVISION_HISTORY).as_deref(), Some("2"));
     assert_eq!(d.metadata.annotations.as_ref().unwrap()[REVISION], "4");
+    let history = kubectl(
+        plane,
+        &["rollout", "history", "deployment/roll", "-n", ns.name()],
+    )
+    .await;
+    let revisions: Vec<&str> = history
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(revisions, ["3", "4"], "{history}");
     for pod in active_pods(&pods, "roll").await {
         assert_eq!(
             controller_of(&pod.metadata).unwrap().name,
