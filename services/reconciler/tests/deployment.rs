@@ -224,6 +224,22 @@ fn rs_image(rs: &ReplicaSet) -> String {
         .unwrap_or_default()
 }
 
+/// Runs kubectl; its standard output, or a panic with its standard error.
+async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
+    let mut command = plane.kubectl();
+    command.args(args);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "kubectl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// `kubectl rollout status`, as a user would run it.
 async fn kubectl_rollout_status(plane: &ControlPlane, namespace: &str, name: &str) {
     let mut command = plane.kubectl();
@@ -524,8 +540,14 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
         ["registry.example/roll:b", "registry.example/roll:c"]
     );
 
-    // Back to b: b's ReplicaSet becomes the new one again, at revision 4.
-    set_image(&deployments, "roll", "registry.example/roll:b").await;
+    // Back to b, as a user does it: kubectl copies b's template (revision 2) into the
+    // Deployment. b's ReplicaSet becomes the new one again, at revision 4.
+    let undo = kubectl(
+        plane,
+        &["rollout", "undo", "deployment/roll", "-n", ns.name()],
+    )
+    .await;
+    assert!(undo.contains("rolled back"), "{undo}");
     let d = complete(
         &deployments,
         &pods,
@@ -545,6 +567,17 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
     assert_eq!(annotation(back, REVISION).as_deref(), Some("4"));
     assert_eq!(annotation(back, REVISION_HISTORY).as_deref(), Some("2"));
     assert_eq!(d.metadata.annotations.as_ref().unwrap()[REVISION], "4");
+    let history = kubectl(
+        plane,
+        &["rollout", "history", "deployment/roll", "-n", ns.name()],
+    )
+    .await;
+    let revisions: Vec<&str> = history
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(revisions, ["3", "4"], "{history}");
     for pod in active_pods(&pods, "roll").await {
         assert_eq!(
             controller_of(&pod.metadata).unwrap().name,
@@ -718,4 +751,116 @@ async fn a_paused_deployment_scales_but_does_not_roll_out_until_resumed() {
 
     stack.stop().await;
     eprintln!("paused and resumed in {:?}", started.elapsed());
+}
+
+/// Relabels a ReplicaSet out of the Deployment's selector and scales it to 0, so that its
+/// Pods go too.
+async fn cut_loose(rss: &Api<ReplicaSet>, name: &str) {
+    rss.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "gone"}}, "spec": {"replicas": 0}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// Waits until `name` is released with no Pods left, and another ReplicaSet of the
+/// Deployment has `n` available. (The Deployment's status said complete before: it is no
+/// sign of the replacement.)
+async fn replaced(rss: &Api<ReplicaSet>, name: &str, n: i32) {
+    tokio::time::timeout(ROLLOUT, async {
+        loop {
+            let all = rss.list(&ListParams::default()).await.unwrap().items;
+            let old_gone = all.iter().any(|rs| {
+                rs.metadata.name.as_deref() == Some(name)
+                    && controller_of(&rs.metadata).is_none()
+                    && rs.status.as_ref().is_some_and(|s| s.replicas == 0)
+            });
+            let new_up = all.iter().any(|rs| {
+                rs.metadata.name.as_deref() != Some(name)
+                    && controller_of(&rs.metadata).is_some_and(|r| r.kind == "Deployment")
+                    && rs.status.as_ref().and_then(|s| s.available_replicas) == Some(n)
+            });
+            if old_gone && new_up {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} was not released and replaced"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_adopted_and_a_released_name_forces_a_new_hash() {
+    let started = Instant::now();
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "deploy-adopt")
+        .await
+        .unwrap();
+    let stack = Stack::start(plane, ns.name()).await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+
+    // An orphan ReplicaSet with the Deployment's template (and a hash label of its own).
+    let labels = json!({"app": "adopt", core::POD_TEMPLATE_HASH: "manual"});
+    let orphan: ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "adopt-manual", "labels": labels},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/adopt:1"}]}
+            }
+        }
+    }))
+    .unwrap();
+    rss.create(&PostParams::default(), &orphan).await.unwrap();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("adopt", 2, "registry.example/adopt:1", json!({})),
+        )
+        .await
+        .unwrap();
+    complete(&deployments, &pods, "adopt", 2, "registry.example/adopt:1").await;
+    let owned = replica_sets(&rss, "adopt").await;
+    assert_eq!(
+        owned
+            .iter()
+            .map(|rs| rs.metadata.name.clone().unwrap())
+            .collect::<Vec<_>>(),
+        ["adopt-manual"],
+        "the orphan is adopted as the new ReplicaSet, none is created"
+    );
+    assert_eq!(
+        controller_of(&owned[0].metadata).unwrap().kind,
+        "Deployment"
+    );
+
+    // Released, it is replaced by one named by the hash.
+    cut_loose(&rss, "adopt-manual").await;
+    replaced(&rss, "adopt-manual", 2).await;
+    complete(&deployments, &pods, "adopt", 2, "registry.example/adopt:1").await;
+    let owned = replica_sets(&rss, "adopt").await;
+    assert_eq!(owned.len(), 1);
+    let first = owned[0].metadata.name.clone().unwrap();
+    assert_ne!(first, "adopt-manual");
+
+    // Released too, its name is taken by a ReplicaSet that is not the Deployment's: the
+    // collision count goes up and the next hash names the new one.
+    cut_loose(&rss, &first).await;
+    replaced(&rss, &first, 2).await;
+    let d = complete(&deployments, &pods, "adopt", 2, "registry.example/adopt:1").await;
+    assert_eq!(d.status.unwrap().collision_count, Some(1));
+    let owned = replica_sets(&rss, "adopt").await;
+    assert_eq!(owned.len(), 1);
+    assert_ne!(owned[0].metadata.name.as_ref(), Some(&first));
+
+    stack.stop().await;
+    eprintln!("adopted, released and collided in {:?}", started.elapsed());
 }

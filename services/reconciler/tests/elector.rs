@@ -98,7 +98,7 @@ async fn replica_sets_on_every_queue_replica_converge_and_keep_converging_after_
     watcher.wait_ready(WITHIN).await;
     let reconciler = support::reconciler_routed(
         plane,
-        switchyard_reconciler::builtin_controllers(),
+        support::replica_set_controller(),
         &route,
         watcher.grpc(),
         &[&format!("--shard-count={SHARDS}")],

@@ -126,7 +126,7 @@ async fn replica_set_gets_its_pods_scales_and_replaces_without_overshooting() {
     for _ in 0..2 {
         let reconciler = support::reconciler(
             plane,
-            switchyard_reconciler::builtin_controllers(),
+            support::replica_set_controller(),
             queue.grpc(),
             watcher.grpc(),
             &[],
@@ -231,7 +231,7 @@ async fn replica_set_adopts_matching_orphans_and_releases_pods_that_stop_matchin
     watcher.wait_ready(WITHIN).await;
     let reconciler = support::reconciler(
         plane,
-        switchyard_reconciler::builtin_controllers(),
+        support::replica_set_controller(),
         queue.grpc(),
         watcher.grpc(),
         &[],

@@ -18,6 +18,14 @@ pub const DEPLOY: &str = "apps/v1/Deployment";
 pub const SHARDS: u32 = 16;
 pub const WITHIN: Duration = Duration::from_secs(30);
 
+/// The ReplicaSet controller alone, for tests whose queue serves only its keys (a queue
+/// refuses a worker naming a controller it does not serve).
+pub fn replica_set_controller() -> Registry {
+    let mut registry = Registry::default();
+    registry.register(switchyard_reconciler::replicaset::ReplicaSetController);
+    registry
+}
+
 /// A queue serving every shard (static mode) for `controllers`.
 pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
     let mut args = vec![
