@@ -38,6 +38,17 @@ impl ServiceProcess {
     /// Starts `program` with its admin and gRPC ports on free loopback ports and waits until
     /// `/livez` answers (not for readiness: see [`Self::wait_ready`]).
     pub async fn start(program: &Path, args: &[&str], envs: &[(&str, &str)]) -> Result<Self> {
+        Self::start_with_grpc(program, None, args, envs).await
+    }
+
+    /// Like [`Self::start`], with the gRPC port at `grpc` when given: a service restarted
+    /// where its clients were told to find it.
+    pub async fn start_with_grpc(
+        program: &Path,
+        grpc: Option<SocketAddr>,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<Self> {
         let name = program
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -48,7 +59,10 @@ impl ServiceProcess {
         let http = reqwest::Client::new();
         let (process, admin, grpc) = start_on_free_ports(&name, || async {
             let admin: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-            let grpc: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+            let grpc: SocketAddr = match grpc {
+                Some(grpc) => grpc,
+                None => ([127, 0, 0, 1], free_port()?).into(),
+            };
             let mut all_args = vec![
                 format!("--admin-addr={admin}"),
                 format!("--grpc-addr={grpc}"),

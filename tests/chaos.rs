@@ -1,0 +1,363 @@
+//! Chaos: while 50 Deployments roll out, a reconciler, a queue replica and the watcher are
+//! each killed with SIGKILL at a random moment and started again. Everything converges, and
+//! a watch on the Pods checks at every event that no ReplicaSet ever has more active Pods
+//! than `replicas + maxSurge`.
+//!
+//! Every Switchyard service runs as its own process (the binaries `cargo test --workspace`
+//! builds beside this test), with a real etcd for the elector and the shared control plane.
+//! The watcher watches only this test's namespace. The seed of the random moments is printed
+//! and can be set with `SWITCHYARD_CHAOS_SEED`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, TryStreamExt, stream};
+use rand::{Rng, SeedableRng, rngs::StdRng, seq::SliceRandom};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, Deployment, Pod, PostParams,
+    kube::{
+        Client,
+        api::{ListParams, Patch, PatchParams},
+        runtime::watcher,
+    },
+};
+use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace};
+
+const DEPLOYMENTS: usize = 50;
+const REPLICAS: i32 = 4;
+const MAX_SURGE: i32 = 1;
+const SHARDS: u32 = 16;
+const CONVERGE: Duration = Duration::from_secs(150);
+const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
+
+/// A service binary built beside this test (`target/<profile>/`).
+fn binary(name: &str) -> PathBuf {
+    let dir = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .to_owned();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo test --workspace` builds it (or `cargo build --bins`)",
+        path.display()
+    );
+    path
+}
+
+/// How to start one service again after it was killed.
+struct Spec {
+    name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
+    /// Kept across restarts (the watcher's, which the reconcilers were given).
+    grpc: Option<SocketAddr>,
+}
+
+impl Spec {
+    async fn start(&self) -> ServiceProcess {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let envs: Vec<(&str, &str)> = self
+            .envs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut process = ServiceProcess::start_with_grpc(&self.program, self.grpc, &args, &envs)
+            .await
+            .unwrap_or_else(|e| panic!("{} starts: {e}", self.name));
+        process
+            .wait_ready()
+            .await
+            .unwrap_or_else(|e| panic!("{} becomes ready: {e}\n{}", self.name, process.log()));
+        process
+    }
+}
+
+fn deployment(name: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": REPLICAS,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": MAX_SURGE, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+fn rolled_out(deployment: &Deployment) -> bool {
+    let image = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.as_deref());
+    let Some(status) = &deployment.status else {
+        return false;
+    };
+    image == Some("registry.example/app:2")
+        && status.observed_generation >= deployment.metadata.generation
+        && status.updated_replicas == Some(REPLICAS)
+        && status.available_replicas == Some(REPLICAS)
+        && status.replicas == Some(REPLICAS)
+}
+
+/// The most active Pods any one ReplicaSet had at once, from a watch on the Pods: the
+/// largest count seen at any event, and which ReplicaSet.
+#[derive(Default)]
+struct Overshoot {
+    /// Pod uid -> its controller ReplicaSet's name, while active (not terminating).
+    active: HashMap<String, String>,
+    worst: (usize, String),
+}
+
+impl Overshoot {
+    fn saw(&mut self, pod: &Pod) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let owner = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.name.clone());
+        let finished = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed");
+        match owner {
+            Some(owner) if pod.metadata.deletion_timestamp.is_none() && !finished => {
+                self.active.insert(uid, owner.clone());
+                let count = self.active.values().filter(|o| **o == owner).count();
+                if count > self.worst.0 {
+                    self.worst = (count, owner);
+                }
+            }
+            _ => {
+                self.active.remove(&uid);
+            }
+        }
+    }
+
+    fn gone(&mut self, pod: &Pod) {
+        self.active
+            .remove(&pod.metadata.uid.clone().unwrap_or_default());
+    }
+}
+
+fn watch_overshoot(client: Client, namespace: &str) -> Arc<Mutex<Overshoot>> {
+    let overshoot = Arc::new(Mutex::new(Overshoot::default()));
+    let pods: Api<Pod> = Api::namespaced(client, namespace);
+    let seen = overshoot.clone();
+    tokio::spawn(async move {
+        let mut events = watcher(pods, watcher::Config::default()).boxed();
+        while let Ok(Some(event)) = events.try_next().await {
+            let mut seen = seen.lock().unwrap();
+            match event {
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => seen.saw(&pod),
+                watcher::Event::Delete(pod) => seen.gone(&pod),
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
+        }
+    });
+    overshoot
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_killed() {
+    let seed = std::env::var("SWITCHYARD_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random::<u64>());
+    println!("chaos seed {seed} (set SWITCHYARD_CHAOS_SEED to repeat)");
+    let mut rng = StdRng::seed_from_u64(seed);
+
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "chaos")
+        .await
+        .unwrap();
+    let etcd = Etcd::start().await.unwrap();
+    let config_path = plane.dir().join(format!("watcher-{}.yaml", ns.name()));
+    std::fs::write(
+        &config_path,
+        format!(
+            "{}namespaces:\n  include: [{}]\n",
+            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
+            ns.name()
+        ),
+    )
+    .unwrap();
+    let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
+    let etcd_env = vec![(
+        "SWITCHYARD_ETCD_ENDPOINTS".to_owned(),
+        etcd.endpoint().to_owned(),
+    )];
+    let shards = format!("--shard-count={SHARDS}");
+
+    let elector = Spec {
+        name: "elector".into(),
+        program: binary("switchyard-elector"),
+        args: vec![shards.clone()],
+        envs: etcd_env.clone(),
+        grpc: None,
+    }
+    .start()
+    .await;
+    let elector_addr = format!("--elector-addr={}", elector.grpc_addr());
+    let mut specs: BTreeMap<&str, Spec> = BTreeMap::new();
+    for i in 0..2 {
+        specs.insert(
+            ["queue-0", "queue-1"][i],
+            Spec {
+                name: format!("queue-{i}"),
+                program: binary("switchyard-queue"),
+                args: vec![format!("--member-id=q{i}"), shards.clone()],
+                envs: etcd_env.clone(),
+                grpc: None,
+            },
+        );
+    }
+    let mut running: BTreeMap<&str, ServiceProcess> = BTreeMap::new();
+    for (name, spec) in &specs {
+        running.insert(name, spec.start().await);
+    }
+    let mut watcher_spec = Spec {
+        name: "watcher".into(),
+        program: binary("switchyard-watcher"),
+        args: vec![
+            kubeconfig.clone(),
+            format!("--config={}", config_path.display()),
+            elector_addr.clone(),
+        ],
+        envs: Vec::new(),
+        grpc: None,
+    };
+    let watcher = watcher_spec.start().await;
+    watcher_spec.grpc = Some(watcher.grpc_addr());
+    running.insert("watcher", watcher);
+    specs.insert("watcher", watcher_spec);
+    for i in 0..2 {
+        let spec = Spec {
+            name: format!("reconciler-{i}"),
+            program: binary("switchyard-reconciler"),
+            args: vec![
+                kubeconfig.clone(),
+                elector_addr.clone(),
+                shards.clone(),
+                format!("--watcher-addr={}", running["watcher"].grpc_addr()),
+                format!("--worker-id=r{i}"),
+            ],
+            envs: Vec::new(),
+            grpc: None,
+        };
+        let name = ["reconciler-0", "reconciler-1"][i];
+        running.insert(name, spec.start().await);
+        specs.insert(name, spec);
+    }
+
+    let overshoot = watch_overshoot(client.clone(), ns.name());
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
+    let names: Vec<String> = (0..DEPLOYMENTS).map(|i| format!("d{i:02}")).collect();
+    stream::iter(&names)
+        .for_each_concurrent(8, |name| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &deployment(name))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    // Roll every Deployment out to a new image once the first ReplicaSets are being made.
+    tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
+    let rollout = json!({"spec": {"template": {"spec": {"containers": [
+        {"name": "c", "image": "registry.example/app:2"}
+    ]}}}});
+    stream::iter(&names)
+        .for_each_concurrent(8, |name| {
+            let api = api.clone();
+            let rollout = rollout.clone();
+            async move {
+                api.patch(name, &PatchParams::default(), &Patch::Strategic(rollout))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+
+    // One kill -9 of each, in a random order at random moments, each started again.
+    let mut victims = ["reconciler-0", "queue-1", "watcher"];
+    victims.shuffle(&mut rng);
+    let start = Instant::now();
+    for victim in victims {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..2500))).await;
+        let killed = running.remove(victim).unwrap();
+        let _ = killed.kill();
+        println!("{:>6.2}s killed {victim}", start.elapsed().as_secs_f64());
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..1000))).await;
+        running.insert(victim, specs[victim].start().await);
+        println!(
+            "{:>6.2}s {victim} ready again",
+            start.elapsed().as_secs_f64()
+        );
+    }
+
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let listed = api.list(&ListParams::default()).await.unwrap();
+        let done = listed.items.iter().filter(|d| rolled_out(d)).count();
+        if done == DEPLOYMENTS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{done} of {DEPLOYMENTS} Deployments rolled out within {CONVERGE:?} (seed {seed})"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "{:>6.2}s every Deployment rolled out",
+        start.elapsed().as_secs_f64()
+    );
+    // Let the watch catch up with the last events before reading the bound.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (worst, owner) = overshoot.lock().unwrap().worst.clone();
+    println!("most active Pods of one ReplicaSet at once: {worst} ({owner})");
+    assert!(
+        worst <= (REPLICAS + MAX_SURGE) as usize,
+        "ReplicaSet {owner} had {worst} active Pods at once, above replicas + maxSurge (seed {seed})"
+    );
+
+    let mut unclean = Vec::new();
+    for (name, process) in running.into_iter().rev() {
+        let (status, log) = process.terminate().await.unwrap();
+        if !status.success() {
+            unclean.push(format!("{name}: {status}\n{log}"));
+        }
+    }
+    let (status, log) = elector.terminate().await.unwrap();
+    if !status.success() {
+        unclean.push(format!("elector: {status}\n{log}"));
+    }
+    assert!(unclean.is_empty(), "{}", unclean.join("\n"));
+}
