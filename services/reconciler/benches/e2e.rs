@@ -206,6 +206,13 @@ async fn converge(under: Under, count: usize) -> f64 {
         .create(&PostParams::default(), &namespace)
         .await
         .unwrap();
+    // No serviceaccount controller runs here, and Pods need the namespace's default one.
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
     let controllers = Controllers::start(&plane, under).await;
     let api: Api<Deployment> = Api::namespaced(client, NAMESPACE);
 

@@ -37,7 +37,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     cache::ListFilter,
-    sdk::{Action, Context, Error, Request, Result},
+    sdk::{Action, Context, Error, EventType, Request, Result},
 };
 
 pub const NAME: &str = "apps/v1/Deployment";
@@ -119,25 +119,46 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// kube-controller-manager's `ScalingReplicaSet` event on the Deployment. An event that
+    /// cannot be recorded is logged, and the reconcile goes on.
+    async fn scaled_event(&self, replica_set: &str, from: i32, to: i32) {
+        let direction = if to > from { "up" } else { "down" };
+        let note = format!("Scaled {direction} replica set {replica_set} from {from} to {to}");
+        if let Err(error) = self
+            .ctx
+            .events
+            .publish(
+                &self.d,
+                EventType::Normal,
+                "ScalingReplicaSet",
+                "Scale",
+                note,
+            )
+            .await
+        {
+            warn!(%error, replica_set, "could not record the scaling event");
+        }
+    }
+
     /// Writes the sizes the decision gave, by name, where they differ.
     async fn resize(&mut self, spec: &Spec<'_>, sizes: &[(String, i32)]) -> Result<bool> {
-        let updates: Vec<ReplicaSet> = sizes
+        let updates: Vec<(i32, ReplicaSet)> = sizes
             .iter()
             .filter_map(|(name, size)| {
                 let rs = self.owned.iter().find(|rs| rs_name(rs) == name)?;
-                core::scaled(spec, rs, *size)
+                Some((replicas(rs), core::scaled(spec, rs, *size)?))
             })
             .collect();
         let params = PostParams::default();
         let results = join_all(
             updates
                 .iter()
-                .map(|rs| self.rs_api.replace(rs_name(rs), &params, rs)),
+                .map(|(_, rs)| self.rs_api.replace(rs_name(rs), &params, rs)),
         )
         .await;
         let mut first_error = None;
         let mut any = false;
-        for result in results {
+        for ((from, _), result) in updates.iter().zip(results) {
             match result {
                 Ok(rs) => {
                     debug!(
@@ -146,6 +167,7 @@ impl Run<'_> {
                         "scaled"
                     );
                     any = true;
+                    self.scaled_event(rs_name(&rs), *from, replicas(&rs)).await;
                     self.keep(rs);
                 }
                 Err(error) => {
@@ -183,6 +205,7 @@ impl Run<'_> {
         match self.rs_api.create(&PostParams::default(), &rs).await {
             Ok(created) => {
                 info!(replica_set = %name, replicas = replicas(&created), "created new replica set");
+                self.scaled_event(&name, 0, replicas(&created)).await;
                 let revision = revision(&created);
                 self.keep(created);
                 core::note_new_replica_set(&mut self.status, spec, &name, true, self.now);

@@ -17,6 +17,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde_json::{Value, json};
 use switchyard_k8s::{
     Api, DeleteParams, Deployment, ListParams, Pod, PostParams, ReplicaSet, await_condition,
+    k8s_openapi::api::events::v1::Event,
     kube::api::{Patch, PatchParams},
     watcher,
 };
@@ -394,6 +395,19 @@ async fn deployment_becomes_available_scales_and_replaces_a_deleted_pod() {
             hash
         );
     }
+    // kube-controller-manager's event, as `kubectl describe deployment` shows it.
+    let events: Api<Event> = Api::namespaced(client.clone(), ns.name());
+    let scaled = format!("Scaled up replica set web-{hash} from 0 to 10");
+    let notes: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ScalingReplicaSet"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(notes.contains(&scaled), "{notes:?}");
 
     patch(&deployments, "web", json!({"spec": {"replicas": 15}})).await;
     complete(&deployments, &pods, "web", 15, "registry.example/web:1").await;
