@@ -26,7 +26,10 @@ use std::{
 use clap::Parser;
 use futures::{StreamExt, stream};
 use serde_json::json;
-use switchyard_k8s::{Api, Deployment, Namespace, PostParams, kube::api::ListParams};
+use switchyard_k8s::{
+    Api, Deployment, Namespace, PostParams, k8s_openapi::api::core::v1::ServiceAccount,
+    kube::api::ListParams,
+};
 use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, ServiceProcess};
 
 const REPLICAS: i32 = 4;
