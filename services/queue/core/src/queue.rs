@@ -13,6 +13,12 @@ pub const MAX_NAME_LEN: usize = 253;
 /// Lease extensions longer than this are refused: a reconcile that needs more should extend
 /// again, so a dead worker's key is not held for hours.
 pub const MAX_LEASE_EXTENSION: Duration = Duration::from_secs(3600);
+/// Causes kept per key: a key added a thousand times while leased is reconciled once, and
+/// its trace links to the latest adds only. 16 links are what a trace view still shows.
+pub const MAX_CAUSES: usize = 16;
+
+/// What caused an add, opaque to the queue (the service keeps a W3C trace context in it).
+pub type Cause = Arc<[(String, String)]>;
 
 pub type ControllerId = u32;
 pub type LeaseId = u64;
@@ -113,6 +119,40 @@ pub struct Lease {
     pub deadline: Instant,
     /// How long the key waited ready before this lease.
     pub waited: Duration,
+    /// The causes of the adds this lease covers, oldest first, at most [`MAX_CAUSES`].
+    pub causes: Vec<Cause>,
+    /// Causes beyond [`MAX_CAUSES`] that were dropped (the oldest go first).
+    pub causes_dropped: u32,
+}
+
+/// The causes of a key's adds: the latest [`MAX_CAUSES`], and how many older ones went.
+#[derive(Clone, Debug, Default)]
+struct Causes {
+    kept: Vec<Cause>,
+    dropped: u32,
+}
+
+impl Causes {
+    fn push(&mut self, cause: Cause) {
+        if self.kept.len() == MAX_CAUSES {
+            self.kept.remove(0);
+            self.dropped = self.dropped.saturating_add(1);
+        }
+        self.kept.push(cause);
+    }
+
+    /// Puts the causes of an unfinished lease back before the ones added since.
+    fn restore(&mut self, older: Causes) {
+        let newer = std::mem::replace(self, older);
+        self.dropped = self.dropped.saturating_add(newer.dropped);
+        for cause in newer.kept {
+            self.push(cause);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.kept.is_empty() && self.dropped == 0
+    }
 }
 
 /// Introspection figures of one controller's keys in one shard.
@@ -194,6 +234,8 @@ struct Entry {
     ready_since: Instant,
     /// Bumped on every reschedule; queue and heap items with an older value are stale.
     seq: u64,
+    /// Causes of the adds not yet handed to a worker.
+    causes: Causes,
 }
 
 #[derive(Debug)]
@@ -236,6 +278,8 @@ struct LeaseInfo {
     worker: WorkerId,
     deadline: Instant,
     leased_at: Instant,
+    /// The lease's causes, put back if it ends without an outcome that settles them.
+    causes: Causes,
 }
 
 /// The queue of one replica: every registered controller's keys in every shard it serves.
@@ -419,6 +463,19 @@ impl Queue {
         delay: Duration,
         now: Instant,
     ) -> Result<AddOutcome> {
+        self.add_caused(key, priority, delay, None, now)
+    }
+
+    /// Adds a key with what caused the add; coalesced adds keep their causes (bounded), and
+    /// the next lease of the key carries them.
+    pub fn add_caused(
+        &mut self,
+        key: &WorkKey,
+        priority: Priority,
+        delay: Duration,
+        cause: Option<Cause>,
+        now: Instant,
+    ) -> Result<AddOutcome> {
         let (controller, shard) = self.validate(key)?;
         if self.shard_epoch(shard).is_none() {
             return Err(Error::NotOwner { shard });
@@ -456,6 +513,10 @@ impl Queue {
                     State::Delayed(at)
                 }
             };
+            let mut causes = Causes::default();
+            if let Some(cause) = cause {
+                causes.push(cause);
+            }
             queue.entries.insert(
                 key,
                 Entry {
@@ -464,12 +525,16 @@ impl Queue {
                     failures: 0,
                     ready_since: now,
                     seq,
+                    causes,
                 },
             );
             self.len += 1;
             self.totals.adds += 1;
             return Ok(AddOutcome::Added);
         };
+        if let Some(cause) = cause {
+            entry.causes.push(cause);
+        }
         let reschedule = match entry.state {
             State::Ready(current) => matches!(due, Due::Now(p) if p > current),
             State::Delayed(at) => match due {
@@ -587,6 +652,7 @@ impl Queue {
             self.next_lease += 1;
             let deadline = now + self.config.lease_timeout;
             entry.state = State::Leased { pending: None };
+            let causes = std::mem::take(&mut entry.causes);
             let lease = Lease {
                 id,
                 controller,
@@ -596,6 +662,8 @@ impl Queue {
                 attempt: entry.failures.saturating_add(1),
                 deadline,
                 waited: now.saturating_duration_since(entry.ready_since),
+                causes: causes.kept.clone(),
+                causes_dropped: causes.dropped,
             };
             self.leases.insert(
                 id,
@@ -606,6 +674,7 @@ impl Queue {
                     worker,
                     deadline,
                     leased_at: now,
+                    causes,
                 },
             );
             self.lease_deadlines.push(Reverse((deadline, id)));
@@ -711,6 +780,10 @@ impl Queue {
         let State::Leased { pending, .. } = entry.state else {
             return;
         };
+        if matches!(how, Finish::Retry | Finish::Return) && !info.causes.is_empty() {
+            // Not settled: the next attempt covers the same events.
+            entry.causes.restore(info.causes);
+        }
         let next = match how {
             Finish::Forget(after) => {
                 entry.failures = 0;
@@ -890,6 +963,59 @@ mod tests {
     fn lease(q: &mut Queue, now: Instant) -> Option<Lease> {
         q.advance(now);
         q.lease(1, &[], now)
+    }
+
+    fn cause(n: usize) -> Cause {
+        Arc::from(vec![("traceparent".to_owned(), n.to_string())])
+    }
+
+    fn caused(q: &mut Queue, name: &str, n: usize, now: Instant) -> AddOutcome {
+        q.add_caused(&key(name), Priority::Normal, Duration::ZERO, Some(cause(n)), now)
+            .unwrap()
+    }
+
+    #[test]
+    fn coalesced_adds_keep_their_causes_and_the_lease_carries_them() {
+        let (mut q, now) = queue();
+        assert_eq!(caused(&mut q, "a", 1, now), AddOutcome::Added);
+        assert_eq!(caused(&mut q, "a", 2, now), AddOutcome::Coalesced);
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now).unwrap();
+        let l = lease(&mut q, now).unwrap();
+        assert_eq!(l.causes, vec![cause(1), cause(2)]);
+        assert_eq!(l.causes_dropped, 0);
+        // Adds while leased are the next lease's causes, not this one's.
+        caused(&mut q, "a", 3, now);
+        q.complete(l.shard, l.epoch, l.id, Outcome::Done, now).unwrap();
+        let l = lease(&mut q, now).unwrap();
+        assert_eq!(l.causes, vec![cause(3)]);
+    }
+
+    #[test]
+    fn causes_are_bounded_keeping_the_latest() {
+        let (mut q, now) = queue();
+        for n in 0..MAX_CAUSES + 5 {
+            caused(&mut q, "a", n, now);
+        }
+        let l = lease(&mut q, now).unwrap();
+        assert_eq!(l.causes.len(), MAX_CAUSES);
+        assert_eq!(l.causes.first(), Some(&cause(5)));
+        assert_eq!(l.causes.last(), Some(&cause(MAX_CAUSES + 4)));
+        assert_eq!(l.causes_dropped, 5);
+    }
+
+    #[test]
+    fn a_failed_lease_puts_its_causes_back_for_the_retry() {
+        let (mut q, now) = queue();
+        caused(&mut q, "a", 1, now);
+        let l = lease(&mut q, now).unwrap();
+        caused(&mut q, "a", 2, now);
+        q.complete(l.shard, l.epoch, l.id, Outcome::Failed, now).unwrap();
+        let later = now + Duration::from_secs(60);
+        let l = lease(&mut q, later).unwrap();
+        assert_eq!(l.causes, vec![cause(1), cause(2)]);
+        q.complete(l.shard, l.epoch, l.id, Outcome::Done, later).unwrap();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, later).unwrap();
+        assert!(lease(&mut q, later).unwrap().causes.is_empty());
     }
 
     #[test]
