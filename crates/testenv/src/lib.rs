@@ -7,6 +7,7 @@
 //!                                                     │                               │
 //!                                      admin kubeconfig, fake Nodes  ◄── Ready ───────┘
 //!                        [start_controller_manager(controllers)] ── kube-controller-manager
+//!  Collector::start ── otelcol-switchyard (OTLP/gRPC in, JSON lines out), for trace tests
 //! ```
 //!
 //! Every process listens on a free 127.0.0.1 port (a port taken between choosing and binding
@@ -21,6 +22,7 @@ mod etcd;
 mod in_process;
 mod kubeconfig;
 mod namespace;
+mod otelcol;
 mod pki;
 mod ports;
 mod process;
@@ -32,4 +34,5 @@ pub use error::{Error, Result};
 pub use etcd::Etcd;
 pub use in_process::InProcess;
 pub use namespace::TestNamespace;
+pub use otelcol::{Collector, ExportedSpan};
 pub use service::{ServiceProcess, assert_service_lifecycle, list_services};
