@@ -240,7 +240,12 @@ mod tests {
                 "patch",
                 "replicasets",
             ),
-            (Method::DELETE, "/api/v1/namespaces/a/pods/p", "delete", "pods"),
+            (
+                Method::DELETE,
+                "/api/v1/namespaces/a/pods/p",
+                "delete",
+                "pods",
+            ),
             (
                 Method::DELETE,
                 "/api/v1/namespaces/a/pods",
@@ -252,11 +257,7 @@ mod tests {
             (Method::GET, "/version", "list", ""),
         ];
         for (method, uri, verb, resource) in cases {
-            assert_eq!(
-                verb_of(method, uri),
-                (verb, resource.to_owned()),
-                "{uri}"
-            );
+            assert_eq!(verb_of(method, uri), (verb, resource.to_owned()), "{uri}");
         }
     }
 }

@@ -162,7 +162,8 @@ pub(crate) fn init(service: &'static str, log: &LogArgs) -> Result<Guard> {
         opentelemetry::global::set_tracer_provider(p.clone());
         tracing_opentelemetry::layer().with_tracer(p.tracer(service))
     });
-    let capture = provider.is_some().then_some(CaptureDispatch(dispatch));
+    // Not an Option: `Option<Layer>` does not pass `on_register_dispatch` on.
+    let capture = CaptureDispatch(dispatch);
 
     if tracing_subscriber::registry()
         .with(otel)
@@ -238,6 +239,9 @@ impl TraceIds {
         S: Subscriber + for<'a> LookupSpan<'a>,
         N: for<'w> FormatFields<'w> + 'static,
     {
+        if !exporting() {
+            return None;
+        }
         let span = ctx.lookup_current()?;
         let dispatch = self.dispatch.get()?.upgrade()?;
         let cx = tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)?;
@@ -276,7 +280,8 @@ where
             return self.inner.format_event(ctx, writer, event);
         }
         let mut line = String::new();
-        self.inner.format_event(ctx, Writer::new(&mut line), event)?;
+        self.inner
+            .format_event(ctx, Writer::new(&mut line), event)?;
         let line = line.trim_end_matches('\n');
         match line.strip_prefix('{').filter(|_| self.json) {
             Some(rest) => writeln!(

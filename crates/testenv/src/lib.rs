@@ -19,6 +19,7 @@ mod binaries;
 mod cluster;
 mod error;
 mod etcd;
+pub mod exposition;
 mod in_process;
 mod kubeconfig;
 mod namespace;

@@ -17,8 +17,7 @@ use std::{
 };
 
 use switchyard_queue_core::{
-    Cause,
-    AddOutcome, ControllerId, Error as CoreError, Lease, LeaseId, Outcome, Priority, Queue,
+    AddOutcome, Cause, ControllerId, Error as CoreError, Lease, LeaseId, Outcome, Priority, Queue,
     Refused, ShardStats, WorkKey, WorkerId,
 };
 use switchyard_runtime::Drain;

@@ -144,8 +144,6 @@ impl ReconcilerMetrics {
                 self.timeouts.get_or_create(&labels).inc();
             }
         }
-        self.time
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
+        self.time.get_or_create(&labels).observe(took.as_secs_f64());
     }
 }

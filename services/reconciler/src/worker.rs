@@ -295,11 +295,10 @@ impl Session {
             let work = async {
                 // Never closed: the semaphore lives as long as the worker.
                 let _permit = permits.acquire_owned().await.ok();
-                let _in_flight = InFlight::new(&metrics.active_workers.get_or_create(
-                    &ControllerLabels {
+                let _in_flight =
+                    InFlight::new(&metrics.active_workers.get_or_create(&ControllerLabels {
                         controller: key.controller.clone(),
-                    },
-                ));
+                    }));
                 let started = Instant::now();
                 let verdict = match registry.get(&key.controller) {
                     Some(controller) => {

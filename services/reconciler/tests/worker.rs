@@ -176,15 +176,32 @@ async fn failures_panics_and_timeouts_are_failed_outcomes_and_the_worker_lives_o
 
     // Every outcome is counted: by result, and errors, panics and timeouts on their own.
     for (series, count) in [
-        (format!(r#"switchyard_reconcile_total{{controller="{SCRIPTED}",result="error"}}"#), 3.0),
         (
-            format!(r#"switchyard_reconcile_total{{controller="{SCRIPTED}",result="requeue_after"}}"#),
+            format!(r#"switchyard_reconcile_total{{controller="{SCRIPTED}",result="error"}}"#),
+            3.0,
+        ),
+        (
+            format!(
+                r#"switchyard_reconcile_total{{controller="{SCRIPTED}",result="requeue_after"}}"#
+            ),
             1.0,
         ),
-        (format!(r#"switchyard_reconcile_errors_total{{controller="{SCRIPTED}"}}"#), 3.0),
-        (format!(r#"switchyard_reconcile_panics_total{{controller="{SCRIPTED}"}}"#), 1.0),
-        (format!(r#"switchyard_reconcile_timeouts_total{{controller="{SCRIPTED}"}}"#), 1.0),
-        (format!(r#"switchyard_active_workers{{controller="{SCRIPTED}"}}"#), 0.0),
+        (
+            format!(r#"switchyard_reconcile_errors_total{{controller="{SCRIPTED}"}}"#),
+            3.0,
+        ),
+        (
+            format!(r#"switchyard_reconcile_panics_total{{controller="{SCRIPTED}"}}"#),
+            1.0,
+        ),
+        (
+            format!(r#"switchyard_reconcile_timeouts_total{{controller="{SCRIPTED}"}}"#),
+            1.0,
+        ),
+        (
+            format!(r#"switchyard_active_workers{{controller="{SCRIPTED}"}}"#),
+            0.0,
+        ),
     ] {
         assert_eq!(reconciler.metric(&series).await, count, "{series}");
     }

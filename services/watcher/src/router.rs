@@ -289,7 +289,10 @@ async fn send(
     let request = EnqueueRequest {
         batch_id: 0,
         shard,
-        items: batch.iter().flat_map(|(key, waiting)| items(key, waiting)).collect(),
+        items: batch
+            .iter()
+            .flat_map(|(key, waiting)| items(key, waiting))
+            .collect(),
     };
     let result = client.enqueue(request).await.map(|_| ());
     (shard, batch, result)

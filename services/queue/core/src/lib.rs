@@ -27,7 +27,7 @@ pub mod shard;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use queue::{
-    AddOutcome, Cause, ControllerId, Error, Lease, LeaseId, MAX_CAUSES, MAX_LEASE_EXTENSION, MAX_NAME_LEN,
-    MAX_NAMESPACE_LEN, Outcome, Priority, Queue, QueueConfig, Refused, Result, ShardStats, Totals,
-    WorkKey, WorkerId,
+    AddOutcome, Cause, ControllerId, Error, Lease, LeaseId, MAX_CAUSES, MAX_LEASE_EXTENSION,
+    MAX_NAME_LEN, MAX_NAMESPACE_LEN, Outcome, Priority, Queue, QueueConfig, Refused, Result,
+    ShardStats, Totals, WorkKey, WorkerId,
 };

@@ -970,8 +970,14 @@ mod tests {
     }
 
     fn caused(q: &mut Queue, name: &str, n: usize, now: Instant) -> AddOutcome {
-        q.add_caused(&key(name), Priority::Normal, Duration::ZERO, Some(cause(n)), now)
-            .unwrap()
+        q.add_caused(
+            &key(name),
+            Priority::Normal,
+            Duration::ZERO,
+            Some(cause(n)),
+            now,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -979,13 +985,15 @@ mod tests {
         let (mut q, now) = queue();
         assert_eq!(caused(&mut q, "a", 1, now), AddOutcome::Added);
         assert_eq!(caused(&mut q, "a", 2, now), AddOutcome::Coalesced);
-        q.add(&key("a"), Priority::Normal, Duration::ZERO, now).unwrap();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
         let l = lease(&mut q, now).unwrap();
         assert_eq!(l.causes, vec![cause(1), cause(2)]);
         assert_eq!(l.causes_dropped, 0);
         // Adds while leased are the next lease's causes, not this one's.
         caused(&mut q, "a", 3, now);
-        q.complete(l.shard, l.epoch, l.id, Outcome::Done, now).unwrap();
+        q.complete(l.shard, l.epoch, l.id, Outcome::Done, now)
+            .unwrap();
         let l = lease(&mut q, now).unwrap();
         assert_eq!(l.causes, vec![cause(3)]);
     }
@@ -1009,12 +1017,15 @@ mod tests {
         caused(&mut q, "a", 1, now);
         let l = lease(&mut q, now).unwrap();
         caused(&mut q, "a", 2, now);
-        q.complete(l.shard, l.epoch, l.id, Outcome::Failed, now).unwrap();
+        q.complete(l.shard, l.epoch, l.id, Outcome::Failed, now)
+            .unwrap();
         let later = now + Duration::from_secs(60);
         let l = lease(&mut q, later).unwrap();
         assert_eq!(l.causes, vec![cause(1), cause(2)]);
-        q.complete(l.shard, l.epoch, l.id, Outcome::Done, later).unwrap();
-        q.add(&key("a"), Priority::Normal, Duration::ZERO, later).unwrap();
+        q.complete(l.shard, l.epoch, l.id, Outcome::Done, later)
+            .unwrap();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, later)
+            .unwrap();
         assert!(lease(&mut q, later).unwrap().causes.is_empty());
     }
 
