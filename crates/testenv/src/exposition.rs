@@ -99,7 +99,7 @@ pub fn parse(text: &str) -> Result<Exposition, String> {
         let monotonic = ty == "counter"
             || (matches!(ty, "histogram" | "summary")
                 && (sample.name.ends_with("_count") || sample.name.ends_with("_bucket")));
-        if monotonic && !(sample.value >= 0.0) {
+        if monotonic && (sample.value.is_nan() || sample.value < 0.0) {
             return Err(at(format!(
                 "{ty} sample {} is negative or NaN",
                 sample.name
@@ -196,7 +196,7 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
             if labels.insert(key.to_owned(), value).is_some() {
                 return Err(format!("label {key} repeated"));
             }
-            match chars.next().map(|(i, c)| (i, c)) {
+            match chars.next() {
                 Some((_, ',')) => continue,
                 Some((i, '}')) => {
                     end = i + 1;
