@@ -130,6 +130,7 @@ where
                 url.path = request.uri().path(),
                 code = Empty,
                 http.response.status_code = Empty,
+                otel.status_code = Empty,
             )
         } else {
             tracing::Span::none()
