@@ -234,8 +234,6 @@ struct Entry {
     ready_since: Instant,
     /// Bumped on every reschedule; queue and heap items with an older value are stale.
     seq: u64,
-    /// Causes of the adds not yet handed to a worker.
-    causes: Causes,
 }
 
 #[derive(Debug)]
@@ -243,6 +241,19 @@ struct ControllerQueue {
     entries: HashMap<Arc<str>, Entry>,
     /// Indexed by `Priority as usize`; items carry the entry's `seq` when pushed.
     ready: [VecDeque<(Arc<str>, u64)>; 2],
+    /// Causes of the adds not yet handed to a worker, of the keys that have any. Beside the
+    /// entries rather than in them: without traces it stays empty and costs no byte per key.
+    causes: HashMap<Arc<str>, Causes>,
+}
+
+impl ControllerQueue {
+    /// Forgets the causes of keys no longer held.
+    fn prune_causes(&mut self) {
+        if !self.causes.is_empty() {
+            let entries = &self.entries;
+            self.causes.retain(|key, _| entries.contains_key(key));
+        }
+    }
 }
 
 /// Hashes lease ids, which this replica generates in sequence: nobody can choose them to
@@ -318,6 +329,7 @@ impl Queue {
                 .map(|_| ControllerQueue {
                     entries: HashMap::new(),
                     ready: [VecDeque::new(), VecDeque::new()],
+                    causes: HashMap::new(),
                 })
                 .collect(),
             names,
@@ -513,9 +525,8 @@ impl Queue {
                     State::Delayed(at)
                 }
             };
-            let mut causes = Causes::default();
             if let Some(cause) = cause {
-                causes.push(cause);
+                queue.causes.entry(key.clone()).or_default().push(cause);
             }
             queue.entries.insert(
                 key,
@@ -525,16 +536,12 @@ impl Queue {
                     failures: 0,
                     ready_since: now,
                     seq,
-                    causes,
                 },
             );
             self.len += 1;
             self.totals.adds += 1;
             return Ok(AddOutcome::Added);
         };
-        if let Some(cause) = cause {
-            entry.causes.push(cause);
-        }
         let reschedule = match entry.state {
             State::Ready(current) => matches!(due, Due::Now(p) if p > current),
             State::Delayed(at) => match due {
@@ -549,13 +556,18 @@ impl Queue {
                 false
             }
         };
-        if reschedule {
+        if reschedule || cause.is_some() {
             let key = queue
                 .entries
                 .get_key_value(self.scratch.as_str())
                 .map(|(k, _)| k.clone())
                 .expect("entry exists");
-            self.schedule(controller, key, due, now);
+            if let Some(cause) = cause {
+                queue.causes.entry(key.clone()).or_default().push(cause);
+            }
+            if reschedule {
+                self.schedule(controller, key, due, now);
+            }
         }
         Ok(AddOutcome::Coalesced)
     }
@@ -652,7 +664,11 @@ impl Queue {
             self.next_lease += 1;
             let deadline = now + self.config.lease_timeout;
             entry.state = State::Leased { pending: None };
-            let causes = std::mem::take(&mut entry.causes);
+            let causes = if queue.causes.is_empty() {
+                Causes::default()
+            } else {
+                queue.causes.remove(&key).unwrap_or_default()
+            };
             let lease = Lease {
                 id,
                 controller,
@@ -782,7 +798,12 @@ impl Queue {
         };
         if matches!(how, Finish::Retry | Finish::Return) && !info.causes.is_empty() {
             // Not settled: the next attempt covers the same events.
-            entry.causes.restore(info.causes);
+            match queue.causes.get_mut(&info.key) {
+                Some(newer) => newer.restore(info.causes),
+                None => {
+                    queue.causes.insert(info.key.clone(), info.causes);
+                }
+            }
         }
         let next = match how {
             Finish::Forget(after) => {
@@ -803,6 +824,9 @@ impl Queue {
             Some(due) if !draining => self.schedule(info.controller, info.key, due, now),
             _ => {
                 queue.entries.remove(&info.key);
+                if !queue.causes.is_empty() {
+                    queue.causes.remove(&info.key);
+                }
                 self.len -= 1;
             }
         }
@@ -842,6 +866,7 @@ impl Queue {
             let before = queue.entries.len();
             queue.entries.retain(|_, e| e.shard != shard);
             self.len -= before - queue.entries.len();
+            queue.prune_causes();
         }
     }
 
@@ -852,6 +877,7 @@ impl Queue {
                 .entries
                 .retain(|_, e| e.shard != shard || matches!(e.state, State::Leased { .. }));
             self.len -= before - queue.entries.len();
+            queue.prune_causes();
         }
     }
 
@@ -1027,6 +1053,19 @@ mod tests {
         q.add(&key("a"), Priority::Normal, Duration::ZERO, later)
             .unwrap();
         assert!(lease(&mut q, later).unwrap().causes.is_empty());
+    }
+
+    #[test]
+    fn causes_go_with_their_key_when_a_shard_is_dropped() {
+        let (mut q, now) = queue();
+        caused(&mut q, "a", 1, now);
+        let shard = q.validate(&key("a")).unwrap().1;
+        q.drain(shard);
+        q.release(shard);
+        q.acquire(shard, 8);
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now).unwrap();
+        assert!(lease(&mut q, now).unwrap().causes.is_empty());
+        assert!(q.controllers.iter().all(|c| c.causes.is_empty()));
     }
 
     #[test]
