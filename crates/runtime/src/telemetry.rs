@@ -57,12 +57,13 @@ pub fn exporting() -> bool {
 }
 
 /// The trace context of `span`, to send to another process. Empty when not exporting or
-/// when the span is not sampled-in to any trace.
+/// when the sampler left the span out: downstream makes no span for an unsampled cause.
 pub fn inject(span: &tracing::Span) -> TraceFields {
     let mut fields = TraceFields::new();
     if exporting() {
         let cx = span.context();
-        if cx.span().span_context().is_valid() {
+        let sc = cx.span().span_context().clone();
+        if sc.is_valid() && sc.is_sampled() {
             TraceContextPropagator::new().inject_context(&cx, &mut fields);
         }
     }
