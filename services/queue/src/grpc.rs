@@ -30,6 +30,12 @@ use crate::actor::{Add, Command, EnqueueError, Handle, ToWorker};
 
 /// Credits one message may grant.
 pub const MAX_CREDIT: u32 = 10_000;
+/// Bytes of one item's trace context, keys and values: a W3C `traceparent` is 55 bytes and a
+/// `tracestate` at most 512, so this leaves room for a longer future version and nothing more
+/// (a queued key keeps up to 16 of them).
+pub const MAX_TRACE_CONTEXT_BYTES: usize = 1024;
+/// The trace context keys kept; others are dropped.
+const TRACE_CONTEXT_KEYS: [&str; 2] = ["traceparent", "tracestate"];
 
 /// What the edge needs to validate and convert without asking the actor.
 #[derive(Clone, Debug)]
@@ -348,7 +354,22 @@ fn convert_item(index: usize, item: pb::EnqueueItem) -> Result<Add, Status> {
         namespace: key.namespace,
         name: key.name,
     };
-    let cause = (!item.trace_context.is_empty()).then(|| enqueue_cause(&key, item.trace_context));
+    let size: usize = item
+        .trace_context
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if size > MAX_TRACE_CONTEXT_BYTES {
+        return Err(invalid(format!(
+            "{}: {size} bytes, at most {MAX_TRACE_CONTEXT_BYTES}",
+            field("trace_context")
+        )));
+    }
+    let mut trace_context = item.trace_context;
+    trace_context.retain(|k, _| TRACE_CONTEXT_KEYS.contains(&k.as_str()));
+    let cause = trace_context
+        .contains_key("traceparent")
+        .then(|| enqueue_cause(&key, trace_context));
     Ok(Add {
         key,
         priority,
