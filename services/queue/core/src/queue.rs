@@ -1063,7 +1063,8 @@ mod tests {
         q.drain(shard);
         q.release(shard);
         q.acquire(shard, 8);
-        q.add(&key("a"), Priority::Normal, Duration::ZERO, now).unwrap();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
         assert!(lease(&mut q, now).unwrap().causes.is_empty());
         assert!(q.controllers.iter().all(|c| c.causes.is_empty()));
     }
