@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real control plane Switchyard tests against, from published Go modules:
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
-# etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok) and kustomize.
+# etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), kustomize, and an OpenTelemetry
+# Collector (OTLP receiver, file exporter) assembled by the collector builder.
 #
 # Every product is cached under $SWITCHYARD_CACHE (default ~/.cache/switchyard/testenv),
 # keyed by its version and the Go version, and built only when its binaries are missing.
@@ -15,6 +16,12 @@ K8S_VERSION=1.35.4
 ETCD_VERSION=3.6.16
 KWOK_VERSION=0.8.0
 KUSTOMIZE_VERSION=5.8.2
+# The collector builder and the components it assembles are released together (v0.162.0
+# goes with core v1.68.0; all declare `go 1.26.0`). Not v0.163/v0.164: their OTLP receiver
+# imports go.opentelemetry.io/collector/internal/statusutil, which the Go module proxy
+# refuses to serve (403, "This module version is not available").
+OTELCOL_VERSION=0.162.0
+OTELCOL_CORE_VERSION=1.68.0
 # kwok v0.8.0 and kustomize v5.8.2 declare `go 1.26.0`; the Kubernetes 1.35 and etcd 3.6
 # modules need 1.25. (kustomize v5.8.3 needs Go 1.27.)
 GO_MIN_MINOR=26
@@ -34,7 +41,7 @@ check_go() {
   GO_VERSION=$v
 }
 
-bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_${GO_VERSION}"; }
+bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_${GO_VERSION}"; }
 product_dir() { echo "$CACHE/$1-v$2-${GO_VERSION}"; }
 
 # run_logged <product> <log> <cmd...>: run a build step, naming the log file if it fails.
@@ -116,6 +123,52 @@ build_go_install() { # <product> <version> <binary> <package@version>
   echo "testenv: built $1 v$2 in $((SECONDS - start)) s" >&2
 }
 
+# The collector is assembled from its Go modules by the collector builder: the OTLP receiver
+# (the services export to it) and the file exporter (tests read what it wrote).
+build_otelcol() {
+  local d; d=$(product_dir otelcol "$OTELCOL_VERSION")
+  have_all "$d" otelcol-switchyard && return 0
+  local log="$d/build.log" src="$d/src"
+  mkdir -p "$src" "$d/bin" "$d/builder"; : >"$log"
+  echo "testenv: building the OpenTelemetry Collector v$OTELCOL_VERSION (log: $log)" >&2
+  local start=$SECONDS
+  GOBIN="$d/builder" run_logged otelcol "$log" go install -trimpath "go.opentelemetry.io/collector/cmd/builder@v$OTELCOL_VERSION"
+  cat >"$d/manifest.yaml" <<MANIFEST
+dist:
+  name: otelcol-switchyard
+  description: OpenTelemetry Collector for the Switchyard tests (OTLP in, file out)
+  output_path: $src
+  version: $OTELCOL_VERSION
+receivers:
+  - gomod: go.opentelemetry.io/collector/receiver/otlpreceiver v$OTELCOL_VERSION
+exporters:
+  - gomod: github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter v$OTELCOL_VERSION
+providers:
+  - gomod: go.opentelemetry.io/collector/confmap/provider/envprovider v$OTELCOL_CORE_VERSION
+  - gomod: go.opentelemetry.io/collector/confmap/provider/fileprovider v$OTELCOL_CORE_VERSION
+  - gomod: go.opentelemetry.io/collector/confmap/provider/yamlprovider v$OTELCOL_CORE_VERSION
+MANIFEST
+  # The builder's own `go mod tidy` also resolves the components' test imports, and the file
+  # exporter's tests import an encoding extension the module proxy refuses to serve; so the
+  # builder only writes the sources and `go build` (with -mod=mod) fetches what it imports.
+  run_logged otelcol "$log" "$d/builder/builder" --config="$d/manifest.yaml" --skip-get-modules --skip-compilation
+  (
+    cd "$src"
+    rm -f go.mod go.sum
+    run_logged otelcol "$log" go mod init switchyard.invalid/testenv/otelcol
+    run_logged otelcol "$log" go mod edit -go=1.26.0
+    run_logged otelcol "$log" go get \
+      "go.opentelemetry.io/collector/otelcol@v$OTELCOL_VERSION" \
+      "go.opentelemetry.io/collector/receiver/otlpreceiver@v$OTELCOL_VERSION" \
+      "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter@v$OTELCOL_VERSION" \
+      "go.opentelemetry.io/collector/confmap/provider/envprovider@v$OTELCOL_CORE_VERSION" \
+      "go.opentelemetry.io/collector/confmap/provider/fileprovider@v$OTELCOL_CORE_VERSION" \
+      "go.opentelemetry.io/collector/confmap/provider/yamlprovider@v$OTELCOL_CORE_VERSION"
+    run_logged otelcol "$log" go build -trimpath -ldflags "-s -w" -o "$d/bin/otelcol-switchyard" .
+  )
+  echo "testenv: built the OpenTelemetry Collector v$OTELCOL_VERSION in $((SECONDS - start)) s" >&2
+}
+
 # kwok needs Stage objects to act as the kubelet; they ship inside its Go module.
 write_kwok_stages() {
   local out=$1/kwok-stages.yaml
@@ -140,6 +193,7 @@ link_bin_dir() {
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do ln -sfn "$k/bin/$b" "$bin/$b"; done
   ln -sfn "$e/bin/etcd" "$bin/etcd"; ln -sfn "$e/bin/etcdctl" "$bin/etcdctl"
   ln -sfn "$w/bin/kwok" "$bin/kwok"; ln -sfn "$z/bin/kustomize" "$bin/kustomize"
+  ln -sfn "$(product_dir otelcol "$OTELCOL_VERSION")/bin/otelcol-switchyard" "$bin/otelcol-switchyard"
   write_kwok_stages "$bin"
 }
 
@@ -147,7 +201,8 @@ cmd=${1:-build}
 case "$cmd" in
   versions)
     echo "kubernetes v$K8S_VERSION"; echo "etcd v$ETCD_VERSION"
-    echo "kwok v$KWOK_VERSION"; echo "kustomize v$KUSTOMIZE_VERSION" ;;
+    echo "kwok v$KWOK_VERSION"; echo "kustomize v$KUSTOMIZE_VERSION"
+    echo "opentelemetry-collector v$OTELCOL_VERSION" ;;
   bin-dir)
     check_go; bin_dir ;;
   build)
@@ -159,6 +214,7 @@ case "$cmd" in
     build_go_install kwok "$KWOK_VERSION" kwok "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
     build_go_install kustomize "$KUSTOMIZE_VERSION" kustomize "sigs.k8s.io/kustomize/kustomize/v5@v$KUSTOMIZE_VERSION"
     build_kubernetes
+    build_otelcol
     link_bin_dir
     bin_dir ;;
   *) die "unknown command '$cmd' (expected build, bin-dir or versions)" ;;

@@ -11,6 +11,7 @@
 //! ```
 
 mod admin;
+pub mod apiserver;
 mod args;
 mod backoff;
 mod grpc;
@@ -18,6 +19,11 @@ mod kube_client;
 mod metrics;
 mod shutdown;
 mod telemetry;
+
+/// Trace context across processes, and whether this process exports traces at all.
+pub mod trace {
+    pub use crate::telemetry::{TraceFields, add_link, exporting, inject, set_parent};
+}
 
 use std::{future::Future, net::SocketAddr, time::Duration};
 
@@ -187,6 +193,7 @@ impl Runtime {
             mut shutdown,
             admin_task,
             startup,
+            _telemetry: mut telemetry,
             ..
         } = self;
         startup.ready();
@@ -195,6 +202,9 @@ impl Runtime {
         readiness.shutting_down();
         let result = shutdown.drain_all(drain_timeout).await;
         admin_task.abort();
+        // The exporter's last batch: spans of the drain itself included. Its shutdown blocks
+        // until the export is answered, which needs this runtime's I/O, so off the workers.
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
         match &result {
             Ok(()) => info!("stopped"),
             Err(error) => warn!(%error, "stopped without a clean drain"),

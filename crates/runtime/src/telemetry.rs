@@ -4,62 +4,183 @@
 //! exported over OTLP/gRPC only when the standard variables ask for it
 //! (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, and
 //! `OTEL_TRACES_EXPORTER` not `none`); the SDK itself reads `OTEL_SERVICE_NAME`,
-//! `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_TRACES_SAMPLER`.
+//! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`.
+//!
+//! ```text
+//!  tracing spans ─► OpenTelemetry layer (only when exporting) ─► batch ─► OTLP/gRPC
+//!  tracing events ─► fmt layer ─► stderr, with trace_id and span_id of the current span
+//! ```
+//!
+//! Without an endpoint nothing of OpenTelemetry is installed: [`exporting`] is false and the
+//! services skip the spans and trace contexts they would otherwise make per key.
+//!
+//! Trace context crosses processes as W3C `traceparent`/`tracestate` pairs in a string map
+//! ([`TraceFields`]): in gRPC metadata, or in message fields where one request carries many
+//! keys each with its own cause.
 
-use std::io::IsTerminal;
+use std::{
+    collections::HashMap,
+    io::IsTerminal,
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
-use opentelemetry::{KeyValue, trace::TracerProvider as _};
+use opentelemetry::{
+    Context, KeyValue,
+    propagation::TextMapPropagator,
+    trace::{TraceContextExt, TracerProvider as _},
+};
 use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
-use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing::{Event, Subscriber, dispatcher::WeakDispatch};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::{
+    EnvFilter, Layer,
+    fmt::{FmtContext, FormatEvent, FormatFields, format::Writer},
+    layer::SubscriberExt,
+    registry::LookupSpan,
+    util::SubscriberInitExt,
+};
 
 use crate::{Error, LogArgs, LogFormat, Result};
 
-/// Flushes and stops the trace exporter when dropped.
+/// W3C trace context as string pairs (`traceparent`, and `tracestate` when set).
+pub type TraceFields = HashMap<String, String>;
+
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process exports traces. When false, per-key spans and trace contexts are
+/// not worth making: nobody would see them.
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
+/// The trace context of `span`, to send to another process. Empty when not exporting or
+/// when the sampler left the span out: downstream makes no span for an unsampled cause.
+pub fn inject(span: &tracing::Span) -> TraceFields {
+    let mut fields = TraceFields::new();
+    if exporting() {
+        let cx = span.context();
+        let sc = cx.span().span_context().clone();
+        if sc.is_valid() && sc.is_sampled() {
+            TraceContextPropagator::new().inject_context(&cx, &mut fields);
+        }
+    }
+    fields
+}
+
+fn extract(fields: &TraceFields) -> Option<Context> {
+    let cx = TraceContextPropagator::new().extract(fields);
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
+/// Makes `span` a child of the remote span `fields` names. Call before the span is entered.
+/// Returns whether `fields` held a valid context.
+pub fn set_parent(span: &tracing::Span, fields: &TraceFields) -> bool {
+    match extract(fields) {
+        Some(cx) => span.set_parent(cx).is_ok(),
+        None => false,
+    }
+}
+
+/// Links `span` to the remote span `fields` names. Call before the span is entered.
+pub fn add_link(span: &tracing::Span, fields: &TraceFields) -> bool {
+    match extract(fields) {
+        Some(cx) => {
+            span.add_link(cx.span().span_context().clone());
+            true
+        }
+        None => false,
+    }
+}
+
+/// Flushes and stops the trace exporter; the runtime calls it once its tasks have drained,
+/// and dropping it does the same (an early return).
 #[derive(Debug)]
 pub(crate) struct Guard(Option<SdkTracerProvider>);
 
+impl Guard {
+    pub(crate) fn shutdown(&mut self) {
+        if let Some(provider) = self.0.take() {
+            EXPORTING.store(false, Ordering::Relaxed);
+            if let Err(error) = provider.shutdown() {
+                eprintln!("failed to flush traces on shutdown: {error}");
+            }
+        }
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
-        if let Some(provider) = self.0.take()
-            && let Err(error) = provider.shutdown()
-        {
-            eprintln!("failed to flush traces on shutdown: {error}");
-        }
+        self.shutdown();
     }
 }
 
 pub(crate) fn init(service: &'static str, log: &LogArgs) -> Result<Guard> {
     let filter = EnvFilter::try_new(&log.log_level)
         .map_err(|e| Error::Telemetry(format!("invalid --log-level {:?}: {e}", log.log_level)))?;
-    let fmt = match log.log_format {
-        LogFormat::Plain => tracing_subscriber::fmt::layer()
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_writer(std::io::stderr)
-            .boxed(),
-        LogFormat::Json => tracing_subscriber::fmt::layer()
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_writer(std::io::stderr)
-            .boxed(),
-    };
+
+    // A second runtime in the same process (tests) keeps the first subscriber, and its
+    // exporter: spans go to one global tracer provider, so only the first installs one.
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    if INSTALLED.get().is_some() {
+        return Ok(Guard(None));
+    }
 
     let provider = otlp_enabled()
         .then(|| tracer_provider(service))
         .transpose()?;
+    let dispatch: Arc<OnceLock<WeakDispatch>> = Arc::default();
+    let ids = TraceIds {
+        dispatch: dispatch.clone(),
+    };
+    let fmt = match log.log_format {
+        LogFormat::Plain => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .event_format(WithTraceIds {
+                inner: tracing_subscriber::fmt::format(),
+                ids,
+                json: false,
+            })
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .event_format(WithTraceIds {
+                inner: tracing_subscriber::fmt::format()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true),
+                ids,
+                json: true,
+            })
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .boxed(),
+    };
     let otel = provider.as_ref().map(|p| {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
         opentelemetry::global::set_tracer_provider(p.clone());
         tracing_opentelemetry::layer().with_tracer(p.tracer(service))
     });
+    // Not an Option: `Option<Layer>` does not pass `on_register_dispatch` on.
+    let capture = CaptureDispatch(dispatch);
 
-    // A second runtime in the same process (tests) keeps the first subscriber.
-    let _ = tracing_subscriber::registry()
+    if tracing_subscriber::registry()
         .with(otel)
+        .with(capture)
         .with(fmt)
         .with(filter)
-        .try_init();
-    Ok(Guard(provider))
+        .try_init()
+        .is_ok()
+    {
+        let _ = INSTALLED.set(());
+        EXPORTING.store(provider.is_some(), Ordering::Relaxed);
+        Ok(Guard(provider))
+    } else {
+        // Somebody else (a test harness) installed a subscriber: keep theirs, export nothing.
+        Ok(Guard(None))
+    }
 }
 
 fn otlp_enabled() -> bool {
@@ -81,6 +202,7 @@ fn tracer_provider(service: &'static str) -> Result<SdkTracerProvider> {
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
         resource = resource.with_service_name(service);
     }
+    // The sampler comes from OTEL_TRACES_SAMPLER(_ARG), read by the SDK's default config.
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(resource.build())
@@ -94,4 +216,100 @@ fn instance_id() -> String {
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .unwrap_or_default();
     format!("{}/{}", host.trim(), std::process::id())
+}
+
+/// Keeps the dispatcher the subscriber is installed in, to look up OpenTelemetry contexts
+/// of spans while formatting log lines.
+struct CaptureDispatch(Arc<OnceLock<WeakDispatch>>);
+
+impl<S: Subscriber> Layer<S> for CaptureDispatch {
+    fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
+        let _ = self.0.set(subscriber.downgrade());
+    }
+}
+
+#[derive(Clone)]
+struct TraceIds {
+    dispatch: Arc<OnceLock<WeakDispatch>>,
+}
+
+impl TraceIds {
+    /// `(trace_id, span_id)` of the event's span, when it belongs to a trace.
+    fn of<S, N>(&self, ctx: &FmtContext<'_, S, N>) -> Option<(String, String)>
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'w> FormatFields<'w> + 'static,
+    {
+        if !exporting() {
+            return None;
+        }
+        let span = ctx.lookup_current()?;
+        let dispatch = self.dispatch.get()?.upgrade()?;
+        let cx = tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)?;
+        let span = cx.span();
+        let sc = span.span_context();
+        sc.is_valid()
+            .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+    }
+}
+
+/// A log line format with `trace_id` and `span_id` added when the event is inside a trace.
+struct WithTraceIds<F> {
+    inner: F,
+    ids: TraceIds,
+    json: bool,
+}
+
+impl<S, N, F> FormatEvent<S, N> for WithTraceIds<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'w> FormatFields<'w> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let Some((trace_id, span_id)) = self.ids.of(ctx) else {
+            return self.inner.format_event(ctx, writer, event);
+        };
+        if writer.has_ansi_escapes() {
+            // A terminal: the ids lead the line rather than lose the colours.
+            write!(writer, "trace_id={trace_id} span_id={span_id} ")?;
+            return self.inner.format_event(ctx, writer, event);
+        }
+        let mut line = String::new();
+        self.inner
+            .format_event(ctx, Writer::new(&mut line), event)?;
+        let line = line.trim_end_matches('\n');
+        match line.strip_prefix('{').filter(|_| self.json) {
+            Some(rest) => writeln!(
+                writer,
+                r#"{{"trace_id":"{trace_id}","span_id":"{span_id}",{rest}"#
+            ),
+            None => writeln!(writer, "{line} trace_id={trace_id} span_id={span_id}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_an_exporter_nothing_is_injected() {
+        let span = tracing::info_span!("test");
+        assert!(inject(&span).is_empty());
+        assert!(!set_parent(&span, &TraceFields::new()));
+        let mut fields = TraceFields::new();
+        fields.insert(
+            "traceparent".into(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+        );
+        assert!(extract(&fields).is_some());
+        fields.insert("traceparent".into(), "garbage".into());
+        assert!(extract(&fields).is_none());
+    }
 }

@@ -60,6 +60,7 @@ impl Binaries {
             "kubectl",
             "kwok",
             "kwok-stages.yaml",
+            "otelcol-switchyard",
         ];
         match needed.iter().find(|b| !self.dir.join(b).exists()) {
             Some(missing) => Err(Error::Build(format!(

@@ -7,6 +7,7 @@
 //!                                                     │                               │
 //!                                      admin kubeconfig, fake Nodes  ◄── Ready ───────┘
 //!                        [start_controller_manager(controllers)] ── kube-controller-manager
+//!  Collector::start ── otelcol-switchyard (OTLP/gRPC in, JSON lines out), for trace tests
 //! ```
 //!
 //! Every process listens on a free 127.0.0.1 port (a port taken between choosing and binding
@@ -18,9 +19,11 @@ mod binaries;
 mod cluster;
 mod error;
 mod etcd;
+pub mod exposition;
 mod in_process;
 mod kubeconfig;
 mod namespace;
+mod otelcol;
 mod pki;
 mod ports;
 mod process;
@@ -32,4 +35,5 @@ pub use error::{Error, Result};
 pub use etcd::Etcd;
 pub use in_process::InProcess;
 pub use namespace::TestNamespace;
+pub use otelcol::{Collector, ExportedSpan};
 pub use service::{ServiceProcess, assert_service_lifecycle, list_services};

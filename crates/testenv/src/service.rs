@@ -199,10 +199,9 @@ pub async fn assert_service_lifecycle(program: &Path, service: &str, envs: &[(&s
         metrics.contains(&format!("switchyard_build_info{{service=\"{service}\"")),
         "metrics carry the build info of {service}:\n{metrics}"
     );
-    assert!(
-        metrics.trim_end().ends_with("# EOF"),
-        "OpenMetrics text ends with # EOF"
-    );
+    if let Err(error) = crate::exposition::parse(&metrics) {
+        panic!("/metrics of {service} is not valid OpenMetrics text: {error}\n{metrics}");
+    }
 
     let endpoint = format!("http://{}", process.grpc_addr());
     let channel = tonic::transport::Endpoint::from_shared(endpoint)

@@ -5,6 +5,11 @@
 //! - `e2e_throughput`: enqueue -> lease -> done through one replica over loopback gRPC, with
 //!   batched enqueues and credit-based workers;
 //! - `lease_latency_p50` / `lease_latency_p99`: enqueue to lease at a steady 10,000 keys/s.
+//!
+//! The queue reads the standard `OTEL_*` variables as the service does: with
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` set it exports traces. `SWITCHYARD_BENCH_TRACE_CONTEXT=1`
+//! gives every enqueued key a sampled W3C trace context of its own, as a traced watcher sends
+//! them, so the queue makes an enqueue and a lease span per key.
 
 #![allow(clippy::unwrap_used)]
 
@@ -148,18 +153,29 @@ async fn server() -> (SocketAddr, switchyard_runtime::ShutdownHandle) {
 
 /// Batches of keys that all hash to one shard, as a watcher routes them.
 fn batches(range: std::ops::Range<usize>, batch: usize) -> Vec<EnqueueRequest> {
+    let traced = std::env::var_os("SWITCHYARD_BENCH_TRACE_CONTEXT").is_some();
     let mut by_shard: HashMap<u32, Vec<EnqueueItem>> = HashMap::new();
     let mut out = Vec::new();
     for i in range {
         let name = name(i);
         let shard = shard_of(RS, NAMESPACE, &name, SHARDS);
         let items = by_shard.entry(shard).or_default();
+        let trace_context = if traced {
+            let id = i as u64 + 1;
+            HashMap::from([(
+                "traceparent".to_owned(),
+                format!("00-{id:032x}-{id:016x}-01"),
+            )])
+        } else {
+            HashMap::new()
+        };
         items.push(EnqueueItem {
             key: Some(ProtoKey {
                 controller: RS.into(),
                 namespace: NAMESPACE.into(),
                 name,
             }),
+            trace_context,
             ..Default::default()
         });
         if items.len() == batch {

@@ -17,7 +17,7 @@ use std::{
 };
 
 use switchyard_queue_core::{
-    AddOutcome, ControllerId, Error as CoreError, Lease, LeaseId, Outcome, Priority, Queue,
+    AddOutcome, Cause, ControllerId, Error as CoreError, Lease, LeaseId, Outcome, Priority, Queue,
     Refused, ShardStats, WorkKey, WorkerId,
 };
 use switchyard_runtime::Drain;
@@ -37,6 +37,8 @@ pub struct Add {
     pub key: WorkKey,
     pub priority: Priority,
     pub delay: Duration,
+    /// The trace context of what caused the add, kept with the key.
+    pub cause: Option<Cause>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -417,7 +419,10 @@ impl Actor {
     /// Adds as many of `blocked`'s keys as fit; returns it if some are still waiting.
     fn apply(&mut self, mut blocked: Blocked, now: Instant) -> Option<Blocked> {
         while let Some(add) = blocked.adds.front() {
-            match self.queue.add(&add.key, add.priority, add.delay, now) {
+            match self
+                .queue
+                .add_caused(&add.key, add.priority, add.delay, add.cause.clone(), now)
+            {
                 Ok(AddOutcome::Added) => {
                     blocked.done.added += 1;
                     if let Some(controller) = self.queue.controller_id(&add.key.controller) {

@@ -19,8 +19,9 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::{
-    ControllerId, Error as CoreError, Lease, Outcome, Priority, ShardStats, WorkKey,
+    Cause, ControllerId, Error as CoreError, Lease, Outcome, Priority, ShardStats, WorkKey,
 };
+use switchyard_runtime::trace::{self, TraceFields};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -29,6 +30,12 @@ use crate::actor::{Add, Command, EnqueueError, Handle, ToWorker};
 
 /// Credits one message may grant.
 pub const MAX_CREDIT: u32 = 10_000;
+/// Bytes of one item's trace context, keys and values: a W3C `traceparent` is 55 bytes and a
+/// `tracestate` at most 512, so this leaves room for a longer future version and nothing more
+/// (a queued key keeps up to 16 of them).
+pub const MAX_TRACE_CONTEXT_BYTES: usize = 1024;
+/// The trace context keys kept; others are dropped.
+const TRACE_CONTEXT_KEYS: [&str; 2] = ["traceparent", "tracestate"];
 
 /// What the edge needs to validate and convert without asking the actor.
 #[derive(Clone, Debug)]
@@ -342,15 +349,82 @@ fn convert_item(index: usize, item: pb::EnqueueItem) -> Result<Add, Status> {
         Some(d) => Duration::try_from(d)
             .map_err(|_| invalid(format!("{}: must not be negative", field("delay"))))?,
     };
+    let key = WorkKey {
+        controller: key.controller,
+        namespace: key.namespace,
+        name: key.name,
+    };
+    let size: usize = item
+        .trace_context
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if size > MAX_TRACE_CONTEXT_BYTES {
+        return Err(invalid(format!(
+            "{}: {size} bytes, at most {MAX_TRACE_CONTEXT_BYTES}",
+            field("trace_context")
+        )));
+    }
+    let mut trace_context = item.trace_context;
+    trace_context.retain(|k, _| TRACE_CONTEXT_KEYS.contains(&k.as_str()));
+    let cause = trace_context
+        .contains_key("traceparent")
+        .then(|| enqueue_cause(&key, trace_context));
     Ok(Add {
-        key: WorkKey {
-            controller: key.controller,
-            namespace: key.namespace,
-            name: key.name,
-        },
+        key,
         priority,
         delay,
+        cause,
     })
+}
+
+/// The cause an add keeps: the context of an `enqueue` span, child of the sender's event,
+/// when this replica exports traces; the sender's context as it came otherwise.
+fn enqueue_cause(key: &WorkKey, fields: TraceFields) -> Cause {
+    let fields = if trace::exporting() {
+        let span = tracing::info_span!(
+            "enqueue",
+            otel.kind = "consumer",
+            controller = %key.controller,
+            namespace = %key.namespace,
+            name = %key.name,
+        );
+        trace::set_parent(&span, &fields);
+        let ours = trace::inject(&span);
+        if ours.is_empty() { fields } else { ours }
+    } else {
+        fields
+    };
+    fields.into_iter().collect::<Vec<_>>().into()
+}
+
+/// The span of a lease that covers traced adds: a child of the oldest cause, linked to the
+/// others (the reconcile links to them all); what the worker gets as the lease's context.
+fn lease_context(controller: &str, lease: &Lease) -> TraceFields {
+    let Some(first) = lease.causes.first() else {
+        return TraceFields::new();
+    };
+    let first: TraceFields = first.iter().cloned().collect();
+    if !trace::exporting() {
+        return first;
+    }
+    let span = tracing::info_span!(
+        "lease",
+        otel.kind = "producer",
+        controller,
+        key = %lease.key,
+        shard = lease.shard,
+        epoch = lease.epoch,
+        attempt = lease.attempt,
+        causes = lease.causes.len(),
+        causes_dropped = lease.causes_dropped,
+    );
+    trace::set_parent(&span, &first);
+    for cause in &lease.causes[1..] {
+        trace::add_link(&span, &cause.iter().cloned().collect());
+    }
+    let ours = trace::inject(&span);
+    if ours.is_empty() { first } else { ours }
 }
 
 fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command, String> {
@@ -428,7 +502,15 @@ fn leased_item(controllers: &[Arc<str>], lease: &Lease) -> pb::LeasedItem {
         attempt: lease.attempt,
         lease_deadline: Some(timestamp(lease.deadline)),
         queued_at: Some(timestamp(now.checked_sub(lease.waited).unwrap_or(now))),
-        causes: Vec::new(),
+        causes: lease
+            .causes
+            .iter()
+            .map(|cause| pb::TraceContext {
+                fields: cause.iter().cloned().collect(),
+            })
+            .collect(),
+        causes_dropped: lease.causes_dropped,
+        trace_context: lease_context(&controllers[lease.controller as usize], lease),
     }
 }
 

@@ -3,7 +3,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::{collections::HashSet, net::SocketAddr, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    net::SocketAddr,
+    time::Duration,
+};
 
 use clap::Parser;
 use prost::Message;
@@ -442,6 +446,22 @@ async fn bad_input_is_refused_naming_the_field_and_changes_nothing() {
             (Code::InvalidArgument, message)
         );
     }
+    let oversized = EnqueueItem {
+        trace_context: HashMap::from([("tracestate".to_owned(), "x".repeat(1100))]),
+        ..item(good.clone())
+    };
+    let status = client
+        .enqueue(EnqueueRequest {
+            batch_id: 1,
+            shard,
+            items: vec![item(good.clone()), oversized],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status.message(),
+        "items[1].trace_context: 1110 bytes, at most 1024"
+    );
     let status = client
         .enqueue(EnqueueRequest {
             batch_id: 1,
@@ -479,6 +499,52 @@ async fn bad_input_is_refused_naming_the_field_and_changes_nothing() {
         status.message(),
         "the first message of a work stream must be hello"
     );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn coalesced_adds_hand_their_trace_contexts_to_the_lease() {
+    let server = Server::start(&[]).await;
+    let mut client = server.client().await;
+    let shard = shard_of(RS, "default", "traced", SHARDS);
+    let parent = |n: u32| format!("00-{n:032x}-{n:016x}-01");
+    let items = (1..=3)
+        .map(|n| EnqueueItem {
+            key: Some(key("traced")),
+            trace_context: HashMap::from([
+                ("traceparent".to_owned(), parent(n)),
+                ("baggage".to_owned(), "dropped".to_owned()),
+            ]),
+            ..Default::default()
+        })
+        .collect();
+    let response = client
+        .enqueue(EnqueueRequest {
+            batch_id: 1,
+            shard,
+            items,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((response.added, response.coalesced), (1, 2));
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    worker.credit(1).await;
+    let item = worker.item().await;
+    let causes: Vec<&str> = item
+        .causes
+        .iter()
+        .map(|c| c.fields["traceparent"].as_str())
+        .collect();
+    assert_eq!(causes, [parent(1), parent(2), parent(3)]);
+    assert!(
+        item.causes
+            .iter()
+            .all(|c| !c.fields.contains_key("baggage"))
+    );
+    assert_eq!(item.causes_dropped, 0);
+    // Without an exporter in this process, the lease's context is its oldest cause's.
+    assert_eq!(item.trace_context["traceparent"], parent(1));
     server.stop().await;
 }
 

@@ -47,6 +47,7 @@ fn add(name: &str, delay: Duration) -> Add {
         },
         priority: Priority::Normal,
         delay,
+        cause: None,
     }
 }
 

@@ -21,7 +21,11 @@ pub mod worker;
 use std::time::Duration;
 
 use switchyard_k8s::kube;
-use switchyard_runtime::{GrpcServer, KubeArgs, Runtime, RuntimeArgs, await_apiserver};
+use switchyard_runtime::{
+    GrpcServer, KubeArgs, Runtime, RuntimeArgs,
+    apiserver::{ApiserverLayer, ApiserverMetrics},
+    await_apiserver,
+};
 use tracing::info;
 
 use crate::{
@@ -187,9 +191,13 @@ impl Args {
 
         let rt = Runtime::start(SERVICE, runtime).await?;
         let config = kube_args.config().await?;
+        // Outermost: the client's buffer task calls it in the span of the reconcile that made
+        // the request; latency starts once the rate limit has let the request through.
+        let apiserver = ApiserverLayer::new(ApiserverMetrics::register(rt.metrics()), true);
         let client = kube::client::ClientBuilder::try_from(config)
             .map_err(switchyard_runtime::KubeError::from)?
             .with_layer(&RateLimitLayer::new(kube_api_qps, kube_api_burst))
+            .with_layer(&apiserver)
             .build();
         let gate = rt.readiness().gate("apiserver");
         rt.spawn("apiserver-check", {

@@ -1,5 +1,7 @@
-//! The reconciler's metrics: every outcome by controller and kind, reconcile durations, and
-//! reconciles in flight.
+//! The reconciler's metrics, named after controller-runtime's so that its dashboards read
+//! them with the prefix changed: reconciles by controller and result, errors, panics,
+//! reconcile time and active workers. The apiserver client's requests are counted by the
+//! runtime's [`switchyard_runtime::apiserver`] layer.
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -9,14 +11,15 @@ use prometheus_client::{
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
+    registry::Unit,
 };
 use switchyard_runtime::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
+pub struct ResultLabels {
     pub controller: String,
-    /// `done`, `requeue_after`, `failed`, `panicked` or `timed_out`.
-    pub outcome: &'static str,
+    /// `success`, `requeue_after` or `error` (failed, panicked or timed out).
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -30,35 +33,117 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
+/// How a reconcile ended, for the metrics and the span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    Done,
+    RequeueAfter,
+    Failed,
+    Panicked,
+    TimedOut,
+}
+
+impl Ended {
+    /// The `result` label: controller-runtime's values.
+    pub fn result(self) -> &'static str {
+        match self {
+            Self::Done => "success",
+            Self::RequeueAfter => "requeue_after",
+            Self::Failed | Self::Panicked | Self::TimedOut => "error",
+        }
+    }
+
+    /// The outcome as the logs and spans name it.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Self::Done => "done",
+            Self::RequeueAfter => "requeue_after",
+            Self::Failed => "failed",
+            Self::Panicked => "panicked",
+            Self::TimedOut => "timed_out",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ReconcilerMetrics {
-    pub outcomes: Family<OutcomeLabels, Counter>,
-    pub durations: Family<ControllerLabels, Histogram, fn() -> Histogram>,
-    pub in_flight: Gauge,
+    pub reconciles: Family<ResultLabels, Counter>,
+    pub errors: Family<ControllerLabels, Counter>,
+    pub panics: Family<ControllerLabels, Counter>,
+    pub timeouts: Family<ControllerLabels, Counter>,
+    pub time: Family<ControllerLabels, Histogram, fn() -> Histogram>,
+    pub active_workers: Family<ControllerLabels, Gauge>,
 }
 
 impl ReconcilerMetrics {
     pub fn register(metrics: &Metrics) -> Self {
         let this = Self {
-            outcomes: Family::default(),
-            durations: Family::new_with_constructor(duration_histogram),
-            in_flight: Gauge::default(),
+            reconciles: Family::default(),
+            errors: Family::default(),
+            panics: Family::default(),
+            timeouts: Family::default(),
+            time: Family::new_with_constructor(duration_histogram),
+            active_workers: Family::default(),
         };
         metrics.register(
-            "switchyard_reconciles",
-            "Reconciles finished, by controller and outcome",
-            this.outcomes.clone(),
+            "switchyard_reconcile",
+            "Reconciles finished, by controller and result (success, requeue_after, error)",
+            this.reconciles.clone(),
         );
         metrics.register(
-            "switchyard_reconcile_duration_seconds",
+            "switchyard_reconcile_errors",
+            "Reconciles that ended in an error, a panic or a timeout, by controller",
+            this.errors.clone(),
+        );
+        metrics.register(
+            "switchyard_reconcile_panics",
+            "Reconciles that panicked, by controller",
+            this.panics.clone(),
+        );
+        metrics.register(
+            "switchyard_reconcile_timeouts",
+            "Reconciles abandoned after --reconcile-timeout, by controller",
+            this.timeouts.clone(),
+        );
+        metrics.register_with_unit(
+            "switchyard_reconcile_time",
             "How long reconciles took, as reported to the queue, by controller",
-            this.durations.clone(),
+            Unit::Seconds,
+            this.time.clone(),
         );
         metrics.register(
-            "switchyard_reconciles_in_flight",
-            "Reconciles running now",
-            this.in_flight.clone(),
+            "switchyard_active_workers",
+            "Reconciles running now, by controller",
+            this.active_workers.clone(),
         );
         this
+    }
+
+    /// Counts a finished reconcile.
+    pub fn ended(&self, controller: &str, ended: Ended, took: std::time::Duration) {
+        let labels = ControllerLabels {
+            controller: controller.to_owned(),
+        };
+        self.reconciles
+            .get_or_create(&ResultLabels {
+                controller: labels.controller.clone(),
+                result: ended.result(),
+            })
+            .inc();
+        match ended {
+            Ended::Done | Ended::RequeueAfter => {}
+            Ended::Failed => {
+                self.errors.get_or_create(&labels).inc();
+            }
+            Ended::Panicked => {
+                self.errors.get_or_create(&labels).inc();
+                self.panics.get_or_create(&labels).inc();
+            }
+            Ended::TimedOut => {
+                self.errors.get_or_create(&labels).inc();
+                self.timeouts.get_or_create(&labels).inc();
+            }
+        }
+        self.time.get_or_create(&labels).observe(took.as_secs_f64());
     }
 }

@@ -27,7 +27,10 @@ use switchyard_proto::queue::v1::{
     outcome::Result as Verdict, queue_client::QueueClient, work_request::Request as Msg,
     work_response::Response as Reply,
 };
-use switchyard_runtime::{Backoff, Drain, Gate, ShutdownHandle, drain_channel};
+use switchyard_runtime::{
+    Backoff, Drain, Gate, ShutdownHandle, drain_channel,
+    trace::{self, TraceFields},
+};
 use tokio::{
     sync::{
         Semaphore,
@@ -40,7 +43,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
-    metrics::{ControllerLabels, OutcomeLabels, ReconcilerMetrics},
+    metrics::{ControllerLabels, Ended, ReconcilerMetrics},
     sdk::{Action, Context, Registry, Request},
 };
 
@@ -285,14 +288,17 @@ impl Session {
         let metrics = self.worker.metrics.clone();
         let timeout = self.worker.settings.reconcile_timeout;
         let key = item.key.clone().unwrap_or_default();
-        let span = info_span!("reconcile", controller = %key.controller, namespace = %key.namespace, name = %key.name, attempt = item.attempt);
+        let span = reconcile_span(&item);
         async move {
             // The lease is kept from the start, also while waiting for a permit.
             let extend = extend_lease(&item, &tx);
             let work = async {
                 // Never closed: the semaphore lives as long as the worker.
                 let _permit = permits.acquire_owned().await.ok();
-                let _in_flight = InFlight::new(&metrics.in_flight);
+                let _in_flight =
+                    InFlight::new(&metrics.active_workers.get_or_create(&ControllerLabels {
+                        controller: key.controller.clone(),
+                    }));
                 let started = Instant::now();
                 let verdict = match registry.get(&key.controller) {
                     Some(controller) => {
@@ -306,21 +312,23 @@ impl Session {
                                 .instrument(tracing::Span::current()),
                         ));
                         match tokio::time::timeout(timeout, task).await {
-                            Ok(Ok(Ok(Action::Done))) => ("done", Verdict::Done(Done {})),
+                            Ok(Ok(Ok(Action::Done))) => (Ended::Done, Verdict::Done(Done {})),
                             Ok(Ok(Ok(Action::RequeueAfter(delay)))) => (
-                                "requeue_after",
+                                Ended::RequeueAfter,
                                 Verdict::RequeueAfter(RequeueAfter {
                                     delay: prost_types::Duration::try_from(delay).ok(),
                                 }),
                             ),
-                            Ok(Ok(Err(error))) => failed("failed", error.to_string()),
+                            Ok(Ok(Err(error))) => failed(Ended::Failed, error.to_string()),
                             Ok(Err(join)) if join.is_panic() => failed(
-                                "panicked",
+                                Ended::Panicked,
                                 format!("reconcile panicked: {}", panic_message(join.into_panic())),
                             ),
-                            Ok(Err(join)) => failed("failed", format!("reconcile aborted: {join}")),
+                            Ok(Err(join)) => {
+                                failed(Ended::Failed, format!("reconcile aborted: {join}"))
+                            }
                             Err(_) => failed(
-                                "timed_out",
+                                Ended::TimedOut,
                                 format!(
                                     "reconcile timed out after {}",
                                     humantime::format_duration(timeout)
@@ -329,7 +337,7 @@ impl Session {
                         }
                     }
                     None => failed(
-                        "failed",
+                        Ended::Failed,
                         format!("no controller named {:?} in this worker", key.controller),
                     ),
                 };
@@ -339,19 +347,12 @@ impl Session {
                 done = work => done,
                 never = extend => match never {},
             };
-            metrics
-                .outcomes
-                .get_or_create(&OutcomeLabels {
-                    controller: key.controller.clone(),
-                    outcome: kind,
-                })
-                .inc();
-            metrics
-                .durations
-                .get_or_create(&ControllerLabels {
-                    controller: key.controller.clone(),
-                })
-                .observe(duration.as_secs_f64());
+            metrics.ended(&key.controller, kind, duration);
+            let span = tracing::Span::current();
+            span.record("outcome", kind.outcome());
+            if kind.result() == "error" {
+                span.record("otel.status_code", "ERROR");
+            }
             match &verdict {
                 Verdict::Failed(Failed { reason }) => warn!(?duration, %reason, "reconcile failed"),
                 _ => debug!(?duration, "reconciled"),
@@ -372,8 +373,51 @@ impl Session {
     }
 }
 
-fn failed(kind: &'static str, reason: String) -> (&'static str, Verdict) {
+fn failed(kind: Ended, reason: String) -> (Ended, Verdict) {
     (kind, Verdict::Failed(Failed { reason }))
+}
+
+/// The span of one reconcile. When traces are exported it continues the trace of the lease
+/// (the queue's span, itself a child of the oldest event the lease covers) and links to every
+/// event it covers; otherwise it is a plain log context.
+fn reconcile_span(item: &LeasedItem) -> tracing::Span {
+    let key = item.key.clone().unwrap_or_default();
+    if !trace::exporting() {
+        return info_span!(
+            "reconcile",
+            controller = %key.controller,
+            namespace = %key.namespace,
+            name = %key.name,
+            attempt = item.attempt,
+            outcome = tracing::field::Empty,
+        );
+    }
+    let span = info_span!(
+        parent: None,
+        "reconcile",
+        otel.kind = "consumer",
+        controller = %key.controller,
+        key = %format_args!("{}/{}", key.namespace, key.name),
+        namespace = %key.namespace,
+        name = %key.name,
+        attempt = item.attempt,
+        causes = item.causes.len(),
+        causes_dropped = item.causes_dropped,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    let parent: Option<&TraceFields> = if item.trace_context.is_empty() {
+        item.causes.first().map(|c| &c.fields)
+    } else {
+        Some(&item.trace_context)
+    };
+    if let Some(parent) = parent {
+        trace::set_parent(&span, parent);
+    }
+    for cause in &item.causes {
+        trace::add_link(&span, &cause.fields);
+    }
+    span
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -416,7 +460,7 @@ async fn extend_lease(item: &LeasedItem, tx: &UnboundedSender<WorkRequest>) -> I
     }
 }
 
-/// Counts a reconcile in `switchyard_reconciles_in_flight` until it ends or is abandoned.
+/// Counts a reconcile in `switchyard_active_workers` until it ends or is abandoned.
 struct InFlight(prometheus_client::metrics::gauge::Gauge);
 
 impl InFlight {

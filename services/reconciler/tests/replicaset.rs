@@ -196,7 +196,7 @@ async fn replica_set_gets_its_pods_scales_and_replaces_without_overshooting() {
     observer.task.abort();
     for reconciler in &reconcilers {
         let series =
-            r#"switchyard_reconciles_total{controller="apps/v1/ReplicaSet",outcome="done"}"#;
+            r#"switchyard_reconcile_total{controller="apps/v1/ReplicaSet",result="success"}"#;
         assert!(
             reconciler.metric(series).await > 0.0,
             "both workers reconciled"

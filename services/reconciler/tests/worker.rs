@@ -174,16 +174,35 @@ async fn failures_panics_and_timeouts_are_failed_outcomes_and_the_worker_lives_o
     events.expect("requeue finished", within).await;
     events.expect("requeue#1", within).await;
 
-    // Every outcome is counted by kind.
-    for (outcome, count) in [
-        ("failed", 1.0),
-        ("panicked", 1.0),
-        ("timed_out", 1.0),
-        ("requeue_after", 1.0),
+    // Every outcome is counted: by result, and errors, panics and timeouts on their own.
+    for (series, count) in [
+        (
+            format!(r#"switchyard_reconcile_total{{controller="{SCRIPTED}",result="error"}}"#),
+            3.0,
+        ),
+        (
+            format!(
+                r#"switchyard_reconcile_total{{controller="{SCRIPTED}",result="requeue_after"}}"#
+            ),
+            1.0,
+        ),
+        (
+            format!(r#"switchyard_reconcile_errors_total{{controller="{SCRIPTED}"}}"#),
+            3.0,
+        ),
+        (
+            format!(r#"switchyard_reconcile_panics_total{{controller="{SCRIPTED}"}}"#),
+            1.0,
+        ),
+        (
+            format!(r#"switchyard_reconcile_timeouts_total{{controller="{SCRIPTED}"}}"#),
+            1.0,
+        ),
+        (
+            format!(r#"switchyard_active_workers{{controller="{SCRIPTED}"}}"#),
+            0.0,
+        ),
     ] {
-        let series = format!(
-            r#"switchyard_reconciles_total{{controller="{SCRIPTED}",outcome="{outcome}"}}"#
-        );
         assert_eq!(reconciler.metric(&series).await, count, "{series}");
     }
 

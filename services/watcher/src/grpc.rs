@@ -220,7 +220,7 @@ pub async fn resync(
         keys = count,
         "resync"
     );
-    router.push(keys, Priority::Low).await;
+    router.push(keys, Priority::Low, None).await;
     count
 }
 

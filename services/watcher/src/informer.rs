@@ -36,7 +36,7 @@ use switchyard_k8s::{
     },
 };
 use switchyard_proto::queue::v1::Priority;
-use switchyard_runtime::{Backoff, Drain, Gate};
+use switchyard_runtime::{Backoff, Drain, Gate, trace};
 use switchyard_watcher_core::{ControllerRef, EventKind, Key, Summary, store::Applied};
 use tracing::{info, warn};
 
@@ -202,6 +202,9 @@ impl Informer {
                 }
             };
             let first_list = !listed_once.contains(&stream);
+            // The event's span: made only when traces are exported, and not for the first
+            // list (a sync, not a change).
+            let mut span = None;
             let priority = match event {
                 watcher::Event::Init => {
                     if !first_list {
@@ -220,7 +223,9 @@ impl Informer {
                         self.apply(object, |_| Some(EventKind::Sync), &mut keys);
                         Priority::Low
                     } else {
-                        self.apply(object, changed, &mut keys);
+                        span = self.event_span(&object);
+                        let kind = self.apply(object, changed, &mut keys);
+                        record_event(&span, kind);
                         Priority::Normal
                     }
                 }
@@ -247,11 +252,15 @@ impl Informer {
                     Priority::Normal
                 }
                 watcher::Event::Apply(object) => {
-                    self.apply(object, changed, &mut keys);
+                    span = self.event_span(&object);
+                    let kind = self.apply(object, changed, &mut keys);
+                    record_event(&span, kind);
                     Priority::Normal
                 }
                 watcher::Event::Delete(object) => {
                     self.count("deleted");
+                    span = self.event_span(&object);
+                    record_event(&span, Some(EventKind::Deleted));
                     let (summary, _) = summarize(object);
                     let cached = self.cache.write().delete(
                         &summary.namespace,
@@ -270,26 +279,49 @@ impl Informer {
                 }
             };
             self.after_change();
-            self.router.push(keys.drain(..), priority).await;
+            let cause = span
+                .filter(|_| !keys.is_empty())
+                .map(|span| trace::inject(&span))
+                .filter(|fields| !fields.is_empty())
+                .map(Arc::new);
+            self.router.push(keys.drain(..), priority, cause).await;
         }
     }
 
-    /// Caches an object and appends the keys `kind_of` says its change causes.
+    /// A root span for a watch event, when traces are exported: the first span of the trace
+    /// that follows the change through the queue to its reconciles.
+    fn event_span<K: Resource>(&self, object: &K) -> Option<tracing::Span> {
+        if !trace::exporting() {
+            return None;
+        }
+        let meta = object.meta();
+        Some(tracing::info_span!(
+            parent: None,
+            "watch event",
+            otel.kind = "producer",
+            kind = %self.cache.gvk(),
+            namespace = meta.namespace.as_deref().unwrap_or_default(),
+            name = meta.name.as_deref().unwrap_or_default(),
+            resource_version = meta.resource_version.as_deref().unwrap_or_default(),
+            event = tracing::field::Empty,
+        ))
+    }
+
+    /// Caches an object and appends the keys `kind_of` says its change causes. Returns the
+    /// change's kind (`None`: a repeat of what is cached, or a namespace not watched).
     fn apply<K: Resource + serde::Serialize>(
         &self,
         object: K,
         kind_of: impl Fn(&Applied) -> Option<EventKind>,
         keys: &mut Vec<Key>,
-    ) {
+    ) -> Option<EventKind> {
         let (summary, json) = summarize(object);
         if !self.caches.namespaces.admits(&summary.namespace) {
-            return;
+            return None;
         }
         let new = summary.clone();
         let applied = self.cache.write().apply(summary, json);
-        let Some(kind) = kind_of(&applied) else {
-            return;
-        };
+        let kind = kind_of(&applied)?;
         self.count(match kind {
             EventKind::Added => "added",
             EventKind::Modified => "modified",
@@ -302,6 +334,7 @@ impl Informer {
         self.caches
             .mapper
             .keys(self.cache.index, kind, old, &new, &*self.caches, keys);
+        Some(kind)
     }
 
     fn after_change(&self) {
@@ -338,6 +371,19 @@ impl std::fmt::Debug for Informer {
         f.debug_struct("Informer")
             .field("resource", self.cache.gvk())
             .finish_non_exhaustive()
+    }
+}
+
+fn record_event(span: &Option<tracing::Span>, kind: Option<EventKind>) {
+    if let Some(span) = span {
+        let kind = match kind {
+            Some(EventKind::Added) => "added",
+            Some(EventKind::Modified) => "modified",
+            Some(EventKind::Deleted) => "deleted",
+            Some(_) => "listed",
+            None => "unchanged",
+        };
+        span.record("event", kind);
     }
 }
 

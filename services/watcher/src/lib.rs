@@ -20,7 +20,11 @@ pub mod router;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
-use switchyard_runtime::{Drain, GrpcServer, KubeArgs, Runtime, RuntimeArgs, await_apiserver};
+use switchyard_runtime::{
+    Drain, GrpcServer, KubeArgs, Runtime, RuntimeArgs,
+    apiserver::{ApiserverLayer, ApiserverMetrics},
+    await_apiserver,
+};
 use switchyard_watcher_core::Config;
 use tokio::sync::watch;
 use tracing::info;
@@ -134,7 +138,12 @@ impl Args {
             return Err(Error::Args("--max-pending-keys: must be at least 1".into()));
         }
         let rt = Runtime::start(SERVICE, runtime).await?;
-        let client = kube.client().await?;
+        // Counted, not traced: a watch is one long request, not a step of any change's trace.
+        let apiserver = ApiserverLayer::new(ApiserverMetrics::register(rt.metrics()), false);
+        let client = switchyard_k8s::kube::client::ClientBuilder::try_from(kube.config().await?)
+            .map_err(switchyard_runtime::KubeError::from)?
+            .with_layer(&apiserver)
+            .build();
         let gate = rt.readiness().gate("apiserver");
         rt.spawn("apiserver-check", {
             let client = client.clone();

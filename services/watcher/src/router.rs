@@ -12,6 +12,10 @@
 //!
 //! Nothing is dropped because a queue is slow, down or moving: keys wait in the pending set,
 //! whose size is bounded by the number of distinct keys.
+//!
+//! When traces are exported, a key carries the trace contexts of the watch events that
+//! caused it (the latest [`MAX_CAUSES`] when repeats coalesce here), and goes to the queue as
+//! one item per cause, so that the queue keeps every one with the key.
 
 use std::{
     collections::HashMap,
@@ -25,7 +29,7 @@ use switchyard_proto::{
     common::v1::WorkKey,
     queue::v1::{EnqueueItem, EnqueueRequest, Priority, queue_client::QueueClient},
 };
-use switchyard_runtime::{Backoff, Drain};
+use switchyard_runtime::{Backoff, Drain, trace::TraceFields};
 use switchyard_watcher_core::Key;
 use tokio::sync::{Notify, watch};
 use tonic::{Code, transport::Channel};
@@ -40,33 +44,57 @@ const BATCH: usize = 500;
 const MAX_IN_FLIGHT: usize = 32;
 /// First and last delay before retrying keys a queue did not take.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(2));
+/// Causes kept per pending key, the latest ones; the queue keeps as many per queued key.
+pub const MAX_CAUSES: usize = 16;
+
+/// The trace context of the watch event that caused a key.
+pub type Cause = Arc<TraceFields>;
+
+/// A key waiting to be sent: its priority and what caused it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Waiting {
+    priority: Priority,
+    causes: Vec<Cause>,
+}
+
+impl Waiting {
+    fn merge(&mut self, other: Waiting) {
+        self.priority = self.priority.max(other.priority);
+        for cause in other.causes {
+            if self.causes.len() == MAX_CAUSES {
+                self.causes.remove(0);
+            }
+            self.causes.push(cause);
+        }
+    }
+}
 
 #[derive(Debug, Default)]
 struct Pending {
-    by_shard: HashMap<u32, HashMap<Key, Priority>>,
+    by_shard: HashMap<u32, HashMap<Key, Waiting>>,
     total: usize,
 }
 
 impl Pending {
-    fn insert(&mut self, shard: u32, key: Key, priority: Priority) {
+    fn insert(&mut self, shard: u32, key: Key, waiting: Waiting) {
         let keys = self.by_shard.entry(shard).or_default();
         match keys.get_mut(&key) {
-            Some(p) => *p = (*p).max(priority),
+            Some(w) => w.merge(waiting),
             None => {
-                keys.insert(key, priority);
+                keys.insert(key, waiting);
                 self.total += 1;
             }
         }
     }
 
     /// Takes up to [`BATCH`] keys of every shard that has an owner.
-    fn take(&mut self, view: &ShardView) -> Vec<(u32, Vec<(Key, Priority)>)> {
+    fn take(&mut self, view: &ShardView) -> Vec<(u32, Vec<(Key, Waiting)>)> {
         let mut batches = Vec::new();
         for (&shard, keys) in &mut self.by_shard {
             if view.owner(shard).is_none() || keys.is_empty() {
                 continue;
             }
-            let batch: Vec<(Key, Priority)> = if keys.len() <= BATCH {
+            let batch: Vec<(Key, Waiting)> = if keys.len() <= BATCH {
                 keys.drain().collect()
             } else {
                 let taken: Vec<Key> = keys.keys().take(BATCH).cloned().collect();
@@ -116,8 +144,14 @@ impl Router {
         self.lock().total
     }
 
-    /// Queues keys for sending; waits while the pending set is full.
-    pub async fn push(&self, keys: impl IntoIterator<Item = Key>, priority: Priority) {
+    /// Queues keys for sending; waits while the pending set is full. `cause` is the trace
+    /// context of the event the keys come from.
+    pub async fn push(
+        &self,
+        keys: impl IntoIterator<Item = Key>,
+        priority: Priority,
+        cause: Option<Cause>,
+    ) {
         let mut keys = keys.into_iter().peekable();
         if keys.peek().is_none() {
             return;
@@ -130,7 +164,11 @@ impl Router {
                 if pending.total < self.capacity {
                     for key in keys {
                         let shard = key.shard(self.shard_count);
-                        pending.insert(shard, key, priority);
+                        let waiting = Waiting {
+                            priority,
+                            causes: cause.iter().cloned().collect(),
+                        };
+                        pending.insert(shard, key, waiting);
                     }
                     self.metrics.pending_keys.set(pending.total as i64);
                     break;
@@ -145,10 +183,10 @@ impl Router {
         self.arrived.notify_one();
     }
 
-    fn put_back(&self, shard: u32, batch: Vec<(Key, Priority)>) {
+    fn put_back(&self, shard: u32, batch: Vec<(Key, Waiting)>) {
         let mut pending = self.lock();
-        for (key, priority) in batch {
-            pending.insert(shard, key, priority);
+        for (key, waiting) in batch {
+            pending.insert(shard, key, waiting);
         }
         self.metrics.pending_keys.set(pending.total as i64);
     }
@@ -246,27 +284,39 @@ fn connect(address: &str) -> QueueClient<Channel> {
 async fn send(
     mut client: QueueClient<Channel>,
     shard: u32,
-    batch: Vec<(Key, Priority)>,
-) -> (u32, Vec<(Key, Priority)>, Result<(), tonic::Status>) {
+    batch: Vec<(Key, Waiting)>,
+) -> (u32, Vec<(Key, Waiting)>, Result<(), tonic::Status>) {
     let request = EnqueueRequest {
         batch_id: 0,
         shard,
         items: batch
             .iter()
-            .map(|(key, priority)| EnqueueItem {
-                key: Some(WorkKey {
-                    controller: key.controller.to_string(),
-                    namespace: key.namespace.to_string(),
-                    name: key.name.to_string(),
-                }),
-                priority: *priority as i32,
-                delay: None,
-                trace_context: HashMap::new(),
-            })
+            .flat_map(|(key, waiting)| items(key, waiting))
             .collect(),
     };
     let result = client.enqueue(request).await.map(|_| ());
     (shard, batch, result)
+}
+
+/// One item per cause (repeats of a key coalesce at the queue, which keeps each cause), or
+/// one without a trace context.
+fn items<'a>(key: &'a Key, waiting: &'a Waiting) -> impl Iterator<Item = EnqueueItem> + 'a {
+    let item = move |trace_context: TraceFields| EnqueueItem {
+        key: Some(WorkKey {
+            controller: key.controller.to_string(),
+            namespace: key.namespace.to_string(),
+            name: key.name.to_string(),
+        }),
+        priority: waiting.priority as i32,
+        delay: None,
+        trace_context,
+    };
+    let uncaused = waiting.causes.is_empty().then(|| item(TraceFields::new()));
+    waiting
+        .causes
+        .iter()
+        .map(move |cause| item((**cause).clone()))
+        .chain(uncaused)
 }
 
 #[cfg(test)]
@@ -281,29 +331,62 @@ mod tests {
         }
     }
 
+    fn low() -> Waiting {
+        Waiting {
+            priority: Priority::Low,
+            causes: Vec::new(),
+        }
+    }
+
+    fn caused(priority: Priority, n: usize) -> Waiting {
+        let fields = TraceFields::from([("traceparent".to_owned(), n.to_string())]);
+        Waiting {
+            priority,
+            causes: vec![Arc::new(fields)],
+        }
+    }
+
     #[test]
-    fn repeats_coalesce_and_keep_the_higher_priority() {
+    fn repeats_coalesce_and_keep_the_higher_priority_and_every_cause() {
         let mut pending = Pending::default();
-        pending.insert(0, key("a"), Priority::Low);
-        pending.insert(0, key("a"), Priority::Normal);
-        pending.insert(0, key("a"), Priority::Low);
-        pending.insert(1, key("b"), Priority::Low);
+        pending.insert(0, key("a"), caused(Priority::Low, 1));
+        pending.insert(0, key("a"), caused(Priority::Normal, 2));
+        pending.insert(0, key("a"), low());
+        pending.insert(1, key("b"), low());
         assert_eq!(pending.total, 2);
         let view = ShardView::single("q:1", 2);
         let mut batches = pending.take(&view);
         batches.sort_by_key(|(s, _)| *s);
-        assert_eq!(batches[0].1, vec![(key("a"), Priority::Normal)]);
-        assert_eq!(batches[1].1, vec![(key("b"), Priority::Low)]);
+        let a = &batches[0].1[0].1;
+        assert_eq!(a.priority, Priority::Normal);
+        assert_eq!(a.causes.len(), 2);
+        let sent: Vec<_> = items(&batches[0].1[0].0, a).collect();
+        assert_eq!(sent.len(), 2, "one item per cause");
+        assert_eq!(sent[1].trace_context["traceparent"], "2");
+        assert_eq!(batches[1].1, vec![(key("b"), low())]);
+        assert_eq!(items(&key("b"), &low()).count(), 1);
         assert_eq!(pending.total, 0);
+    }
+
+    #[test]
+    fn causes_of_a_pending_key_are_bounded_keeping_the_latest() {
+        let mut pending = Pending::default();
+        for n in 0..MAX_CAUSES + 3 {
+            pending.insert(0, key("a"), caused(Priority::Normal, n));
+        }
+        let batches = pending.take(&ShardView::single("q:1", 1));
+        let causes = &batches[0].1[0].1.causes;
+        assert_eq!(causes.len(), MAX_CAUSES);
+        assert_eq!(causes[0]["traceparent"], "3");
     }
 
     #[test]
     fn shards_without_an_owner_wait_and_big_shards_go_in_batches() {
         let mut pending = Pending::default();
         for i in 0..(BATCH + 10) {
-            pending.insert(0, key(&i.to_string()), Priority::Low);
+            pending.insert(0, key(&i.to_string()), low());
         }
-        pending.insert(1, key("x"), Priority::Low);
+        pending.insert(1, key("x"), low());
         let mut view = ShardView::single("q:1", 2);
         view.owners[1] = None;
         let batches = pending.take(&view);
@@ -318,10 +401,10 @@ mod tests {
     #[tokio::test]
     async fn a_full_router_makes_push_wait_until_room() {
         let router = Arc::new(Router::new(2, 1, WatcherMetrics::default()));
-        router.push([key("a"), key("b")], Priority::Low).await;
+        router.push([key("a"), key("b")], Priority::Low, None).await;
         let blocked = tokio::spawn({
             let router = router.clone();
-            async move { router.push([key("c")], Priority::Low).await }
+            async move { router.push([key("c")], Priority::Low, None).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(

@@ -15,6 +15,10 @@
 //! - Every lease carries its shard's epoch and a lease id; an outcome with a stale epoch or an
 //!   unknown lease id is refused and counted, never applied.
 //!
+//! - Each add may carry a cause (opaque here: the service keeps a trace context in it). Causes
+//!   of coalesced adds are kept, the latest [`MAX_CAUSES`] of them, and handed out with the
+//!   next lease; a lease that fails, expires or is returned puts them back for the retry.
+//!
 //! The core does no I/O and reads no clock: every call takes `now`, so tests drive time.
 
 mod backoff;
@@ -23,7 +27,7 @@ pub mod shard;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use queue::{
-    AddOutcome, ControllerId, Error, Lease, LeaseId, MAX_LEASE_EXTENSION, MAX_NAME_LEN,
-    MAX_NAMESPACE_LEN, Outcome, Priority, Queue, QueueConfig, Refused, Result, ShardStats, Totals,
-    WorkKey, WorkerId,
+    AddOutcome, Cause, ControllerId, Error, Lease, LeaseId, MAX_CAUSES, MAX_LEASE_EXTENSION,
+    MAX_NAME_LEN, MAX_NAMESPACE_LEN, Outcome, Priority, Queue, QueueConfig, Refused, Result,
+    ShardStats, Totals, WorkKey, WorkerId,
 };

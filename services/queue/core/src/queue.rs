@@ -13,6 +13,12 @@ pub const MAX_NAME_LEN: usize = 253;
 /// Lease extensions longer than this are refused: a reconcile that needs more should extend
 /// again, so a dead worker's key is not held for hours.
 pub const MAX_LEASE_EXTENSION: Duration = Duration::from_secs(3600);
+/// Causes kept per key: a key added a thousand times while leased is reconciled once, and
+/// its trace links to the latest adds only. 16 links are what a trace view still shows.
+pub const MAX_CAUSES: usize = 16;
+
+/// What caused an add, opaque to the queue (the service keeps a W3C trace context in it).
+pub type Cause = Arc<[(String, String)]>;
 
 pub type ControllerId = u32;
 pub type LeaseId = u64;
@@ -113,6 +119,40 @@ pub struct Lease {
     pub deadline: Instant,
     /// How long the key waited ready before this lease.
     pub waited: Duration,
+    /// The causes of the adds this lease covers, oldest first, at most [`MAX_CAUSES`].
+    pub causes: Vec<Cause>,
+    /// Causes beyond [`MAX_CAUSES`] that were dropped (the oldest go first).
+    pub causes_dropped: u32,
+}
+
+/// The causes of a key's adds: the latest [`MAX_CAUSES`], and how many older ones went.
+#[derive(Clone, Debug, Default)]
+struct Causes {
+    kept: Vec<Cause>,
+    dropped: u32,
+}
+
+impl Causes {
+    fn push(&mut self, cause: Cause) {
+        if self.kept.len() == MAX_CAUSES {
+            self.kept.remove(0);
+            self.dropped = self.dropped.saturating_add(1);
+        }
+        self.kept.push(cause);
+    }
+
+    /// Puts the causes of an unfinished lease back before the ones added since.
+    fn restore(&mut self, older: Causes) {
+        let newer = std::mem::replace(self, older);
+        self.dropped = self.dropped.saturating_add(newer.dropped);
+        for cause in newer.kept {
+            self.push(cause);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.kept.is_empty() && self.dropped == 0
+    }
 }
 
 /// Introspection figures of one controller's keys in one shard.
@@ -201,6 +241,19 @@ struct ControllerQueue {
     entries: HashMap<Arc<str>, Entry>,
     /// Indexed by `Priority as usize`; items carry the entry's `seq` when pushed.
     ready: [VecDeque<(Arc<str>, u64)>; 2],
+    /// Causes of the adds not yet handed to a worker, of the keys that have any. Beside the
+    /// entries rather than in them: without traces it stays empty and costs no byte per key.
+    causes: HashMap<Arc<str>, Causes>,
+}
+
+impl ControllerQueue {
+    /// Forgets the causes of keys no longer held.
+    fn prune_causes(&mut self) {
+        if !self.causes.is_empty() {
+            let entries = &self.entries;
+            self.causes.retain(|key, _| entries.contains_key(key));
+        }
+    }
 }
 
 /// Hashes lease ids, which this replica generates in sequence: nobody can choose them to
@@ -236,6 +289,8 @@ struct LeaseInfo {
     worker: WorkerId,
     deadline: Instant,
     leased_at: Instant,
+    /// The lease's causes, put back if it ends without an outcome that settles them.
+    causes: Causes,
 }
 
 /// The queue of one replica: every registered controller's keys in every shard it serves.
@@ -274,6 +329,7 @@ impl Queue {
                 .map(|_| ControllerQueue {
                     entries: HashMap::new(),
                     ready: [VecDeque::new(), VecDeque::new()],
+                    causes: HashMap::new(),
                 })
                 .collect(),
             names,
@@ -419,6 +475,19 @@ impl Queue {
         delay: Duration,
         now: Instant,
     ) -> Result<AddOutcome> {
+        self.add_caused(key, priority, delay, None, now)
+    }
+
+    /// Adds a key with what caused the add; coalesced adds keep their causes (bounded), and
+    /// the next lease of the key carries them.
+    pub fn add_caused(
+        &mut self,
+        key: &WorkKey,
+        priority: Priority,
+        delay: Duration,
+        cause: Option<Cause>,
+        now: Instant,
+    ) -> Result<AddOutcome> {
         let (controller, shard) = self.validate(key)?;
         if self.shard_epoch(shard).is_none() {
             return Err(Error::NotOwner { shard });
@@ -456,6 +525,9 @@ impl Queue {
                     State::Delayed(at)
                 }
             };
+            if let Some(cause) = cause {
+                queue.causes.entry(key.clone()).or_default().push(cause);
+            }
             queue.entries.insert(
                 key,
                 Entry {
@@ -484,13 +556,18 @@ impl Queue {
                 false
             }
         };
-        if reschedule {
+        if reschedule || cause.is_some() {
             let key = queue
                 .entries
                 .get_key_value(self.scratch.as_str())
                 .map(|(k, _)| k.clone())
                 .expect("entry exists");
-            self.schedule(controller, key, due, now);
+            if let Some(cause) = cause {
+                queue.causes.entry(key.clone()).or_default().push(cause);
+            }
+            if reschedule {
+                self.schedule(controller, key, due, now);
+            }
         }
         Ok(AddOutcome::Coalesced)
     }
@@ -587,6 +664,11 @@ impl Queue {
             self.next_lease += 1;
             let deadline = now + self.config.lease_timeout;
             entry.state = State::Leased { pending: None };
+            let causes = if queue.causes.is_empty() {
+                Causes::default()
+            } else {
+                queue.causes.remove(&key).unwrap_or_default()
+            };
             let lease = Lease {
                 id,
                 controller,
@@ -596,6 +678,8 @@ impl Queue {
                 attempt: entry.failures.saturating_add(1),
                 deadline,
                 waited: now.saturating_duration_since(entry.ready_since),
+                causes: causes.kept.clone(),
+                causes_dropped: causes.dropped,
             };
             self.leases.insert(
                 id,
@@ -606,6 +690,7 @@ impl Queue {
                     worker,
                     deadline,
                     leased_at: now,
+                    causes,
                 },
             );
             self.lease_deadlines.push(Reverse((deadline, id)));
@@ -711,6 +796,15 @@ impl Queue {
         let State::Leased { pending, .. } = entry.state else {
             return;
         };
+        if matches!(how, Finish::Retry | Finish::Return) && !info.causes.is_empty() {
+            // Not settled: the next attempt covers the same events.
+            match queue.causes.get_mut(&info.key) {
+                Some(newer) => newer.restore(info.causes),
+                None => {
+                    queue.causes.insert(info.key.clone(), info.causes);
+                }
+            }
+        }
         let next = match how {
             Finish::Forget(after) => {
                 entry.failures = 0;
@@ -730,6 +824,9 @@ impl Queue {
             Some(due) if !draining => self.schedule(info.controller, info.key, due, now),
             _ => {
                 queue.entries.remove(&info.key);
+                if !queue.causes.is_empty() {
+                    queue.causes.remove(&info.key);
+                }
                 self.len -= 1;
             }
         }
@@ -769,6 +866,7 @@ impl Queue {
             let before = queue.entries.len();
             queue.entries.retain(|_, e| e.shard != shard);
             self.len -= before - queue.entries.len();
+            queue.prune_causes();
         }
     }
 
@@ -779,6 +877,7 @@ impl Queue {
                 .entries
                 .retain(|_, e| e.shard != shard || matches!(e.state, State::Leased { .. }));
             self.len -= before - queue.entries.len();
+            queue.prune_causes();
         }
     }
 
@@ -890,6 +989,84 @@ mod tests {
     fn lease(q: &mut Queue, now: Instant) -> Option<Lease> {
         q.advance(now);
         q.lease(1, &[], now)
+    }
+
+    fn cause(n: usize) -> Cause {
+        Arc::from(vec![("traceparent".to_owned(), n.to_string())])
+    }
+
+    fn caused(q: &mut Queue, name: &str, n: usize, now: Instant) -> AddOutcome {
+        q.add_caused(
+            &key(name),
+            Priority::Normal,
+            Duration::ZERO,
+            Some(cause(n)),
+            now,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn coalesced_adds_keep_their_causes_and_the_lease_carries_them() {
+        let (mut q, now) = queue();
+        assert_eq!(caused(&mut q, "a", 1, now), AddOutcome::Added);
+        assert_eq!(caused(&mut q, "a", 2, now), AddOutcome::Coalesced);
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        let l = lease(&mut q, now).unwrap();
+        assert_eq!(l.causes, vec![cause(1), cause(2)]);
+        assert_eq!(l.causes_dropped, 0);
+        // Adds while leased are the next lease's causes, not this one's.
+        caused(&mut q, "a", 3, now);
+        q.complete(l.shard, l.epoch, l.id, Outcome::Done, now)
+            .unwrap();
+        let l = lease(&mut q, now).unwrap();
+        assert_eq!(l.causes, vec![cause(3)]);
+    }
+
+    #[test]
+    fn causes_are_bounded_keeping_the_latest() {
+        let (mut q, now) = queue();
+        for n in 0..MAX_CAUSES + 5 {
+            caused(&mut q, "a", n, now);
+        }
+        let l = lease(&mut q, now).unwrap();
+        assert_eq!(l.causes.len(), MAX_CAUSES);
+        assert_eq!(l.causes.first(), Some(&cause(5)));
+        assert_eq!(l.causes.last(), Some(&cause(MAX_CAUSES + 4)));
+        assert_eq!(l.causes_dropped, 5);
+    }
+
+    #[test]
+    fn a_failed_lease_puts_its_causes_back_for_the_retry() {
+        let (mut q, now) = queue();
+        caused(&mut q, "a", 1, now);
+        let l = lease(&mut q, now).unwrap();
+        caused(&mut q, "a", 2, now);
+        q.complete(l.shard, l.epoch, l.id, Outcome::Failed, now)
+            .unwrap();
+        let later = now + Duration::from_secs(60);
+        let l = lease(&mut q, later).unwrap();
+        assert_eq!(l.causes, vec![cause(1), cause(2)]);
+        q.complete(l.shard, l.epoch, l.id, Outcome::Done, later)
+            .unwrap();
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, later)
+            .unwrap();
+        assert!(lease(&mut q, later).unwrap().causes.is_empty());
+    }
+
+    #[test]
+    fn causes_go_with_their_key_when_a_shard_is_dropped() {
+        let (mut q, now) = queue();
+        caused(&mut q, "a", 1, now);
+        let shard = q.validate(&key("a")).unwrap().1;
+        q.drain(shard);
+        q.release(shard);
+        q.acquire(shard, 8);
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+            .unwrap();
+        assert!(lease(&mut q, now).unwrap().causes.is_empty());
+        assert!(q.controllers.iter().all(|c| c.causes.is_empty()));
     }
 
     #[test]

@@ -1,0 +1,216 @@
+//! An OpenTelemetry Collector as a process: OTLP/gRPC in on a free loopback port, every span
+//! out to a file as OTLP JSON lines, which tests read back as [`ExportedSpan`]s.
+//!
+//! The collector is built by `scripts/testenv.sh` with the collector builder (OTLP receiver,
+//! file exporter) and cached with the control plane.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde_json::Value;
+
+use crate::{
+    Binaries, Error, Result,
+    ports::free_port,
+    process::{ManagedProcess, start_on_free_ports, wait_healthy},
+};
+
+/// How long the collector gets to listen.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the file exporter writes: short, so a test sees spans soon after they arrive.
+const FLUSH_INTERVAL: &str = "100ms";
+
+#[derive(Debug)]
+pub struct Collector {
+    process: ManagedProcess,
+    otlp: SocketAddr,
+    output: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Collector {
+    /// Starts the collector built by the harness.
+    pub async fn start(binaries: &Binaries) -> Result<Self> {
+        let program = binaries.path("otelcol-switchyard");
+        let dir = tempfile::Builder::new()
+            .prefix("switchyard-otelcol-")
+            .tempdir()?;
+        let output = dir.path().join("traces.jsonl");
+        let (process, otlp) = start_on_free_ports("otelcol", || async {
+            let otlp: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+            let config = dir.path().join("config.yaml");
+            std::fs::write(&config, config_yaml(otlp, &output))?;
+            let mut process = ManagedProcess::spawn(
+                "otelcol",
+                &program,
+                &[format!("--config=file:{}", config.display())],
+                &[],
+                &dir.path().join("otelcol.log"),
+            )?;
+            wait_healthy(&mut process, START_TIMEOUT, || async {
+                tokio::net::TcpStream::connect(otlp).await.is_ok()
+            })
+            .await?;
+            Ok((process, otlp))
+        })
+        .await?;
+        Ok(Self {
+            process,
+            otlp,
+            output,
+            _dir: dir,
+        })
+    }
+
+    /// The value for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.otlp)
+    }
+
+    /// The collector's own log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.process.log()).unwrap_or_default()
+    }
+
+    /// Every span written so far.
+    pub fn spans(&self) -> Result<Vec<ExportedSpan>> {
+        let text = match std::fs::read_to_string(&self.output) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut spans = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let export: Value = serde_json::from_str(line)
+                .map_err(|e| Error::Setup(format!("the collector wrote invalid JSON: {e}")))?;
+            parse_export(&export, &mut spans);
+        }
+        Ok(spans)
+    }
+}
+
+fn config_yaml(otlp: SocketAddr, output: &Path) -> String {
+    // The collector's own metrics would listen on :8888 by default; tests run several.
+    format!(
+        r#"receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: {otlp}
+exporters:
+  file:
+    path: {output}
+    flush_interval: {FLUSH_INTERVAL}
+service:
+  telemetry:
+    metrics:
+      level: none
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [file]
+"#,
+        output = output.display()
+    )
+}
+
+/// One span as the collector exported it (OTLP JSON), with its resource's service name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExportedSpan {
+    pub service: String,
+    pub resource: BTreeMap<String, String>,
+    pub trace_id: String,
+    pub span_id: String,
+    /// Empty for a root span.
+    pub parent_span_id: String,
+    pub name: String,
+    pub attributes: BTreeMap<String, String>,
+    /// `(trace_id, span_id)` of each linked span.
+    pub links: Vec<(String, String)>,
+}
+
+impl ExportedSpan {
+    pub fn attribute(&self, key: &str) -> Option<&str> {
+        self.attributes.get(key).map(String::as_str)
+    }
+}
+
+fn parse_export(export: &Value, out: &mut Vec<ExportedSpan>) {
+    for resource_spans in array(&export["resourceSpans"]) {
+        let resource = attributes(&resource_spans["resource"]["attributes"]);
+        let service = resource.get("service.name").cloned().unwrap_or_default();
+        for scope_spans in array(&resource_spans["scopeSpans"]) {
+            for span in array(&scope_spans["spans"]) {
+                out.push(ExportedSpan {
+                    service: service.clone(),
+                    resource: resource.clone(),
+                    trace_id: string(&span["traceId"]),
+                    span_id: string(&span["spanId"]),
+                    parent_span_id: string(&span["parentSpanId"]),
+                    name: string(&span["name"]),
+                    attributes: attributes(&span["attributes"]),
+                    links: array(&span["links"])
+                        .map(|l| (string(&l["traceId"]), string(&l["spanId"])))
+                        .collect(),
+                });
+            }
+        }
+    }
+}
+
+fn array(value: &Value) -> impl Iterator<Item = &Value> {
+    value.as_array().into_iter().flatten()
+}
+
+fn string(value: &Value) -> String {
+    value.as_str().unwrap_or_default().to_owned()
+}
+
+/// OTLP key-values as strings (ints arrive as JSON strings, bools and doubles as values).
+fn attributes(list: &Value) -> BTreeMap<String, String> {
+    array(list)
+        .filter_map(|kv| {
+            let key = kv["key"].as_str()?.to_owned();
+            let value = kv["value"].as_object()?.values().next()?;
+            let value = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            Some((key, value))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn otlp_json_lines_become_spans() {
+        let line = serde_json::json!({"resourceSpans": [{
+            "resource": {"attributes": [
+                {"key": "service.name", "value": {"stringValue": "switchyard-queue"}}
+            ]},
+            "scopeSpans": [{"spans": [{
+                "traceId": "aa", "spanId": "bb", "parentSpanId": "cc", "name": "lease",
+                "attributes": [
+                    {"key": "attempt", "value": {"intValue": "1"}},
+                    {"key": "controller", "value": {"stringValue": "rs"}}
+                ],
+                "links": [{"traceId": "dd", "spanId": "ee"}]
+            }]}]
+        }]});
+        let mut spans = Vec::new();
+        parse_export(&line, &mut spans);
+        assert_eq!(spans.len(), 1);
+        let span = &spans[0];
+        assert_eq!(span.service, "switchyard-queue");
+        assert_eq!(span.parent_span_id, "cc");
+        assert_eq!(span.attribute("attempt"), Some("1"));
+        assert_eq!(span.links, vec![("dd".to_owned(), "ee".to_owned())]);
+    }
+}
