@@ -22,6 +22,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::{
+    collections::BTreeMap,
     path::Path,
     time::{Duration, Instant},
 };
@@ -162,6 +163,21 @@ impl Controllers {
             reconcilers,
         } = self
         {
+            let mut requests: BTreeMap<String, f64> = BTreeMap::new();
+            for reconciler in &reconcilers {
+                let (_, text) = reconciler.admin_get("/metrics").await.unwrap();
+                for line in text.lines() {
+                    let Some(rest) = line.strip_prefix("switchyard_apiserver_requests_total{")
+                    else {
+                        continue;
+                    };
+                    if let Some((labels, value)) = rest.rsplit_once("} ") {
+                        *requests.entry(labels.to_owned()).or_default() +=
+                            value.parse::<f64>().unwrap_or(0.0);
+                    }
+                }
+            }
+            eprintln!("reconciler apiserver requests: {requests:?}");
             for reconciler in reconcilers {
                 let _ = reconciler.terminate().await;
             }

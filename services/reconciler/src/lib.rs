@@ -18,7 +18,7 @@ pub mod replicaset;
 pub mod sdk;
 pub mod worker;
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use switchyard_k8s::kube;
 use switchyard_runtime::{
@@ -194,17 +194,31 @@ impl Args {
         // Outermost: the client's buffer task calls it in the span of the reconcile that made
         // the request; latency starts once the rate limit has let the request through.
         let apiserver = ApiserverLayer::new(ApiserverMetrics::register(rt.metrics()), true);
-        let client = kube::client::ClientBuilder::try_from(config)
-            .map_err(switchyard_runtime::KubeError::from)?
-            .with_layer(&RateLimitLayer::new(kube_api_qps, kube_api_burst))
-            .with_layer(&apiserver)
-            .build();
+        // Each controller gets a client, and so a QPS/burst limit, of its own, as each of
+        // kube-controller-manager's controllers does: one busy controller does not hold
+        // back the others.
+        let limited_client = || -> Result<kube::Client> {
+            Ok(kube::client::ClientBuilder::try_from(config.clone())
+                .map_err(switchyard_runtime::KubeError::from)?
+                .with_layer(&RateLimitLayer::new(kube_api_qps, kube_api_burst))
+                .with_layer(&apiserver)
+                .build())
+        };
+        let client = limited_client()?;
         let gate = rt.readiness().gate("apiserver");
         rt.spawn("apiserver-check", {
             let client = client.clone();
             move |drain| await_apiserver(client, gate, drain)
         });
-        let ctx = Context::new(client, CacheClient::new(&watcher_addr)?, &worker_id);
+        let cache = CacheClient::new(&watcher_addr)?;
+        let ctx = Context::new(client, cache.clone(), &worker_id);
+        let mut contexts = BTreeMap::new();
+        for name in registry.names() {
+            contexts.insert(
+                name,
+                Context::new(limited_client()?, cache.clone(), &worker_id),
+            );
+        }
         let settings = Settings {
             worker_id,
             concurrency,
@@ -224,7 +238,8 @@ impl Args {
             settings,
             rt.readiness().gate("queue"),
             metrics::ReconcilerMetrics::register(rt.metrics()),
-        );
+        )
+        .per_controller(contexts);
         match route {
             Route::Queue(queue) => {
                 rt.spawn("worker", move |drain| worker.serve(queue.into(), drain));

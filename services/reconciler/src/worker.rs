@@ -72,7 +72,10 @@ pub struct Settings {
 #[derive(Clone)]
 pub struct Worker {
     pub registry: Arc<Registry>,
+    /// The context of a controller without one of its own in `contexts`.
     pub ctx: Context,
+    /// Per controller name: its own apiserver client (and rate limit).
+    contexts: Arc<BTreeMap<String, Context>>,
     pub settings: Arc<Settings>,
     /// Bounds the reconciles running at once across every queue replica.
     permits: Arc<Semaphore>,
@@ -103,9 +106,16 @@ impl Worker {
             permits: Arc::new(Semaphore::new(settings.concurrency as usize)),
             registry: Arc::new(registry),
             ctx,
+            contexts: Arc::default(),
             settings: Arc::new(settings),
             ready: Arc::new(Mutex::new(Some(ready))),
         }
+    }
+
+    /// Gives each named controller a context of its own (its own client and rate limit).
+    pub fn per_controller(mut self, contexts: BTreeMap<String, Context>) -> Self {
+        self.contexts = Arc::new(contexts);
+        self
     }
 
     /// Serves one queue replica until shutdown, reconnecting when the stream breaks.
@@ -283,11 +293,16 @@ impl Session {
         drain: Drain,
     ) -> impl Future<Output = ()> + Send + 'static {
         let registry = self.worker.registry.clone();
-        let ctx = self.worker.ctx.clone();
         let permits = self.worker.permits.clone();
         let metrics = self.worker.metrics.clone();
         let timeout = self.worker.settings.reconcile_timeout;
         let key = item.key.clone().unwrap_or_default();
+        let ctx = self
+            .worker
+            .contexts
+            .get(&key.controller)
+            .unwrap_or(&self.worker.ctx)
+            .clone();
         let span = reconcile_span(&item);
         async move {
             // The lease is kept from the start, also while waiting for a permit.

@@ -445,7 +445,7 @@ async fn deployment_becomes_available_scales_and_replaces_a_deleted_pod() {
     .expect("the deleted Pod is replaced by a ready one");
     complete(&deployments, &pods, "web", 4, "registry.example/web:1").await;
 
-    let series = r#"switchyard_reconciles_total{controller="apps/v1/Deployment",outcome="done"}"#;
+    let series = r#"switchyard_reconcile_total{controller="apps/v1/Deployment",result="success"}"#;
     assert!(stack.reconciler.metric(series).await > 0.0);
     stack.stop().await;
     eprintln!("available, scaled and replaced in {:?}", started.elapsed());

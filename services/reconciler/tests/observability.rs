@@ -121,6 +121,8 @@ async fn one_trace_follows_a_replica_set_from_watch_event_to_apiserver_writes() 
             &kubeconfig,
             &format!("--queue-addr={}", queue.grpc_addr()),
             &format!("--watcher-addr={}", watcher.grpc_addr()),
+            // The queue serves the ReplicaSet controller's keys only.
+            &format!("--controllers={RS}"),
             "--log-level=info,switchyard_reconciler=debug",
         ],
         &as_refs(&reconciler_env),
