@@ -96,10 +96,10 @@ pub struct ReconcilerArgs {
     /// A reconcile that takes longer is abandoned and reported failed (retried with backoff)
     #[arg(long, env = "SWITCHYARD_RECONCILE_TIMEOUT", default_value = "60s")]
     pub reconcile_timeout: humantime::Duration,
-    /// Apiserver requests per second, shared by every reconcile of this worker
+    /// Apiserver requests per second, for each controller (each has a client of its own)
     #[arg(long, env = "SWITCHYARD_KUBE_API_QPS", default_value_t = 50.0)]
     pub kube_api_qps: f64,
-    /// Apiserver requests allowed at once above the QPS
+    /// Apiserver requests allowed at once above the QPS, for each controller
     #[arg(long, env = "SWITCHYARD_KUBE_API_BURST", default_value_t = 100)]
     pub kube_api_burst: u32,
     /// This worker's identity in the queue's logs; default: the host name and process id

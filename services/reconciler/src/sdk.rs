@@ -82,7 +82,7 @@ pub struct Request {
 /// reads, and an events recorder. Cheap to clone.
 #[derive(Clone)]
 pub struct Context {
-    /// The apiserver, behind this worker's QPS/burst limit.
+    /// The apiserver, behind this controller's QPS/burst limit.
     pub client: Client,
     /// The watcher's Cache API.
     pub cache: CacheClient,
