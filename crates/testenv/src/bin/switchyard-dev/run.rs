@@ -146,7 +146,8 @@ pub async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow
         Ok(()) => follow_workload(&cluster, &mut signals, exit_when_ready).await,
         Err(error) => Err(error),
     };
-    if outcome.is_ok() && !exit_when_ready {
+    // Ctrl-C while the workload was still coming up stops the run as well.
+    if matches!(outcome, Ok(Followed::Available)) && !exit_when_ready {
         println!("everything is running; Ctrl-C stops it");
         signals.received().await;
     }
@@ -223,13 +224,20 @@ async fn start_services(
     Ok(())
 }
 
+/// How following the workload ended.
+enum Followed {
+    Available,
+    /// A signal came first: the run stops, without an error.
+    Signaled,
+}
+
 /// Applies the sample workload and prints its progress until every Deployment is Available
-/// (or a signal, which ends the run early without an error).
+/// or a signal comes.
 async fn follow_workload(
     cluster: &Cluster,
     signals: &mut Signals,
     exit_when_ready: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Followed> {
     let client = cluster.client().await?;
     let deployments = apply_workload(&client).await?;
     println!(
@@ -264,7 +272,7 @@ async fn follow_workload(
                 "the sample workload is Available after {:.1}s",
                 start.elapsed().as_secs_f64()
             );
-            return Ok(());
+            return Ok(Followed::Available);
         }
         anyhow::ensure!(
             !exit_when_ready || start.elapsed() < WORKLOAD_TIMEOUT,
@@ -274,7 +282,7 @@ async fn follow_workload(
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             _ = signals.received() => {
                 println!("stopping before the workload is Available");
-                return Ok(());
+                return Ok(Followed::Signaled);
             }
         }
     }
