@@ -7,6 +7,7 @@
 //!     ─► diff:  create in slow-start batches | delete the lowest-ranked
 //!     ─► cache again, at least at the resourceVersion of the last write   (reads its own writes)
 //!     ─► status from that read ─► replace status (409 on a stale read: failed, queue backoff)
+//!     ─► cache again, at least at the status write's resourceVersion
 //! ```
 //!
 //! Why the second read: the Pods are counted from a cache that has seen every write of this
@@ -288,9 +289,19 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     if core::status_changed(&rs, &status) {
         let mut updated = rs.clone();
         updated.status = Some(status);
-        Api::<ReplicaSet>::namespaced(ctx.client.clone(), &request.namespace)
+        let written = Api::<ReplicaSet>::namespaced(ctx.client.clone(), &request.namespace)
             .replace_status(&request.name, &PostParams::default(), &updated)
             .await?;
+        // The next reconcile of this key starts after this one's outcome. It compares the
+        // status it computes with the cached ReplicaSet's and skips an equal one, so that
+        // cache must hold this write: a cache still showing the status from before it would
+        // make an unchanged-looking status skip a needed write, and a status-only update
+        // keys nothing under a `generationChanged` predicate.
+        if let Some(rv) = written.metadata.resource_version.as_deref() {
+            ctx.cache
+                .get::<ReplicaSet>(&request.namespace, &request.name, Some(rv))
+                .await?;
+        }
     }
     if let Some(error) = first_error {
         return Err(error);
