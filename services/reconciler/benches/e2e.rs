@@ -51,6 +51,15 @@ enum Under {
     Switchyard { reconcilers: usize, latency_ms: u64 },
 }
 
+impl Under {
+    const fn switchyard(reconcilers: usize, latency_ms: u64) -> Self {
+        Self::Switchyard {
+            reconcilers,
+            latency_ms,
+        }
+    }
+}
+
 fn deployments() -> usize {
     std::env::var("SWITCHYARD_BENCH_DEPLOYMENTS")
         .ok()
@@ -288,39 +297,53 @@ async fn converge(under: Under, count: usize) -> f64 {
     took
 }
 
+/// The measurements, by figure name, in the order they run.
+const RUNS: [(&str, Under); 8] = [
+    ("kcm_converge", Under::ControllerManager),
+    ("sy1_converge", Under::switchyard(1, 0)),
+    ("sy2_converge", Under::switchyard(2, 0)),
+    ("sy4_converge", Under::switchyard(4, 0)),
+    ("sy1_converge_slow", Under::switchyard(1, 20)),
+    ("sy4_converge_slow", Under::switchyard(4, 20)),
+    ("sy1_converge_slow50", Under::switchyard(1, 50)),
+    ("sy4_converge_slow50", Under::switchyard(4, 50)),
+];
+
+/// The ratios printed when both of their runs ran: (figure, numerator, denominator).
+const RATIOS: [(&str, &str, &str); 3] = [
+    ("sy1_vs_kcm", "sy1_converge", "kcm_converge"),
+    ("sy4_vs_sy1_slow", "sy1_converge_slow", "sy4_converge_slow"),
+    (
+        "sy4_vs_sy1_slow50",
+        "sy1_converge_slow50",
+        "sy4_converge_slow50",
+    ),
+];
+
+/// `SWITCHYARD_BENCH_RUNS=sy1_converge,kcm_converge` runs only the named measurements.
+fn selected(name: &str) -> bool {
+    std::env::var("SWITCHYARD_BENCH_RUNS")
+        .map(|runs| runs.split(',').any(|run| run.trim() == name))
+        .unwrap_or(true)
+}
+
 async fn run() {
     let count = deployments();
     eprintln!("{count} Deployments x {REPLICAS} replicas per run");
-    let kcm = converge(Under::ControllerManager, count).await;
-    println!("bench e2e.kcm_converge {kcm:.1} s");
-    let mut fast = Vec::new();
-    for reconcilers in [1, 2, 4] {
-        let took = converge(
-            Under::Switchyard {
-                reconcilers,
-                latency_ms: 0,
-            },
-            count,
-        )
-        .await;
-        println!("bench e2e.sy{reconcilers}_converge {took:.1} s");
-        fast.push(took);
+    let mut took = BTreeMap::new();
+    for (name, under) in RUNS {
+        if !selected(name) {
+            continue;
+        }
+        let seconds = converge(under, count).await;
+        println!("bench e2e.{name} {seconds:.1} s");
+        took.insert(name, seconds);
     }
-    let mut slow = Vec::new();
-    for reconcilers in [1, 4] {
-        let took = converge(
-            Under::Switchyard {
-                reconcilers,
-                latency_ms: 20,
-            },
-            count,
-        )
-        .await;
-        println!("bench e2e.sy{reconcilers}_converge_slow {took:.1} s");
-        slow.push(took);
+    for (name, numerator, denominator) in RATIOS {
+        if let (Some(n), Some(d)) = (took.get(numerator), took.get(denominator)) {
+            println!("bench e2e.{name} {:.2} ratio", n / d);
+        }
     }
-    println!("bench e2e.sy1_vs_kcm {:.2} ratio", fast[0] / kcm);
-    println!("bench e2e.sy4_vs_sy1_slow {:.2} ratio", slow[0] / slow[1]);
 }
 
 fn main() {
