@@ -16,8 +16,12 @@
 //! - `e2e.sy1_converge_slow`, `e2e.sy4_converge_slow` (s): the same with every reconcile
 //!   waiting 20 ms first, as if it called an external system (`--simulated-latency`), and one
 //!   reconcile at a time per replica (`--concurrency=1`);
-//! - `e2e.sy1_vs_kcm` and `e2e.sy4_vs_sy1_slow` (ratios): time against kube-controller-manager,
-//!   and the speed-up of 4 reconcilers over 1 with slow reconciles.
+//! - `e2e.sy1_converge_slow50`, `e2e.sy4_converge_slow50` (s): the same at 50 ms, where one
+//!   replica's time stays above the control plane's floor even divided by four;
+//! - `e2e.sy1_vs_kcm`, `e2e.sy4_vs_sy1_slow` and `e2e.sy4_vs_sy1_slow50` (ratios): time against
+//!   kube-controller-manager, and the speed-up of 4 reconcilers over 1 with slow reconciles.
+//!
+//! `SWITCHYARD_BENCH_RUNS=sy1_converge,kcm_converge` runs only the named measurements.
 
 #![allow(clippy::unwrap_used)]
 
