@@ -1,10 +1,14 @@
 //! Traces and metrics end to end. A queue, a watcher and a reconciler run as separate
 //! processes (each its own `service.name`, as in a cluster) against the real control plane,
 //! exporting over OTLP to a real OpenTelemetry Collector that writes every span to a file.
+//! The workload is one Deployment rolled out by the ReplicaSet and Deployment controllers,
+//! with the watcher configured as shipped.
 //!
 //! ```text
-//!  ReplicaSet created ─► watcher "watch event" ─► queue "enqueue" ─► queue "lease"
-//!                          ─► reconciler "reconcile" ─► "apiserver request" × n
+//!  Deployment created ─► watcher "watch event" ─► queue "enqueue" ─► queue "lease"
+//!                          ─► reconciler "reconcile" ─► "apiserver request" POST replicasets
+//!  ReplicaSet created ─► watcher "watch event" (a trace of its own) ─► … ─► "reconcile"
+//!                          ─► "apiserver request" POST pods × 2
 //! ```
 //!
 //! The batch exporters are told to wait a minute between exports, so the spans reach the
@@ -24,15 +28,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use switchyard_k8s::{Api, Pod, PostParams, ReplicaSet};
+use serde_json::json;
+use switchyard_k8s::{Api, Deployment, ListParams, Pod, PostParams, ReplicaSet, await_condition};
+use switchyard_reconciler::{deployment, replicaset};
+use switchyard_reconciler_core::{
+    deployment::{AVAILABLE, controller_of, get_condition},
+    replicaset::is_active,
+};
 use switchyard_testenv::{
     Collector, ControlPlane, ExportedSpan, ServiceProcess, TestNamespace, exposition,
 };
 
-use support::{RS, SHARDS, converged, replica_set};
+use support::{DEPLOY, RS, SHARDS};
 
 /// Longer than the test: nothing is exported before shutdown unless a batch fills up.
 const EXPORT_DELAY_MS: &str = "60000";
+/// How long the rollout of 2 Pods may take: seconds on kwok; this bounds a broken run.
+const ROLLOUT: Duration = Duration::from_secs(60);
+/// How long after the rollout the last reconcile may still be reporting its outcome (it
+/// waits until the watcher's cache holds its last write).
+const SETTLE: Duration = Duration::from_secs(10);
 
 fn services_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler"))
@@ -69,7 +84,7 @@ async fn metrics(process: &ServiceProcess) -> exposition::Exposition {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_trace_follows_a_replica_set_from_watch_event_to_apiserver_writes() {
+async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_writes() {
     let plane = ControlPlane::shared().expect("control plane");
     let collector = Collector::start(plane.binaries()).await.unwrap();
     let client = plane.client().await.unwrap();
@@ -94,14 +109,14 @@ async fn one_trace_follows_a_replica_set_from_watch_event_to_apiserver_writes() 
         &dir.join("switchyard-queue"),
         &[
             &format!("--shard-count={SHARDS}"),
-            &format!("--controllers={RS}"),
+            &format!("--controllers={RS},{DEPLOY}"),
         ],
         &as_refs(&queue_env),
     )
     .await;
     let mut config = tempfile::NamedTempFile::new().unwrap();
     config
-        .write_all(support::rs_config(ns.name()).as_bytes())
+        .write_all(support::deploy_config(ns.name()).as_bytes())
         .unwrap();
     let watcher_env = otel("watcher");
     let watcher = start(
@@ -115,97 +130,98 @@ async fn one_trace_follows_a_replica_set_from_watch_event_to_apiserver_writes() 
     )
     .await;
     let reconciler_env = otel("reconciler");
+    // Every built-in controller: ReplicaSet and Deployment.
     let reconciler = start(
         Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
         &[
             &kubeconfig,
             &format!("--queue-addr={}", queue.grpc_addr()),
             &format!("--watcher-addr={}", watcher.grpc_addr()),
-            // The queue serves the ReplicaSet controller's keys only.
-            &format!("--controllers={RS}"),
             "--log-level=info,switchyard_reconciler=debug",
         ],
         &as_refs(&reconciler_env),
     )
     .await;
 
-    // The known workload: one ReplicaSet of 2 replicas, created and converged.
+    // The known workload: one Deployment of 2 replicas, created and rolled out.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
     let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
-    rs_api
-        .create(&PostParams::default(), &replica_set("web", 2))
+    deployments
+        .create(&PostParams::default(), &web_deployment(2))
         .await
         .unwrap();
-    converged(&rs_api, &pods, "web", 2).await;
+    let rs_name = rolled_out(&deployments, &rs_api, &pods, 2).await;
 
     // Metrics: every endpoint parses, and the counters moved as the workload says.
-    let r = metrics(&reconciler).await;
-    let success = [("controller", RS), ("result", "success")];
-    assert!(
-        r.value("switchyard_reconcile_total", &success)
-            .unwrap_or(0.0)
-            >= 1.0
-    );
-    assert_eq!(
-        r.value(
-            "switchyard_apiserver_requests_total",
-            &[("verb", "create"), ("code", "201")]
-        ),
-        Some(2.0),
-        "two Pods created, once each"
-    );
-    assert!(
-        r.value(
-            "switchyard_reconcile_time_seconds_count",
-            &[("controller", RS)]
-        ) >= Some(1.0)
-    );
-    assert_eq!(
-        r.value("switchyard_active_workers", &[("controller", RS)]),
-        Some(0.0)
-    );
-    // An error (a write conflict, retried) may happen; whatever happened adds up.
-    let reconciles = r.value("switchyard_reconcile_total", &[("controller", RS)]);
-    assert_eq!(
-        reconciles,
-        r.value(
-            "switchyard_reconcile_time_seconds_count",
-            &[("controller", RS)]
-        )
-    );
-    assert_eq!(
-        r.value("switchyard_reconcile_errors_total", &[("controller", RS)]),
-        r.value(
-            "switchyard_reconcile_total",
-            &[("controller", RS), ("result", "error")]
-        )
+    let r = settled(&reconciler).await;
+    for controller in [RS, DEPLOY] {
+        let c = [("controller", controller)];
+        let success = [("controller", controller), ("result", "success")];
+        assert!(
+            r.value("switchyard_reconcile_total", &success)
+                .unwrap_or(0.0)
+                >= 1.0,
+            "{controller}"
+        );
+        // An error (a write conflict, retried) may happen; whatever happened adds up.
+        assert_eq!(
+            r.value("switchyard_reconcile_total", &c),
+            r.value("switchyard_reconcile_time_seconds_count", &c),
+            "{controller}"
+        );
+        assert_eq!(
+            r.value("switchyard_reconcile_errors_total", &c),
+            r.value(
+                "switchyard_reconcile_total",
+                &[("controller", controller), ("result", "error")]
+            ),
+            "{controller}"
+        );
+    }
+    let created = r.value(
+        "switchyard_apiserver_requests_total",
+        &[("verb", "create"), ("code", "201")],
     );
     let w = metrics(&watcher).await;
-    let rs_added = [("resource", "apps/v1/ReplicaSet"), ("event", "added")];
-    assert_eq!(
-        w.value("switchyard_watch_events_total", &rs_added),
-        Some(1.0)
-    );
+    for kind in ["apps/v1/Deployment", "apps/v1/ReplicaSet"] {
+        let added = [("resource", kind), ("event", "added")];
+        assert_eq!(
+            w.value("switchyard_watch_events_total", &added),
+            Some(1.0),
+            "{kind}"
+        );
+    }
     assert!(w.value("switchyard_apiserver_requests_total", &[("verb", "watch")]) >= Some(1.0));
     let q = metrics(&queue).await;
-    assert!(q.value("workqueue_adds_total", &[("name", RS)]) >= Some(1.0));
-    assert_eq!(q.value("workqueue_depth", &[("name", RS)]), Some(0.0));
+    for controller in [RS, DEPLOY] {
+        assert!(q.value("workqueue_adds_total", &[("name", controller)]) >= Some(1.0));
+        assert_eq!(
+            q.value("workqueue_depth", &[("name", controller)]),
+            Some(0.0)
+        );
+    }
 
     // Shutdown flushes every exporter.
     let (_, reconciler_log) = reconciler.terminate().await.unwrap();
     let (_, watcher_log) = watcher.terminate().await.unwrap();
     let (_, queue_log) = queue.terminate().await.unwrap();
-    let spans = wait_for_spans(&collector, &ns, Duration::from_secs(10)).await;
-    let by_id: HashMap<&str, &ExportedSpan> =
-        spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
-    let parent = |s: &ExportedSpan| by_id.get(s.parent_span_id.as_str()).copied();
+    let exported = wait_for_spans(&collector, Duration::from_secs(10), |spans| {
+        spans.iter().filter(|s| is_create(s, "pods")).count() == 2
+            && spans.iter().any(|s| is_create(s, "replicasets"))
+            && spans
+                .iter()
+                .any(|s| s.name == "watch event" && s.attribute("namespace") == Some(ns.name()))
+    })
+    .await;
+    let spans = Spans::new(&exported);
 
     for service in [
         "switchyard-queue",
         "switchyard-watcher",
         "switchyard-reconciler",
     ] {
-        let span = spans
+        let span = exported
             .iter()
             .find(|s| s.service == service)
             .unwrap_or_else(|| panic!("no span from {service}"));
@@ -219,113 +235,328 @@ async fn one_trace_follows_a_replica_set_from_watch_event_to_apiserver_writes() 
             "OTEL_RESOURCE_ATTRIBUTES read"
         );
     }
-
-    // The reconcile that created the Pods: its apiserver calls are its children.
-    let creates: Vec<&ExportedSpan> = spans
+    // Every create the reconciler counted has its span, answered 201: the ReplicaSet, its
+    // two Pods and the Deployment's events.
+    let creates = exported
         .iter()
         .filter(|s| s.name == "apiserver request" && s.attribute("verb") == Some("create"))
-        .filter(|s| s.attribute("resource") == Some("pods"))
-        .collect();
-    assert_eq!(creates.len(), 2, "one span per Pod created: {creates:#?}");
-    let reconcile = parent(creates[0]).expect("the create's parent was exported");
-    assert_eq!(
-        parent(creates[1]).map(|s| &s.span_id),
-        Some(&reconcile.span_id)
-    );
-    for create in &creates {
-        assert_eq!(create.service, "switchyard-reconciler");
-        assert_eq!(create.attribute("code"), Some("201"));
-        assert_eq!(create.trace_id, reconcile.trace_id);
-    }
-    assert_eq!(reconcile.name, "reconcile");
-    assert_eq!(reconcile.service, "switchyard-reconciler");
-    assert_eq!(reconcile.attribute("controller"), Some(RS));
-    assert_eq!(
-        reconcile.attribute("key"),
-        Some(format!("{}/web", ns.name()).as_str())
-    );
-    // Done, or failed on a write conflict after the creates (then retried).
-    assert!(
-        matches!(reconcile.attribute("outcome"), Some("done" | "failed")),
-        "{reconcile:#?}"
-    );
-    assert_eq!(reconcile.attribute("attempt"), Some("1"));
+        .filter(|s| s.attribute("code") == Some("201"))
+        .count();
+    assert_eq!(created, Some(creates as f64));
 
-    // Its parent is the queue's lease, whose parent is the enqueue, whose parent is the
-    // watch event of the ReplicaSet's creation: one trace from the event to the writes.
-    let lease = parent(reconcile).expect("the reconcile's parent was exported");
-    assert_eq!(
-        (lease.service.as_str(), lease.name.as_str()),
-        ("switchyard-queue", "lease")
-    );
-    let enqueue = parent(lease).expect("the lease's parent was exported");
-    assert_eq!(
-        (enqueue.service.as_str(), enqueue.name.as_str()),
-        ("switchyard-queue", "enqueue")
-    );
-    let event = parent(enqueue).expect("the enqueue's parent was exported");
-    assert_eq!(
-        (event.service.as_str(), event.name.as_str()),
-        ("switchyard-watcher", "watch event")
-    );
-    assert_eq!(event.parent_span_id, "", "a watch event starts its trace");
-    assert_eq!(event.attribute("kind"), Some("apps/v1/ReplicaSet"));
-    assert_eq!(event.attribute("event"), Some("added"));
-    assert_eq!(event.attribute("namespace"), Some(ns.name()));
-    assert_eq!(event.attribute("name"), Some("web"));
+    // 1. The Deployment's trace: its watch event, the enqueue and lease of its key, and the
+    // reconcile that created the ReplicaSet, the create being the reconcile's child.
+    let d_event = spans.one("the Deployment's added event", |s| {
+        is_added_event(s, "apps/v1/Deployment", ns.name(), "web")
+    });
+    assert_eq!(d_event.parent_span_id, "", "a watch event starts its trace");
     assert!(
-        event
+        d_event
             .attribute("resource_version")
             .is_some_and(|rv| !rv.is_empty())
     );
-    for span in [lease, enqueue, event] {
-        assert_eq!(span.trace_id, reconcile.trace_id);
-    }
+    let rs_create = spans.one("the ReplicaSet's create", |s| is_create(s, "replicasets"));
+    assert_eq!(rs_create.service, "switchyard-reconciler");
+    assert_eq!(rs_create.attribute("code"), Some("201"));
+    let d_reconcile = spans
+        .parent(rs_create)
+        .expect("the create's parent was exported");
+    assert_reconcile(d_reconcile, deployment::NAME, &format!("{}/web", ns.name()));
+    assert_eq!(rs_create.trace_id, d_reconcile.trace_id);
+    let (d_enqueue, event) = spans.caused_by(d_reconcile);
+    assert_eq!(event.span_id, d_event.span_id, "{event:#?}");
 
-    // Every reconcile links to each event it covers: the links are the enqueues of its
-    // causes, each the child of a watch event.
-    let reconciles: Vec<&ExportedSpan> = spans.iter().filter(|s| s.name == "reconcile").collect();
-    assert!(reconciles.len() >= 2, "the Pods' changes reconciled too");
+    // 2. The ReplicaSet's trace. The watcher starts a trace at every watch event, the
+    // controller's own writes included: an apiserver watch event does not say who wrote the
+    // object, so the ReplicaSet's added event is a root with no link to the reconcile that
+    // created it. From there, one trace runs to the Pod creates.
+    let rs_event = spans.one("the ReplicaSet's added event", |s| {
+        is_added_event(s, "apps/v1/ReplicaSet", ns.name(), &rs_name)
+    });
+    assert_eq!(
+        rs_event.parent_span_id, "",
+        "a watch event starts its trace"
+    );
+    assert!(rs_event.links.is_empty(), "{rs_event:#?}");
+    assert_ne!(rs_event.trace_id, d_event.trace_id);
+    let pod_creates: Vec<&ExportedSpan> =
+        exported.iter().filter(|s| is_create(s, "pods")).collect();
+    assert_eq!(
+        pod_creates.len(),
+        2,
+        "one span per Pod created: {pod_creates:#?}"
+    );
+    let rs_reconcile = spans
+        .parent(pod_creates[0])
+        .expect("the create's parent was exported");
+    for create in &pod_creates {
+        assert_eq!(create.service, "switchyard-reconciler");
+        assert_eq!(create.attribute("code"), Some("201"));
+        assert_eq!(create.parent_span_id, rs_reconcile.span_id);
+        assert_eq!(create.trace_id, rs_reconcile.trace_id);
+    }
+    assert_reconcile(
+        rs_reconcile,
+        replicaset::NAME,
+        &format!("{}/{rs_name}", ns.name()),
+    );
+    let (rs_enqueue, event) = spans.caused_by(rs_reconcile);
+    assert_eq!(event.span_id, rs_event.span_id, "{event:#?}");
+
+    // The ReplicaSet's event keys its Deployment too: its trace holds that enqueue, and a
+    // later reconcile of the Deployment links to it.
+    let back = spans.one("the Deployment's enqueue for the ReplicaSet's event", |s| {
+        s.name == "enqueue"
+            && s.parent_span_id == rs_event.span_id
+            && s.attribute("controller") == Some(DEPLOY)
+    });
+    assert_eq!(back.service, "switchyard-queue");
+    assert_eq!(back.attribute("name"), Some("web"));
+    assert!(
+        exported.iter().any(|s| s.name == "reconcile"
+            && s.attribute("controller") == Some(DEPLOY)
+            && s.links.iter().any(|(_, id)| *id == back.span_id)),
+        "a reconcile of the Deployment links to the ReplicaSet's event"
+    );
+
+    // 3. Every reconcile links to each event it covers (coalesced adds included): the links
+    // are the enqueues of its causes, each the child of a watch event.
+    let reconciles: Vec<&ExportedSpan> =
+        exported.iter().filter(|s| s.name == "reconcile").collect();
+    assert!(reconciles.len() >= 3, "the Pods' changes reconciled too");
     for r in &reconciles {
         let causes: usize = r.attribute("causes").unwrap().parse().unwrap();
         assert_eq!(r.links.len(), causes, "{r:#?}");
         for (trace_id, span_id) in &r.links {
-            let cause = by_id.get(span_id.as_str()).expect("linked span exported");
+            let cause = spans.get(span_id).expect("linked span exported");
             assert_eq!(&cause.trace_id, trace_id);
             assert_eq!(cause.name, "enqueue");
-            assert_eq!(parent(cause).map(|e| e.name.as_str()), Some("watch event"));
+            assert_eq!(
+                spans.parent(cause).map(|e| e.name.as_str()),
+                Some("watch event")
+            );
         }
     }
-    assert!(
-        reconcile.links.iter().any(|(_, id)| *id == enqueue.span_id),
-        "the creating reconcile links to its own cause"
-    );
+    for (reconcile, enqueue) in [(d_reconcile, d_enqueue), (rs_reconcile, rs_enqueue)] {
+        assert!(
+            reconcile.links.iter().any(|(_, id)| *id == enqueue.span_id),
+            "a reconcile links to its own cause: {reconcile:#?}"
+        );
+    }
 
-    // Log lines inside a span carry its ids.
+    // Log lines inside a span carry its ids: the line naming the ReplicaSet created joins
+    // the Deployment's trace to the ReplicaSet's.
     assert!(
-        reconciler_log.contains(&format!("trace_id={}", reconcile.trace_id)),
-        "the reconcile's log lines carry its trace id:\n{reconciler_log}"
+        reconciler_log
+            .lines()
+            .any(|line| line.contains("created new replica set")
+                && line.contains(&rs_name)
+                && line.contains(&format!("trace_id={}", d_reconcile.trace_id))
+                && line.contains(&format!("span_id={}", d_reconcile.span_id))),
+        "the creating reconcile's log line carries its ids:\n{reconciler_log}"
     );
     drop((watcher_log, queue_log));
 }
 
-/// Waits until the collector has written the ReplicaSet's watch event and a reconcile of it.
+fn web_deployment(replicas: i32) -> Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+/// Waits until the Deployment `web` is rolled out to `n` replicas, as `kubectl rollout
+/// status` says it (and Available); checks that its one ReplicaSet controls `n` active
+/// Pods. Returns that ReplicaSet's name.
+async fn rolled_out(
+    deployments: &Api<Deployment>,
+    rs_api: &Api<ReplicaSet>,
+    pods: &Api<Pod>,
+    n: i32,
+) -> String {
+    let done = await_condition(deployments.clone(), "web", move |d: Option<&Deployment>| {
+        d.is_some_and(|d| {
+            let status = d.status.clone().unwrap_or_default();
+            status.observed_generation >= d.metadata.generation
+                && status.replicas == Some(n)
+                && status.updated_replicas == Some(n)
+                && status.available_replicas == Some(n)
+                && get_condition(&status, AVAILABLE).is_some_and(|c| c.status == "True")
+        })
+    });
+    if tokio::time::timeout(ROLLOUT, done).await.is_err() {
+        let d = deployments.get("web").await.unwrap();
+        panic!("web did not roll out to {n}: status {:?}", d.status);
+    }
+    let uid = deployments.get("web").await.unwrap().metadata.uid.unwrap();
+    let rss = rs_api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(rss.len(), 1, "one ReplicaSet: {rss:#?}");
+    let rs = &rss[0];
+    assert_eq!(
+        controller_of(&rs.metadata).map(|o| o.uid.as_str()),
+        Some(uid.as_str())
+    );
+    let rs_uid = rs.metadata.uid.as_deref().unwrap();
+    let active: Vec<Pod> = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(is_active)
+        .collect();
+    assert_eq!(active.len(), n as usize, "active Pods");
+    for pod in &active {
+        assert_eq!(
+            controller_of(&pod.metadata).map(|o| o.uid.as_str()),
+            Some(rs_uid)
+        );
+    }
+    rs.metadata.name.clone().unwrap()
+}
+
+/// The reconciler's metrics once no reconcile runs: the one that wrote the rollout's last
+/// status may still be waiting for the watcher's cache to hold the write.
+async fn settled(reconciler: &ServiceProcess) -> exposition::Exposition {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let r = metrics(reconciler).await;
+        let idle = |controller| {
+            r.value("switchyard_active_workers", &[("controller", controller)]) == Some(0.0)
+        };
+        if idle(RS) && idle(DEPLOY) {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reconciles still running {SETTLE:?} after the rollout"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn is_create(span: &ExportedSpan, resource: &str) -> bool {
+    span.name == "apiserver request"
+        && span.attribute("verb") == Some("create")
+        && span.attribute("resource") == Some(resource)
+}
+
+fn is_added_event(span: &ExportedSpan, kind: &str, namespace: &str, name: &str) -> bool {
+    span.name == "watch event"
+        && span.service == "switchyard-watcher"
+        && span.attribute("kind") == Some(kind)
+        && span.attribute("namespace") == Some(namespace)
+        && span.attribute("name") == Some(name)
+        && span.attribute("event") == Some("added")
+}
+
+/// A reconcile of `controller`'s `key` that made writes: its first attempt, ended without
+/// a panic or a timeout (a write conflict after the creates fails it, to be retried).
+fn assert_reconcile(span: &ExportedSpan, controller: &str, key: &str) {
+    assert_eq!(
+        (span.service.as_str(), span.name.as_str()),
+        ("switchyard-reconciler", "reconcile")
+    );
+    assert_eq!(span.attribute("controller"), Some(controller));
+    assert_eq!(span.attribute("key"), Some(key));
+    assert_eq!(span.attribute("attempt"), Some("1"));
+    assert!(
+        matches!(
+            span.attribute("outcome"),
+            Some("done" | "requeue_after" | "failed")
+        ),
+        "{span:#?}"
+    );
+}
+
+/// The exported spans by span id.
+struct Spans<'s> {
+    all: &'s [ExportedSpan],
+    by_id: HashMap<&'s str, &'s ExportedSpan>,
+}
+
+impl<'s> Spans<'s> {
+    fn new(all: &'s [ExportedSpan]) -> Self {
+        let by_id = all.iter().map(|s| (s.span_id.as_str(), s)).collect();
+        Self { all, by_id }
+    }
+
+    fn get(&self, span_id: &str) -> Option<&'s ExportedSpan> {
+        self.by_id.get(span_id).copied()
+    }
+
+    fn parent(&self, span: &ExportedSpan) -> Option<&'s ExportedSpan> {
+        self.get(&span.parent_span_id)
+    }
+
+    /// The one span that `matches`.
+    fn one(&self, what: &str, matches: impl Fn(&ExportedSpan) -> bool) -> &'s ExportedSpan {
+        let found: Vec<&ExportedSpan> = self.all.iter().filter(|s| matches(s)).collect();
+        assert_eq!(found.len(), 1, "one span for {what}: {found:#?}");
+        found[0]
+    }
+
+    /// Walks up from a reconcile by parent span id: its parent is the queue's lease of its
+    /// key, whose parent is the enqueue of that key, whose parent is the watcher's watch
+    /// event; all in the reconcile's trace. Returns the enqueue and the watch event.
+    fn caused_by(&self, reconcile: &ExportedSpan) -> (&'s ExportedSpan, &'s ExportedSpan) {
+        let controller = reconcile.attribute("controller");
+        let key = reconcile.attribute("key").unwrap();
+        let lease = self
+            .parent(reconcile)
+            .expect("the reconcile's parent was exported");
+        assert_eq!(
+            (lease.service.as_str(), lease.name.as_str()),
+            ("switchyard-queue", "lease")
+        );
+        assert_eq!(lease.attribute("controller"), controller);
+        assert_eq!(lease.attribute("key"), Some(key));
+        let enqueue = self.parent(lease).expect("the lease's parent was exported");
+        assert_eq!(
+            (enqueue.service.as_str(), enqueue.name.as_str()),
+            ("switchyard-queue", "enqueue")
+        );
+        assert_eq!(enqueue.attribute("controller"), controller);
+        assert_eq!(
+            key.split_once('/'),
+            enqueue
+                .attribute("namespace")
+                .zip(enqueue.attribute("name"))
+        );
+        let event = self
+            .parent(enqueue)
+            .expect("the enqueue's parent was exported");
+        assert_eq!(
+            (event.service.as_str(), event.name.as_str()),
+            ("switchyard-watcher", "watch event")
+        );
+        for span in [lease, enqueue, event] {
+            assert_eq!(span.trace_id, reconcile.trace_id, "{span:#?}");
+        }
+        (enqueue, event)
+    }
+}
+
+/// Waits until the collector has written spans that satisfy `complete`.
 async fn wait_for_spans(
     collector: &Collector,
-    ns: &TestNamespace,
     within: Duration,
+    complete: impl Fn(&[ExportedSpan]) -> bool,
 ) -> Vec<ExportedSpan> {
     let deadline = Instant::now() + within;
     loop {
         let spans = collector.spans().unwrap();
-        let has = |service: &str, name: &str| {
-            spans.iter().any(|s| {
-                s.service == service
-                    && s.name == name
-                    && s.attribute("namespace") == Some(ns.name())
-            })
-        };
-        if has("switchyard-watcher", "watch event") && has("switchyard-reconciler", "reconcile") {
+        if complete(&spans) {
             return spans;
         }
         assert!(
