@@ -22,7 +22,7 @@ use switchyard_queue_core::{
     Cause, ControllerId, Error as CoreError, Lease, Outcome, Priority, ShardStats, WorkKey,
 };
 use switchyard_runtime::trace::{self, TraceFields};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Code, Request, Response, Status, Streaming};
 
@@ -30,6 +30,11 @@ use crate::actor::{Add, Command, EnqueueError, Handle, ToWorker};
 
 /// Credits one message may grant.
 pub const MAX_CREDIT: u32 = 10_000;
+/// Outcomes and extensions of one work stream whose replies the worker has not yet read. A
+/// worker that sends faster than it reads is held here (and so by HTTP/2 flow control)
+/// rather than growing the queue's memory; a well-behaved worker has at most one pending
+/// reply per lease it holds.
+pub const MAX_PENDING_REPLIES: usize = 2 * MAX_CREDIT as usize;
 /// Bytes of one item's trace context, keys and values: a W3C `traceparent` is 55 bytes and a
 /// `tracestate` at most 512, so this leaves room for a longer future version and nothing more
 /// (a queued key keeps up to 16 of them).
@@ -231,6 +236,10 @@ impl queue_server::Queue for QueueService {
         let (stream_alive, mut stream_gone) = oneshot::channel::<()>();
         tracing::debug!(worker, worker_id = %hello.worker_id, "worker connected");
 
+        // One permit per reply the worker has yet to read: taken before an outcome or an
+        // extension goes to the actor, given back when its reply is written to the stream.
+        let pending = Arc::new(Semaphore::new(MAX_PENDING_REPLIES));
+        let replied = Arc::clone(&pending);
         let handle = self.handle.clone();
         tokio::spawn(async move {
             let clean = loop {
@@ -248,6 +257,16 @@ impl queue_server::Queue for QueueService {
                     Ok(command) => command,
                     Err(reason) => Command::Invalid { worker, reason },
                 };
+                if matches!(command, Command::Complete { .. } | Command::Extend { .. }) {
+                    let permit = tokio::select! {
+                        permit = pending.acquire() => permit,
+                        _ = &mut stream_gone => break false,
+                    };
+                    match permit {
+                        Ok(permit) => permit.forget(),
+                        Err(_) => break false,
+                    }
+                }
                 let invalid = matches!(command, Command::Invalid { .. });
                 if handle.send(command).is_err() || invalid {
                     return;
@@ -259,6 +278,9 @@ impl queue_server::Queue for QueueService {
         let names = self.controllers.clone();
         let stream = UnboundedReceiverStream::new(rx).map(move |message| {
             let _alive = &stream_alive;
+            if matches!(message, ToWorker::Ack { .. } | ToWorker::Extended { .. }) {
+                replied.add_permits(1);
+            }
             to_response(&names, message)
         });
         Ok(Response::new(Box::pin(stream)))

@@ -561,6 +561,82 @@ async fn a_shard_not_served_here_is_refused_with_where_to_go() {
     server.stop().await;
 }
 
+/// Refused outcomes counted by the server, by its metrics.
+async fn refused_outcomes(admin: SocketAddr) -> f64 {
+    let text = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("switchyard_queue_refused_outcomes_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_worker_that_sends_outcomes_without_reading_replies_is_held_back_and_loses_none() {
+    const SENT: usize = 3 * switchyard_queue::grpc::MAX_PENDING_REPLIES;
+    let server = Server::start(&[]).await;
+    // A small receive window, so that what the transport buffers stays small beside the
+    // server's budget.
+    let channel = Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .initial_stream_window_size(64 * 1024)
+        .initial_connection_window_size(64 * 1024)
+        .connect()
+        .await
+        .unwrap();
+    let mut client = QueueClient::new(channel);
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    // Outcomes for leases that do not exist: each is refused and acknowledged.
+    let tx = worker.tx.clone();
+    let sender = tokio::spawn(async move {
+        for i in 0..SENT {
+            let outcome = Outcome {
+                shard: 0,
+                epoch: 1,
+                lease_id: (1_000_000 + i).to_string(),
+                result: Some(outcome::Result::Done(Done {})),
+                duration: None,
+            };
+            let request = WorkRequest {
+                request: Some(Msg::Outcome(outcome)),
+            };
+            if tx.send(request).await.is_err() {
+                return;
+            }
+        }
+    });
+    // Without reading a reply: the server takes up to its budget, plus what the transport
+    // buffers, then stops taking more.
+    let mut seen = 0.0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = refused_outcomes(server.admin).await;
+        if now == seen {
+            break;
+        }
+        seen = now;
+    }
+    assert!(seen > 0.0, "the server took some outcomes");
+    assert!(
+        seen < (switchyard_queue::grpc::MAX_PENDING_REPLIES + 10_000) as f64,
+        "a worker not reading its replies got {seen} of {SENT} outcomes processed"
+    );
+    // Once it reads, every outcome is answered.
+    for _ in 0..SENT {
+        match worker.next().await {
+            Reply::OutcomeAck(ack) => assert!(!ack.applied),
+            other => panic!("expected an acknowledgement, got {other:?}"),
+        }
+    }
+    sender.await.unwrap();
+    assert_eq!(refused_outcomes(server.admin).await, SENT as f64);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn metrics_follow_a_known_workload() {
     let server = Server::start(&[]).await;
