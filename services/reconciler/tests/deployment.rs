@@ -185,13 +185,7 @@ fn namespace_of(d: &Deployment) -> String {
 }
 
 async fn active_pods(pods: &Api<Pod>, app: &str) -> Vec<Pod> {
-    pods.list(&ListParams::default().labels(&format!("app={app}")))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(is_active)
-        .collect()
+    support::active_pods(pods, &format!("app={app}")).await
 }
 
 /// The Deployment's ReplicaSets, lowest revision first.

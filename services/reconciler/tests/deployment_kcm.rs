@@ -21,7 +21,7 @@ use switchyard_k8s::{
 };
 use switchyard_reconciler_core::{
     deployment::{self as core, PAUSED, PROGRESSING, get_condition},
-    replicaset::{is_active, is_ready},
+    replicaset::is_ready,
 };
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
@@ -111,14 +111,7 @@ async fn complete(deployments: &Api<Deployment>, pods: &Api<Pod>, n: i32, image:
     }
     tokio::time::timeout(STEP, async {
         loop {
-            let active: Vec<Pod> = pods
-                .list(&ListParams::default().labels(&format!("app={NAME}")))
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter(is_active)
-                .collect();
+            let active = support::active_pods(pods, &format!("app={NAME}")).await;
             if active.len() == usize::try_from(n).unwrap()
                 && active.iter().all(is_ready)
                 && active
@@ -274,14 +267,7 @@ async fn scenario(client: &switchyard_k8s::Client, namespace: &str) -> Outcome {
         })
         .collect();
     replica_sets.sort();
-    let active: Vec<Pod> = pods
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(is_active)
-        .collect();
+    let active = support::active_pods(&pods, "").await;
     let mut by_image = BTreeMap::new();
     for pod in &active {
         let image = pod.spec.as_ref().unwrap().containers[0]

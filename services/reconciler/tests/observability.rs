@@ -31,10 +31,7 @@ use std::{
 use serde_json::json;
 use switchyard_k8s::{Api, Deployment, ListParams, Pod, PostParams, ReplicaSet, await_condition};
 use switchyard_reconciler::{deployment, replicaset};
-use switchyard_reconciler_core::{
-    deployment::{AVAILABLE, controller_of, get_condition},
-    replicaset::is_active,
-};
+use switchyard_reconciler_core::deployment::{AVAILABLE, controller_of, get_condition};
 use switchyard_testenv::{
     Collector, ControlPlane, ExportedSpan, ServiceProcess, TestNamespace, exposition,
 };
@@ -407,14 +404,7 @@ async fn rolled_out(
         Some(uid.as_str())
     );
     let rs_uid = rs.metadata.uid.as_deref().unwrap();
-    let active: Vec<Pod> = pods
-        .list(&ListParams::default().labels("app=web"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(is_active)
-        .collect();
+    let active = support::active_pods(pods, "app=web").await;
     assert_eq!(active.len(), n as usize, "active Pods");
     for pod in &active {
         assert_eq!(

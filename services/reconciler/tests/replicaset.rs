@@ -161,14 +161,7 @@ async fn replica_set_gets_its_pods_scales_and_replaces_without_overshooting() {
     // Wait for a replacement: three active Pods, all ready, none of them the deleted one.
     tokio::time::timeout(Duration::from_secs(60), async {
         loop {
-            let active: Vec<Pod> = pods
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter(is_active)
-                .collect();
+            let active = support::active_pods(&pods, "").await;
             if active.len() == 3
                 && active
                     .iter()
@@ -365,14 +358,7 @@ async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
     );
     for _ in 0..2 {
         controller.reconcile(&ctx, &request).await.unwrap();
-        let active = pods
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(is_active)
-            .count();
+        let active = support::active_pods(&pods, "").await.len();
         assert_eq!(active, 5, "a reconcile right after another adds no Pod");
     }
 

@@ -196,14 +196,7 @@ pub async fn converged(rs_api: &Api<ReplicaSet>, pods: &Api<Pod>, name: &str, n:
     }
     let rs = rs_api.get(name).await.unwrap();
     let uid = rs.metadata.uid.unwrap();
-    let active: Vec<Pod> = pods
-        .list(&ListParams::default().labels(&format!("app={name}")))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(is_active)
-        .collect();
+    let active = active_pods(pods, &format!("app={name}")).await;
     assert_eq!(active.len(), n as usize, "active Pods");
     for pod in &active {
         let owner = controller_of(pod).expect("a controller reference");
@@ -222,4 +215,20 @@ pub async fn converged(rs_api: &Api<ReplicaSet>, pods: &Api<Pod>, name: &str, n:
         }
     }
     active
+}
+
+/// The Pods matching `labels` (every Pod when empty) that are neither terminating nor
+/// finished: the ones a ReplicaSet counts.
+pub async fn active_pods(pods: &Api<Pod>, labels: &str) -> Vec<Pod> {
+    let mut params = ListParams::default();
+    if !labels.is_empty() {
+        params = params.labels(labels);
+    }
+    pods.list(&params)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(is_active)
+        .collect()
 }
