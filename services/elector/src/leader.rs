@@ -7,16 +7,20 @@
 //!     ▲                                                                        the leader key)
 //!     └──────────── lease lost / fenced / etcd error: back to campaigning ◄────┘
 //! ```
+//!
+//! A transition whose view went stale before it was written (a release, a renewal or a
+//! registration landed meanwhile, see [`shardmap::apply`]) is refused by etcd; the leader then
+//! reads and plans again after [`REPLAN`].
 
 use std::time::Duration;
 
 use etcd_client::Client;
 use prometheus_client::metrics::counter::Counter;
-use switchyard_elector_core::{assign, plan};
+use switchyard_elector_core::{Transition, assign, plan};
 use switchyard_runtime::Drain;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{liveness, membership, shardmap};
 
@@ -25,6 +29,10 @@ pub const ELECTION: &str = "/switchyard/elector";
 /// How often the leader re-checks the map even without a change notification.
 const RESYNC: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_millis(500);
+/// After a transition was refused as stale, the leader plans again this soon. What refused
+/// it is already in etcd, so a short wait suffices; the wait keeps a member watch that lags
+/// behind etcd from turning the loop into a busy one.
+const REPLAN: Duration = Duration::from_millis(20);
 
 #[derive(Clone, Debug)]
 pub struct LeaderConfig {
@@ -122,8 +130,10 @@ async fn campaign_and_lead(
         )))
     });
     let mut resync = tokio::time::interval(RESYNC);
+    let mut replan = false;
     loop {
         tokio::select! {
+            _ = tokio::time::sleep(REPLAN), if replan => {}
             _ = renew.tick() => { keeper.keep_alive().await?; }
             renewal = renewals.message() => match renewal? {
                 Some(r) if r.ttl() > 0 => {}
@@ -137,6 +147,7 @@ async fn campaign_and_lead(
                 return Ok(());
             }
         }
+        replan = false;
         let Some(live) = members.borrow().clone() else {
             continue;
         };
@@ -144,15 +155,34 @@ async fn campaign_and_lead(
         let Some(desired) = assign(config.shard_count, &ids, config.slack) else {
             continue;
         };
-        let (current, _) = shardmap::read(&mut client, config.shard_count).await?;
+        let (current, revision) = shardmap::read(&mut client, config.shard_count).await?;
         let transitions = plan(&current, &desired, &ids);
-        if !transitions.is_empty() {
-            info!(
-                transitions = transitions.len(),
-                members = ids.len(),
-                "updating the shard map"
-            );
-            shardmap::apply(&mut client, &leader_key, &current, &transitions).await?;
+        if transitions.is_empty() {
+            continue;
+        }
+        for transition in &transitions {
+            let shard = transition.shard();
+            let from = current.get(shard as usize);
+            match transition {
+                Transition::Activate { owner, gone, .. } => {
+                    debug!(shard, ?from, %owner, ?gone, revision, "activating shard");
+                }
+                Transition::Release { owner, next, .. } => {
+                    debug!(shard, ?from, %owner, %next, revision, "releasing shard");
+                }
+            }
+        }
+        let applied =
+            shardmap::apply(&mut client, &leader_key, &current, revision, &transitions).await?;
+        info!(
+            transitions = transitions.len(),
+            written = applied.written,
+            members = ids.len(),
+            "updated the shard map"
+        );
+        if !applied.stale.is_empty() {
+            info!(shards = ?applied.stale, revision, "shards changed since the map was read: planning again");
+            replan = true;
         }
     }
 }

@@ -4,10 +4,18 @@
 //! key's `mod_revision`), so epochs only grow. A releasing shard keeps its owner's epoch in the
 //! value. The leader's writes are fenced on its election key; a member's release is fenced on
 //! the shard key's revision, so a stale release never applies.
+//!
+//! The leader plans from a read of the map and its watch of the members, and each of its
+//! writes holds only while that view does (see `switchyard_elector_core`): every transition
+//! is a nested transaction that applies only if the shard key is unchanged since the read
+//! and, for an activation over a dead owner, that owner's member key is still absent. A
+//! transition refused that way writes nothing; the leader reads and plans again.
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};
 use switchyard_elector_core::{MemberId, ShardState, Transition, released, renewable};
+
+use crate::membership::MEMBERS_PREFIX;
 
 pub const SHARDS_PREFIX: &str = "/switchyard/shards/";
 
@@ -84,59 +92,99 @@ fn encode(stored: &Stored) -> String {
     serde_json::to_string(stored).expect("shard state serializes")
 }
 
-/// etcd refuses transactions of more than 128 operations by default (`--max-txn-ops`).
+/// etcd refuses transactions of more than 128 operations by default (`--max-txn-ops`); a
+/// nested transaction counts against what its parent leaves, so 100 leave room for the
+/// conditions of each.
 const MAX_TXN_OPS: usize = 100;
 
-/// Writes `transitions` in transactions of at most [`MAX_TXN_OPS`] that each apply only
-/// while `leader_key` exists (this elector still leads). Every transition stands alone, so a
-/// map written in several transactions is valid at every step.
+/// What [`apply`] wrote.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Transitions written.
+    pub written: usize,
+    /// Shards whose transition was refused because the view it was planned from no longer
+    /// holds: the shard changed since the read, or its dead owner registered again.
+    pub stale: Vec<u32>,
+}
+
+/// Writes `transitions`, planned from `current` as read at `revision`, in transactions of at
+/// most [`MAX_TXN_OPS`] that each apply only while `leader_key` exists (this elector still
+/// leads). Within them, each transition applies on its own and only while the view it was
+/// planned from holds (see the module docs); the others are reported as stale. Every
+/// transition stands alone, so a map written in several transactions is valid at every step.
 pub async fn apply(
     client: &mut Client,
     leader_key: &[u8],
     current: &[ShardState],
+    revision: i64,
     transitions: &[Transition],
-) -> Result<()> {
-    if transitions.is_empty() {
-        return Ok(());
-    }
-    let ops: Vec<TxnOp> = transitions
-        .iter()
-        .map(|t| match t {
-            Transition::Activate { shard, owner } => TxnOp::put(
-                shard_key(*shard),
-                encode(&Stored::Active {
-                    owner: owner.clone(),
-                }),
-                None,
-            ),
-            Transition::Release { shard, owner, next } => {
-                let epoch = match current.get(*shard as usize) {
-                    Some(
-                        ShardState::Active { epoch, .. } | ShardState::Releasing { epoch, .. },
-                    ) => *epoch,
-                    _ => 0,
-                };
-                TxnOp::put(
-                    shard_key(*shard),
-                    encode(&Stored::Releasing {
-                        owner: owner.clone(),
-                        epoch,
-                        next: next.clone(),
-                    }),
-                    None,
-                )
-            }
-        })
-        .collect();
-    for chunk in ops.chunks(MAX_TXN_OPS) {
+) -> Result<Applied> {
+    let mut applied = Applied::default();
+    for chunk in transitions.chunks(MAX_TXN_OPS) {
+        let ops: Vec<TxnOp> = chunk
+            .iter()
+            .map(|t| guarded(current, revision, t))
+            .collect();
         let txn = Txn::new()
             .when([Compare::version(leader_key.to_vec(), CompareOp::Greater, 0)])
-            .and_then(chunk.to_vec());
-        if !client.txn(txn).await?.succeeded() {
+            .and_then(ops);
+        let response = client.txn(txn).await?;
+        if !response.succeeded() {
             return Err(ShardMapError::Fenced);
         }
+        for (transition, op) in chunk.iter().zip(response.op_responses()) {
+            match op {
+                TxnOpResponse::Txn(r) if r.succeeded() => applied.written += 1,
+                _ => applied.stale.push(transition.shard()),
+            }
+        }
     }
-    Ok(())
+    Ok(applied)
+}
+
+/// One transition as a nested transaction that writes only while its view holds.
+fn guarded(current: &[ShardState], revision: i64, transition: &Transition) -> TxnOp {
+    let shard = transition.shard();
+    let key = shard_key(shard);
+    // Unchanged since the read (an absent key compares as revision 0).
+    let mut conditions = vec![Compare::mod_revision(
+        key.clone(),
+        CompareOp::Less,
+        revision.saturating_add(1),
+    )];
+    let stored = match transition {
+        Transition::Activate { owner, gone, .. } => {
+            if let Some(gone) = gone {
+                // Still not registered (an absent key compares as version 0).
+                conditions.push(Compare::version(
+                    format!("{MEMBERS_PREFIX}{gone}"),
+                    CompareOp::Equal,
+                    0,
+                ));
+            }
+            Stored::Active {
+                owner: owner.clone(),
+            }
+        }
+        Transition::Release { owner, next, .. } => {
+            let epoch = match current.get(shard as usize) {
+                Some(ShardState::Active { epoch, .. } | ShardState::Releasing { epoch, .. }) => {
+                    *epoch
+                }
+                _ => 0,
+            };
+            Stored::Releasing {
+                owner: owner.clone(),
+                epoch,
+                next: next.clone(),
+            }
+        }
+    };
+    TxnOp::txn(
+        Txn::new()
+            .when(conditions)
+            .and_then([TxnOp::put(key, encode(&stored), None)]),
+    )
 }
 
 /// A member that drained `shard` hands it to the next owner. Refused, with nothing written,

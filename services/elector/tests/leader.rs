@@ -12,7 +12,7 @@ use switchyard_elector::{
     membership::{LeaseState, LeaseTiming, Member, join},
     shardmap,
 };
-use switchyard_elector_core::ShardState;
+use switchyard_elector_core::{ShardState, Transition, plan};
 use switchyard_runtime::{ShutdownHandle, drain_channel};
 use switchyard_testenv::Etcd;
 use tokio::sync::watch;
@@ -240,4 +240,112 @@ async fn a_map_larger_than_one_etcd_transaction_is_written_whole() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.trigger();
+}
+
+/// The leader plans from a read of the map and a watch of the members, and writes a moment
+/// later. Meanwhile an owner may release a shard, renew its epoch, or register again under
+/// its id. A write planned from the older view must not land on any of those: it would move
+/// a shard away from a live owner without that owner's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_from_a_stale_view_moves_no_live_owners_shard() {
+    let etcd = Etcd::start().await.unwrap();
+    let endpoints = vec![etcd.endpoint().to_owned()];
+    let mut client = Client::connect(&endpoints, None).await.unwrap();
+    let _a = member(&endpoints, "a").await;
+    let _b = member(&endpoints, "b").await;
+    let _c = member(&endpoints, "c").await;
+    // Stands in for the leader's election key: the writes below are fenced on it.
+    let leader_key = b"/switchyard/elector/test-leader".to_vec();
+    client
+        .put(leader_key.clone(), "leader", None)
+        .await
+        .unwrap();
+    let abc: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+    let activate = |shard, owner: &str| Transition::Activate {
+        shard,
+        owner: owner.into(),
+        gone: None,
+    };
+
+    // Shard 0 releasing from a to b, shards 1 and 2 active at b, shard 3 unassigned.
+    let (current, revision) = shardmap::read(&mut client, SHARDS).await.unwrap();
+    let setup = [activate(0, "a"), activate(1, "b"), activate(2, "b")];
+    shardmap::apply(&mut client, &leader_key, &current, revision, &setup)
+        .await
+        .unwrap();
+    let (current, revision) = shardmap::read(&mut client, SHARDS).await.unwrap();
+    let release = Transition::Release {
+        shard: 0,
+        owner: "a".into(),
+        next: "b".into(),
+    };
+    shardmap::apply(&mut client, &leader_key, &current, revision, &[release])
+        .await
+        .unwrap();
+
+    // The leader reads the map ...
+    let (stale, revision) = shardmap::read(&mut client, SHARDS).await.unwrap();
+    let ShardState::Releasing { epoch: a_epoch, .. } = stale[0].clone() else {
+        panic!("shard 0 releasing: {:?}", stale[0]);
+    };
+    let ShardState::Active { epoch: b_epoch, .. } = stale[1].clone() else {
+        panic!("shard 1 active: {:?}", stale[1]);
+    };
+    // ... a hands shard 0 over to b, and b renews the epoch of shard 1 (as a restarted
+    // member does) ...
+    assert_eq!(
+        shardmap::release(&mut client, 0, "a", a_epoch)
+            .await
+            .unwrap(),
+        "b"
+    );
+    shardmap::renew(&mut client, 1, "b", b_epoch).await.unwrap();
+    let (now, _) = shardmap::read(&mut client, SHARDS).await.unwrap();
+
+    // ... and the leader's plan from what it read: shards 0 and 1 should go to c, and its
+    // member watch, behind etcd, has not seen b (registered all along) yet, so shard 2 looks
+    // orphaned.
+    let mut desired = vec!["a".to_owned(); SHARDS as usize];
+    desired[0] = "c".into();
+    desired[1] = "c".into();
+    desired[2] = "c".into();
+    let lagging: Vec<Transition> = plan(&stale, &desired, &["a".into(), "c".into()])
+        .into_iter()
+        .filter(|t| t.shard() == 2)
+        .collect();
+    let over_b = Transition::Activate {
+        shard: 2,
+        owner: "c".into(),
+        gone: Some("b".into()),
+    };
+    assert_eq!(lagging, [over_b], "b looks gone");
+    let all: Vec<Transition> = plan(&stale, &desired, &abc)
+        .into_iter()
+        .filter(|t| t.shard() != 2)
+        .chain(lagging)
+        .collect();
+    let applied = shardmap::apply(&mut client, &leader_key, &stale, revision, &all)
+        .await
+        .unwrap();
+    assert_eq!(applied.stale, [0, 1, 2], "{applied:?}");
+    assert_eq!(applied.written, all.len() - 3, "{applied:?}");
+
+    let after = map(&mut client).await;
+    // b serves shards 0, 1 and 2, which are its own until it releases them.
+    let moved: Vec<(&str, &ShardState, &ShardState)> = [
+        "a release landed after the read",
+        "a renewal landed after the read",
+        "b is registered",
+    ]
+    .into_iter()
+    .zip(after.iter().zip(&now))
+    .filter(|(_, (after, now))| after != now)
+    .map(|(why, (after, now))| (why, now, after))
+    .collect();
+    assert!(
+        moved.is_empty(),
+        "moved from b without its release: {moved:#?}"
+    );
+    // The rest of the plan still lands.
+    assert_eq!(after[3].owner(), Some("a"));
 }

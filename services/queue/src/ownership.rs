@@ -367,7 +367,7 @@ impl Ownership {
                     if now.is_some_and(Local::served) {
                         let _ = handle.send(Command::Release { shard });
                         self.metrics.released(shard, Reason::reassigned);
-                        info!(shard, "stopped serving shard");
+                        info!(shard, reason = ?Reason::reassigned, "stopped serving shard");
                     }
                     let renewed = self.renew(guard, client, shard, epoch).await;
                     local.insert(shard, Local::Renewing { epoch, renewed });
@@ -421,7 +421,7 @@ impl Ownership {
                             Reason::reassigned
                         };
                         self.metrics.released(shard, reason);
-                        info!(shard, "stopped serving shard");
+                        info!(shard, ?reason, "stopped serving shard");
                     }
                     if let Some(Want::Release(epoch)) = want {
                         local.insert(shard, Local::HandingOver(epoch));

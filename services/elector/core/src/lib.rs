@@ -10,6 +10,13 @@
 //!   transitions to make. A shard whose owner is dead moves at once. A shard whose owner is
 //!   alive is first marked releasing; it moves only when that owner has drained and released
 //!   it (or has died), so a shard never has two serving owners.
+//!
+//! A plan comes from a view that is a moment old when it is written: the map as read, and the
+//! members as last watched. Each transition therefore holds only while that view does: the
+//! adapter writes it only if the shard has not changed since the map was read and, for an
+//! activation over a dead owner, only while that owner (`gone` in [`Transition::Activate`])
+//! is still not registered. Otherwise a release, an epoch renewal or a registration that landed
+//! meanwhile would be overwritten, and a live owner would lose a shard without releasing it.
 
 use std::collections::HashMap;
 
@@ -48,14 +55,30 @@ impl ShardState {
 /// an activation is the revision of that write.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transition {
-    /// Give `shard` to `owner` now (it was unassigned, or its owner is dead).
-    Activate { shard: u32, owner: MemberId },
+    /// Give `shard` to `owner` now: it was unassigned, or its owner `gone` is dead.
+    Activate {
+        shard: u32,
+        owner: MemberId,
+        /// The previous owner, found dead (not among the live members). The activation
+        /// holds only while it is still not registered: a member that registers again under
+        /// its id keeps its shards until it releases them.
+        gone: Option<MemberId>,
+    },
     /// Tell the live `owner` to drain `shard` and release it to `next`.
     Release {
         shard: u32,
         owner: MemberId,
         next: MemberId,
     },
+}
+
+impl Transition {
+    /// The shard this transition moves.
+    pub fn shard(&self) -> u32 {
+        match self {
+            Self::Activate { shard, .. } | Self::Release { shard, .. } => *shard,
+        }
+    }
 }
 
 /// Errors of a release acknowledgement.
@@ -131,6 +154,7 @@ pub fn plan(current: &[ShardState], desired: &[MemberId], alive: &[MemberId]) ->
             ShardState::Unassigned => transitions.push(Transition::Activate {
                 shard,
                 owner: want.clone(),
+                gone: None,
             }),
             ShardState::Active { owner, .. } if owner == want => {}
             ShardState::Active { owner, .. } | ShardState::Releasing { owner, .. }
@@ -140,6 +164,7 @@ pub fn plan(current: &[ShardState], desired: &[MemberId], alive: &[MemberId]) ->
                 transitions.push(Transition::Activate {
                     shard,
                     owner: want.clone(),
+                    gone: Some(owner.clone()),
                 });
             }
             ShardState::Active { owner, .. } => transitions.push(Transition::Release {
@@ -289,11 +314,49 @@ mod tests {
                 },
                 Transition::Activate {
                     shard: 1,
-                    owner: "b".into()
+                    owner: "b".into(),
+                    gone: Some("dead".into()),
                 },
                 Transition::Activate {
                     shard: 2,
-                    owner: "a".into()
+                    owner: "a".into(),
+                    gone: None,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_draining_owner_whose_next_owner_left_drains_on_towards_another() {
+        // a drains shard 0 for b; b leaves (a rolling restart), so the shard should go to c.
+        let current = vec![
+            ShardState::Releasing {
+                owner: "a".into(),
+                epoch: 5,
+                next: "b".into(),
+            },
+            ShardState::Releasing {
+                owner: "b".into(),
+                epoch: 6,
+                next: "a".into(),
+            },
+        ];
+        let desired: Vec<MemberId> = ["c", "c"].map(String::from).to_vec();
+        let alive: Vec<MemberId> = ["a", "c"].map(String::from).to_vec();
+        assert_eq!(
+            plan(&current, &desired, &alive),
+            [
+                // Never straight to c over a, which still serves the shard.
+                Transition::Release {
+                    shard: 0,
+                    owner: "a".into(),
+                    next: "c".into(),
+                },
+                // b is gone: nobody drains shard 1, which moves at once, while b stays gone.
+                Transition::Activate {
+                    shard: 1,
+                    owner: "c".into(),
+                    gone: Some("b".into()),
                 },
             ]
         );
