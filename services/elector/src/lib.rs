@@ -145,8 +145,8 @@ impl Args {
         let members_found_gone = Counter::default();
         rt.metrics().register(
             "switchyard_elector_members_found_gone",
-            "Member registrations the leader revoked because the member's port refused \
-             connections (a crashed process), ahead of the lease's expiry",
+            "Members the leader found gone because their port refused connections (a crashed \
+             process), their registrations then revoked ahead of the lease's expiry",
             members_found_gone.clone(),
         );
         let config = leader::LeaderConfig {

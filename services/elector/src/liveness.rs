@@ -62,7 +62,8 @@ pub async fn probe(address: &str) -> Probe {
 }
 
 /// Watches every member in `members` until the receiver closes (or the task is dropped, at
-/// the end of a term of leadership). `detected` counts the registrations revoked.
+/// the end of a term of leadership). `detected` counts the members found gone (each one's
+/// registration then revoked).
 pub async fn run(
     client: Client,
     mut members: watch::Receiver<Option<Vec<Member>>>,
@@ -107,14 +108,13 @@ async fn follow(mut client: Client, member: Member, detected: Counter) {
         };
         match probe(&member.address).await {
             Probe::Refused => {
-                match client.lease_revoke(lease).await {
-                    Ok(_) => {
-                        detected.inc();
-                        info!(member = %member.id, address = %member.address, lease, "member's port refuses connections: revoked its registration");
-                    }
-                    Err(error) => {
-                        warn!(member = %member.id, lease, %error, "cannot revoke the registration of a member found gone");
-                    }
+                // Counted and said before the revoke: its effect (the member key deleted)
+                // reaches `run` through the member watch, which may drop this task before
+                // the revoke's answer is read.
+                detected.inc();
+                info!(member = %member.id, address = %member.address, lease, "member's port refuses connections: revoking its registration");
+                if let Err(error) = client.lease_revoke(lease).await {
+                    warn!(member = %member.id, lease, %error, "cannot revoke the registration of a member found gone");
                 }
                 return;
             }
