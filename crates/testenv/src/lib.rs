@@ -37,3 +37,11 @@ pub use in_process::InProcess;
 pub use namespace::TestNamespace;
 pub use otelcol::{Collector, ExportedSpan};
 pub use service::{ServiceProcess, assert_service_lifecycle, list_services};
+
+/// For benchmarks: whether the measurement `name` should run. `SWITCHYARD_BENCH_RUNS`, a
+/// comma-separated list of names, runs only those; unset, everything runs.
+pub fn bench_selected(name: &str) -> bool {
+    std::env::var("SWITCHYARD_BENCH_RUNS")
+        .map(|runs| runs.split(',').any(|run| run.trim() == name))
+        .unwrap_or(true)
+}

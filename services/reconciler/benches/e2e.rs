@@ -324,19 +324,12 @@ const RATIOS: [(&str, &str, &str); 3] = [
     ),
 ];
 
-/// `SWITCHYARD_BENCH_RUNS=sy1_converge,kcm_converge` runs only the named measurements.
-fn selected(name: &str) -> bool {
-    std::env::var("SWITCHYARD_BENCH_RUNS")
-        .map(|runs| runs.split(',').any(|run| run.trim() == name))
-        .unwrap_or(true)
-}
-
 async fn run() {
     let count = deployments();
     eprintln!("{count} Deployments x {REPLICAS} replicas per run");
     let mut took = BTreeMap::new();
     for (name, under) in RUNS {
-        if !selected(name) {
+        if !switchyard_testenv::bench_selected(name) {
             continue;
         }
         let seconds = converge(under, count).await;
