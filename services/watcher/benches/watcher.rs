@@ -331,7 +331,11 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     // share it took longer than 25 ms to handle, past which no event can be enqueued sooner.
     let histogram = apiserver_patch_histogram(plane);
     if let (Some(under), Some(all)) = (histogram.get("0.025"), histogram.get("+Inf")) {
-        figure("apiserver_patch_over_25ms", 100.0 * (all - under) / all, "%");
+        figure(
+            "apiserver_patch_over_25ms",
+            100.0 * (all - under) / all,
+            "%",
+        );
     }
     observer.abort();
     worker.abort();
