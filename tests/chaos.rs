@@ -231,7 +231,11 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
             Spec {
                 name: format!("queue-{i}"),
                 program: binary("switchyard-queue"),
-                args: vec![format!("--member-id=q{i}"), shards.clone()],
+                args: vec![
+                    format!("--member-id=q{i}"),
+                    shards.clone(),
+                    elector_addr.clone(),
+                ],
                 envs: etcd_env.clone(),
                 grpc: None,
             },

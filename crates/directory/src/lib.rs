@@ -92,12 +92,32 @@ pub fn follow_elector(
     watch::Receiver<Option<Arc<ShardView>>>,
     impl Future<Output = ()> + Send + 'static,
 ) {
+    follow_elector_as(address, shard_count, drain, move |map| {
+        ShardView::from_map(map, shard_count)
+    })
+}
+
+/// Follows the elector's shard map, each snapshot as `convert` makes it (a queue member needs
+/// every shard's state, not only the active owners); the receiver holds `None` until the
+/// first map arrives, and changes only when the conversion does.
+pub fn follow_elector_as<T>(
+    address: String,
+    shard_count: u32,
+    drain: Drain,
+    convert: impl Fn(&ShardMap) -> T + Send + Sync + 'static,
+) -> (
+    watch::Receiver<Option<Arc<T>>>,
+    impl Future<Output = ()> + Send + 'static,
+)
+where
+    T: PartialEq + Send + Sync + 'static,
+{
     let (tx, rx) = watch::channel(None);
     let task = async move {
         let mut backoff = Backoff::new(ELECTOR_BACKOFF.0, ELECTOR_BACKOFF.1);
         let endpoint = format!("http://{address}");
         loop {
-            match stream_maps(&endpoint, shard_count, &tx, &drain).await {
+            match stream_maps(&endpoint, shard_count, &tx, &convert, &drain).await {
                 Ok(()) => return,
                 Err(error) => {
                     warn!(%error, elector = %address, retry_in = ?backoff.current(), "shard map watch failed")
@@ -111,10 +131,11 @@ pub fn follow_elector(
     (rx, task)
 }
 
-async fn stream_maps(
+async fn stream_maps<T: PartialEq>(
     endpoint: &str,
     shard_count: u32,
-    tx: &watch::Sender<Option<Arc<ShardView>>>,
+    tx: &watch::Sender<Option<Arc<T>>>,
+    convert: &impl Fn(&ShardMap) -> T,
     drain: &Drain,
 ) -> Result<(), tonic::Status> {
     let mut client = ElectorClient::connect(endpoint.to_owned())
@@ -140,15 +161,19 @@ async fn stream_maps(
                 map.shard_count
             )));
         }
-        let view = ShardView::from_map(&map, shard_count);
-        let active = view.owners.iter().filter(|o| o.is_some()).count();
+        let converted = convert(&map);
         tx.send_if_modified(|current| {
-            let changed = current.as_deref() != Some(&view);
+            let changed = current.as_deref() != Some(&converted);
             if changed {
                 if current.is_none() {
+                    let active = map
+                        .shards
+                        .iter()
+                        .filter(|s| s.state == ShardState::Active as i32)
+                        .count();
                     info!(active, "shard map received");
                 }
-                *current = Some(Arc::new(view.clone()));
+                *current = Some(Arc::new(converted));
             }
             changed
         });
@@ -168,6 +193,7 @@ mod tests {
             address: address.into(),
             epoch,
             state: state as i32,
+            next_member_id: String::new(),
         }
     }
 

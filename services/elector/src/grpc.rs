@@ -52,6 +52,38 @@ impl ElectorService {
     }
 }
 
+/// A member's view of a map the elector sent: every shard's state (as many as `map` names;
+/// a shard it leaves out is unassigned) and the members. The inverse of [`snapshot`].
+pub fn from_snapshot(map: &pb::ShardMap) -> (Vec<ShardState>, Vec<Member>) {
+    let mut states = vec![ShardState::Unassigned; map.shard_count as usize];
+    for shard in &map.shards {
+        let state = match pb::ShardState::try_from(shard.state) {
+            Ok(pb::ShardState::Active) => ShardState::Active {
+                owner: shard.member_id.clone(),
+                epoch: shard.epoch,
+            },
+            Ok(pb::ShardState::Releasing) => ShardState::Releasing {
+                owner: shard.member_id.clone(),
+                epoch: shard.epoch,
+                next: shard.next_member_id.clone(),
+            },
+            _ => ShardState::Unassigned,
+        };
+        if let Some(slot) = states.get_mut(shard.shard as usize) {
+            *slot = state;
+        }
+    }
+    let members = map
+        .members
+        .iter()
+        .map(|m| Member {
+            id: m.id.clone(),
+            address: m.address.clone(),
+        })
+        .collect();
+    (states, members)
+}
+
 /// The map with owner addresses, as the proto carries it.
 fn snapshot(
     map: Option<&[ShardState]>,
@@ -69,14 +101,17 @@ fn snapshot(
     let shards = (0..shard_count)
         .map(|shard| {
             let state = map.and_then(|m| m.get(shard as usize));
-            let (member_id, epoch, state) = match state {
+            let (member_id, epoch, state, next) = match state {
                 Some(ShardState::Active { owner, epoch }) => {
-                    (owner.clone(), *epoch, pb::ShardState::Active)
+                    (owner.clone(), *epoch, pb::ShardState::Active, String::new())
                 }
-                Some(ShardState::Releasing { owner, epoch, .. }) => {
-                    (owner.clone(), *epoch, pb::ShardState::Releasing)
-                }
-                _ => (String::new(), 0, pb::ShardState::Unassigned),
+                Some(ShardState::Releasing { owner, epoch, next }) => (
+                    owner.clone(),
+                    *epoch,
+                    pb::ShardState::Releasing,
+                    next.clone(),
+                ),
+                _ => (String::new(), 0, pb::ShardState::Unassigned, String::new()),
             };
             pb::ShardAssignment {
                 shard,
@@ -84,6 +119,7 @@ fn snapshot(
                 member_id,
                 epoch,
                 state: state.into(),
+                next_member_id: next,
             }
         })
         .collect();
@@ -256,6 +292,35 @@ mod tests {
     use elector_server::Elector as _;
 
     use super::*;
+
+    #[test]
+    fn a_member_reads_back_every_state_the_snapshot_sends() {
+        let states = vec![
+            ShardState::Active {
+                owner: "a".into(),
+                epoch: 7,
+            },
+            ShardState::Releasing {
+                owner: "a".into(),
+                epoch: 8,
+                next: "b".into(),
+            },
+            ShardState::Unassigned,
+        ];
+        let members = vec![
+            Member {
+                id: "a".into(),
+                address: "127.0.0.1:1".into(),
+            },
+            Member {
+                id: "b".into(),
+                address: "127.0.0.1:2".into(),
+            },
+        ];
+        let sent = snapshot(Some(&states), Some(&members), 3);
+        assert_eq!(sent.shards[1].address, "127.0.0.1:1");
+        assert_eq!(from_snapshot(&sent), (states, members));
+    }
 
     /// A subscriber that saw the map before its owners' addresses were known gets the
     /// addresses as soon as the members change, with no change of the map.

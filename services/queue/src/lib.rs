@@ -15,6 +15,7 @@ use std::{net::SocketAddr, sync::Arc};
 use switchyard_elector::{membership, shardmap};
 use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
+use tokio::sync::watch;
 
 pub const SERVICE: &str = "switchyard-queue";
 /// The epoch of every shard when one replica serves them all (no elector).
@@ -88,6 +89,11 @@ pub struct QueueArgs {
     /// assigns (instead of --static-shards)
     #[arg(long, env = "SWITCHYARD_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
+    /// As a member: the elector's gRPC address, whose `WatchShardMap` stream this replica
+    /// follows for the shard map and the members' addresses (without it, a member watches the
+    /// map in etcd itself)
+    #[arg(long, env = "SWITCHYARD_ELECTOR_ADDR")]
+    pub elector_addr: Option<String>,
     /// This replica's member id (default: the host name, which is the pod name)
     #[arg(long, env = "SWITCHYARD_MEMBER_ID")]
     pub member_id: Option<String>,
@@ -163,10 +169,7 @@ impl Args {
         }
         rt.spawn("queue-actor", |drain| actor.run(drain));
         let mut service = grpc::QueueService::new(handle.clone(), &controllers, queue.shard_count);
-        let directory = membership.then(|| grpc::Directory {
-            map: shardmap::watch(queue.etcd_endpoints.clone(), queue.shard_count, rt.drain()).0,
-            members: membership::watch_members(queue.etcd_endpoints.clone(), rt.drain()).0,
-        });
+        let directory = membership.then(|| directory(&rt, &queue));
         if let Some(directory) = &directory {
             service = service.with_directory(directory.clone());
         }
@@ -263,6 +266,43 @@ fn join(
         ownership.run(handle, lease, directory.map, drain)
     });
     Ok(())
+}
+
+/// Where a member learns the shard map and the members' addresses: the elector's
+/// `WatchShardMap` stream, or etcd itself when no elector address is given.
+fn directory(rt: &Runtime, queue: &QueueArgs) -> grpc::Directory {
+    let Some(elector) = queue.elector_addr.clone() else {
+        return grpc::Directory {
+            map: shardmap::watch(queue.etcd_endpoints.clone(), queue.shard_count, rt.drain()).0,
+            members: membership::watch_members(queue.etcd_endpoints.clone(), rt.drain()).0,
+        };
+    };
+    let (snapshots, follow) = switchyard_directory::follow_elector_as(
+        elector,
+        queue.shard_count,
+        rt.drain(),
+        switchyard_elector::grpc::from_snapshot,
+    );
+    let (map_tx, map) = watch::channel(None);
+    let (members_tx, members) = watch::channel(None);
+    rt.spawn("shard-map", move |drain| async move {
+        let mut snapshots = snapshots;
+        tokio::select! {
+            () = follow => {}
+            () = async {
+                while snapshots.changed().await.is_ok() {
+                    let Some(snapshot) = snapshots.borrow_and_update().clone() else {
+                        continue;
+                    };
+                    let (states, addresses) = &*snapshot;
+                    map_tx.send_replace(Some(states.clone()));
+                    members_tx.send_replace(Some(addresses.clone()));
+                }
+            } => {}
+            () = drain.signaled() => {}
+        }
+    });
+    grpc::Directory { map, members }
 }
 
 /// A queue that serves every shard at [`STATIC_EPOCH`] when `static_shards` is set.

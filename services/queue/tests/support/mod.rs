@@ -116,7 +116,11 @@ impl Cluster {
                 "--log-format=json",
                 "--drain-grace=2s",
             ],
-            &[("SWITCHYARD_ETCD_ENDPOINTS", &self.replica_endpoint)],
+            &[
+                ("SWITCHYARD_ETCD_ENDPOINTS", &self.replica_endpoint),
+                // The map and the members' addresses come from the elector's stream.
+                ("SWITCHYARD_ELECTOR_ADDR", &self.elector_addr.to_string()),
+            ],
         )
         .await
         .unwrap();
