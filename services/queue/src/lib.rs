@@ -12,7 +12,7 @@ pub mod ownership;
 
 use std::{net::SocketAddr, sync::Arc};
 
-use switchyard_elector::{membership, shardmap};
+use switchyard_elector::membership;
 use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
 use tokio::sync::watch;
@@ -89,9 +89,8 @@ pub struct QueueArgs {
     /// assigns (instead of --static-shards)
     #[arg(long, env = "SWITCHYARD_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
-    /// As a member: the elector's gRPC address, whose `WatchShardMap` stream this replica
-    /// follows for the shard map and the members' addresses (without it, a member watches the
-    /// map in etcd itself)
+    /// As a member (required with --etcd-endpoints): the elector's gRPC address, whose
+    /// `WatchShardMap` stream this replica follows for the shard map and the members' addresses
     #[arg(long, env = "SWITCHYARD_ELECTOR_ADDR")]
     pub elector_addr: Option<String>,
     /// This replica's member id (default: the host name, which is the pod name)
@@ -115,6 +114,13 @@ impl QueueArgs {
         }
         if self.shard_count == 0 {
             return Err(Error::Config("--shard-count: must be at least 1".into()));
+        }
+        if !self.etcd_endpoints.is_empty() && self.elector_addr.is_none() {
+            return Err(Error::Config(
+                "--elector-addr: required with --etcd-endpoints (a member follows the \
+                 elector's shard map)"
+                    .into(),
+            ));
         }
         if self.capacity == 0 {
             return Err(Error::Config("--queue-capacity: must be at least 1".into()));
@@ -169,7 +175,11 @@ impl Args {
         }
         rt.spawn("queue-actor", |drain| actor.run(drain));
         let mut service = grpc::QueueService::new(handle.clone(), &controllers, queue.shard_count);
-        let directory = membership.then(|| directory(&rt, &queue));
+        // `config` checked that a member has an elector to follow.
+        let directory = match &queue.elector_addr {
+            Some(elector) if membership => Some(directory(&rt, &queue, elector.clone())),
+            _ => None,
+        };
         if let Some(directory) = &directory {
             service = service.with_directory(directory.clone());
         }
@@ -269,14 +279,8 @@ fn join(
 }
 
 /// Where a member learns the shard map and the members' addresses: the elector's
-/// `WatchShardMap` stream, or etcd itself when no elector address is given.
-fn directory(rt: &Runtime, queue: &QueueArgs) -> grpc::Directory {
-    let Some(elector) = queue.elector_addr.clone() else {
-        return grpc::Directory {
-            map: shardmap::watch(queue.etcd_endpoints.clone(), queue.shard_count, rt.drain()).0,
-            members: membership::watch_members(queue.etcd_endpoints.clone(), rt.drain()).0,
-        };
-    };
+/// `WatchShardMap` stream.
+fn directory(rt: &Runtime, queue: &QueueArgs, elector: String) -> grpc::Directory {
     let (snapshots, follow) = switchyard_directory::follow_elector_as(
         elector,
         queue.shard_count,
@@ -315,4 +319,43 @@ pub fn serving_queue(config: QueueConfig, controllers: &[&str], static_shards: b
         }
     }
     queue
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn config_error(flags: &[&str]) -> String {
+        let args = Args::try_parse_from(["switchyard-queue"].iter().chain(flags)).unwrap();
+        match args.queue.config() {
+            Err(Error::Config(message)) => message,
+            other => panic!("{flags:?}: expected a configuration error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        for (flags, named) in [
+            (&["--shard-count=0"][..], "--shard-count"),
+            (&["--queue-capacity=0"], "--queue-capacity"),
+            (&["--retry-qps=-1"], "--retry-qps"),
+            (&["--controllers= "], "--controllers"),
+            (
+                &["--etcd-endpoints=http://127.0.0.1:2379"],
+                "--elector-addr: required with --etcd-endpoints",
+            ),
+        ] {
+            let message = config_error(flags);
+            assert!(message.starts_with(named), "{flags:?}: {message}");
+        }
+        let member = Args::try_parse_from([
+            "switchyard-queue",
+            "--etcd-endpoints=http://127.0.0.1:2379",
+            "--elector-addr=127.0.0.1:8443",
+        ])
+        .unwrap();
+        assert!(member.queue.config().is_ok());
+    }
 }

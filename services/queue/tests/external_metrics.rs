@@ -9,7 +9,6 @@ use std::{collections::HashMap, path::Path, time::Duration};
 
 use clap::Parser;
 use serde_json::Value;
-use switchyard_elector::leader::{self, LeaderConfig};
 use switchyard_proto::queue::v1::StatsRequest;
 use switchyard_proto::{
     common::v1::WorkKey,
@@ -19,7 +18,6 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::shard::shard_of;
-use switchyard_runtime::drain_channel;
 use switchyard_testenv::{Etcd, ServiceProcess};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -291,15 +289,19 @@ async fn assignment(clients: &mut [QueueClient<tonic::transport::Channel>]) -> V
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
     let etcd = Etcd::start().await.unwrap();
-    let (_stop_elector, drain) = drain_channel();
-    let (leading, _) = tokio::sync::watch::channel(false);
-    let config = LeaderConfig::new("elector", SHARDS);
-    tokio::spawn(leader::run(
-        vec![etcd.endpoint().to_owned()],
-        config,
-        leading,
-        drain,
-    ));
+    let elector = format!("127.0.0.1:{}", free_port());
+    let elector_task = tokio::spawn(
+        switchyard_elector::Args::try_parse_from([
+            "switchyard-elector".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            format!("--grpc-addr={elector}"),
+            format!("--etcd-endpoints={}", etcd.endpoint()),
+            format!("--shard-count={SHARDS}"),
+            "--elector-id=e0".into(),
+        ])
+        .unwrap()
+        .run(),
+    );
 
     let mut replicas = Vec::new();
     let mut clients = Vec::new();
@@ -313,7 +315,10 @@ async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
                 &format!("--controllers={RS},{DEPLOY}"),
                 &format!("--external-metrics-addr=127.0.0.1:{port}"),
             ],
-            &[("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint())],
+            &[
+                ("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint()),
+                ("SWITCHYARD_ELECTOR_ADDR", &elector),
+            ],
         )
         .await
         .unwrap();
@@ -374,6 +379,7 @@ async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
         status == 503 && body["message"].as_str().unwrap().contains("q2"),
         "{status} {body}"
     );
+    elector_task.abort();
 }
 
 /// A CA and a client certificate it issued, as PEM.

@@ -57,12 +57,13 @@ async fn until_assigned(elector: &str, members: &[&str]) -> ShardMap {
     }
 }
 
-async fn member(etcd: &Etcd, id: &str) -> support::InProcess {
+async fn member(etcd: &Etcd, elector: &str, id: &str) -> support::InProcess {
     support::queue(
         &[RS],
         &[
             &format!("--member-id={id}"),
             &format!("--etcd-endpoints={}", etcd.endpoint()),
+            &format!("--elector-addr={elector}"),
         ],
     )
     .await
@@ -89,8 +90,8 @@ async fn replica_sets_on_every_queue_replica_converge_and_keep_converging_after_
         .unwrap()
         .run(),
     );
-    let q0 = member(&etcd, "q0").await;
-    let q1 = member(&etcd, "q1").await;
+    let q0 = member(&etcd, &elector, "q0").await;
+    let q1 = member(&etcd, &elector, "q1").await;
     let map = until_assigned(&elector, &["q0", "q1"]).await;
 
     let route = format!("--elector-addr={elector}");

@@ -51,12 +51,13 @@ async fn until_assigned(elector: &str, members: &[&str]) {
     }
 }
 
-async fn member(etcd: &Etcd, id: &str) -> InProcess {
+async fn member(etcd: &Etcd, elector: &str, id: &str) -> InProcess {
     queue(
         &[RS],
         &[
             &format!("--member-id={id}"),
             &format!("--etcd-endpoints={}", etcd.endpoint()),
+            &format!("--elector-addr={elector}"),
         ],
     )
     .await
@@ -82,8 +83,8 @@ async fn a_moved_shard_is_resynced_to_its_new_owner() {
     ])
     .unwrap();
     let elector_task = tokio::spawn(elector_args.run());
-    let q0 = member(&etcd, "q0").await;
-    let q1 = member(&etcd, "q1").await;
+    let q0 = member(&etcd, &elector, "q0").await;
+    let q1 = member(&etcd, &elector, "q1").await;
     until_assigned(&elector, &["q0", "q1"]).await;
     let mut w0 = Worker::start(q0.grpc()).await;
     let mut w1 = Worker::start(q1.grpc()).await;
