@@ -29,7 +29,7 @@ use switchyard_k8s::{
         runtime::watcher,
     },
 };
-use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace};
+use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
 
 const DEPLOYMENTS: usize = 50;
 const REPLICAS: i32 = 4;
@@ -85,22 +85,9 @@ impl Spec {
 }
 
 fn deployment(name: &str) -> Deployment {
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": REPLICAS,
-            "selector": {"matchLabels": {"app": name}},
-            "strategy": {"type": "RollingUpdate",
-                         "rollingUpdate": {"maxSurge": MAX_SURGE, "maxUnavailable": 1}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
-            }
-        }
-    }))
-    .unwrap()
+    let strategy = json!({"strategy": {"type": "RollingUpdate",
+                           "rollingUpdate": {"maxSurge": MAX_SURGE, "maxUnavailable": 1}}});
+    manifests::deployment(name, REPLICAS, strategy)
 }
 
 fn rolled_out(deployment: &Deployment) -> bool {

@@ -7,6 +7,9 @@
 //!                              ├─► watcher: a shard whose active owner or epoch changed is
 //!                              │   resynced from the cache (the new owner started empty)
 //!                              └─► reconciler: one work stream per distinct owner address
+//!
+//!  elector WatchShardMap ──► follow_elector_as: any conversion of the whole map (a queue
+//!                            member takes every shard's state and the members' addresses)
 //! ```
 
 use std::{collections::HashSet, sync::Arc, time::Duration};

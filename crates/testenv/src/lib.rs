@@ -22,6 +22,7 @@ mod etcd;
 pub mod exposition;
 mod in_process;
 mod kubeconfig;
+pub mod manifests;
 mod namespace;
 mod otelcol;
 mod pki;

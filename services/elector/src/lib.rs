@@ -9,7 +9,8 @@
 //!
 //! - [`liveness`]: the leader revokes the registration of a member whose port refuses
 //!   connections, so a crashed member's shards move before its lease would expire;
-//! - [`grpc`]: `switchyard.elector.v1.Elector`, the shard map for tools and watchers.
+//! - [`grpc`]: `switchyard.elector.v1.Elector`: the shard map for queue members, watchers,
+//!   reconcilers and tools.
 
 pub mod grpc;
 pub mod leader;

@@ -299,14 +299,24 @@ fn directory(rt: &Runtime, queue: &QueueArgs, elector: String) -> grpc::Director
                         continue;
                     };
                     let (states, addresses) = &*snapshot;
-                    map_tx.send_replace(Some(states.clone()));
-                    members_tx.send_replace(Some(addresses.clone()));
+                    // Each side wakes its readers only when it changed.
+                    map_tx.send_if_modified(|map| replace(map, states));
+                    members_tx.send_if_modified(|members| replace(members, addresses));
                 }
             } => {}
             () = drain.signaled() => {}
         }
     });
     grpc::Directory { map, members }
+}
+
+/// Sets `slot` to `value` unless it holds it already; whether it changed.
+fn replace<T: Clone + PartialEq>(slot: &mut Option<T>, value: &T) -> bool {
+    let changed = slot.as_ref() != Some(value);
+    if changed {
+        *slot = Some(value.clone());
+    }
+    changed
 }
 
 /// A queue that serves every shard at [`STATIC_EPOCH`] when `static_shards` is set.

@@ -38,7 +38,7 @@ use switchyard_k8s::{
     Api, Deployment, Namespace, PostParams, k8s_openapi::api::core::v1::ServiceAccount,
     kube::api::ListParams,
 };
-use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, ServiceProcess};
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, ServiceProcess, manifests};
 
 const REPLICAS: i32 = 4;
 const NODES: usize = 10;
@@ -72,20 +72,7 @@ fn deployments() -> usize {
 }
 
 fn deployment(name: &str) -> Deployment {
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": REPLICAS,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
-            }
-        }
-    }))
-    .unwrap()
+    manifests::deployment(name, REPLICAS, serde_json::Value::Null)
 }
 
 fn available(deployment: &Deployment) -> bool {

@@ -28,7 +28,7 @@ use switchyard_reconciler_core::{
     },
     replicaset::{is_active, is_ready},
 };
-use switchyard_testenv::{ControlPlane, InProcess, TestNamespace};
+use switchyard_testenv::{ControlPlane, InProcess, TestNamespace, manifests};
 use tokio::task::JoinHandle;
 
 use support::{DEPLOY, RS, WITHIN};
@@ -76,24 +76,8 @@ impl Stack {
 }
 
 fn deployment(name: &str, replicas: i32, image: &str, extra_spec: Value) -> Deployment {
-    let mut value = json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "c", "image": image}]}
-            }
-        }
-    });
-    if let Value::Object(extra) = extra_spec {
-        for (k, v) in extra {
-            value["spec"][k] = v;
-        }
-    }
+    let mut value = manifests::workload("Deployment", name, replicas, extra_spec);
+    value["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
     serde_json::from_value(value).unwrap()
 }
 

@@ -10,8 +10,8 @@ use serde_json::json;
 use switchyard_k8s::{Api, ListParams, Pod, ReplicaSet, await_condition};
 use switchyard_reconciler::sdk::Registry;
 use switchyard_reconciler_core::replicaset::{controller_of, is_active};
-use switchyard_testenv::ControlPlane;
 pub use switchyard_testenv::InProcess;
+use switchyard_testenv::{ControlPlane, manifests};
 
 pub const RS: &str = "apps/v1/ReplicaSet";
 pub const DEPLOY: &str = "apps/v1/Deployment";
@@ -154,21 +154,11 @@ controllers:
     )
 }
 
+/// A ReplicaSet whose Pods also carry `tier=web` (a label the selector does not name).
 pub fn replica_set(name: &str, replicas: i32) -> ReplicaSet {
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name, "tier": "web"}},
-                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
-            }
-        }
-    }))
-    .unwrap()
+    let mut value = manifests::workload("ReplicaSet", name, replicas, serde_json::Value::Null);
+    value["spec"]["template"]["metadata"]["labels"]["tier"] = json!("web");
+    serde_json::from_value(value).unwrap()
 }
 
 /// Waits until the ReplicaSet's status says `n` Pods, all fully labeled, ready and available,

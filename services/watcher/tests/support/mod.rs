@@ -156,23 +156,7 @@ impl Worker {
     }
 }
 
-/// A replica set manifest with `replicas` and selector `app=<name>`.
-pub fn replica_set(name: &str, replicas: i32) -> switchyard_k8s::ReplicaSet {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}
-            }
-        }
-    }))
-    .unwrap()
-}
+pub use switchyard_testenv::manifests::replica_set;
 
 /// A pod with `labels`, controlled by `owner` (`(kind, apiVersion, name, uid)`) if given.
 pub fn pod(
