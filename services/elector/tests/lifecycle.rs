@@ -26,7 +26,16 @@ async fn is_not_ready_while_etcd_is_unreachable() {
     .await
     .expect("starts");
     assert_eq!(process.admin_get("/livez").await.expect("livez").0, 200);
-    let (status, body) = process.admin_get("/readyz").await.expect("readyz");
+    // The gates of the start itself (`startup`, `grpc`) open a moment after the admin port.
+    let mut readyz = process.admin_get("/readyz").await.expect("readyz");
+    for _ in 0..100 {
+        if !(readyz.1.contains("startup") || readyz.1.contains("grpc")) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        readyz = process.admin_get("/readyz").await.expect("readyz");
+    }
+    let (status, body) = readyz;
     assert_eq!((status, body.as_str()), (503, "waiting for: etcd\n"));
     let (status, log) = process.terminate().await.expect("exits");
     assert!(status.success(), "{log}");
