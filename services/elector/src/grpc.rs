@@ -1,26 +1,20 @@
-//! `switchyard.elector.v1.Elector`: the shard map for tools and watchers, and the calls a
-//! member makes. Members hold their own lease in etcd (so their liveness is theirs, not the
-//! elector's): `Join` confirms a registration, `Leave` revokes the member's lease, `Release`
-//! performs the fenced release of a drained shard. The only place a `tonic::Status` is made.
+//! `switchyard.elector.v1.Elector`: the shard map, read once or followed, for queue members,
+//! watchers, reconcilers and tools. Members make their own writes in etcd (their registration
+//! under their own lease, their fenced release and renewal: `switchyard_shards`), so the
+//! elector's API only reads. The only place a `tonic::Status` is made.
 
 use std::pin::Pin;
 
-use etcd_client::Client;
 use futures::{Stream, StreamExt};
 use switchyard_elector_core::ShardState;
 use switchyard_proto::elector::v1::{self as pb, elector_server};
+use switchyard_shards::member::Member;
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tonic::{Request, Response, Status};
 
-use crate::{
-    membership::{MEMBERS_PREFIX, Member},
-    shardmap::{self, ShardMapError},
-};
-
 #[derive(Clone, Debug)]
 pub struct ElectorService {
-    endpoints: Vec<String>,
     shard_count: u32,
     map: watch::Receiver<Option<Vec<ShardState>>>,
     members: watch::Receiver<Option<Vec<Member>>>,
@@ -28,13 +22,11 @@ pub struct ElectorService {
 
 impl ElectorService {
     pub fn new(
-        endpoints: Vec<String>,
         shard_count: u32,
         map: watch::Receiver<Option<Vec<ShardState>>>,
         members: watch::Receiver<Option<Vec<Member>>>,
     ) -> Self {
         Self {
-            endpoints,
             shard_count,
             map,
             members,
@@ -44,44 +36,6 @@ impl ElectorService {
     pub fn into_server(self) -> elector_server::ElectorServer<Self> {
         elector_server::ElectorServer::new(self)
     }
-
-    async fn client(&self) -> Result<Client, Status> {
-        Client::connect(&self.endpoints, None)
-            .await
-            .map_err(|e| Status::unavailable(format!("etcd unreachable: {e}")))
-    }
-}
-
-/// A member's view of a map the elector sent: every shard's state (as many as `map` names;
-/// a shard it leaves out is unassigned) and the members. The inverse of [`snapshot`].
-pub fn from_snapshot(map: &pb::ShardMap) -> (Vec<ShardState>, Vec<Member>) {
-    let mut states = vec![ShardState::Unassigned; map.shard_count as usize];
-    for shard in &map.shards {
-        let state = match pb::ShardState::try_from(shard.state) {
-            Ok(pb::ShardState::Active) => ShardState::Active {
-                owner: shard.member_id.clone(),
-                epoch: shard.epoch,
-            },
-            Ok(pb::ShardState::Releasing) => ShardState::Releasing {
-                owner: shard.member_id.clone(),
-                epoch: shard.epoch,
-                next: shard.next_member_id.clone(),
-            },
-            _ => ShardState::Unassigned,
-        };
-        if let Some(slot) = states.get_mut(shard.shard as usize) {
-            *slot = state;
-        }
-    }
-    let members = map
-        .members
-        .iter()
-        .map(|m| Member {
-            id: m.id.clone(),
-            address: m.address.clone(),
-        })
-        .collect();
-    (states, members)
 }
 
 /// The map with owner addresses, as the proto carries it.
@@ -147,102 +101,8 @@ fn snapshot(
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-fn member_id(field: &str, id: &str) -> Result<(), Status> {
-    if id.is_empty() || id.contains('/') || id.len() > 253 {
-        return Err(Status::invalid_argument(format!(
-            "{field}: must be 1 to 253 characters without '/'"
-        )));
-    }
-    Ok(())
-}
-
 #[tonic::async_trait]
 impl elector_server::Elector for ElectorService {
-    async fn join(
-        &self,
-        request: Request<pb::JoinRequest>,
-    ) -> Result<Response<pb::JoinResponse>, Status> {
-        let member = request
-            .into_inner()
-            .member
-            .ok_or_else(|| Status::invalid_argument("member: required"))?;
-        member_id("member.id", &member.id)?;
-        let response = self
-            .client()
-            .await?
-            .get(format!("{MEMBERS_PREFIX}{}", member.id), None)
-            .await
-            .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
-        let Some(kv) = response.kvs().first() else {
-            return Err(Status::failed_precondition(format!(
-                "member {:?} is not registered: members register in etcd under their own lease",
-                member.id
-            )));
-        };
-        if kv.value() != member.address.as_bytes() {
-            return Err(Status::failed_precondition(format!(
-                "member {:?} is registered with address {:?}, not {:?}",
-                member.id,
-                String::from_utf8_lossy(kv.value()),
-                member.address
-            )));
-        }
-        Ok(Response::new(pb::JoinResponse {
-            revision: u64::try_from(kv.mod_revision()).unwrap_or(0),
-        }))
-    }
-
-    async fn leave(
-        &self,
-        request: Request<pb::LeaveRequest>,
-    ) -> Result<Response<pb::LeaveResponse>, Status> {
-        let id = request.into_inner().member_id;
-        member_id("member_id", &id)?;
-        let mut client = self.client().await?;
-        let response = client
-            .get(format!("{MEMBERS_PREFIX}{id}"), None)
-            .await
-            .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
-        let Some(kv) = response.kvs().first() else {
-            return Err(Status::not_found(format!("unknown member {id:?}")));
-        };
-        // Revoking the member's lease removes it at once; the leader then moves its shards.
-        client
-            .lease_revoke(kv.lease())
-            .await
-            .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
-        Ok(Response::new(pb::LeaveResponse {}))
-    }
-
-    async fn release(
-        &self,
-        request: Request<pb::ReleaseRequest>,
-    ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let request = request.into_inner();
-        member_id("member_id", &request.member_id)?;
-        if request.shard >= self.shard_count {
-            return Err(Status::invalid_argument(format!(
-                "shard: {} is not below the shard count {}",
-                request.shard, self.shard_count
-            )));
-        }
-        let mut client = self.client().await?;
-        match shardmap::release(
-            &mut client,
-            request.shard,
-            &request.member_id,
-            request.epoch,
-        )
-        .await
-        {
-            Ok(_) => Ok(Response::new(pb::ReleaseResponse {})),
-            Err(error @ (ShardMapError::Release(_) | ShardMapError::Fenced)) => {
-                Err(Status::failed_precondition(error.to_string()))
-            }
-            Err(error) => Err(Status::unavailable(error.to_string())),
-        }
-    }
-
     async fn get_shard_map(
         &self,
         _: Request<pb::GetShardMapRequest>,
@@ -319,7 +179,7 @@ mod tests {
         ];
         let sent = snapshot(Some(&states), Some(&members), 3);
         assert_eq!(sent.shards[1].address, "127.0.0.1:1");
-        assert_eq!(from_snapshot(&sent), (states, members));
+        assert_eq!(switchyard_shards::member_view(&sent), (states, members));
     }
 
     /// A subscriber that saw the map before its owners' addresses were known gets the
@@ -332,7 +192,7 @@ mod tests {
         };
         let (_map_tx, map) = watch::channel(Some(vec![active("a"), active("a")]));
         let (members_tx, members) = watch::channel(Some(Vec::new()));
-        let service = ElectorService::new(Vec::new(), 2, map, members);
+        let service = ElectorService::new(2, map, members);
         let mut updates = service
             .watch_shard_map(Request::new(pb::WatchShardMapRequest {}))
             .await

@@ -1,12 +1,13 @@
 //! Switchyard elector: queue membership, shard assignment and fencing epochs in etcd.
 //!
-//! - [`membership`]: queue replicas register under an etcd lease and stop serving before it
-//!   can have expired;
+//! Queue replicas register themselves and make their own fenced writes to the map
+//! (`switchyard-shards`); the elector reads the members and writes everything else:
+//!
+//! - [`membership`]: the registered members, read and watched;
 //! - [`leader`]: elector replicas campaign; the leader keeps the shard map in step with the
 //!   live members (assignment and handover plans come from `switchyard-elector-core`);
-//! - [`shardmap`]: the shard map in etcd, with epochs that are etcd revisions, and the fenced
-//!   release a draining owner performs.
-//!
+//! - [`shardmap`]: the leader's reads and fenced writes of the map in etcd;
+//! - [`mirror`]: a prefix of etcd mirrored in memory (the map and the members the API serves);
 //! - [`liveness`]: the leader revokes the registration of a member whose port refuses
 //!   connections, so a crashed member's shards move before its lease would expire;
 //! - [`grpc`]: `switchyard.elector.v1.Elector`: the shard map for queue members, watchers,
@@ -159,7 +160,6 @@ impl Args {
             members_found_gone,
         };
         let service = grpc::ElectorService::new(
-            etcd_endpoints.clone(),
             shard_count,
             shardmap::watch(etcd_endpoints.clone(), shard_count, rt.drain()).0,
             membership::watch_members(etcd_endpoints.clone(), rt.drain()).0,

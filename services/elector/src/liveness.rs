@@ -34,7 +34,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tracing::{debug, info, warn};
 
-use crate::membership::{MEMBERS_PREFIX, Member};
+use switchyard_shards::member::{MEMBERS_PREFIX, Member};
 
 /// How long a probe connection may take before the answer counts as "no proof".
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);

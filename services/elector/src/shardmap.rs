@@ -1,9 +1,6 @@
-//! The shard map in etcd: `/switchyard/shards/<shard>` holds the shard's state as JSON.
-//!
-//! The epoch of an active shard is the etcd revision of the write that activated it (the
-//! key's `mod_revision`), so epochs only grow. A releasing shard keeps its owner's epoch in the
-//! value. The leader's writes are fenced on its election key; a member's release is fenced on
-//! the shard key's revision, so a stale release never applies.
+//! The leader's side of the shard map in etcd. The layout, and the members' own fenced
+//! release and renewal, are in `switchyard_shards::store`; the leader's writes are fenced on
+//! its election key.
 //!
 //! The leader plans from a read of the map and its watch of the members, and each of its
 //! writes holds only while that view does (see `switchyard_elector_core`): every transition
@@ -12,44 +9,13 @@
 //! transition refused that way writes nothing; the leader reads and plans again.
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
-use serde::{Deserialize, Serialize};
-use switchyard_elector_core::{MemberId, ShardState, Transition, released, renewable};
+use switchyard_elector_core::{ShardState, Transition};
+use switchyard_shards::{
+    member::MEMBERS_PREFIX,
+    store::{SHARDS_PREFIX, decode, encode, shard_key},
+};
 
-use crate::membership::MEMBERS_PREFIX;
-
-pub const SHARDS_PREFIX: &str = "/switchyard/shards/";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ShardMapError {
-    #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
-    #[error("shard {shard}: malformed state in etcd: {reason}")]
-    Malformed { shard: u32, reason: String },
-    #[error("{0}")]
-    Release(#[from] switchyard_elector_core::ReleaseError),
-    #[error("lost the election or the shard changed meanwhile: nothing written")]
-    Fenced,
-}
-
-pub type Result<T, E = ShardMapError> = std::result::Result<T, E>;
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-enum Stored {
-    Active {
-        owner: String,
-    },
-    Releasing {
-        owner: String,
-        epoch: u64,
-        next: String,
-    },
-}
-
-/// The etcd key of a shard (zero-padded, so keys sort by shard).
-pub fn shard_key(shard: u32) -> String {
-    format!("{SHARDS_PREFIX}{shard:05}")
-}
+pub use switchyard_shards::store::{Result, ShardMapError};
 
 /// The whole map (`shard_count` entries) and the revision it was read at.
 pub async fn read(client: &mut Client, shard_count: u32) -> Result<(Vec<ShardState>, i64)> {
@@ -72,24 +38,6 @@ pub async fn read(client: &mut Client, shard_count: u32) -> Result<(Vec<ShardSta
         }
     }
     Ok((map, revision))
-}
-
-fn decode(shard: u32, value: &[u8], mod_revision: i64) -> Result<ShardState> {
-    let stored: Stored = serde_json::from_slice(value).map_err(|e| ShardMapError::Malformed {
-        shard,
-        reason: e.to_string(),
-    })?;
-    Ok(match stored {
-        Stored::Active { owner } => ShardState::Active {
-            owner,
-            epoch: u64::try_from(mod_revision).unwrap_or(0),
-        },
-        Stored::Releasing { owner, epoch, next } => ShardState::Releasing { owner, epoch, next },
-    })
-}
-
-fn encode(stored: &Stored) -> String {
-    serde_json::to_string(stored).expect("shard state serializes")
 }
 
 /// etcd refuses transactions of more than 128 operations by default (`--max-txn-ops`); a
@@ -152,7 +100,7 @@ fn guarded(current: &[ShardState], revision: i64, transition: &Transition) -> Tx
         CompareOp::Less,
         revision.saturating_add(1),
     )];
-    let stored = match transition {
+    let state = match transition {
         Transition::Activate { owner, gone, .. } => {
             if let Some(gone) = gone {
                 // Still not registered (an absent key compares as version 0).
@@ -162,8 +110,9 @@ fn guarded(current: &[ShardState], revision: i64, transition: &Transition) -> Tx
                     0,
                 ));
             }
-            Stored::Active {
+            ShardState::Active {
                 owner: owner.clone(),
+                epoch: 0,
             }
         }
         Transition::Release { owner, next, .. } => {
@@ -173,101 +122,18 @@ fn guarded(current: &[ShardState], revision: i64, transition: &Transition) -> Tx
                 }
                 _ => 0,
             };
-            Stored::Releasing {
+            ShardState::Releasing {
                 owner: owner.clone(),
                 epoch,
                 next: next.clone(),
             }
         }
     };
-    TxnOp::txn(
-        Txn::new()
-            .when(conditions)
-            .and_then([TxnOp::put(key, encode(&stored), None)]),
-    )
-}
-
-/// A member that drained `shard` hands it to the next owner. Refused, with nothing written,
-/// when the member does not hold it as releasing at `epoch`, or the shard changed while this
-/// ran.
-pub async fn release(
-    client: &mut Client,
-    shard: u32,
-    member: &str,
-    epoch: u64,
-) -> Result<MemberId> {
-    let key = shard_key(shard);
-    let response = client.get(key.clone(), None).await?;
-    let Some(kv) = response.kvs().first() else {
-        return Err(switchyard_elector_core::ReleaseError::NotHeld {
-            shard,
-            member: member.to_owned(),
-        }
-        .into());
-    };
-    let state = decode(shard, kv.value(), kv.mod_revision())?;
-    let next = released(&state, shard, member, epoch)?;
-    let txn = Txn::new()
-        .when([Compare::mod_revision(
-            key.clone(),
-            CompareOp::Equal,
-            kv.mod_revision(),
-        )])
-        .and_then([TxnOp::put(
-            key,
-            encode(&Stored::Active {
-                owner: next.clone(),
-            }),
-            None,
-        )]);
-    if client.txn(txn).await?.succeeded() {
-        Ok(next)
-    } else {
-        Err(ShardMapError::Fenced)
-    }
-}
-
-/// A member renews the epoch of a shard it holds as active at `epoch`: the shard stays its
-/// own and gets a new epoch (the revision of this write), which is returned. Refused, with
-/// nothing written, when the member does not hold the shard at `epoch` or the shard changed
-/// while this ran.
-pub async fn renew(client: &mut Client, shard: u32, member: &str, epoch: u64) -> Result<u64> {
-    let key = shard_key(shard);
-    let response = client.get(key.clone(), None).await?;
-    let Some(kv) = response.kvs().first() else {
-        return Err(switchyard_elector_core::ReleaseError::NotHeld {
-            shard,
-            member: member.to_owned(),
-        }
-        .into());
-    };
-    renewable(
-        &decode(shard, kv.value(), kv.mod_revision())?,
-        shard,
-        member,
-        epoch,
-    )?;
-    let txn = Txn::new()
-        .when([Compare::mod_revision(
-            key.clone(),
-            CompareOp::Equal,
-            kv.mod_revision(),
-        )])
-        .and_then([TxnOp::put(
-            key,
-            encode(&Stored::Active {
-                owner: member.to_owned(),
-            }),
-            None,
-        )]);
-    let response = client.txn(txn).await?;
-    if !response.succeeded() {
-        return Err(ShardMapError::Fenced);
-    }
-    Ok(response
-        .header()
-        .and_then(|h| u64::try_from(h.revision()).ok())
-        .unwrap_or(0))
+    TxnOp::txn(Txn::new().when(conditions).and_then([TxnOp::put(
+        key,
+        encode(&state).expect("a transition writes an assigned state"),
+        None,
+    )]))
 }
 
 /// Publishes the shard map (`shard_count` entries) now and after every change, until `drain`.

@@ -1,19 +1,23 @@
 //! The elector binary's gRPC API against a real etcd: the shard map snapshot and its watch
-//! with owner addresses, fenced releases, leave, join, and bad input; and a leader process
-//! killed (SIGKILL) while a follower process stands by.
+//! with owner addresses, followed through members' own fenced releases (refused with a clear
+//! error when stale, changing nothing) and a member leaving; and a leader process killed
+//! (SIGKILL) while a follower process stands by.
 
 #![allow(clippy::unwrap_used)]
 
 use std::{path::Path, time::Duration};
 
-use switchyard_elector::membership::{LeaseState, LeaseTiming, Member, join};
 use switchyard_proto::elector::v1::{
-    GetShardMapRequest, JoinRequest, LeaveRequest, Member as ProtoMember, ReleaseRequest, ShardMap,
-    ShardState, WatchShardMapRequest, elector_client::ElectorClient,
+    GetShardMapRequest, Member as ProtoMember, ShardMap, ShardState, WatchShardMapRequest,
+    elector_client::ElectorClient,
 };
 use switchyard_runtime::{ShutdownHandle, drain_channel};
+use switchyard_shards::{
+    member::{LeaseState, LeaseTiming, Member, join},
+    store::{self, ShardMapError},
+};
 use switchyard_testenv::{Etcd, ServiceProcess};
-use tonic::{Code, transport::Channel};
+use tonic::transport::Channel;
 
 const SHARDS: u32 = 8;
 
@@ -122,120 +126,71 @@ async fn the_shard_map_is_served_watched_and_handed_over_through_grpc() {
             break releasing;
         }
     };
+    // a releases each drained shard itself, fenced in etcd; the elector's map follows.
+    let mut etcd_client = etcd_client::Client::connect(&endpoints, None)
+        .await
+        .unwrap();
     for shard in &releasing {
         assert_eq!(shard.member_id, "a", "the live owner drains first");
-        let release = |member_id: &str, epoch| ReleaseRequest {
-            member_id: member_id.into(),
-            shard: shard.shard,
-            epoch,
-        };
-        let status = client
-            .release(release("nobody", shard.epoch))
+        let next = store::release(&mut etcd_client, shard.shard, "a", shard.epoch)
             .await
-            .unwrap_err();
-        assert_eq!(status.code(), Code::FailedPrecondition);
-        assert!(
-            status.message().contains("not held by member \"nobody\""),
-            "{status:?}"
-        );
-        let status = client
-            .release(release("a", shard.epoch + 1))
-            .await
-            .unwrap_err();
-        assert!(status.message().starts_with("stale epoch"), "{status:?}");
-        client.release(release("a", shard.epoch)).await.unwrap();
+            .unwrap();
+        assert_eq!(next, "b");
     }
     map_until(&mut client, |m| {
         all_owned_by(m, &["a", "b"]) && m.shards.iter().any(|s| s.member_id == "b")
     })
     .await;
 
-    // b leaves through the elector: its lease is revoked and its shards return to a at once.
-    client
-        .leave(LeaveRequest {
-            member_id: "b".into(),
-        })
-        .await
-        .unwrap();
+    // b leaves (its lease is revoked): its shards return to a at once.
+    b.trigger();
     map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
-    drop(b);
 
     let (status, log) = process.terminate().await.unwrap();
     assert!(status.success(), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_requests_get_clear_errors_and_change_nothing() {
+async fn a_stale_or_foreign_release_gets_a_clear_error_and_changes_nothing() {
     let etcd = Etcd::start().await.unwrap();
     let endpoints = vec![etcd.endpoint().to_owned()];
     let (_process, mut client) = elector(&etcd).await;
     let _a = member(&endpoints, "a");
     let before = map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
+    let mut etcd_client = etcd_client::Client::connect(&endpoints, None)
+        .await
+        .unwrap();
+    let epoch = before.shards[0].epoch;
 
-    let status = client
-        .release(ReleaseRequest {
-            member_id: "a".into(),
-            shard: 99,
-            epoch: 1,
-        })
+    let error = store::release(&mut etcd_client, 0, "a", epoch)
         .await
         .unwrap_err();
     assert_eq!(
-        (status.code(), status.message()),
-        (
-            Code::InvalidArgument,
-            "shard: 99 is not below the shard count 8"
-        )
-    );
-    let status = client
-        .release(ReleaseRequest {
-            member_id: "a".into(),
-            shard: 0,
-            epoch: before.shards[0].epoch,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(
-        status.code(),
-        Code::FailedPrecondition,
+        error.to_string(),
+        "shard 0 is not held by member \"a\"",
         "an active shard is not releasing"
     );
-    let status = client
-        .leave(LeaveRequest {
-            member_id: "ghost".into(),
-        })
+    let error = store::release(&mut etcd_client, 0, "ghost", epoch)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ShardMapError::Release(_)), "{error}");
+    let error = store::renew(&mut etcd_client, 0, "a", epoch + 1)
         .await
         .unwrap_err();
     assert_eq!(
-        (status.code(), status.message()),
-        (Code::NotFound, "unknown member \"ghost\"")
+        error.to_string(),
+        format!(
+            "stale epoch {} for shard 0 (current epoch {epoch})",
+            epoch + 1
+        )
     );
-    let status = client
-        .join(JoinRequest {
-            member: Some(ProtoMember {
-                id: "ghost".into(),
-                address: "x:1".into(),
-            }),
-        })
+    let error = store::renew(&mut etcd_client, 0, "ghost", epoch)
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::FailedPrecondition);
-    let status = client.join(JoinRequest { member: None }).await.unwrap_err();
-    assert_eq!(
-        (status.code(), status.message()),
-        (Code::InvalidArgument, "member: required")
+    assert!(
+        error.to_string().contains("not held by member \"ghost\""),
+        "{error}"
     );
-    let joined = client
-        .join(JoinRequest {
-            member: Some(ProtoMember {
-                id: "a".into(),
-                address: "a:8443".into(),
-            }),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(joined.revision > 0);
 
     let after = client
         .get_shard_map(GetShardMapRequest {})

@@ -9,11 +9,14 @@ use std::{collections::HashMap, time::Duration};
 use etcd_client::Client;
 use switchyard_elector::{
     leader::{self, LeaderConfig},
-    membership::{LeaseState, LeaseTiming, Member, join},
     shardmap,
 };
 use switchyard_elector_core::{ShardState, Transition, plan};
 use switchyard_runtime::{ShutdownHandle, drain_channel};
+use switchyard_shards::{
+    member::{LeaseState, LeaseTiming, Member, join},
+    store,
+};
 use switchyard_testenv::Etcd;
 use tokio::sync::watch;
 
@@ -125,11 +128,11 @@ async fn the_leader_assigns_hands_over_and_reassigns_a_crashed_members_shards() 
         };
         let shard = shard as u32;
         // Bad releases are refused and change nothing.
-        let stale = shardmap::release(&mut client, shard, owner, epoch + 1)
+        let stale = store::release(&mut client, shard, owner, epoch + 1)
             .await
             .unwrap_err();
         assert!(stale.to_string().starts_with("stale epoch"), "{stale}");
-        let stranger = shardmap::release(&mut client, shard, "nobody", *epoch)
+        let stranger = store::release(&mut client, shard, "nobody", *epoch)
             .await
             .unwrap_err();
         assert!(
@@ -141,7 +144,7 @@ async fn the_leader_assigns_hands_over_and_reassigns_a_crashed_members_shards() 
         assert_eq!(&map(&mut client).await[shard as usize], state);
         // The owner drained: it hands the shard over.
         assert_eq!(
-            &shardmap::release(&mut client, shard, owner, *epoch)
+            &store::release(&mut client, shard, owner, *epoch)
                 .await
                 .unwrap(),
             next
@@ -294,12 +297,10 @@ async fn a_plan_from_a_stale_view_moves_no_live_owners_shard() {
     // ... a hands shard 0 over to b, and b renews the epoch of shard 1 (as a restarted
     // member does) ...
     assert_eq!(
-        shardmap::release(&mut client, 0, "a", a_epoch)
-            .await
-            .unwrap(),
+        store::release(&mut client, 0, "a", a_epoch).await.unwrap(),
         "b"
     );
-    shardmap::renew(&mut client, 1, "b", b_epoch).await.unwrap();
+    store::renew(&mut client, 1, "b", b_epoch).await.unwrap();
     let (now, _) = shardmap::read(&mut client, SHARDS).await.unwrap();
 
     // ... and the leader's plan from what it read: shards 0 and 1 should go to c, and its

@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
-use switchyard_elector::membership::{
-    LeaseState, LeaseTiming, Member, join, members, watch_members,
-};
+use switchyard_elector::membership::{members, watch_members};
 use switchyard_runtime::drain_channel;
+use switchyard_shards::member::{LeaseState, LeaseTiming, Member, join};
 use switchyard_testenv::Etcd;
 use tokio::{sync::watch, time::Instant};
 

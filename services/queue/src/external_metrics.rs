@@ -53,8 +53,8 @@ use tokio::{
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tracing::{debug, info, warn};
 
-use switchyard_elector::membership::Member;
 use switchyard_proto::queue::v1::{StatsRequest, queue_client::QueueClient};
+use switchyard_shards::member::Member;
 use tokio::sync::watch;
 
 use crate::actor::Handle;

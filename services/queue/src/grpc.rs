@@ -9,7 +9,6 @@ use std::{
 
 use futures::{Stream, StreamExt};
 use prost::Message;
-use switchyard_elector::membership::Member;
 use switchyard_elector_core::ShardState;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey as ProtoKey},
@@ -22,6 +21,7 @@ use switchyard_queue_core::{
     Cause, ControllerId, Error as CoreError, Lease, Outcome, Priority, ShardStats, WorkKey,
 };
 use switchyard_runtime::trace::{self, TraceFields};
+use switchyard_shards::member::Member;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Code, Request, Response, Status, Streaming};

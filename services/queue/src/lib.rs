@@ -12,14 +12,12 @@ pub mod ownership;
 
 use std::{net::SocketAddr, sync::Arc};
 
-use switchyard_elector::membership;
 use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
+use switchyard_shards::{STATIC_EPOCH, member as membership};
 use tokio::sync::watch;
 
 pub const SERVICE: &str = "switchyard-queue";
-/// The epoch of every shard when one replica serves them all (no elector).
-pub const STATIC_EPOCH: u64 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -281,11 +279,11 @@ fn join(
 /// Where a member learns the shard map and the members' addresses: the elector's
 /// `WatchShardMap` stream.
 fn directory(rt: &Runtime, queue: &QueueArgs, elector: String) -> grpc::Directory {
-    let (snapshots, follow) = switchyard_directory::follow_elector_as(
+    let (snapshots, follow) = switchyard_shards::follow_elector_as(
         elector,
         queue.shard_count,
         rt.drain(),
-        switchyard_elector::grpc::from_snapshot,
+        switchyard_shards::member_view,
     );
     let (map_tx, map) = watch::channel(None);
     let (members_tx, members) = watch::channel(None);

@@ -1,24 +1,17 @@
-//! Which shards this replica serves, from its member lease and the shard map in etcd.
+//! Which shards this replica serves: the I/O loop around the member's step of the shard
+//! protocol (`switchyard_elector_core::member`, pure and property-tested against the leader's
+//! plan).
 //!
 //! ```text
-//!  member lease (held/lost) ─┐
-//!                            ├─► per shard: Active(me, e) → acquire at e
-//!  shard map (etcd watch) ───┘              Active(me, e), e older than my registration →
-//!                                             renew the epoch in etcd (fenced), then acquire
-//!                                           Releasing(me, e) → drain; when idle (or after the
-//!                                             grace) release locally, then in etcd (fenced)
-//!                                           lease lost, or another owner → release at once
+//!  member lease (held/lost) ─┐                                   ┌─► actor: acquire, drain, release
+//!                            ├─► per shard: want ─► member::step ┼─► etcd: renew, hand over (fenced,
+//!  shard map (WatchShardMap)─┘   (+ in-flight count of a        │        raced against the lease)
+//!                                   draining shard)              └─► metrics
 //! ```
 //!
 //! Losing the member lease stops every shard at once: the elector may already have given
-//! them to other replicas.
-//!
-//! A shard the map gives this member at an epoch older than the member's registration was
-//! activated for an earlier registration (before a lost lease, or before this process
-//! restarted under the same id), and its keys are gone. The member renews its epoch in etcd
-//! (a write fenced on the shard key's revision) and serves it only at the new epoch. So
-//! every fresh start of a shard has an epoch of its own, and the watcher, which resends a
-//! shard's keys when its epoch changes, resyncs it.
+//! them to other replicas. A shard given at an epoch older than this registration is renewed
+//! in etcd before it is served, so the watcher resyncs it (see the step's docs).
 //!
 //! [`OwnershipMetrics`] puts all of this on the admin port's `/metrics`.
 
@@ -34,10 +27,18 @@ use prometheus_client::{
     },
     registry::Unit,
 };
-use switchyard_elector::{membership::LeaseState, shardmap};
-use switchyard_elector_core::ShardState;
+use std::time::Instant;
+use switchyard_elector_core::{
+    ShardState,
+    member::{self, DrainProgress, Effect, Local, Stop},
+};
 use switchyard_runtime::{Drain, Metrics};
-use tokio::{sync::watch, time::Instant};
+use switchyard_shards::{
+    member::LeaseState,
+    store::{self as shardmap, ShardMapError},
+};
+
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::actor::{Command, Handle};
@@ -77,47 +78,6 @@ impl LeaseGuard {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Local {
-    Serving(u64),
-    Draining {
-        epoch: u64,
-        since: Instant,
-    },
-    /// Stopped serving; the release in etcd has not succeeded yet (retried).
-    HandingOver(u64),
-    /// Held at the epoch of an earlier registration, so not served: the epoch is renewed
-    /// first (`renewed` once etcd took it, until the map shows the new epoch).
-    Renewing {
-        epoch: u64,
-        renewed: bool,
-    },
-}
-
-impl Local {
-    /// Whether the actor serves the shard (leases, or takes outcomes while draining).
-    fn served(self) -> bool {
-        matches!(self, Self::Serving(_) | Self::Draining { .. })
-    }
-
-    /// Whether the next step must come without waiting for a change (poll or retry).
-    fn pending(self) -> bool {
-        matches!(
-            self,
-            Self::Draining { .. } | Self::HandingOver(_) | Self::Renewing { renewed: false, .. }
-        )
-    }
-}
-
-/// What the map asks of this member for one shard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Want {
-    Serve(u64),
-    /// Active here at an epoch older than this registration: renew it before serving.
-    Renew(u64),
-    Release(u64),
-}
-
 /// Why a shard stopped being served here: the `reason` label of
 /// `switchyard_queue_shard_releases_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EncodeLabelValue)]
@@ -133,6 +93,17 @@ enum Reason {
     reassigned,
     /// The replica shuts down: the actor drains and hands every shard back.
     shutdown,
+}
+
+impl From<Stop> for Reason {
+    fn from(stop: Stop) -> Self {
+        match stop {
+            Stop::Handover => Self::handover,
+            Stop::HandoverGraceExpired => Self::handover_grace_expired,
+            Stop::LeaseLost => Self::lease_lost,
+            Stop::Reassigned => Self::reassigned,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -313,7 +284,8 @@ impl Ownership {
         }
     }
 
-    /// `registered` is the revision of this member's registration while it holds its lease.
+    /// One pass over every shard. `registered` is the revision of this member's registration
+    /// while it holds its lease.
     async fn step(
         &self,
         handle: &Handle,
@@ -324,113 +296,65 @@ impl Ownership {
         client: &mut Option<etcd_client::Client>,
     ) {
         for shard in 0..self.shard_count {
-            let want = match (registered, map.and_then(|m| m.get(shard as usize))) {
-                (Some(registered), Some(ShardState::Active { owner, epoch }))
-                    if *owner == self.member =>
-                {
-                    // An epoch is the revision of the write that activated the shard.
-                    if i64::try_from(*epoch).is_ok_and(|e| e > registered) {
-                        Some(Want::Serve(*epoch))
-                    } else {
-                        Some(Want::Renew(*epoch))
-                    }
-                }
-                (Some(_), Some(ShardState::Releasing { owner, epoch, .. }))
-                    if *owner == self.member =>
-                {
-                    Some(Want::Release(*epoch))
-                }
-                _ => None,
-            };
+            let want = member::want(
+                &self.member,
+                registered,
+                map.and_then(|m| m.get(shard as usize)),
+            );
             let now = local.get(&shard).copied();
-            match (now, want) {
-                (None, None) => {}
-                (Some(Local::Serving(e)), Some(Want::Serve(epoch))) if e == epoch => {}
-                (_, Some(Want::Serve(epoch))) => {
-                    let _ = handle.send(Command::Acquire { shard, epoch });
-                    local.insert(shard, Local::Serving(epoch));
-                    self.metrics.acquired.inc();
-                    self.metrics
-                        .epoch
-                        .get_or_create(&ShardLabels { shard })
-                        .set(i64::try_from(epoch).unwrap_or(i64::MAX));
-                    info!(shard, epoch, "serving shard");
-                }
-                (
-                    Some(Local::Renewing {
-                        epoch,
-                        renewed: true,
-                    }),
-                    Some(Want::Renew(e)),
-                ) if e == epoch => {}
-                (now, Some(Want::Renew(epoch))) => {
-                    if now.is_some_and(Local::served) {
-                        let _ = handle.send(Command::Release { shard });
-                        self.metrics.released(shard, Reason::reassigned);
-                        info!(shard, reason = ?Reason::reassigned, "stopped serving shard");
+            let drain = match now {
+                Some(Local::Draining { since, .. }) => DrainProgress {
+                    idle: handle.in_flight(shard).await.unwrap_or(0) == 0,
+                    grace_over: since.elapsed() >= self.drain_grace,
+                },
+                _ => DrainProgress {
+                    idle: false,
+                    grace_over: false,
+                },
+            };
+            let step = member::step(now, want, registered.is_some(), drain, Instant::now());
+            let mut next = step.local;
+            for effect in step.effects {
+                match effect {
+                    Effect::Acquire(epoch) => {
+                        let _ = handle.send(Command::Acquire { shard, epoch });
+                        self.metrics.acquired.inc();
+                        self.metrics
+                            .epoch
+                            .get_or_create(&ShardLabels { shard })
+                            .set(i64::try_from(epoch).unwrap_or(i64::MAX));
+                        info!(shard, epoch, "serving shard");
                     }
-                    let renewed = self.renew(guard, client, shard, epoch).await;
-                    local.insert(shard, Local::Renewing { epoch, renewed });
-                }
-                (Some(Local::Serving(e)), Some(Want::Release(epoch))) if e == epoch => {
-                    let _ = handle.send(Command::Drain { shard });
-                    local.insert(
-                        shard,
-                        Local::Draining {
-                            epoch,
-                            since: Instant::now(),
-                        },
-                    );
-                    info!(shard, epoch, "draining shard for handover");
-                }
-                (Some(Local::Draining { epoch, since }), Some(Want::Release(e))) if e == epoch => {
-                    let idle = handle.in_flight(shard).await.unwrap_or(0) == 0;
-                    if idle || since.elapsed() >= self.drain_grace {
+                    Effect::Drain(epoch) => {
+                        let _ = handle.send(Command::Drain { shard });
+                        info!(shard, epoch, "draining shard for handover");
+                    }
+                    Effect::Stop {
+                        reason,
+                        drained_for,
+                    } => {
                         let _ = handle.send(Command::Release { shard });
-                        info!(shard, epoch, "stopped serving shard");
-                        self.metrics.drain.observe(since.elapsed().as_secs_f64());
-                        let reason = if idle {
-                            Reason::handover
-                        } else {
-                            Reason::handover_grace_expired
-                        };
-                        self.metrics.released(shard, reason);
-                        local.insert(shard, Local::HandingOver(epoch));
-                        if self.hand_over(guard, client, shard, epoch).await {
-                            local.remove(&shard);
+                        if let Some(drained) = drained_for {
+                            self.metrics.drain.observe(drained.as_secs_f64());
                         }
-                    }
-                }
-                (Some(Local::HandingOver(epoch)), Some(Want::Release(e))) if e == epoch => {
-                    if self.hand_over(guard, client, shard, epoch).await {
-                        local.remove(&shard);
-                    }
-                }
-                // Nothing served here at the epoch the map names: the map moved on (a release
-                // or renewal landed, or the elector gave up on us), or this member restarted
-                // under the same id. Stop whatever was served, then hand over what the map
-                // still has releasing from us: nothing is left to drain.
-                (Some(_) | None, want) => {
-                    if let Some(was) = local.remove(&shard)
-                        && was.served()
-                    {
-                        let _ = handle.send(Command::Release { shard });
-                        let reason = if registered.is_none() {
-                            Reason::lease_lost
-                        } else {
-                            Reason::reassigned
-                        };
+                        let reason = Reason::from(reason);
                         self.metrics.released(shard, reason);
                         info!(shard, ?reason, "stopped serving shard");
                     }
-                    if let Some(Want::Release(epoch)) = want {
-                        local.insert(shard, Local::HandingOver(epoch));
-                        if self.hand_over(guard, client, shard, epoch).await {
-                            local.remove(&shard);
-                        }
+                    Effect::Renew(epoch) => {
+                        let ok = self.renew(guard, client, shard, epoch).await;
+                        next = member::renewed(epoch, ok);
+                    }
+                    Effect::HandOver(epoch) => {
+                        let ok = self.hand_over(guard, client, shard, epoch).await;
+                        next = member::handed_over(epoch, ok);
                     }
                 }
             }
+            match next {
+                Some(state) => local.insert(shard, state),
+                None => local.remove(&shard),
+            };
         }
     }
 
@@ -466,7 +390,7 @@ impl Ownership {
             }
             // The shard changed meanwhile (for example, the elector retargeted it): retry
             // against the new state.
-            Some(Err(shardmap::ShardMapError::Fenced)) => {}
+            Some(Err(ShardMapError::Fenced)) => {}
             Some(Err(error)) => {
                 warn!(%error, shard, "handing the shard over failed");
                 *client = None;
@@ -508,7 +432,7 @@ impl Ownership {
                 self.metrics.renewed.inc();
                 return true;
             }
-            Some(Err(shardmap::ShardMapError::Fenced)) => {}
+            Some(Err(ShardMapError::Fenced)) => {}
             Some(Err(error)) => {
                 warn!(%error, shard, "renewing the shard epoch failed");
                 *client = None;

@@ -246,7 +246,7 @@ impl Args {
             }
             Route::Elector(elector) => {
                 let (view, follow) =
-                    switchyard_directory::follow_elector(elector, shard_count, rt.drain());
+                    switchyard_shards::follow_elector(elector, shard_count, rt.drain());
                 rt.spawn("shard-map", |_| follow);
                 rt.spawn("worker", move |drain| worker.follow(view, drain));
             }

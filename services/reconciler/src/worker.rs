@@ -21,7 +21,6 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use switchyard_directory::ShardView;
 use switchyard_proto::queue::v1::{
     Credit, Done, ExtendLease, Failed, LeasedItem, Outcome, RequeueAfter, WorkRequest, WorkerHello,
     outcome::Result as Verdict, queue_client::QueueClient, work_request::Request as Msg,
@@ -31,6 +30,7 @@ use switchyard_runtime::{
     Backoff, Drain, Gate, ShutdownHandle, drain_channel,
     trace::{self, TraceFields},
 };
+use switchyard_shards::ShardView;
 use tokio::{
     sync::{
         Semaphore,

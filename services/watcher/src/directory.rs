@@ -1,3 +1,3 @@
-//! Who serves each shard: `switchyard-directory`, shared with the reconciler.
+//! Who serves each shard: `switchyard-shards`, shared with the reconciler and the queue.
 
-pub use switchyard_directory::*;
+pub use switchyard_shards::{Owner, STATIC_EPOCH, ShardView, follow_elector};

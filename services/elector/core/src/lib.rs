@@ -1,4 +1,6 @@
-//! Which queue replica serves which virtual shard, and how a shard moves between replicas.
+//! Which queue replica serves which virtual shard, and how a shard moves between replicas:
+//! both sides of the protocol, free of etcd and gRPC. The leader's side is here; a member's
+//! side (what a queue replica does with each shard it is given) is [`member`].
 //!
 //! - [`assign`]: rendezvous (highest-random-weight) hashing with bounded loads. Every shard
 //!   ranks the members by `score(shard, member)`, and takes the best-ranked member that is
@@ -19,6 +21,8 @@
 //! meanwhile would be overwritten, and a live owner would lose a shard without releasing it.
 
 use std::collections::HashMap;
+
+pub mod member;
 
 /// A queue replica's member id.
 pub type MemberId = String;

@@ -58,7 +58,6 @@ pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) 
         drain.clone(),
     ));
     let service = ElectorService::new(
-        endpoints.clone(),
         shard_count,
         shardmap::watch(endpoints.clone(), shard_count, drain.clone()).0,
         membership::watch_members(endpoints, drain.clone()).0,
