@@ -30,6 +30,45 @@ const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 /// The longest a read may wait for its minimum resourceVersion.
 const MAX_WAIT: Duration = Duration::from_secs(30);
 
+/// Why a request was not answered; [`Status`] is made from it in one place.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error("gvk: {gvk} is not watched by this watcher (it watches {watched})")]
+    NotWatched { gvk: Gvk, watched: String },
+    #[error("the cache of {0} has not finished its initial list")]
+    NotSynced(Gvk),
+    #[error(
+        "the cache of {gvk} is at resourceVersion {at}, not yet {wanted}, after waiting {waited:?}"
+    )]
+    NotFresh {
+        gvk: Gvk,
+        at: u64,
+        wanted: u64,
+        waited: Duration,
+    },
+}
+
+impl From<ApiError> for Status {
+    fn from(error: ApiError) -> Self {
+        let message = error.to_string();
+        match error {
+            ApiError::Invalid { .. } => Status::invalid_argument(message),
+            ApiError::NotWatched { .. } => Status::not_found(message),
+            ApiError::NotSynced(_) => Status::unavailable(message),
+            ApiError::NotFresh { .. } => Status::deadline_exceeded(message),
+        }
+    }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ApiError {
+    ApiError::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct CacheService {
     caches: Arc<Caches>,
@@ -44,35 +83,31 @@ impl CacheService {
         cache_server::CacheServer::new(self)
     }
 
-    fn resource(&self, gvk: Option<&GroupVersionKind>) -> Result<Arc<ResourceCache>, Status> {
-        let gvk = gvk.ok_or_else(|| Status::invalid_argument("gvk: required"))?;
+    fn resource(&self, gvk: Option<&GroupVersionKind>) -> Result<Arc<ResourceCache>, ApiError> {
+        let gvk = gvk.ok_or_else(|| invalid("gvk", "required"))?;
         if gvk.version.is_empty() || gvk.kind.is_empty() {
-            return Err(Status::invalid_argument(
-                "gvk: version and kind are required",
-            ));
+            return Err(invalid("gvk", "version and kind are required"));
         }
         let wanted = Gvk {
             group: gvk.group.clone(),
             version: gvk.version.clone(),
             kind: gvk.kind.clone(),
         };
-        self.caches.find(&wanted).cloned().ok_or_else(|| {
-            Status::not_found(format!(
-                "gvk: {wanted} is not watched by this watcher (it watches {})",
-                self.caches.watched()
-            ))
-        })
+        match self.caches.find(&wanted) {
+            Some(cache) => Ok(cache.clone()),
+            None => Err(ApiError::NotWatched {
+                watched: self.caches.watched(),
+                gvk: wanted,
+            }),
+        }
     }
 }
 
 /// Waits until `cache` has finished its initial list and reached the requested
 /// resourceVersion, within the request's (capped) wait.
-async fn fresh(cache: &ResourceCache, freshness: Option<Freshness>) -> Result<(), Status> {
+async fn fresh(cache: &ResourceCache, freshness: Option<Freshness>) -> Result<(), ApiError> {
     if !cache.is_synced() {
-        return Err(Status::unavailable(format!(
-            "the cache of {} has not finished its initial list",
-            cache.gvk()
-        )));
+        return Err(ApiError::NotSynced(cache.gvk().clone()));
     }
     let Some(Freshness {
         min_resource_version,
@@ -85,14 +120,17 @@ async fn fresh(cache: &ResourceCache, freshness: Option<Freshness>) -> Result<()
         return Ok(());
     }
     let wanted: u64 = min_resource_version.parse().map_err(|_| {
-        Status::invalid_argument(format!(
-            "freshness.min_resource_version: {min_resource_version:?} is not a resourceVersion this cache can compare (a decimal number)"
-        ))
+        invalid(
+            "freshness.min_resource_version",
+            format!(
+                "{min_resource_version:?} is not a resourceVersion this cache can compare (a decimal number)"
+            ),
+        )
     })?;
     let wait = match max_wait {
         None => DEFAULT_WAIT,
         Some(d) => Duration::try_from(d)
-            .map_err(|_| Status::invalid_argument("freshness.max_wait: must not be negative"))?,
+            .map_err(|_| invalid("freshness.max_wait", "must not be negative"))?,
     }
     .min(MAX_WAIT);
     let mut versions = cache.resource_versions();
@@ -101,11 +139,12 @@ async fn fresh(cache: &ResourceCache, freshness: Option<Freshness>) -> Result<()
         .is_ok_and(|r| r.is_ok());
     match reached {
         true => Ok(()),
-        false => Err(Status::deadline_exceeded(format!(
-            "the cache of {} is at resourceVersion {}, not yet {wanted}, after waiting {wait:?}",
-            cache.gvk(),
-            *versions.borrow()
-        ))),
+        false => Err(ApiError::NotFresh {
+            gvk: cache.gvk().clone(),
+            at: *versions.borrow(),
+            wanted,
+            waited: wait,
+        }),
     }
 }
 
@@ -122,7 +161,7 @@ impl cache_server::Cache for CacheService {
         } = request.into_inner();
         let cache = self.resource(gvk.as_ref())?;
         if name.is_empty() {
-            return Err(Status::invalid_argument("name: required"));
+            return Err(invalid("name", "required").into());
         }
         fresh(&cache, freshness).await?;
         let store = cache.read();
@@ -146,7 +185,7 @@ impl cache_server::Cache for CacheService {
         } = request.into_inner();
         let cache = self.resource(gvk.as_ref())?;
         let selector = Selector::parse(&label_selector)
-            .map_err(|e| Status::invalid_argument(format!("label_selector: {e}")))?;
+            .map_err(|e| invalid("label_selector", e.to_string()))?;
         fresh(&cache, freshness).await?;
         let (objects, rv) = {
             let store = cache.read();
@@ -232,10 +271,14 @@ impl resync_server::Resync for ResyncService {
     ) -> Result<Response<ResyncShardResponse>, Status> {
         let ResyncShardRequest { shard, .. } = request.into_inner();
         if shard >= self.caches.shard_count {
-            return Err(Status::invalid_argument(format!(
-                "shard: {shard} is out of range (the watcher has {} shards)",
-                self.caches.shard_count
-            )));
+            return Err(invalid(
+                "shard",
+                format!(
+                    "{shard} is out of range (the watcher has {} shards)",
+                    self.caches.shard_count
+                ),
+            )
+            .into());
         }
         let keys = resync(
             &self.caches,
