@@ -2,10 +2,10 @@
 //!
 //! The semantics live in `switchyard-queue-core`; this crate runs them as a service: one
 //! actor task owns the queue ([`actor`]), the gRPC edge ([`grpc`]) validates and converts,
-//! and [`metrics`] exports client-go's `workqueue_*` families.
+//! and [`metrics`] exports client-go's `workqueue_*` families. The external metrics API for
+//! the HPA is its own crate, `switchyard-external-metrics`, fed the actor's backlog.
 
 pub mod actor;
-pub mod external_metrics;
 pub mod grpc;
 pub mod metrics;
 pub mod ownership;
@@ -13,6 +13,7 @@ pub mod ownership;
 use std::{net::SocketAddr, sync::Arc};
 
 use switchyard_elector::membership;
+use switchyard_external_metrics as external_metrics;
 use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
 use tokio::sync::watch;
@@ -184,7 +185,7 @@ impl Args {
             service = service.with_directory(directory.clone());
         }
         let peers = directory.as_ref().map(|d| external_metrics::Peers {
-            members: d.members.clone(),
+            members: peers(&rt, d.members.clone()),
             me: member_id(&queue),
         });
         if let Some(server) =
@@ -308,6 +309,52 @@ fn directory(rt: &Runtime, queue: &QueueArgs, elector: String) -> grpc::Director
         }
     });
     grpc::Directory { map, members }
+}
+
+/// The members as the external metrics API's peers, kept in step.
+fn peers(
+    rt: &Runtime,
+    mut members: watch::Receiver<Option<Vec<membership::Member>>>,
+) -> watch::Receiver<Option<Vec<external_metrics::Peer>>> {
+    let as_peers = |members: &Option<Vec<membership::Member>>| {
+        members.as_ref().map(|members| {
+            members
+                .iter()
+                .map(|m| external_metrics::Peer {
+                    id: m.id.clone(),
+                    address: m.address.clone(),
+                })
+                .collect()
+        })
+    };
+    let (tx, peers) = watch::channel(as_peers(&members.borrow_and_update()));
+    rt.spawn("external-metrics-peers", move |drain| async move {
+        let drained = drain.signaled();
+        tokio::pin!(drained);
+        loop {
+            tokio::select! {
+                changed = members.changed() => if changed.is_err() { break },
+                () = &mut drained => break,
+            }
+            tx.send_replace(as_peers(&members.borrow_and_update()));
+        }
+    });
+    peers
+}
+
+/// The external metrics API reads this replica's backlog from the actor: per shard, the
+/// keys waiting (ready and delayed) and leased.
+impl external_metrics::Backlog for actor::Handle {
+    async fn backlog(&self) -> Result<Vec<(usize, u64)>, external_metrics::ShuttingDown> {
+        let stats = self
+            .stats(None)
+            .await
+            .map_err(|actor::Closed| external_metrics::ShuttingDown)?;
+        Ok(stats
+            .iter()
+            .map(|s| (s.controller as usize, s.depth + s.in_flight))
+            .collect())
+    }
 }
 
 /// Sets `slot` to `value` unless it holds it already; whether it changed.
