@@ -185,6 +185,8 @@ mod tests {
             ("!app", false),
             ("app=web,tier in (front),!missing", true),
             ("app=web,tier=back", false),
+            ("app,example.com/tier=x", false),
+            ("example.com/tier!=x", true),
         ] {
             assert_eq!(matches(selector, &on), expected, "{selector:?} on {on:?}");
         }

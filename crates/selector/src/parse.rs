@@ -133,17 +133,27 @@ fn requirement(offset: usize, part: &str) -> Result<Requirement, Problem> {
         });
     }
     if let Some(open) = text.find('(') {
-        let close = open + text[open..].find(')').unwrap_or(text.len() - open);
+        let close = text[open..].find(')').map_or(text.len(), |i| open + i);
         if !trim(text.get(close + 1..).unwrap_or_default()).is_empty() {
             return Err(Problem::AfterParenthesis {
                 requirement: text.to_owned(),
             });
         }
-        let head = trim(&text[..open]);
-        let Some((left, operator)) = head.rsplit_once(is_space) else {
+        let Some((left, operator)) = trim(&text[..open]).rsplit_once(is_space) else {
             return Err(Problem::Malformed {
                 requirement: text.to_owned(),
             });
+        };
+        type Make = fn(String, Vec<String>) -> Requirement;
+        let make: Make = match operator {
+            "in" => Requirement::In,
+            "notin" => Requirement::NotIn,
+            other => {
+                return Err(Problem::UnknownOperator {
+                    requirement: text.to_owned(),
+                    operator: other.to_owned(),
+                });
+            }
         };
         let key = key(left)?;
         let mut values: Vec<String> = Vec::new();
@@ -153,14 +163,7 @@ fn requirement(offset: usize, part: &str) -> Result<Requirement, Problem> {
                 values.push(v);
             }
         }
-        return match operator {
-            "in" => Ok(Requirement::In(key, values)),
-            "notin" => Ok(Requirement::NotIn(key, values)),
-            other => Err(Problem::UnknownOperator {
-                requirement: text.to_owned(),
-                operator: other.to_owned(),
-            }),
-        };
+        return Ok(make(key, values));
     }
     if let Some(operator) = text.matches(['<', '>']).next() {
         return Err(Problem::UnknownOperator {
@@ -271,6 +274,13 @@ mod tests {
             problem("env within (a)"),
             Problem::UnknownOperator {
                 requirement: "env within (a)".into(),
+                operator: "within".into()
+            }
+        );
+        assert_eq!(
+            problem("bad key within (a b)"),
+            Problem::UnknownOperator {
+                requirement: "bad key within (a b)".into(),
                 operator: "within".into()
             }
         );
