@@ -2,16 +2,17 @@
 //!
 //! The semantics live in `switchyard-queue-core`; this crate runs them as a service: one
 //! actor task owns the queue ([`actor`]), the gRPC edge ([`grpc`]) validates and converts,
-//! and [`metrics`] exports client-go's `workqueue_*` families.
+//! and [`metrics`] exports client-go's `workqueue_*` families. The external metrics API for
+//! the HPA is its own crate, `switchyard-external-metrics`, fed the actor's backlog.
 
 pub mod actor;
-pub mod external_metrics;
 pub mod grpc;
 pub mod metrics;
 pub mod ownership;
 
 use std::{net::SocketAddr, sync::Arc};
 
+use switchyard_external_metrics as external_metrics;
 use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
 use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
 use switchyard_shards::{STATIC_EPOCH, member as membership};
@@ -174,17 +175,20 @@ impl Args {
         rt.spawn("queue-actor", |drain| actor.run(drain));
         let mut service = grpc::QueueService::new(handle.clone(), &controllers, queue.shard_count);
         // `config` checked that a member has an elector to follow.
-        let directory = match &queue.elector_addr {
-            Some(elector) if membership => Some(directory(&rt, &queue, elector.clone())),
-            _ => None,
+        let (directory, peers) = match &queue.elector_addr {
+            Some(elector) if membership => {
+                let (directory, peers) = directory(&rt, &queue, elector.clone());
+                let peers = external_metrics::Peers {
+                    members: peers,
+                    me: member_id(&queue),
+                };
+                (Some(directory), Some(peers))
+            }
+            _ => (None, None),
         };
         if let Some(directory) = &directory {
             service = service.with_directory(directory.clone());
         }
-        let peers = directory.as_ref().map(|d| external_metrics::Peers {
-            members: d.members.clone(),
-            me: member_id(&queue),
-        });
         if let Some(server) =
             external_metrics::Server::bind(&external_metrics, handle.clone(), &controllers, peers)
                 .await?
@@ -276,9 +280,16 @@ fn join(
     Ok(())
 }
 
-/// Where a member learns the shard map and the members' addresses: the elector's
-/// `WatchShardMap` stream.
-fn directory(rt: &Runtime, queue: &QueueArgs, elector: String) -> grpc::Directory {
+/// Where a member learns the shard map and the members' addresses (for redirects, and as the
+/// external metrics API's peers): the elector's `WatchShardMap` stream.
+fn directory(
+    rt: &Runtime,
+    queue: &QueueArgs,
+    elector: String,
+) -> (
+    grpc::Directory,
+    watch::Receiver<Option<Vec<external_metrics::Peer>>>,
+) {
     let (snapshots, follow) = switchyard_shards::follow_elector_as(
         elector,
         queue.shard_count,
@@ -287,6 +298,7 @@ fn directory(rt: &Runtime, queue: &QueueArgs, elector: String) -> grpc::Director
     );
     let (map_tx, map) = watch::channel(None);
     let (members_tx, members) = watch::channel(None);
+    let (peers_tx, peers) = watch::channel(None);
     rt.spawn("shard-map", move |drain| async move {
         let mut snapshots = snapshots;
         tokio::select! {
@@ -299,13 +311,37 @@ fn directory(rt: &Runtime, queue: &QueueArgs, elector: String) -> grpc::Director
                     let (states, addresses) = &*snapshot;
                     // Each side wakes its readers only when it changed.
                     map_tx.send_if_modified(|map| replace(map, states));
-                    members_tx.send_if_modified(|members| replace(members, addresses));
+                    if members_tx.send_if_modified(|members| replace(members, addresses)) {
+                        let as_peers = addresses
+                            .iter()
+                            .map(|m| external_metrics::Peer {
+                                id: m.id.clone(),
+                                address: m.address.clone(),
+                            })
+                            .collect();
+                        peers_tx.send_replace(Some(as_peers));
+                    }
                 }
             } => {}
             () = drain.signaled() => {}
         }
     });
-    grpc::Directory { map, members }
+    (grpc::Directory { map, members }, peers)
+}
+
+/// The external metrics API reads this replica's backlog from the actor: per shard, the
+/// keys waiting (ready and delayed) and leased.
+impl external_metrics::Backlog for actor::Handle {
+    async fn backlog(&self) -> Result<Vec<(usize, u64)>, external_metrics::ShuttingDown> {
+        let stats = self
+            .stats(None)
+            .await
+            .map_err(|actor::Closed| external_metrics::ShuttingDown)?;
+        Ok(stats
+            .iter()
+            .map(|s| (s.controller as usize, s.depth + s.in_flight))
+            .collect())
+    }
 }
 
 /// Sets `slot` to `value` unless it holds it already; whether it changed.

@@ -12,7 +12,8 @@ use switchyard_proto::{
         ResyncShardResponse, cache_server, resync_server,
     },
 };
-use switchyard_watcher_core::{Gvk, Selector};
+use switchyard_selector::Selector;
+use switchyard_watcher_core::Gvk;
 use tonic::{Request, Response, Status};
 use tracing::info;
 

@@ -1,107 +1,55 @@
-//! Kubernetes label selectors (`metav1.LabelSelector`): matching a label set, and the string
-//! form the watcher's Cache API takes.
+//! A workload's `spec.selector` (`metav1.LabelSelector`) as the project's one label selector
+//! (`switchyard-selector`): this module only hands it the Kubernetes fields.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use switchyard_selector::{Expression, LabelSelectorError};
 
+/// What is wrong with `selector`, named by its field (`selector.matchExpressions[1]...`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SelectorError {
-    #[error("selector.matchExpressions[{index}]: unknown operator {operator:?}")]
-    Operator { index: usize, operator: String },
-    #[error("selector.matchExpressions[{index}]: operator {operator} needs {needs}")]
-    Values {
-        index: usize,
-        operator: String,
-        needs: &'static str,
-    },
-}
+#[error("selector.{0}")]
+pub struct SelectorError(#[from] pub LabelSelectorError);
 
 /// A validated selector: every requirement must hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Selector {
-    requirements: Vec<Requirement>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Requirement {
-    Equals(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    DoesNotExist(String),
-}
+pub struct Selector(switchyard_selector::Selector);
 
 impl Selector {
     /// As `metav1.LabelSelectorAsSelector`: an empty selector matches everything.
     pub fn new(selector: &LabelSelector) -> Result<Self, SelectorError> {
-        let mut requirements: Vec<Requirement> = selector
+        let match_labels = selector
             .match_labels
             .iter()
             .flatten()
-            .map(|(k, v)| Requirement::Equals(k.clone(), v.clone()))
-            .collect();
-        for (index, expr) in selector.match_expressions.iter().flatten().enumerate() {
-            let values = expr.values.clone().unwrap_or_default();
-            let needs = |needs| SelectorError::Values {
-                index,
-                operator: expr.operator.clone(),
-                needs,
-            };
-            let key = expr.key.clone();
-            requirements.push(match expr.operator.as_str() {
-                "In" | "NotIn" if values.is_empty() => return Err(needs("values")),
-                "Exists" | "DoesNotExist" if !values.is_empty() => return Err(needs("no values")),
-                "In" => Requirement::In(key, values),
-                "NotIn" => Requirement::NotIn(key, values),
-                "Exists" => Requirement::Exists(key),
-                "DoesNotExist" => Requirement::DoesNotExist(key),
-                other => {
-                    return Err(SelectorError::Operator {
-                        index,
-                        operator: other.to_owned(),
-                    });
-                }
+            .map(|(k, v)| (k.as_str(), v.as_str()));
+        let match_expressions = selector
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|e| Expression {
+                key: &e.key,
+                operator: &e.operator,
+                values: e.values.as_deref().unwrap_or_default(),
             });
-        }
-        Ok(Self { requirements })
+        Ok(Self(switchyard_selector::Selector::from_label_selector(
+            match_labels,
+            match_expressions,
+        )?))
     }
 
     /// A selector that matches a label set exactly on its keys (`labels.Set.AsSelector`).
     pub fn from_labels(labels: &BTreeMap<String, String>) -> Self {
-        Self {
-            requirements: labels
-                .iter()
-                .map(|(k, v)| Requirement::Equals(k.clone(), v.clone()))
-                .collect(),
-        }
+        Self(switchyard_selector::Selector::from_labels(labels))
     }
 
     pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        let get = |k: &str| labels.and_then(|l| l.get(k));
-        self.requirements.iter().all(|r| match r {
-            Requirement::Equals(k, v) => get(k) == Some(v),
-            Requirement::In(k, vs) => get(k).is_some_and(|v| vs.contains(v)),
-            Requirement::NotIn(k, vs) => get(k).is_none_or(|v| !vs.contains(v)),
-            Requirement::Exists(k) => get(k).is_some(),
-            Requirement::DoesNotExist(k) => get(k).is_none(),
-        })
+        self.0.matches(labels)
     }
 
-    /// The string form (`app=web,tier in (a,b),!legacy`).
+    /// The string form for the Cache API (`app=web,tier in (a,b),!legacy`).
     pub fn to_query(&self) -> String {
-        let parts: Vec<String> = self
-            .requirements
-            .iter()
-            .map(|r| match r {
-                Requirement::Equals(k, v) => format!("{k}={v}"),
-                Requirement::In(k, vs) => format!("{k} in ({})", vs.join(",")),
-                Requirement::NotIn(k, vs) => format!("{k} notin ({})", vs.join(",")),
-                Requirement::Exists(k) => k.clone(),
-                Requirement::DoesNotExist(k) => format!("!{k}"),
-            })
-            .collect();
-        parts.join(",")
+        self.0.to_string()
     }
 }
 
@@ -162,7 +110,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_expressions_name_their_index() {
+    fn bad_fields_are_named_under_selector() {
         let bad = |e| {
             Selector::new(&LabelSelector {
                 match_labels: None,
@@ -173,12 +121,31 @@ mod tests {
         };
         assert_eq!(
             bad(expr("k", "Near", &[])),
-            "selector.matchExpressions[1]: unknown operator \"Near\""
+            "selector.matchExpressions[1].operator: unknown operator \"Near\" (expected In, \
+             NotIn, Exists or DoesNotExist)"
         );
         assert_eq!(
             bad(expr("k", "In", &[])),
-            "selector.matchExpressions[1]: operator In needs values"
+            "selector.matchExpressions[1].values: operator In needs at least one value"
         );
+        let bad_label = Selector::new(&LabelSelector {
+            match_labels: Some(labels(&[("app", "-web")])),
+            match_expressions: None,
+        })
+        .unwrap_err();
+        assert_eq!(
+            bad_label.to_string(),
+            "selector.matchLabels: label value \"-web\": must begin and end with a letter or digit"
+        );
+    }
+
+    #[test]
+    fn a_label_set_matches_on_its_keys() {
+        let template = labels(&[("app", "web"), ("pod-template-hash", "abc")]);
+        let selector = Selector::from_labels(&template);
+        assert!(selector.matches(Some(&template)));
+        assert!(!selector.matches(Some(&labels(&[("app", "web")]))));
+        assert_eq!(selector.to_query(), "app=web,pod-template-hash=abc");
     }
 
     #[test]

@@ -11,10 +11,8 @@
 
 pub mod config;
 pub mod mapping;
-pub mod selector;
 pub mod store;
 
 pub use config::{Config, ConfigError, Gvk, Predicate, ResourceConfig};
 pub use mapping::{EventKind, Key, Mapper, NoOwners, Owners};
-pub use selector::{Selector, SelectorError};
 pub use store::{ControllerRef, Store, Summary};

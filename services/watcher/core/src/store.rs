@@ -17,7 +17,7 @@ use std::{
     sync::Arc,
 };
 
-use crate::Selector;
+use switchyard_selector::{Labels, Selector};
 
 /// The controller owner reference (`controller: true`) of an object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,6 +87,12 @@ impl Summary {
             .binary_search_by(|(k, _)| (**k).cmp(key))
             .ok()
             .map(|i| &*self.labels[i].1)
+    }
+}
+
+impl Labels for Summary {
+    fn label(&self, key: &str) -> Option<&str> {
+        Summary::label(self, key)
     }
 }
 
@@ -295,8 +301,7 @@ impl Store {
         selector: &'a Selector,
     ) -> Box<dyn Iterator<Item = &'a [u8]> + 'a> {
         let matching = move |e: &&Entry| {
-            namespace.is_none_or(|ns| *e.summary.namespace == *ns)
-                && selector.matches(|k| e.summary.label(k))
+            namespace.is_none_or(|ns| *e.summary.namespace == *ns) && selector.matches(&e.summary)
         };
         match controller_uid {
             Some(uid) => Box::new(

@@ -1,0 +1,98 @@
+//! The server: binds the configured address with its TLS configuration, then serves the
+//! routes until drained.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use switchyard_runtime::Drain;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tracing::{info, warn};
+
+use crate::{
+    Backlog, Error, ExternalMetricsArgs, Peers, Result, label_value,
+    routes::{self, ApiState},
+    tls,
+};
+
+/// A bound external metrics server, not yet serving.
+pub struct Server<B> {
+    addr: SocketAddr,
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    state: ApiState<B>,
+}
+
+impl<B> std::fmt::Debug for Server<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backlog> Server<B> {
+    /// Binds the configured address; `None` when the API is not configured. `controllers`
+    /// are the queue's controller names, indexed as [`Backlog::backlog`] reports them.
+    pub async fn bind(
+        args: &ExternalMetricsArgs,
+        backlog: B,
+        controllers: &[Arc<str>],
+        peers: Option<Peers>,
+    ) -> Result<Option<Self>> {
+        let ExternalMetricsArgs {
+            external_metrics_addr,
+            external_metrics_tls_cert,
+            external_metrics_tls_key,
+            external_metrics_client_ca,
+        } = args;
+        let Some(addr) = *external_metrics_addr else {
+            return Ok(None);
+        };
+        let tls = tls::config(
+            external_metrics_tls_cert
+                .as_deref()
+                .zip(external_metrics_tls_key.as_deref()),
+            external_metrics_client_ca.as_deref(),
+        )?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Bind { addr, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| Error::Bind { addr, source })?;
+        Ok(Some(Self {
+            addr,
+            listener,
+            acceptor: TlsAcceptor::from(Arc::new(tls)),
+            state: ApiState {
+                backlog,
+                names: controllers.into(),
+                labels: controllers.iter().map(|c| label_value(c)).collect(),
+                peers,
+            },
+        }))
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until `drain` is signalled.
+    pub async fn run(self, drain: Drain) {
+        let Self {
+            addr,
+            listener,
+            acceptor,
+            state,
+        } = self;
+        let (listener, accept) = tls::listen(addr, listener, acceptor);
+        info!(%addr, "serving the external metrics API");
+        let served = axum::serve(listener, routes::router(state))
+            .with_graceful_shutdown(drain.signaled())
+            .await;
+        accept.abort();
+        if let Err(error) = served {
+            warn!(%error, "external metrics API stopped");
+        }
+    }
+}

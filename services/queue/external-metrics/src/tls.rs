@@ -1,0 +1,194 @@
+//! HTTPS for the external metrics API: the server's certificate (given, or self-signed at
+//! start), the optional client CA that only the aggregation layer's certificate chains to,
+//! and an accept loop that runs each TLS handshake on its own task.
+//!
+//! ```text
+//!  TcpListener ─► accept ─► spawn: handshake (≤ HANDSHAKE_TIMEOUT) ─► mpsc ─► TlsListener ─► axum
+//! ```
+
+use std::{net::SocketAddr, path::Path, path::PathBuf, sync::Arc, time::Duration};
+
+use rustls::{
+    RootCertStore, ServerConfig,
+    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    server::WebPkiClientVerifier,
+};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+};
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tracing::{debug, warn};
+
+/// A client that never finishes its TLS handshake gives up its slot after this long; the
+/// aggregation layer completes one in milliseconds.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshaken connections waiting for the HTTP server; more wait in the kernel's backlog.
+const ACCEPT_QUEUE: usize = 64;
+/// Pause after a failed accept (for example, out of file descriptors) before trying again.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to read {what} from {path}: {reason}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("failed to make a self-signed certificate: {0}")]
+    SelfSigned(#[from] rcgen::Error),
+    #[error("invalid TLS configuration of the external metrics API: {0}")]
+    Tls(String),
+}
+
+/// The server's TLS configuration: `cert_and_key` (PEM files) or a self-signed certificate
+/// for `localhost`, and, with `client_ca`, client certificates required to chain to it.
+pub fn config(
+    cert_and_key: Option<(&Path, &Path)>,
+    client_ca: Option<&Path>,
+) -> Result<ServerConfig, Error> {
+    let (certs, key) = match cert_and_key {
+        Some((cert, key)) => (
+            CertificateDer::pem_file_iter(cert)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| read_error("TLS certificate", cert, e))?,
+            PrivateKeyDer::from_pem_file(key).map_err(|e| read_error("TLS key", key, e))?,
+        ),
+        None => {
+            let made = rcgen::generate_simple_self_signed(vec![
+                "localhost".to_owned(),
+                "127.0.0.1".to_owned(),
+            ])?;
+            let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
+                .map_err(|e| Error::Tls(e.to_owned()))?;
+            (vec![made.cert.der().clone()], key)
+        }
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for cert in
+                CertificateDer::pem_file_iter(path).map_err(|e| read_error("client CA", path, e))?
+            {
+                roots
+                    .add(cert.map_err(|e| read_error("client CA", path, e))?)
+                    .map_err(|e| Error::Tls(format!("client CA {}: {e}", path.display())))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| Error::Tls(format!("client CA {}: {e}", path.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| Error::Tls(e.to_string()))?;
+    // The HTTP server speaks HTTP/1.1 only.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+fn read_error(what: &'static str, path: &Path, error: impl std::fmt::Display) -> Error {
+    Error::Read {
+        what,
+        path: path.to_owned(),
+        reason: error.to_string(),
+    }
+}
+
+/// Starts accepting on `listener`: the handshaken connections arrive on the returned
+/// listener, for the HTTP server; the task stops when that listener is dropped or aborted.
+pub(crate) fn listen(
+    addr: SocketAddr,
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+) -> (TlsListener, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
+    let accept = tokio::spawn(accept(listener, acceptor, tx));
+    (TlsListener { addr, rx }, accept)
+}
+
+/// Accepts TCP connections and hands each to its own TLS handshake, so a slow client never
+/// holds up the others.
+async fn accept(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                warn!(%error, "external metrics API: accept failed");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => {
+                    let _ = tx.send((tls, peer)).await;
+                }
+                Ok(Err(error)) => {
+                    debug!(%error, %peer, "external metrics API: TLS handshake failed")
+                }
+                Err(_) => debug!(%peer, "external metrics API: TLS handshake timed out"),
+            }
+        });
+    }
+}
+
+/// The handshaken connections, as the HTTP server's listener.
+pub(crate) struct TlsListener {
+    addr: SocketAddr,
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(accepted) => accepted,
+            // The accept task has stopped: nothing more will arrive.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_signed_without_a_certificate_and_files_named_when_unreadable() {
+        let made = config(None, None).unwrap();
+        assert_eq!(made.alpn_protocols, [b"http/1.1".to_vec()]);
+        let missing = Path::new("/nonexistent/tls.crt");
+        let error = config(Some((missing, missing)), None).unwrap_err();
+        assert!(
+            matches!(&error, Error::Read { what: "TLS certificate", path, .. } if path == missing),
+            "{error}"
+        );
+        let error = config(None, Some(Path::new("/nonexistent/ca.crt"))).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("failed to read client CA from /nonexistent/ca.crt"),
+            "{error}"
+        );
+    }
+}
