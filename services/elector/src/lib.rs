@@ -20,10 +20,10 @@ pub mod membership;
 pub mod mirror;
 pub mod shardmap;
 
-use std::time::Duration;
+use std::{net::SocketAddr, time::Duration};
 
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
-use switchyard_runtime::{Backoff, GrpcServer, Runtime, RuntimeArgs};
+use switchyard_runtime::{Backoff, GrpcServer, InstanceScope, Runtime, RuntimeArgs, instance_id};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -44,6 +44,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Args {
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    #[command(flatten)]
+    pub elector: ElectorArgs,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct ElectorArgs {
     /// etcd client URLs, comma-separated
     #[arg(
         long,
@@ -71,13 +77,25 @@ pub struct Args {
     pub member_probe: bool,
 }
 
-/// First and last delay between attempts to reach etcd at start.
-const CONNECT_RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(5));
+/// The elector's flags, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub etcd_endpoints: Vec<String>,
+    /// `--elector-id`, else the host name.
+    pub id: String,
+    pub shard_count: u32,
+    pub shard_slack: u32,
+    pub election_ttl: Duration,
+    pub member_probe: bool,
+}
 
-impl Args {
-    pub async fn run(self) -> Result<()> {
+/// The shortest election lease: etcd lease TTLs are whole seconds.
+const MIN_ELECTION_TTL: Duration = Duration::from_secs(1);
+
+impl ElectorArgs {
+    /// The checked configuration, or an error naming the bad flag.
+    pub fn config(&self) -> Result<Config> {
         let Self {
-            runtime,
             etcd_endpoints,
             elector_id,
             shard_count,
@@ -90,18 +108,47 @@ impl Args {
                 "--etcd-endpoints: at least one URL is needed".into(),
             ));
         }
-        if shard_count == 0 {
+        if *shard_count == 0 {
             return Err(Error::Config("--shard-count: must be at least 1".into()));
         }
-        let ttl: Duration = election_ttl.into();
-        if ttl < Duration::from_secs(1) {
+        let election_ttl: Duration = (*election_ttl).into();
+        if election_ttl < MIN_ELECTION_TTL {
             return Err(Error::Config(
                 "--election-ttl: etcd leases last at least 1s".into(),
             ));
         }
-        let id = elector_id.unwrap_or_else(|| {
-            std::env::var("HOSTNAME").unwrap_or_else(|_| format!("elector-{}", std::process::id()))
-        });
+        Ok(Config {
+            etcd_endpoints: etcd_endpoints.clone(),
+            id: instance_id(elector_id.clone(), "elector", InstanceScope::Host),
+            shard_count: *shard_count,
+            shard_slack: *shard_slack,
+            election_ttl,
+            member_probe: *member_probe,
+        })
+    }
+}
+
+/// First and last delay between attempts to reach etcd at start.
+const CONNECT_RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(5));
+
+impl Args {
+    pub async fn run(self) -> Result<()> {
+        let (rt, _) = self.start().await?;
+        rt.run().await?;
+        Ok(())
+    }
+
+    /// Starts the service and returns its runtime (not yet running) and gRPC address.
+    pub async fn start(self) -> Result<(Runtime, SocketAddr)> {
+        let Self { runtime, elector } = self;
+        let Config {
+            etcd_endpoints,
+            id,
+            shard_count,
+            shard_slack,
+            election_ttl: ttl,
+            member_probe,
+        } = elector.config()?;
         let rt = Runtime::start(SERVICE, runtime).await?;
 
         let leader_gauge = Gauge::<i64>::default();
@@ -167,13 +214,52 @@ impl Args {
         rt.spawn("leader", move |drain| {
             leader::run(etcd_endpoints, config, leading, drain)
         });
-        rt.serve_grpc(
-            GrpcServer::new()
-                .add_service(service.into_server())
-                .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
-        )
-        .await?;
-        rt.run().await?;
-        Ok(())
+        let addr = rt
+            .serve_grpc(
+                GrpcServer::new()
+                    .add_service(service.into_server())
+                    .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
+            )
+            .await?;
+        Ok((rt, addr))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn config_error(flags: &[&str]) -> String {
+        let args = Args::try_parse_from(["switchyard-elector"].iter().chain(flags)).unwrap();
+        match args.elector.config() {
+            Err(Error::Config(message)) => message,
+            other => panic!("{flags:?}: expected a configuration error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        for (flags, named) in [
+            (&["--etcd-endpoints= "][..], "--etcd-endpoints"),
+            (&["--shard-count=0"], "--shard-count"),
+            (&["--election-ttl=500ms"], "--election-ttl"),
+        ] {
+            let message = config_error(flags);
+            assert!(message.starts_with(named), "{flags:?}: {message}");
+        }
+        let args = Args::try_parse_from([
+            "switchyard-elector",
+            "--elector-id=e1",
+            "--election-ttl=1s",
+            "--shard-count=8",
+        ])
+        .unwrap();
+        let config = args.elector.config().unwrap();
+        assert_eq!(
+            (config.id.as_str(), config.shard_count, config.election_ttl),
+            ("e1", 8, Duration::from_secs(1))
+        );
     }
 }

@@ -14,7 +14,7 @@ use std::{net::SocketAddr, sync::Arc};
 
 use switchyard_external_metrics as external_metrics;
 use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
-use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
+use switchyard_runtime::{GrpcServer, InstanceScope, Runtime, RuntimeArgs};
 use switchyard_shards::{STATIC_EPOCH, member as membership};
 use tokio::sync::watch;
 
@@ -221,9 +221,7 @@ impl Args {
 
 /// This replica's member id: `--member-id`, else the host name (the pod name).
 fn member_id(queue: &QueueArgs) -> String {
-    queue.member_id.clone().unwrap_or_else(|| {
-        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("queue-{}", std::process::id()))
-    })
+    switchyard_runtime::instance_id(queue.member_id.clone(), "queue", InstanceScope::Host)
 }
 
 /// Joins as a member (after the gRPC port is serving) and follows the shard map.

@@ -22,9 +22,9 @@ use std::{collections::BTreeMap, time::Duration};
 
 use switchyard_k8s::kube;
 use switchyard_runtime::{
-    GrpcServer, KubeArgs, Runtime, RuntimeArgs,
+    GrpcServer, InstanceScope, KubeArgs, Runtime, RuntimeArgs,
     apiserver::{ApiserverLayer, ApiserverMetrics},
-    await_apiserver,
+    await_apiserver, instance_id,
 };
 use tracing::info;
 
@@ -36,9 +36,11 @@ use crate::{
 };
 
 /// Where the worker finds the queue.
-#[derive(Debug)]
-enum Route {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `--queue-addr`: one queue replica serves every shard.
     Queue(String),
+    /// `--elector-addr`: every queue replica of the elector's shard map.
     Elector(String),
 }
 
@@ -110,6 +112,98 @@ pub struct ReconcilerArgs {
     pub simulated_latency: humantime::Duration,
 }
 
+/// The reconciler's flags, checked, and the controllers they select.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub route: Route,
+    pub shard_count: u32,
+    pub watcher_addr: String,
+    /// The controllers to run: those `--controllers` names (all given, by default), each
+    /// slowed by `--simulated-latency`.
+    pub registry: Registry,
+    pub concurrency: u32,
+    pub reconcile_timeout: Duration,
+    pub kube_api_qps: f64,
+    pub kube_api_burst: u32,
+    /// `--worker-id`, else the host name and process id.
+    pub worker_id: String,
+}
+
+impl ReconcilerArgs {
+    /// The checked configuration with the controllers of `registry` that `--controllers`
+    /// selects, or an error naming the bad flag.
+    pub fn config(&self, mut registry: Registry) -> Result<Config> {
+        let Self {
+            queue_addr,
+            elector_addr,
+            shard_count,
+            watcher_addr,
+            controllers,
+            concurrency,
+            reconcile_timeout,
+            kube_api_qps,
+            kube_api_burst,
+            worker_id,
+            simulated_latency,
+        } = self;
+        let route = match (queue_addr, elector_addr) {
+            (Some(queue), _) => Route::Queue(queue.clone()),
+            (None, Some(elector)) => Route::Elector(elector.clone()),
+            (None, None) => {
+                return Err(Error::Args(
+                    "--queue-addr or --elector-addr: one is required (--queue-addr when one \
+                     queue serves every shard)"
+                        .into(),
+                ));
+            }
+        };
+        if *shard_count == 0 {
+            return Err(Error::Args("--shard-count: must be at least 1".into()));
+        }
+        if !(1..=MAX_CONCURRENCY).contains(concurrency) {
+            return Err(Error::Args(format!(
+                "--concurrency: {concurrency} is out of range 1 to {MAX_CONCURRENCY}"
+            )));
+        }
+        if !(kube_api_qps.is_finite() && *kube_api_qps > 0.0) {
+            return Err(Error::Args(
+                "--kube-api-qps: must be a positive number".into(),
+            ));
+        }
+        if *kube_api_burst == 0 {
+            return Err(Error::Args("--kube-api-burst: must be at least 1".into()));
+        }
+        if !controllers.is_empty() {
+            registry.retain(controllers).map_err(|unknown| {
+                Error::Args(format!(
+                    "--controllers: unknown controller {unknown:?} (known: {})",
+                    registry.names().join(", ")
+                ))
+            })?;
+        }
+        if registry.names().is_empty() {
+            return Err(Error::Args(
+                "--controllers: no controllers to run (the registry is empty)".into(),
+            ));
+        }
+        let simulated_latency: Duration = (*simulated_latency).into();
+        if !simulated_latency.is_zero() {
+            registry.add_latency(simulated_latency);
+        }
+        Ok(Config {
+            route,
+            shard_count: *shard_count,
+            watcher_addr: watcher_addr.clone(),
+            registry,
+            concurrency: *concurrency,
+            reconcile_timeout: (*reconcile_timeout).into(),
+            kube_api_qps: *kube_api_qps,
+            kube_api_burst: *kube_api_burst,
+            worker_id: instance_id(worker_id.clone(), "reconciler", InstanceScope::Process),
+        })
+    }
+}
+
 /// The controllers built into the reconciler.
 pub fn builtin_controllers() -> Registry {
     let mut registry = Registry::default();
@@ -127,67 +221,24 @@ impl Args {
 
     /// Starts the service with `registry`'s controllers and returns its runtime (not yet
     /// running). A user's own reconciler binary registers its controllers and calls this.
-    pub async fn start(self, mut registry: Registry) -> Result<Runtime> {
+    pub async fn start(self, registry: Registry) -> Result<Runtime> {
         let Self {
             runtime,
             kube: kube_args,
             reconciler,
         } = self;
-        let ReconcilerArgs {
-            queue_addr,
-            elector_addr,
+        let Config {
+            route,
             shard_count,
             watcher_addr,
-            controllers,
+            registry,
             concurrency,
             reconcile_timeout,
             kube_api_qps,
             kube_api_burst,
             worker_id,
-            simulated_latency,
-        } = reconciler;
-        let route = match (queue_addr, elector_addr) {
-            (Some(queue), _) => Route::Queue(queue),
-            (None, Some(elector)) => Route::Elector(elector),
-            (None, None) => {
-                return Err(Error::Args(
-                    "set --queue-addr (one queue serves every shard) or --elector-addr".into(),
-                ));
-            }
-        };
-        if shard_count == 0 {
-            return Err(Error::Args("--shard-count: must be at least 1".into()));
-        }
-        if !(1..=MAX_CONCURRENCY).contains(&concurrency) {
-            return Err(Error::Args(format!(
-                "--concurrency: {concurrency} is out of range 1 to {MAX_CONCURRENCY}"
-            )));
-        }
-        if !(kube_api_qps.is_finite() && kube_api_qps > 0.0) || kube_api_burst == 0 {
-            return Err(Error::Args(
-                "--kube-api-qps must be positive and --kube-api-burst at least 1".into(),
-            ));
-        }
-        if !controllers.is_empty() {
-            registry.retain(&controllers).map_err(|unknown| {
-                Error::Args(format!(
-                    "--controllers: unknown controller {unknown:?} (known: {})",
-                    registry.names().join(", ")
-                ))
-            })?;
-        }
-        if registry.names().is_empty() {
-            return Err(Error::Args("no controllers to run".into()));
-        }
-        let simulated_latency: Duration = simulated_latency.into();
-        if !simulated_latency.is_zero() {
-            registry.add_latency(simulated_latency);
-        }
+        } = reconciler.config(registry)?;
         let drain_timeout: Duration = runtime.drain_timeout.into();
-        let worker_id = worker_id.unwrap_or_else(|| {
-            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "reconciler".into());
-            format!("{host}-{}", std::process::id())
-        });
 
         let rt = Runtime::start(SERVICE, runtime).await?;
         let config = kube_args.config().await?;
@@ -222,7 +273,7 @@ impl Args {
         let settings = Settings {
             worker_id,
             concurrency,
-            reconcile_timeout: reconcile_timeout.into(),
+            reconcile_timeout,
             drain_timeout,
         };
         info!(
@@ -253,5 +304,68 @@ impl Args {
         }
         rt.serve_grpc(GrpcServer::new()).await?;
         Ok(rt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn args(flags: &[&str]) -> ReconcilerArgs {
+        let required = ["switchyard-reconciler", "--watcher-addr=127.0.0.1:1"];
+        Args::try_parse_from(required.iter().chain(flags))
+            .unwrap()
+            .reconciler
+    }
+
+    fn config_error(flags: &[&str], registry: Registry) -> String {
+        match args(flags).config(registry) {
+            Err(Error::Args(message)) => message,
+            other => panic!("{flags:?}: expected a flag error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let queue = "--queue-addr=127.0.0.1:2";
+        for (flags, named) in [
+            (&[][..], "--queue-addr or --elector-addr"),
+            (&[queue, "--shard-count=0"], "--shard-count"),
+            (&[queue, "--concurrency=0"], "--concurrency"),
+            (&[queue, "--concurrency=10001"], "--concurrency"),
+            (&[queue, "--kube-api-qps=0"], "--kube-api-qps"),
+            (&[queue, "--kube-api-qps=NaN"], "--kube-api-qps"),
+            (&[queue, "--kube-api-burst=0"], "--kube-api-burst"),
+            (&[queue, "--controllers=apps/v1/Nothing"], "--controllers"),
+        ] {
+            let message = config_error(flags, builtin_controllers());
+            assert!(message.starts_with(named), "{flags:?}: {message}");
+        }
+        let message = config_error(&[queue], Registry::default());
+        assert!(message.starts_with("--controllers"), "{message}");
+    }
+
+    #[test]
+    fn good_flags_select_the_controllers() {
+        let config = args(&[
+            "--elector-addr=127.0.0.1:2",
+            "--controllers=apps/v1/ReplicaSet",
+            "--worker-id=w1",
+            "--concurrency=10000",
+        ])
+        .config(builtin_controllers())
+        .unwrap();
+        assert_eq!(config.route, Route::Elector("127.0.0.1:2".into()));
+        assert_eq!(config.registry.names(), ["apps/v1/ReplicaSet"]);
+        assert_eq!(
+            (config.worker_id.as_str(), config.concurrency),
+            ("w1", 10_000)
+        );
+        let all = args(&["--queue-addr=127.0.0.1:2"])
+            .config(builtin_controllers())
+            .unwrap();
+        assert_eq!(all.registry.names(), builtin_controllers().names());
     }
 }

@@ -25,7 +25,6 @@ use switchyard_runtime::{
     apiserver::{ApiserverLayer, ApiserverMetrics},
     await_apiserver,
 };
-use switchyard_watcher_core::Config;
 use tokio::sync::watch;
 use tracing::info;
 
@@ -94,15 +93,64 @@ pub struct WatcherArgs {
     pub streaming_lists: bool,
 }
 
+/// Where the watcher sends keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `--queue-addr`: one queue replica serves every shard.
+    Queue(String),
+    /// `--elector-addr`: each shard's owner in the elector's shard map.
+    Elector(String),
+}
+
+/// The watcher's flags, checked, and the configuration file they name, parsed.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The contents of `--config`: resources, controllers and their key mapping.
+    pub file: switchyard_watcher_core::Config,
+    pub route: Route,
+    pub max_pending_keys: usize,
+    pub streaming_lists: bool,
+}
+
 impl WatcherArgs {
-    fn load(&self) -> Result<Config> {
-        let text = std::fs::read_to_string(&self.config).map_err(|source| Error::ReadConfig {
-            path: self.config.clone(),
+    /// The checked configuration, or an error naming the bad flag (or the configuration
+    /// file and the bad field in it).
+    pub fn config(&self) -> Result<Config> {
+        let Self {
+            config,
+            queue_addr,
+            elector_addr,
+            max_pending_keys,
+            streaming_lists,
+        } = self;
+        let route = match (queue_addr, elector_addr) {
+            (Some(queue), _) => Route::Queue(queue.clone()),
+            (None, Some(elector)) => Route::Elector(elector.clone()),
+            (None, None) => {
+                return Err(Error::Args(
+                    "--queue-addr or --elector-addr: one is required (--queue-addr when one \
+                     queue serves every shard)"
+                        .into(),
+                ));
+            }
+        };
+        if *max_pending_keys == 0 {
+            return Err(Error::Args("--max-pending-keys: must be at least 1".into()));
+        }
+        let text = std::fs::read_to_string(config).map_err(|source| Error::ReadConfig {
+            path: config.clone(),
             source,
         })?;
-        Config::from_yaml(&text).map_err(|source| Error::Config {
-            path: self.config.clone(),
-            source,
+        let file =
+            switchyard_watcher_core::Config::from_yaml(&text).map_err(|source| Error::Config {
+                path: config.clone(),
+                source,
+            })?;
+        Ok(Config {
+            file,
+            route,
+            max_pending_keys: *max_pending_keys,
+            streaming_lists: *streaming_lists,
         })
     }
 }
@@ -121,22 +169,12 @@ impl Args {
             kube,
             watcher,
         } = self;
-        let WatcherArgs {
-            config: _,
-            queue_addr,
-            elector_addr,
+        let Config {
+            file: config,
+            route,
             max_pending_keys,
             streaming_lists,
-        } = &watcher;
-        let config = watcher.load()?;
-        if queue_addr.is_none() && elector_addr.is_none() {
-            return Err(Error::Args(
-                "set --queue-addr (one queue serves every shard) or --elector-addr".into(),
-            ));
-        }
-        if *max_pending_keys == 0 {
-            return Err(Error::Args("--max-pending-keys: must be at least 1".into()));
-        }
+        } = watcher.config()?;
         let rt = Runtime::start(SERVICE, runtime).await?;
         // Counted, not traced: a watch is one long request, not a step of any change's trace.
         let apiserver = ApiserverLayer::new(ApiserverMetrics::register(rt.metrics()), false);
@@ -152,14 +190,14 @@ impl Args {
         let metrics = WatcherMetrics::register(rt.metrics());
         let caches = Arc::new(Caches::new(&config));
         let router = Arc::new(Router::new(
-            *max_pending_keys,
+            max_pending_keys,
             config.shard_count,
             metrics.clone(),
         ));
 
-        let view = match (queue_addr, elector_addr) {
-            (Some(queue), _) => {
-                let single = ShardView::single(queue, config.shard_count);
+        let view = match route {
+            Route::Queue(queue) => {
+                let single = ShardView::single(&queue, config.shard_count);
                 let (source, view) = watch::channel(Some(Arc::new(single)));
                 // The map never changes, but its source lives as long as the service:
                 // readers treat a closed map as shutdown.
@@ -169,10 +207,10 @@ impl Args {
                 });
                 view
             }
-            (None, Some(elector)) => {
+            Route::Elector(elector) => {
                 let gate = rt.readiness().gate("shard-map");
                 let (view, follow) =
-                    directory::follow_elector(elector.clone(), config.shard_count, rt.drain());
+                    directory::follow_elector(elector, config.shard_count, rt.drain());
                 rt.spawn("shard-map", |_| follow);
                 let mut first = view.clone();
                 rt.spawn("shard-map-ready", move |drain| async move {
@@ -183,7 +221,6 @@ impl Args {
                 });
                 view
             }
-            (None, None) => unreachable!("checked above"),
         };
         rt.spawn("router", {
             let router = router.clone();
@@ -217,7 +254,7 @@ impl Args {
                 cache: cache.clone(),
                 router: router.clone(),
                 metrics: metrics.clone(),
-                streaming_lists: *streaming_lists,
+                streaming_lists,
             };
             let synced = synced.clone();
             rt.spawn("informer", move |drain| informer.run(synced, drain));
@@ -267,5 +304,75 @@ async fn resync_moved_shards(
             changed = view.changed() => if changed.is_err() { return },
             _ = drain.clone().signaled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn config(flags: &[&str]) -> Result<Config> {
+        let args = Args::try_parse_from(["switchyard-watcher"].iter().chain(flags)).unwrap();
+        args.watcher.config()
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        for (flags, named) in [
+            (
+                &["--config=/nonexistent/watcher.yaml"][..],
+                "--queue-addr or --elector-addr",
+            ),
+            (
+                &[
+                    "--config=/nonexistent/watcher.yaml",
+                    "--queue-addr=127.0.0.1:1",
+                    "--max-pending-keys=0",
+                ],
+                "--max-pending-keys",
+            ),
+        ] {
+            match config(flags) {
+                Err(Error::Args(message)) => {
+                    assert!(message.starts_with(named), "{flags:?}: {message}");
+                }
+                other => panic!("{flags:?}: expected a flag error, got {other:?}"),
+            }
+        }
+        match config(&[
+            "--config=/nonexistent/watcher.yaml",
+            "--elector-addr=127.0.0.1:1",
+        ]) {
+            Err(error @ Error::ReadConfig { .. }) => {
+                assert!(
+                    error.to_string().contains("/nonexistent/watcher.yaml"),
+                    "{error}"
+                );
+            }
+            other => panic!("expected a read error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn good_flags_make_a_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("watcher.yaml");
+        std::fs::write(
+            &path,
+            "shardCount: 8\ncontrollers: [{name: apps/v1/ReplicaSet, for: {apiVersion: apps/v1, kind: ReplicaSet}}]\n",
+        )
+        .unwrap();
+        let config = config(&[
+            &format!("--config={}", path.display()),
+            "--elector-addr=127.0.0.1:1",
+            "--streaming-lists=false",
+        ])
+        .unwrap();
+        assert_eq!(config.route, Route::Elector("127.0.0.1:1".into()));
+        assert_eq!(config.file.shard_count, 8);
+        assert_eq!(config.max_pending_keys, 1_000_000);
+        assert!(!config.streaming_lists);
     }
 }

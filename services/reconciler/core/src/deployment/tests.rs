@@ -1,4 +1,18 @@
-use k8s_openapi::api::apps::v1::{ReplicaSetCondition, ReplicaSetStatus};
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::{
+    api::{
+        apps::v1::{
+            Deployment, DeploymentStatus, ReplicaSet, ReplicaSetCondition, ReplicaSetStatus,
+        },
+        core::v1::{Pod, PodTemplateSpec},
+    },
+    apimachinery::pkg::{
+        apis::meta::v1::{LabelSelector, Time},
+        util::intstr::IntOrString,
+    },
+    jiff::Timestamp,
+};
 use serde_json::json;
 
 use super::*;
