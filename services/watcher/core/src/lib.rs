@@ -6,7 +6,7 @@
 //!                    ├─► Store::apply / delete        (cache; owner-UID index; relist sweep)
 //!                    └─► Mapper::keys(old, new)       (for / owns [through] / mapByLabel, predicates)
 //!                               │
-//!                               └─► Key (controller, namespace, name) ─► shard_of ─► queue
+//!                               └─► WorkKey (controller, namespace, name) ─► shard ─► queue
 //! ```
 
 pub mod config;
@@ -15,6 +15,6 @@ pub mod selector;
 pub mod store;
 
 pub use config::{Config, ConfigError, Gvk, Predicate, ResourceConfig};
-pub use mapping::{EventKind, Key, Mapper, NoOwners, Owners};
+pub use mapping::{EventKind, Mapper, NoOwners, Owners, WorkKey};
 pub use selector::{Selector, SelectorError};
 pub use store::{ControllerRef, Store, Summary};
