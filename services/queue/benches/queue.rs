@@ -100,7 +100,9 @@ fn bench_core() {
     // Each add validates its key, as the gRPC edge does before the core sees it.
     for k in &keys {
         let k = space.validate(k).unwrap();
-        queue.add(&k, Priority::Normal, Duration::ZERO, now).unwrap();
+        queue
+            .add(&k, Priority::Normal, Duration::ZERO, now)
+            .unwrap();
     }
     let mut done = 0;
     while let Some(lease) = queue.lease(1, &[], now) {
@@ -123,7 +125,9 @@ fn bench_memory() {
     let before = ALLOCATED.load(Ordering::Relaxed);
     for k in &keys {
         let k = space.validate(k).unwrap();
-        queue.add(&k, Priority::Normal, Duration::ZERO, now).unwrap();
+        queue
+            .add(&k, Priority::Normal, Duration::ZERO, now)
+            .unwrap();
     }
     let bytes = ALLOCATED.load(Ordering::Relaxed) - before;
     let key_len = NAMESPACE.len() + 1 + 40;

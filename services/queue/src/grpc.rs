@@ -153,7 +153,9 @@ impl queue_server::Queue for QueueService {
         &self,
         request: Request<pb::EnqueueRequest>,
     ) -> Result<Response<pb::EnqueueResponse>, Status> {
-        Ok(Response::new(self.enqueue_batch(request.into_inner()).await?))
+        Ok(Response::new(
+            self.enqueue_batch(request.into_inner()).await?,
+        ))
     }
 
     type EnqueueStreamStream = BoxStream<pb::EnqueueAck>;

@@ -231,7 +231,11 @@ impl KeySpace {
 
     /// The caller's form of a valid key.
     pub fn work_key(&self, key: &ValidKey) -> WorkKey {
-        WorkKey::new(self.name(key.controller).clone(), key.namespace(), key.name())
+        WorkKey::new(
+            self.name(key.controller).clone(),
+            key.namespace(),
+            key.name(),
+        )
     }
 }
 
@@ -270,7 +274,10 @@ mod tests {
     fn bad_keys_are_refused_naming_the_field() {
         let space = space();
         let cases = [
-            (WorkKey::new(RS, "default", ""), "invalid key.name: must not be empty"),
+            (
+                WorkKey::new(RS, "default", ""),
+                "invalid key.name: must not be empty",
+            ),
             (
                 WorkKey::new(RS, "default", "n".repeat(254)),
                 "invalid key.name: 254 characters, at most 253",

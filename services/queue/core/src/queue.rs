@@ -386,7 +386,10 @@ impl Queue {
 
     /// Leases still in flight in `shard`.
     pub fn shard_in_flight(&self, shard: u32) -> usize {
-        self.leases.values().filter(|l| l.key.shard() == shard).count()
+        self.leases
+            .values()
+            .filter(|l| l.key.shard() == shard)
+            .count()
     }
 
     /// Forgets `shard` entirely; later outcomes for it are refused as stale.
@@ -1029,10 +1032,7 @@ mod tests {
         let order: Vec<_> = std::iter::from_fn(|| lease(&mut q, now))
             .map(|l| l.key.name().to_owned())
             .collect();
-        assert_eq!(
-            order,
-            ["live", "resync-2", "resync-1"]
-        );
+        assert_eq!(order, ["live", "resync-2", "resync-1"]);
     }
 
     #[test]

@@ -83,7 +83,14 @@ struct Model {
 }
 
 fn index_of(lease: &Lease) -> usize {
-    let name: usize = lease.key.name().rsplit('-').next().unwrap().parse().unwrap();
+    let name: usize = lease
+        .key
+        .name()
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     lease.controller() as usize * NAMES + name
 }
 
