@@ -18,7 +18,7 @@
 //! first: one small allocation per queued key, as a million keys need, and the two parts are
 //! never joined with a separator nor parsed apart.
 
-use std::{collections::HashMap, fmt, sync::Arc};
+use std::{cell::RefCell, collections::HashMap, fmt, sync::Arc};
 
 use crate::shard::shard_of;
 
@@ -74,11 +74,18 @@ impl ObjectName {
     /// `namespace` must be at most [`MAX_NAMESPACE_LEN`] bytes long.
     fn new(namespace: &str, name: &str) -> Self {
         debug_assert!(namespace.len() <= MAX_NAMESPACE_LEN);
-        let mut text = String::with_capacity(1 + namespace.len() + name.len());
-        text.push(char::from(namespace.len() as u8));
-        text.push_str(namespace);
-        text.push_str(name);
-        Self(text.into())
+        thread_local! {
+            // Assembled here, then copied once into the key's own allocation: a key costs one
+            // allocation, as the queue's hot path needs.
+            static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        SCRATCH.with_borrow_mut(|text| {
+            text.clear();
+            text.push(char::from(namespace.len() as u8));
+            text.push_str(namespace);
+            text.push_str(name);
+            Self(Arc::from(text.as_str()))
+        })
     }
 
     fn split(&self) -> usize {
