@@ -87,26 +87,27 @@ fn core_queue(capacity: usize) -> Queue {
 }
 
 fn key(i: usize) -> WorkKey {
-    WorkKey {
-        controller: RS.into(),
-        namespace: NAMESPACE.into(),
-        name: name(i),
-    }
+    WorkKey::new(RS, NAMESPACE, name(i))
 }
 
 fn bench_core() {
     const N: usize = 1_000_000;
     let keys: Vec<WorkKey> = (0..N).map(key).collect();
     let mut queue = core_queue(N);
+    let space = queue.key_space().clone();
     let now = Instant::now();
     let start = Instant::now();
+    // Each add validates its key, as the gRPC edge does before the core sees it.
     for k in &keys {
-        queue.add(k, Priority::Normal, Duration::ZERO, now).unwrap();
+        let k = space.validate(k).unwrap();
+        queue
+            .add(&k, Priority::Normal, Duration::ZERO, now)
+            .unwrap();
     }
     let mut done = 0;
     while let Some(lease) = queue.lease(1, &[], now) {
         queue
-            .complete(lease.shard, lease.epoch, lease.id, Outcome::Done, now)
+            .complete(lease.shard(), lease.epoch, lease.id, Outcome::Done, now)
             .unwrap();
         done += 1;
     }
@@ -119,10 +120,14 @@ fn bench_memory() {
     const N: usize = 1_000_000;
     let keys: Vec<WorkKey> = (0..N).map(key).collect();
     let mut queue = core_queue(N);
+    let space = queue.key_space().clone();
     let now = Instant::now();
     let before = ALLOCATED.load(Ordering::Relaxed);
     for k in &keys {
-        queue.add(k, Priority::Normal, Duration::ZERO, now).unwrap();
+        let k = space.validate(k).unwrap();
+        queue
+            .add(&k, Priority::Normal, Duration::ZERO, now)
+            .unwrap();
     }
     let bytes = ALLOCATED.load(Ordering::Relaxed) - before;
     let key_len = NAMESPACE.len() + 1 + 40;

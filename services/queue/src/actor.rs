@@ -18,7 +18,7 @@ use std::{
 
 use switchyard_queue_core::{
     AddOutcome, Cause, ControllerId, Error as CoreError, Lease, LeaseId, Outcome, Priority, Queue,
-    Refused, ShardStats, WorkKey, WorkerId,
+    Refused, ShardStats, ValidKey, WorkerId,
 };
 use switchyard_runtime::Drain;
 use tokio::sync::{mpsc, oneshot};
@@ -31,10 +31,10 @@ const COMMAND_BATCH: usize = 1024;
 /// How often depth and in-flight gauges are refreshed.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// An add, already validated by the gRPC edge.
+/// An add, validated by the gRPC edge (the key carries its controller and shard).
 #[derive(Debug)]
 pub struct Add {
-    pub key: WorkKey,
+    pub key: ValidKey,
     pub priority: Priority,
     pub delay: Duration,
     /// The trace context of what caused the add, kept with the key.
@@ -63,13 +63,12 @@ pub enum ToWorker {
     Invalid(String),
 }
 
-/// Why a batch was refused. Nothing of a refused batch is applied, except when ownership
-/// moves mid-batch (`NotOwner` after some keys were added; the sender resends the batch and
-/// the added keys coalesce).
-#[derive(Debug, PartialEq, Eq)]
+/// Why a batch was refused: its shard is not served here. Nothing of it is applied, except
+/// when ownership moves mid-batch (after some keys were added; the sender resends the batch
+/// and the added keys coalesce). The edge checked every key before (each hashes to `shard`).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EnqueueError {
-    Invalid { index: usize, error: CoreError },
-    WrongShard { index: usize, hashes_to: u32 },
+    #[error("shard {shard} is not served by this replica")]
     NotOwner { shard: u32 },
 }
 
@@ -301,10 +300,6 @@ impl Actor {
                     let _ = reply.send(Err(EnqueueError::NotOwner { shard }));
                     return;
                 }
-                if let Err(error) = self.validate(shard, &adds) {
-                    let _ = reply.send(Err(error));
-                    return;
-                }
                 let blocked = Blocked {
                     shard,
                     adds: adds.into(),
@@ -425,15 +420,12 @@ impl Actor {
             {
                 Ok(AddOutcome::Added) => {
                     blocked.done.added += 1;
-                    if let Some(controller) = self.queue.controller_id(&add.key.controller) {
-                        self.metrics.added(controller, blocked.shard);
-                    }
+                    self.metrics.added(add.key.controller(), blocked.shard);
                 }
                 Ok(AddOutcome::Coalesced) => blocked.done.coalesced += 1,
                 Err(CoreError::Full { .. }) => return Some(blocked),
-                // Validated on arrival, so only ownership can have moved since (a batch that
-                // waited for room).
-                Err(_) => {
+                // Only ownership can have moved since arrival (a batch that waited for room).
+                Err(CoreError::NotOwner { .. }) => {
                     let _ = blocked.reply.send(Err(EnqueueError::NotOwner {
                         shard: blocked.shard,
                     }));
@@ -444,20 +436,6 @@ impl Actor {
         }
         let _ = blocked.reply.send(Ok(blocked.done));
         None
-    }
-
-    /// Checks a whole batch before any of it is applied.
-    fn validate(&self, shard: u32, adds: &[Add]) -> Result<(), EnqueueError> {
-        for (index, add) in adds.iter().enumerate() {
-            let (_, hashes_to) = self
-                .queue
-                .validate(&add.key)
-                .map_err(|error| EnqueueError::Invalid { index, error })?;
-            if hashes_to != shard {
-                return Err(EnqueueError::WrongShard { index, hashes_to });
-            }
-        }
-        Ok(())
     }
 
     fn unblock(&mut self, now: Instant) {
@@ -566,7 +544,7 @@ mod tests {
 
     fn actor() -> (Actor, Handle) {
         let queue = Queue::new(QueueConfig::default(), &["rs"]);
-        let names: Vec<Arc<str>> = queue.controller_names().to_vec();
+        let names: Vec<Arc<str>> = queue.key_space().names().to_vec();
         let metrics = QueueMetrics::register(&Metrics::new_for_tests(), &names);
         Actor::new(queue, metrics, Duration::from_secs(1))
     }

@@ -1,5 +1,7 @@
 //! The gRPC edge of the queue: validates requests, converts them for the actor, and maps
-//! results to responses. The only place a `tonic::Status` is made.
+//! results to responses. Every key is validated here, once, into the [`ValidKey`] the actor
+//! and the core take as is. Refusals are [`EdgeError`]s; `From<EdgeError> for Status` is the
+//! one place a `tonic::Status` is made.
 
 use std::{
     pin::Pin,
@@ -18,7 +20,8 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::{
-    Cause, ControllerId, Error as CoreError, Lease, Outcome, Priority, ShardStats, WorkKey,
+    Cause, ControllerId, KeyError, KeySpace, Lease, LeaseId, MAX_CREDIT, Outcome, Priority,
+    Refused, ShardStats, ValidKey,
 };
 use switchyard_runtime::trace::{self, TraceFields};
 use switchyard_shards::member::Member;
@@ -26,10 +29,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use crate::actor::{Add, Command, EnqueueError, Handle, ToWorker};
+use crate::actor::{Add, Closed, Command, EnqueueError, Handle, ToWorker};
 
-/// Credits one message may grant.
-pub const MAX_CREDIT: u32 = 10_000;
 /// Outcomes and extensions of one work stream whose replies the worker has not yet read. A
 /// worker that sends faster than it reads is held here (and so by HTTP/2 flow control)
 /// rather than growing the queue's memory; a well-behaved worker has at most one pending
@@ -46,8 +47,7 @@ const TRACE_CONTEXT_KEYS: [&str; 2] = ["traceparent", "tracestate"];
 #[derive(Clone, Debug)]
 pub struct QueueService {
     handle: Handle,
-    controllers: Arc<[Arc<str>]>,
-    shard_count: u32,
+    keys: KeySpace,
     directory: Option<Directory>,
 }
 
@@ -59,11 +59,10 @@ pub struct Directory {
 }
 
 impl QueueService {
-    pub fn new(handle: Handle, controllers: &[Arc<str>], shard_count: u32) -> Self {
+    pub fn new(handle: Handle, keys: KeySpace) -> Self {
         Self {
             handle,
-            controllers: controllers.into(),
-            shard_count,
+            keys,
             directory: None,
         }
     }
@@ -105,40 +104,39 @@ impl QueueService {
     }
 
     fn controller_id(&self, name: &str) -> Option<ControllerId> {
-        self.controllers
-            .iter()
-            .position(|c| &**c == name)
-            .and_then(|i| ControllerId::try_from(i).ok())
+        self.keys.controller_id(name)
     }
 
-    fn convert_batch(&self, request: pb::EnqueueRequest) -> Result<(u32, Vec<Add>), Status> {
-        if request.shard >= self.shard_count {
-            return Err(invalid(format!(
-                "shard: {} is not below the shard count {}",
-                request.shard, self.shard_count
+    /// Checks a whole batch, every key validated and in the batch's shard, before any of it
+    /// is applied.
+    fn convert_batch(&self, request: pb::EnqueueRequest) -> Result<(u32, Vec<Add>), EdgeError> {
+        let shard = request.shard;
+        if shard >= self.keys.shard_count() {
+            return Err(EdgeError::Invalid(format!(
+                "shard: {shard} is not below the shard count {}",
+                self.keys.shard_count()
             )));
         }
         let adds = request
             .items
             .into_iter()
             .enumerate()
-            .map(|(i, item)| convert_item(i, item))
+            .map(|(i, item)| self.convert_item(i, item, shard))
             .collect::<Result<_, _>>()?;
-        Ok((request.shard, adds))
+        Ok((shard, adds))
     }
 
     async fn enqueue_batch(
         &self,
         request: pb::EnqueueRequest,
-    ) -> Result<pb::EnqueueResponse, Status> {
+    ) -> Result<pb::EnqueueResponse, EdgeError> {
         let batch_id = request.batch_id;
         let (shard, adds) = self.convert_batch(request)?;
         let added = self
             .handle
             .enqueue(shard, adds)
-            .await
-            .map_err(|_| shutting_down())?
-            .map_err(|e| self.enqueue_status(e))?;
+            .await?
+            .map_err(|EnqueueError::NotOwner { shard }| self.not_owner(shard))?;
         Ok(pb::EnqueueResponse {
             batch_id,
             added: added.added,
@@ -155,9 +153,9 @@ impl queue_server::Queue for QueueService {
         &self,
         request: Request<pb::EnqueueRequest>,
     ) -> Result<Response<pb::EnqueueResponse>, Status> {
-        self.enqueue_batch(request.into_inner())
-            .await
-            .map(Response::new)
+        Ok(Response::new(
+            self.enqueue_batch(request.into_inner()).await?,
+        ))
     }
 
     type EnqueueStreamStream = BoxStream<pb::EnqueueAck>;
@@ -186,7 +184,8 @@ impl queue_server::Queue for QueueService {
                     .await
                     .map(|response| pb::EnqueueAck {
                         response: Some(response),
-                    });
+                    })
+                    .map_err(Status::from);
                 let failed = ack.is_err();
                 if tx.send(ack).await.is_err() || failed {
                     return;
@@ -208,9 +207,10 @@ impl queue_server::Queue for QueueService {
                 request: Some(WorkMessage::Hello(hello)),
             }) => hello,
             _ => {
-                return Err(invalid(
+                return Err(EdgeError::Invalid(
                     "the first message of a work stream must be hello".into(),
-                ));
+                )
+                .into());
             }
         };
         let controllers = hello
@@ -219,7 +219,7 @@ impl queue_server::Queue for QueueService {
             .enumerate()
             .map(|(i, name)| {
                 self.controller_id(name).ok_or_else(|| {
-                    invalid(format!(
+                    EdgeError::Invalid(format!(
                         "hello.controllers[{i}]: unknown controller {name:?}"
                     ))
                 })
@@ -230,7 +230,7 @@ impl queue_server::Queue for QueueService {
             .handle
             .connect(controllers, tx)
             .await
-            .map_err(|_| shutting_down())?;
+            .map_err(EdgeError::from)?;
         // Dropped with the response stream: tells the reader the RPC is over. Only the actor
         // holds the item sender, so the stream ends when the actor forgets the worker.
         let (stream_alive, mut stream_gone) = oneshot::channel::<()>();
@@ -275,13 +275,13 @@ impl queue_server::Queue for QueueService {
             let _ = handle.send(Command::Disconnect { worker, clean });
         });
 
-        let names = self.controllers.clone();
+        let names = self.keys.names().clone();
         let stream = UnboundedReceiverStream::new(rx).map(move |message| {
             let _alive = &stream_alive;
             if matches!(message, ToWorker::Ack { .. } | ToWorker::Extended { .. }) {
                 replied.add_permits(1);
             }
-            to_response(&names, message)
+            to_response(&names, message).map_err(Status::from)
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -293,16 +293,11 @@ impl queue_server::Queue for QueueService {
         let controller = request.into_inner().controller;
         let filter = match controller.as_str() {
             "" => None,
-            name => Some(
-                self.controller_id(name)
-                    .ok_or_else(|| invalid(format!("controller: unknown controller {name:?}")))?,
-            ),
+            name => Some(self.controller_id(name).ok_or_else(|| {
+                EdgeError::Invalid(format!("controller: unknown controller {name:?}"))
+            })?),
         };
-        let stats = self
-            .handle
-            .stats(filter)
-            .await
-            .map_err(|_| shutting_down())?;
+        let stats = self.handle.stats(filter).await.map_err(EdgeError::from)?;
         Ok(Response::new(pb::StatsResponse {
             shards: stats.iter().map(|s| self.shard_stats(s)).collect(),
         }))
@@ -312,7 +307,7 @@ impl queue_server::Queue for QueueService {
 impl QueueService {
     fn shard_stats(&self, s: &ShardStats) -> pb::ShardStats {
         pb::ShardStats {
-            controller: self.controllers[s.controller as usize].to_string(),
+            controller: self.keys.name(s.controller).to_string(),
             shard: s.shard,
             epoch: s.epoch,
             depth: s.depth,
@@ -323,7 +318,7 @@ impl QueueService {
     }
 }
 
-fn to_response(names: &[Arc<str>], message: ToWorker) -> Result<pb::WorkResponse, Status> {
+fn to_response(names: &[Arc<str>], message: ToWorker) -> Result<pb::WorkResponse, EdgeError> {
     match message {
         ToWorker::Item(lease) => Ok(pb::WorkResponse {
             response: Some(WorkReply::Item(leased_item(names, &lease))),
@@ -342,74 +337,97 @@ fn to_response(names: &[Arc<str>], message: ToWorker) -> Result<pb::WorkResponse
                     lease_deadline: Some(timestamp(deadline)),
                 })),
             }),
-            Err(refused) => Err(Status::failed_precondition(format!(
-                "extend lease {lease}: {refused}"
-            ))),
+            Err(refused) => Err(EdgeError::NotExtended { lease, refused }),
         },
-        ToWorker::Invalid(reason) => Err(invalid(reason)),
+        ToWorker::Invalid(reason) => Err(EdgeError::Invalid(reason)),
     }
 }
 
-fn convert_item(index: usize, item: pb::EnqueueItem) -> Result<Add, Status> {
-    let field = |name: &str| format!("items[{index}].{name}");
-    let key = item
-        .key
-        .ok_or_else(|| invalid(format!("{}: required", field("key"))))?;
-    let priority = match pb::Priority::try_from(item.priority) {
-        Ok(pb::Priority::Low) => Priority::Low,
-        Ok(pb::Priority::Normal | pb::Priority::Unspecified) => Priority::Normal,
-        Err(_) => {
-            return Err(invalid(format!(
-                "{}: unknown value {}",
-                field("priority"),
-                item.priority
+impl QueueService {
+    /// Converts and validates one item of a batch for `shard`.
+    fn convert_item(
+        &self,
+        index: usize,
+        item: pb::EnqueueItem,
+        shard: u32,
+    ) -> Result<Add, EdgeError> {
+        let field = |name: &str| format!("items[{index}].{name}");
+        let key = item
+            .key
+            .ok_or_else(|| EdgeError::Invalid(format!("{}: required", field("key"))))?;
+        let priority = match pb::Priority::try_from(item.priority) {
+            Ok(pb::Priority::Low) => Priority::Low,
+            Ok(pb::Priority::Normal | pb::Priority::Unspecified) => Priority::Normal,
+            Err(_) => {
+                return Err(EdgeError::Invalid(format!(
+                    "{}: unknown value {}",
+                    field("priority"),
+                    item.priority
+                )));
+            }
+        };
+        let delay = match item.delay {
+            None => Duration::ZERO,
+            Some(d) => Duration::try_from(d).map_err(|_| {
+                EdgeError::Invalid(format!("{}: must not be negative", field("delay")))
+            })?,
+        };
+        let key = self
+            .keys
+            .validate_parts(&key.controller, &key.namespace, &key.name)
+            .map_err(|error| match error {
+                KeyError::InvalidArgument { field, reason } => {
+                    EdgeError::Invalid(format!("items[{index}].{field}: {reason}"))
+                }
+                KeyError::UnknownController(name) => EdgeError::Invalid(format!(
+                    "items[{index}].key.controller: unknown controller {name:?}"
+                )),
+            })?;
+        if key.shard() != shard {
+            return Err(EdgeError::Invalid(format!(
+                "items[{index}].key: hashes to shard {}, not the batch's shard",
+                key.shard()
             )));
         }
-    };
-    let delay = match item.delay {
-        None => Duration::ZERO,
-        Some(d) => Duration::try_from(d)
-            .map_err(|_| invalid(format!("{}: must not be negative", field("delay"))))?,
-    };
-    let key = WorkKey {
-        controller: key.controller,
-        namespace: key.namespace,
-        name: key.name,
-    };
-    let size: usize = item
-        .trace_context
-        .iter()
-        .map(|(k, v)| k.len() + v.len())
-        .sum();
-    if size > MAX_TRACE_CONTEXT_BYTES {
-        return Err(invalid(format!(
-            "{}: {size} bytes, at most {MAX_TRACE_CONTEXT_BYTES}",
-            field("trace_context")
-        )));
+        let size: usize = item
+            .trace_context
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        if size > MAX_TRACE_CONTEXT_BYTES {
+            return Err(EdgeError::Invalid(format!(
+                "{}: {size} bytes, at most {MAX_TRACE_CONTEXT_BYTES}",
+                field("trace_context")
+            )));
+        }
+        let mut trace_context = item.trace_context;
+        trace_context.retain(|k, _| TRACE_CONTEXT_KEYS.contains(&k.as_str()));
+        let cause = trace_context
+            .contains_key("traceparent")
+            .then(|| self.enqueue_cause(&key, trace_context));
+        Ok(Add {
+            key,
+            priority,
+            delay,
+            cause,
+        })
     }
-    let mut trace_context = item.trace_context;
-    trace_context.retain(|k, _| TRACE_CONTEXT_KEYS.contains(&k.as_str()));
-    let cause = trace_context
-        .contains_key("traceparent")
-        .then(|| enqueue_cause(&key, trace_context));
-    Ok(Add {
-        key,
-        priority,
-        delay,
-        cause,
-    })
+
+    /// The cause an add keeps: the context of an `enqueue` span, child of the sender's
+    /// event, when this replica exports traces; the sender's context as it came otherwise.
+    fn enqueue_cause(&self, key: &ValidKey, fields: TraceFields) -> Cause {
+        enqueue_cause(self.keys.name(key.controller()), key, fields)
+    }
 }
 
-/// The cause an add keeps: the context of an `enqueue` span, child of the sender's event,
-/// when this replica exports traces; the sender's context as it came otherwise.
-fn enqueue_cause(key: &WorkKey, fields: TraceFields) -> Cause {
+fn enqueue_cause(controller: &str, key: &ValidKey, fields: TraceFields) -> Cause {
     let fields = if trace::exporting() {
         let span = tracing::info_span!(
             "enqueue",
             otel.kind = "consumer",
-            controller = %key.controller,
-            namespace = %key.namespace,
-            name = %key.name,
+            controller,
+            namespace = key.namespace(),
+            name = key.name(),
         );
         trace::set_parent(&span, &fields);
         let ours = trace::inject(&span);
@@ -434,8 +452,8 @@ fn lease_context(controller: &str, lease: &Lease) -> TraceFields {
         "lease",
         otel.kind = "producer",
         controller,
-        key = %lease.key,
-        shard = lease.shard,
+        key = %format_args!("{}/{}", lease.key.namespace(), lease.key.name()),
+        shard = lease.shard(),
         epoch = lease.epoch,
         attempt = lease.attempt,
         causes = lease.causes.len(),
@@ -510,15 +528,15 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
 }
 
 fn leased_item(controllers: &[Arc<str>], lease: &Lease) -> pb::LeasedItem {
-    let (namespace, name) = lease.key.split_once('/').unwrap_or(("", &lease.key));
+    let controller = &controllers[lease.controller() as usize];
     let now = Instant::now();
     pb::LeasedItem {
         key: Some(ProtoKey {
-            controller: controllers[lease.controller as usize].to_string(),
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
+            controller: controller.to_string(),
+            namespace: lease.key.namespace().to_owned(),
+            name: lease.key.name().to_owned(),
         }),
-        shard: lease.shard,
+        shard: lease.shard(),
         epoch: lease.epoch,
         lease_id: lease.id.to_string(),
         attempt: lease.attempt,
@@ -532,7 +550,7 @@ fn leased_item(controllers: &[Arc<str>], lease: &Lease) -> pb::LeasedItem {
             })
             .collect(),
         causes_dropped: lease.causes_dropped,
-        trace_context: lease_context(&controllers[lease.controller as usize], lease),
+        trace_context: lease_context(controller, lease),
     }
 }
 
@@ -551,62 +569,120 @@ fn duration(d: Duration) -> Option<prost_types::Duration> {
     prost_types::Duration::try_from(d).ok()
 }
 
-fn invalid(message: String) -> Status {
-    Status::invalid_argument(message)
+/// Why the edge refused a request or ended a stream.
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    /// A field of the request is wrong; the message names it.
+    #[error("{0}")]
+    Invalid(String),
+    /// The shard is not served here: go to the owner, or refresh the shard map when it is not
+    /// known (`owner_address` empty).
+    #[error("shard {shard} is not served by this replica; {}", redirect(.owner_address))]
+    NotOwner {
+        shard: u32,
+        owner_address: String,
+        epoch: u64,
+    },
+    /// A lease could not be extended (its outcome would be refused too).
+    #[error("extend lease {lease}: {refused}")]
+    NotExtended { lease: LeaseId, refused: Refused },
+    #[error("the queue is shutting down")]
+    ShuttingDown,
 }
 
-fn shutting_down() -> Status {
-    Status::unavailable("the queue is shutting down")
+fn redirect(owner_address: &str) -> String {
+    if owner_address.is_empty() {
+        "refresh the shard map".to_owned()
+    } else {
+        format!("it is served at {owner_address}")
+    }
+}
+
+impl From<Closed> for EdgeError {
+    fn from(_: Closed) -> Self {
+        Self::ShuttingDown
+    }
+}
+
+/// The one mapping from the edge's errors to gRPC status codes.
+impl From<EdgeError> for Status {
+    fn from(error: EdgeError) -> Self {
+        let message = error.to_string();
+        match error {
+            EdgeError::Invalid(_) => Status::invalid_argument(message),
+            // With a `NotShardOwner` detail, so that a sender can go to the owner.
+            EdgeError::NotOwner {
+                shard,
+                owner_address,
+                epoch,
+            } => {
+                let detail = NotShardOwner {
+                    shard,
+                    owner_address,
+                    epoch,
+                };
+                Status::with_details(
+                    Code::FailedPrecondition,
+                    message,
+                    detail.encode_to_vec().into(),
+                )
+            }
+            EdgeError::NotExtended { .. } => Status::failed_precondition(message),
+            EdgeError::ShuttingDown => Status::unavailable(message),
+        }
+    }
 }
 
 impl QueueService {
-    /// The one mapping from enqueue errors to gRPC status codes.
-    fn enqueue_status(&self, error: EnqueueError) -> Status {
-        let not_owner = |shard| {
-            let (owner_address, epoch) = self.owner_of(shard);
-            not_owner(shard, owner_address, epoch)
-        };
-        enqueue_status(error, not_owner)
+    fn not_owner(&self, shard: u32) -> EdgeError {
+        let (owner_address, epoch) = self.owner_of(shard);
+        EdgeError::NotOwner {
+            shard,
+            owner_address,
+            epoch,
+        }
     }
 }
 
-fn enqueue_status(error: EnqueueError, not_owner: impl Fn(u32) -> Status) -> Status {
-    match error {
-        EnqueueError::Invalid { index, error } => match error {
-            CoreError::InvalidArgument { field, reason } => {
-                invalid(format!("items[{index}].{field}: {reason}"))
-            }
-            CoreError::UnknownController(name) => invalid(format!(
-                "items[{index}].key.controller: unknown controller {name:?}"
-            )),
-            CoreError::NotOwner { shard } => not_owner(shard),
-            CoreError::Full { capacity } => {
-                Status::resource_exhausted(format!("the queue is full ({capacity} keys)"))
-            }
-        },
-        EnqueueError::WrongShard { index, hashes_to } => invalid(format!(
-            "items[{index}].key: hashes to shard {hashes_to}, not the batch's shard"
-        )),
-        EnqueueError::NotOwner { shard } => not_owner(shard),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// FAILED_PRECONDITION with a `NotShardOwner` detail: go to the owner, or refresh the shard
-/// map when it is not known.
-fn not_owner(shard: u32, owner_address: String, epoch: u64) -> Status {
-    let message = if owner_address.is_empty() {
-        format!("shard {shard} is not served by this replica; refresh the shard map")
-    } else {
-        format!("shard {shard} is not served by this replica; it is served at {owner_address}")
-    };
-    let detail = NotShardOwner {
-        shard,
-        owner_address,
-        epoch,
-    };
-    Status::with_details(
-        Code::FailedPrecondition,
-        message,
-        detail.encode_to_vec().into(),
-    )
+    #[test]
+    fn edge_errors_map_to_their_codes_and_name_the_owner() {
+        let status = Status::from(EdgeError::NotOwner {
+            shard: 3,
+            owner_address: "q-1:50052".into(),
+            epoch: 9,
+        });
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(
+            status.message(),
+            "shard 3 is not served by this replica; it is served at q-1:50052"
+        );
+        let detail = NotShardOwner::decode(status.details()).unwrap();
+        assert_eq!((detail.shard, detail.epoch), (3, 9));
+        let unknown = Status::from(EdgeError::NotOwner {
+            shard: 3,
+            owner_address: String::new(),
+            epoch: 0,
+        });
+        assert_eq!(
+            unknown.message(),
+            "shard 3 is not served by this replica; refresh the shard map"
+        );
+        for (error, code) in [
+            (EdgeError::Invalid("x: bad".into()), Code::InvalidArgument),
+            (
+                EdgeError::NotExtended {
+                    lease: 7,
+                    refused: Refused::UnknownLease,
+                },
+                Code::FailedPrecondition,
+            ),
+            (EdgeError::ShuttingDown, Code::Unavailable),
+        ] {
+            assert_eq!(Status::from(error).code(), code);
+        }
+    }
 }

@@ -162,7 +162,8 @@ impl Args {
         let rt = Runtime::start(SERVICE, runtime).await?;
         let names: Vec<&str> = queue.controllers.iter().map(String::as_str).collect();
         let core = serving_queue(config, &names, queue.static_shards && !membership);
-        let controllers: Vec<Arc<str>> = core.controller_names().to_vec();
+        let keys = core.key_space().clone();
+        let controllers: Vec<Arc<str>> = keys.names().to_vec();
         let metrics = metrics::QueueMetrics::register(rt.metrics(), &controllers);
         let (mut actor, handle) = actor::Actor::new(core, metrics, queue.drain_grace.into());
         let (leave, member_drain) = switchyard_runtime::drain_channel();
@@ -173,7 +174,7 @@ impl Args {
             actor = actor.on_drained(leave);
         }
         rt.spawn("queue-actor", |drain| actor.run(drain));
-        let mut service = grpc::QueueService::new(handle.clone(), &controllers, queue.shard_count);
+        let mut service = grpc::QueueService::new(handle.clone(), keys);
         // `config` checked that a member has an elector to follow.
         let (directory, peers) = match &queue.elector_addr {
             Some(elector) if membership => {

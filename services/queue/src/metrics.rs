@@ -165,7 +165,7 @@ impl QueueMetrics {
     }
 
     pub fn leased(&mut self, lease: &Lease) {
-        self.handles(lease.controller, lease.shard)
+        self.handles(lease.controller(), lease.shard())
             .queue_duration
             .observe(lease.waited.as_secs_f64());
     }

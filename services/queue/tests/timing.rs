@@ -10,7 +10,7 @@ use switchyard_queue::{
     metrics::QueueMetrics,
     serving_queue,
 };
-use switchyard_queue_core::{BackoffConfig, Lease, Outcome, Priority, QueueConfig, WorkKey};
+use switchyard_queue_core::{BackoffConfig, KeySpace, Lease, Outcome, Priority, QueueConfig};
 use tokio::sync::mpsc;
 
 const RS: &str = "apps/v1/ReplicaSet";
@@ -30,7 +30,7 @@ async fn start() -> (Handle, switchyard_runtime::ShutdownHandle) {
     let queue = serving_queue(config, &[RS], true);
     let metrics = QueueMetrics::register(
         &switchyard_runtime::Metrics::new_for_tests(),
-        queue.controller_names(),
+        queue.key_space().names(),
     );
     let (actor, handle) = Actor::new(queue, metrics, Duration::from_secs(1));
     let (shutdown, drain) = switchyard_runtime::drain_channel();
@@ -40,11 +40,9 @@ async fn start() -> (Handle, switchyard_runtime::ShutdownHandle) {
 
 fn add(name: &str, delay: Duration) -> Add {
     Add {
-        key: WorkKey {
-            controller: RS.into(),
-            namespace: "ns".into(),
-            name: name.into(),
-        },
+        key: KeySpace::new(&[RS], 1)
+            .validate_parts(RS, "ns", name)
+            .unwrap(),
         priority: Priority::Normal,
         delay,
         cause: None,
@@ -84,7 +82,7 @@ async fn a_delayed_add_is_leased_when_its_delay_ends() {
         .unwrap();
     let (_, mut rx) = worker(&handle, 1).await;
     let (lease, waited) = next_item(&mut rx).await;
-    assert_eq!(&*lease.key, "ns/later");
+    assert_eq!((lease.key.namespace(), lease.key.name()), ("ns", "later"));
     assert_eq!(waited.as_secs(), 10);
 }
 
@@ -121,7 +119,7 @@ async fn failures_back_off_exponentially() {
         handle
             .send(Command::Complete {
                 worker: worker_id,
-                shard: lease.shard,
+                shard: lease.shard(),
                 epoch: lease.epoch,
                 lease: lease.id,
                 outcome: Outcome::Failed,

@@ -45,8 +45,8 @@ pub enum Route {
 }
 
 pub const SERVICE: &str = "switchyard-reconciler";
-/// Credits one Work message may grant (the queue's limit).
-const MAX_CONCURRENCY: u32 = 10_000;
+/// Reconciles at once: the credits one Work message may grant (the queue's limit).
+const MAX_CONCURRENCY: u32 = switchyard_queue_client::MAX_CREDIT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

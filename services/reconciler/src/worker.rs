@@ -13,33 +13,27 @@
 //! A reconcile runs in a task of its own, so that a panic becomes a `failed` outcome and the
 //! worker lives on. When the stream breaks, the worker reconnects with backoff; the leases of
 //! the broken stream wait out the queue's visibility timeout.
+//!
+//! The stream itself is the queue client's [`WorkSession`]: the worker sees leases and
+//! answers with outcomes, never the protocol's messages.
 
 use std::{
     collections::BTreeMap,
     convert::Infallible,
     sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
-use switchyard_proto::queue::v1::{
-    Credit, Done, ExtendLease, Failed, LeasedItem, Outcome, RequeueAfter, WorkRequest, WorkerHello,
-    outcome::Result as Verdict, queue_client::QueueClient, work_request::Request as Msg,
-    work_response::Response as Reply,
-};
+use switchyard_queue_client::{Error, Event, Lease, Outcome, Replies, WorkSession};
 use switchyard_runtime::{
     Backoff, Drain, Gate, ShutdownHandle, drain_channel,
     trace::{self, TraceFields},
 };
 use switchyard_shards::ShardView;
 use tokio::{
-    sync::{
-        Semaphore,
-        mpsc::{UnboundedSender, unbounded_channel},
-        watch,
-    },
+    sync::{Semaphore, watch},
     task::{JoinHandle, JoinSet},
 };
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
@@ -123,7 +117,7 @@ impl Worker {
         let mut backoff = Backoff::new(QUEUE_BACKOFF.0, QUEUE_BACKOFF.1);
         loop {
             let session = Session {
-                endpoint: format!("http://{queue}"),
+                queue: queue.clone(),
                 worker: self.clone(),
             };
             match session.run(&mut backoff, &drain).await {
@@ -185,38 +179,24 @@ impl Worker {
 }
 
 struct Session {
-    endpoint: String,
+    queue: Arc<str>,
     worker: Worker,
-}
-
-fn msg(request: Msg) -> WorkRequest {
-    WorkRequest {
-        request: Some(request),
-    }
 }
 
 impl Session {
     /// Ok when it ended because of shutdown.
-    async fn run(self, backoff: &mut Backoff, drain: &Drain) -> Result<(), tonic::Status> {
+    async fn run(self, backoff: &mut Backoff, drain: &Drain) -> Result<(), Error> {
         let Worker {
             registry, settings, ..
         } = &self.worker;
-        let mut client = QueueClient::connect(self.endpoint.clone())
-            .await
-            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-        let (tx, rx) = unbounded_channel();
-        let _ = tx.send(msg(Msg::Hello(WorkerHello {
-            worker_id: settings.worker_id.clone(),
-            controllers: registry.names(),
-        })));
-        let _ = tx.send(msg(Msg::Credit(Credit {
-            items: settings.concurrency,
-        })));
-        let mut inbound = client
-            .work(UnboundedReceiverStream::new(rx))
-            .await?
-            .into_inner();
-        info!(queue = %self.endpoint, concurrency = settings.concurrency, "work stream open");
+        let mut session = WorkSession::open(
+            &self.queue,
+            &settings.worker_id,
+            registry.names(),
+            settings.concurrency,
+        )
+        .await?;
+        info!(queue = %self.queue, concurrency = settings.concurrency, "work stream open");
         *backoff = Backoff::new(QUEUE_BACKOFF.0, QUEUE_BACKOFF.1);
         let gate = self
             .worker
@@ -229,35 +209,33 @@ impl Session {
         }
 
         let mut running = JoinSet::new();
-        let mut tx = Some(tx);
         let mut drain_deadline: Option<tokio::time::Instant> = None;
         loop {
             if drain_deadline.is_some() && running.is_empty() {
                 break;
             }
             tokio::select! {
-                message = inbound.message() => match message? {
-                    Some(message) => match message.response {
-                        Some(Reply::Item(item)) => match (&tx, drain_deadline) {
-                            (Some(tx), None) => {
-                                running.spawn(self.reconcile(item, tx.clone(), drain.clone()));
-                            }
-                            // Not started: its lease returns when the stream closes cleanly.
-                            _ => debug!(lease_id = %item.lease_id, "item arrived while draining"),
-                        },
-                        Some(Reply::OutcomeAck(ack)) if !ack.applied => {
-                            warn!(lease_id = %ack.lease_id, reason = %ack.reason, "outcome refused by the queue");
+                event = session.next() => match event? {
+                    Some(Event::Lease(lease)) => match drain_deadline {
+                        None => {
+                            let replies = session.replies().clone();
+                            running.spawn(self.reconcile(lease, replies, drain.clone()));
                         }
-                        Some(Reply::LeaseExtended(extended)) => {
-                            debug!(lease_id = %extended.lease_id, "lease extended");
-                        }
-                        _ => {}
+                        // Not started: its lease returns when the stream closes cleanly.
+                        Some(_) => debug!(lease_id = %lease.id, "item arrived while draining"),
                     },
+                    Some(Event::Refused { lease_id, reason }) => {
+                        warn!(%lease_id, %reason, "outcome refused by the queue");
+                    }
+                    Some(Event::Extended { lease_id, .. }) => {
+                        debug!(%lease_id, "lease extended");
+                    }
+                    Some(Event::Applied { .. }) => {}
                     None => {
                         return if drain_deadline.is_some() {
                             Ok(())
                         } else {
-                            Err(tonic::Status::unavailable("the queue ended the work stream"))
+                            Err(Error::Unavailable("the queue ended the work stream".into()))
                         };
                     }
                 },
@@ -276,64 +254,57 @@ impl Session {
         }
         // Half-close: the queue applies the outcomes sent so far, then returns the leases of
         // items never started.
-        drop(tx.take());
         drop(running);
-        let _ = tokio::time::timeout(CLOSE_WAIT, async {
-            while let Ok(Some(_)) = inbound.message().await {}
-        })
-        .await;
+        session.close(CLOSE_WAIT).await;
         info!("work stream closed");
         Ok(())
     }
 
     fn reconcile(
         &self,
-        item: LeasedItem,
-        tx: UnboundedSender<WorkRequest>,
+        lease: Lease,
+        replies: Replies,
         drain: Drain,
     ) -> impl Future<Output = ()> + Send + 'static {
         let registry = self.worker.registry.clone();
         let permits = self.worker.permits.clone();
         let metrics = self.worker.metrics.clone();
         let timeout = self.worker.settings.reconcile_timeout;
-        let key = item.key.clone().unwrap_or_default();
+        let key = lease.key.clone();
         let ctx = self
             .worker
             .contexts
-            .get(&key.controller)
+            .get(&*key.controller)
             .unwrap_or(&self.worker.ctx)
             .clone();
-        let span = reconcile_span(&item);
+        let span = reconcile_span(&lease);
         async move {
             // The lease is kept from the start, also while waiting for a permit.
-            let extend = extend_lease(&item, &tx);
+            let extend = extend_lease(&lease, &replies);
             let work = async {
                 // Never closed: the semaphore lives as long as the worker.
                 let _permit = permits.acquire_owned().await.ok();
                 let _in_flight =
                     InFlight::new(&metrics.active_workers.get_or_create(&ControllerLabels {
-                        controller: key.controller.clone(),
+                        controller: key.controller.to_string(),
                     }));
                 let started = Instant::now();
                 let verdict = match registry.get(&key.controller) {
                     Some(controller) => {
                         let request = Request {
-                            namespace: key.namespace.clone(),
-                            name: key.name.clone(),
-                            attempt: item.attempt,
+                            namespace: key.namespace.to_string(),
+                            name: key.name.to_string(),
+                            attempt: lease.attempt,
                         };
                         let task = AbortOnDrop(tokio::spawn(
                             async move { controller.reconcile(&ctx, &request).await }
                                 .instrument(tracing::Span::current()),
                         ));
                         match tokio::time::timeout(timeout, task).await {
-                            Ok(Ok(Ok(Action::Done))) => (Ended::Done, Verdict::Done(Done {})),
-                            Ok(Ok(Ok(Action::RequeueAfter(delay)))) => (
-                                Ended::RequeueAfter,
-                                Verdict::RequeueAfter(RequeueAfter {
-                                    delay: prost_types::Duration::try_from(delay).ok(),
-                                }),
-                            ),
+                            Ok(Ok(Ok(Action::Done))) => (Ended::Done, Outcome::Done),
+                            Ok(Ok(Ok(Action::RequeueAfter(delay)))) => {
+                                (Ended::RequeueAfter, Outcome::RequeueAfter(delay))
+                            }
                             Ok(Ok(Err(error))) => failed(Ended::Failed, error.to_string()),
                             Ok(Err(join)) if join.is_panic() => failed(
                                 Ended::Panicked,
@@ -369,41 +340,35 @@ impl Session {
                 span.record("otel.status_code", "ERROR");
             }
             match &verdict {
-                Verdict::Failed(Failed { reason }) => warn!(?duration, %reason, "reconcile failed"),
+                Outcome::Failed(reason) => warn!(?duration, %reason, "reconcile failed"),
                 _ => debug!(?duration, "reconciled"),
             }
-            let outcome = Outcome {
-                shard: item.shard,
-                epoch: item.epoch,
-                lease_id: item.lease_id.clone(),
-                result: Some(verdict),
-                duration: prost_types::Duration::try_from(duration).ok(),
-            };
-            let _ = tx.send(msg(Msg::Outcome(outcome)));
+            // A closed stream refuses both: the lease waits out its timeout at the queue.
+            let _ = replies.complete(&lease, verdict, duration);
             if !drain.is_draining() {
-                let _ = tx.send(msg(Msg::Credit(Credit { items: 1 })));
+                let _ = replies.credit(1);
             }
         }
         .instrument(span)
     }
 }
 
-fn failed(kind: Ended, reason: String) -> (Ended, Verdict) {
-    (kind, Verdict::Failed(Failed { reason }))
+fn failed(kind: Ended, reason: String) -> (Ended, Outcome) {
+    (kind, Outcome::Failed(reason))
 }
 
 /// The span of one reconcile. When traces are exported it continues the trace of the lease
 /// (the queue's span, itself a child of the oldest event the lease covers) and links to every
 /// event it covers; otherwise it is a plain log context.
-fn reconcile_span(item: &LeasedItem) -> tracing::Span {
-    let key = item.key.clone().unwrap_or_default();
+fn reconcile_span(lease: &Lease) -> tracing::Span {
+    let key = &lease.key;
     if !trace::exporting() {
         return info_span!(
             "reconcile",
             controller = %key.controller,
             namespace = %key.namespace,
             name = %key.name,
-            attempt = item.attempt,
+            attempt = lease.attempt,
             outcome = tracing::field::Empty,
         );
     }
@@ -415,22 +380,22 @@ fn reconcile_span(item: &LeasedItem) -> tracing::Span {
         key = %format_args!("{}/{}", key.namespace, key.name),
         namespace = %key.namespace,
         name = %key.name,
-        attempt = item.attempt,
-        causes = item.causes.len(),
-        causes_dropped = item.causes_dropped,
+        attempt = lease.attempt,
+        causes = lease.causes.len(),
+        causes_dropped = lease.causes_dropped,
         outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    let parent: Option<&TraceFields> = if item.trace_context.is_empty() {
-        item.causes.first().map(|c| &c.fields)
+    let parent: Option<&TraceFields> = if lease.trace_context.is_empty() {
+        lease.causes.first()
     } else {
-        Some(&item.trace_context)
+        Some(&lease.trace_context)
     };
     if let Some(parent) = parent {
         trace::set_parent(&span, parent);
     }
-    for cause in &item.causes {
-        trace::add_link(&span, &cause.fields);
+    for cause in &lease.causes {
+        trace::add_link(&span, cause);
     }
     span
 }
@@ -450,26 +415,15 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Renews the item's lease every half lease, by the lease's original length, until dropped.
-async fn extend_lease(item: &LeasedItem, tx: &UnboundedSender<WorkRequest>) -> Infallible {
-    let length = item
-        .lease_deadline
-        .and_then(|t| SystemTime::try_from(t).ok())
-        .and_then(|deadline| deadline.duration_since(SystemTime::now()).ok())
-        .filter(|d| !d.is_zero());
-    let Some(length) = length else {
+/// Renews the lease every half lease, by the lease's original length, until dropped.
+async fn extend_lease(lease: &Lease, replies: &Replies) -> Infallible {
+    let Some(length) = lease.remaining() else {
         return std::future::pending::<Infallible>().await;
     };
     loop {
         tokio::time::sleep(length / 2).await;
-        let extend = ExtendLease {
-            shard: item.shard,
-            epoch: item.epoch,
-            lease_id: item.lease_id.clone(),
-            extend_by: prost_types::Duration::try_from(length).ok(),
-        };
-        debug!(lease_id = %item.lease_id, ?length, "extending the lease");
-        if tx.send(msg(Msg::Extend(extend))).is_err() {
+        debug!(lease_id = %lease.id, ?length, "extending the lease");
+        if replies.extend(lease, length).is_err() {
             return std::future::pending::<Infallible>().await;
         }
     }

@@ -7,7 +7,7 @@ use std::{
 };
 
 use switchyard_watcher_core::{
-    Config, ControllerRef, EventKind, Gvk, Key, Mapper, Owners, ResourceConfig, Store,
+    Config, ControllerRef, EventKind, Gvk, Mapper, Owners, ResourceConfig, Store, WorkKey,
     config::Namespaces,
 };
 use tokio::sync::watch;
@@ -105,7 +105,7 @@ impl Caches {
 
     /// The keys of every cached object whose key falls in `shards` (every shard when
     /// `None`), as a resync maps them.
-    pub fn keys(&self, shards: Option<&HashSet<u32>>) -> Vec<Key> {
+    pub fn keys(&self, shards: Option<&HashSet<u32>>) -> Vec<WorkKey> {
         let mut keys = Vec::new();
         let mut scratch = Vec::new();
         for cache in &self.resources {

@@ -6,12 +6,12 @@ use std::{collections::HashSet, pin::Pin, sync::Arc, time::Duration};
 use futures::Stream;
 use switchyard_proto::{
     common::v1::GroupVersionKind,
-    queue::v1::Priority,
     watcher::v1::{
         Freshness, GetRequest, GetResponse, ListRequest, ListResponse, ResyncShardRequest,
         ResyncShardResponse, cache_server, resync_server,
     },
 };
+use switchyard_queue_client::{Enqueuer, Priority};
 use switchyard_selector::Selector;
 use switchyard_watcher_core::Gvk;
 use tonic::{Request, Response, Status};
@@ -20,7 +20,6 @@ use tracing::info;
 use crate::{
     cache::{Caches, ResourceCache},
     metrics::{ResyncLabels, WatcherMetrics},
-    router::Router,
 };
 
 /// Objects per List response message: a few hundred typical objects stay far below gRPC's
@@ -222,12 +221,12 @@ impl cache_server::Cache for CacheService {
 #[derive(Clone, Debug)]
 pub struct ResyncService {
     caches: Arc<Caches>,
-    router: Arc<Router>,
+    router: Arc<Enqueuer>,
     metrics: WatcherMetrics,
 }
 
 impl ResyncService {
-    pub fn new(caches: Arc<Caches>, router: Arc<Router>, metrics: WatcherMetrics) -> Self {
+    pub fn new(caches: Arc<Caches>, router: Arc<Enqueuer>, metrics: WatcherMetrics) -> Self {
         Self {
             caches,
             router,
@@ -243,7 +242,7 @@ impl ResyncService {
 /// Re-sends every cached key of `shards` at low priority; returns how many.
 pub async fn resync(
     caches: &Caches,
-    router: &Router,
+    router: &Enqueuer,
     metrics: &WatcherMetrics,
     shards: Option<&HashSet<u32>>,
     reason: &'static str,

@@ -35,15 +35,14 @@ use switchyard_k8s::{
         runtime::{WatchStreamExt, watcher},
     },
 };
-use switchyard_proto::queue::v1::Priority;
+use switchyard_queue_client::{Enqueuer, Priority};
 use switchyard_runtime::{Backoff, Drain, Gate, trace};
-use switchyard_watcher_core::{ControllerRef, EventKind, Key, Summary, store::Applied};
+use switchyard_watcher_core::{ControllerRef, EventKind, Summary, WorkKey, store::Applied};
 use tracing::{info, warn};
 
 use crate::{
     cache::{Caches, ResourceCache},
     metrics::{EventLabels, ResourceLabels, WatcherMetrics},
-    router::Router,
 };
 
 /// First and last delay between discovery attempts for a kind the apiserver does not serve
@@ -94,7 +93,7 @@ pub struct Informer {
     pub client: Client,
     pub caches: Arc<Caches>,
     pub cache: Arc<ResourceCache>,
-    pub router: Arc<Router>,
+    pub router: Arc<Enqueuer>,
     pub metrics: WatcherMetrics,
     pub streaming_lists: bool,
 }
@@ -313,7 +312,7 @@ impl Informer {
         &self,
         object: K,
         kind_of: impl Fn(&Applied) -> Option<EventKind>,
-        keys: &mut Vec<Key>,
+        keys: &mut Vec<WorkKey>,
     ) -> Option<EventKind> {
         let (summary, json) = summarize(object);
         if !self.caches.namespaces.admits(&summary.namespace) {

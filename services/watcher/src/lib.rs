@@ -6,7 +6,7 @@
 //!  apiserver ─► informer per resource ([`informer`]) ─► cache ([`cache`]) ◄── Cache gRPC ([`grpc`])
 //!                          │ keys
 //!                          ▼
-//!                       router ([`router`]) ─► Enqueue at the shard's owner
+//!              Enqueuer (switchyard-queue-client) ─► Enqueue at the shard's owner
 //!                          ▲
 //!  elector WatchShardMap ──┴─ directory ([`directory`]): owners; a moved shard is resynced
 //! ```
@@ -16,10 +16,10 @@ pub mod directory;
 pub mod grpc;
 pub mod informer;
 pub mod metrics;
-pub mod router;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
+use switchyard_queue_client::Enqueuer;
 use switchyard_runtime::{
     Drain, GrpcServer, KubeArgs, Runtime, RuntimeArgs,
     apiserver::{ApiserverLayer, ApiserverMetrics},
@@ -33,7 +33,6 @@ use crate::{
     directory::ShardView,
     informer::{Informer, SyncBarrier},
     metrics::WatcherMetrics,
-    router::Router,
 };
 
 pub const SERVICE: &str = "switchyard-watcher";
@@ -189,7 +188,7 @@ impl Args {
         });
         let metrics = WatcherMetrics::register(rt.metrics());
         let caches = Arc::new(Caches::new(&config));
-        let router = Arc::new(Router::new(
+        let router = Arc::new(Enqueuer::new(
             max_pending_keys,
             config.shard_count,
             metrics.clone(),
@@ -283,7 +282,7 @@ impl Args {
 /// initial lists send every key).
 async fn resync_moved_shards(
     caches: Arc<Caches>,
-    router: Arc<Router>,
+    router: Arc<Enqueuer>,
     metrics: WatcherMetrics,
     mut view: watch::Receiver<Option<Arc<ShardView>>>,
     drain: Drain,

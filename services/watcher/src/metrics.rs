@@ -5,6 +5,7 @@ use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
 };
+use switchyard_queue_client::EnqueueMetrics;
 use switchyard_runtime::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,5 +82,24 @@ impl WatcherMetrics {
             this.pending_keys.clone(),
         );
         this
+    }
+}
+
+/// The queue client's enqueuer reports the keys it routes here.
+impl EnqueueMetrics for WatcherMetrics {
+    fn pending(&self, keys: usize) {
+        self.pending_keys.set(keys as i64);
+    }
+
+    fn sent(&self, keys: usize) {
+        self.keys_sent.inc_by(keys as u64);
+    }
+
+    fn dropped(&self, keys: usize) {
+        self.keys_dropped.inc_by(keys as u64);
+    }
+
+    fn retried(&self) {
+        self.enqueue_retries.inc();
     }
 }

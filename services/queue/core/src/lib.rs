@@ -20,14 +20,29 @@
 //!   next lease; a lease that fails, expires or is returned puts them back for the retry.
 //!
 //! The core does no I/O and reads no clock: every call takes `now`, so tests drive time.
+//!
+//! The work key lives here too ([`key`]): one [`WorkKey`] type from the watcher's mapping to
+//! the queue, and the [`ValidKey`] the queue's gRPC edge makes once and the core stores. The
+//! queue core is where a key gets its meaning (validated, hashed to its shard, kept), and it
+//! is a pure crate without I/O, so the watcher core and the queue client share the type by
+//! depending on it without pulling in a service. The protocol limit both sides of a work
+//! stream respect, [`MAX_CREDIT`], lives here for the same reason.
 
 mod backoff;
+pub mod key;
 mod queue;
 pub mod shard;
 
 pub use backoff::{Backoff, BackoffConfig};
-pub use queue::{
-    AddOutcome, Cause, ControllerId, Error, Lease, LeaseId, MAX_CAUSES, MAX_LEASE_EXTENSION,
-    MAX_NAME_LEN, MAX_NAMESPACE_LEN, Outcome, Priority, Queue, QueueConfig, Refused, Result,
-    ShardStats, Totals, WorkKey, WorkerId,
+pub use key::{
+    ControllerId, KeyError, KeySpace, MAX_NAME_LEN, MAX_NAMESPACE_LEN, ValidKey, WorkKey,
 };
+pub use queue::{
+    AddOutcome, Cause, Error, Lease, LeaseId, MAX_CAUSES, MAX_LEASE_EXTENSION, Outcome, Priority,
+    Queue, QueueConfig, Refused, Result, ShardStats, Totals, WorkerId,
+};
+
+/// Credits one message of a work stream may grant: the queue refuses more, and the queue
+/// client never sends more (a worker's concurrency is at most this). Ten thousand leases in
+/// flight per stream is far beyond what one worker process reconciles at once.
+pub const MAX_CREDIT: u32 = 10_000;

@@ -12,7 +12,8 @@ use std::{
 
 use proptest::prelude::*;
 use switchyard_queue_core::{
-    BackoffConfig, Lease, Outcome, Priority, Queue, QueueConfig, Refused, WorkKey,
+    BackoffConfig, KeySpace, Lease, Outcome, Priority, Queue, QueueConfig, Refused, ValidKey,
+    WorkKey,
 };
 
 const CONTROLLERS: [&str; 2] = ["apps/v1/ReplicaSet", "apps/v1/Deployment"];
@@ -60,11 +61,11 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn work_key(i: usize) -> WorkKey {
-    WorkKey {
-        controller: CONTROLLERS[i / NAMES].into(),
-        namespace: "ns".into(),
-        name: format!("obj-{}", i % NAMES),
-    }
+    WorkKey::new(CONTROLLERS[i / NAMES], "ns", format!("obj-{}", i % NAMES))
+}
+
+fn valid(space: &KeySpace, i: usize) -> ValidKey {
+    space.validate(&work_key(i)).unwrap()
 }
 
 /// What the model knows of one key.
@@ -82,8 +83,15 @@ struct Model {
 }
 
 fn index_of(lease: &Lease) -> usize {
-    let name: usize = lease.key.rsplit('-').next().unwrap().parse().unwrap();
-    lease.controller as usize * NAMES + name
+    let name: usize = lease
+        .key
+        .name()
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    lease.controller() as usize * NAMES + name
 }
 
 proptest! {
@@ -105,7 +113,8 @@ proptest! {
             queue.acquire(shard, 1);
             model.epochs.insert(shard, 1);
         }
-        let shard_of = |q: &Queue, i: usize| q.validate(&work_key(i)).unwrap().1;
+        let space = queue.key_space().clone();
+        let shard_of = |_: &Queue, i: usize| valid(&space, i).shard();
         let start = Instant::now();
         let mut now = start;
 
@@ -113,7 +122,7 @@ proptest! {
             match op {
                 Op::Add { key, low, delay_ms } => {
                     let priority = if low { Priority::Low } else { Priority::Normal };
-                    queue.add(&work_key(key), priority, Duration::from_millis(delay_ms), now).unwrap();
+                    queue.add(&valid(&space, key), priority, Duration::from_millis(delay_ms), now).unwrap();
                     let held = model.held.entry(key).or_insert(Held::Waiting);
                     if let Held::Leased { dirty } = held { *dirty = true; }
                 }
@@ -181,9 +190,7 @@ proptest! {
             prop_assert_eq!(queue.len(), model.held.len());
             prop_assert_eq!(queue.in_flight(), model.leases.len());
             for key in 0..CONTROLLERS.len() * NAMES {
-                let wk = work_key(key);
-                let joined = format!("{}/{}", wk.namespace, wk.name);
-                prop_assert_eq!(queue.contains((key / NAMES) as u32, &joined), model.held.contains_key(&key));
+                prop_assert_eq!(queue.contains(&valid(&space, key)), model.held.contains_key(&key));
             }
         }
 
@@ -195,7 +202,7 @@ proptest! {
             expire(&mut queue, &mut model, now);
             while let Some(lease) = queue.lease(9, &[], now) {
                 leased.insert(index_of(&lease));
-                queue.complete(lease.shard, lease.epoch, lease.id, Outcome::Done, now).unwrap();
+                queue.complete(lease.shard(), lease.epoch, lease.id, Outcome::Done, now).unwrap();
             }
             if queue.is_empty() { break; }
         }

@@ -6,7 +6,7 @@
 //!                    ├─► Store::apply / delete        (cache; owner-UID index; relist sweep)
 //!                    └─► Mapper::keys(old, new)       (for / owns [through] / mapByLabel, predicates)
 //!                               │
-//!                               └─► Key (controller, namespace, name) ─► shard_of ─► queue
+//!                               └─► WorkKey (controller, namespace, name) ─► shard ─► queue
 //! ```
 
 pub mod config;
@@ -14,5 +14,5 @@ pub mod mapping;
 pub mod store;
 
 pub use config::{Config, ConfigError, Gvk, Predicate, ResourceConfig};
-pub use mapping::{EventKind, Key, Mapper, NoOwners, Owners};
+pub use mapping::{EventKind, Mapper, NoOwners, Owners, WorkKey};
 pub use store::{ControllerRef, Store, Summary};

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use switchyard_queue_core::shard::shard_of;
+pub use switchyard_queue_core::WorkKey;
 
 use crate::{
     Config, ControllerRef, Predicate, Summary,
@@ -37,20 +37,6 @@ pub struct NoOwners;
 impl Owners for NoOwners {
     fn controller(&self, _: usize, _: &str, _: &str) -> Option<ControllerRef> {
         None
-    }
-}
-
-/// A work key: `(controller, namespace, name)`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    pub controller: Arc<str>,
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
-}
-
-impl Key {
-    pub fn shard(&self, shard_count: u32) -> u32 {
-        shard_of(&self.controller, &self.namespace, &self.name, shard_count)
     }
 }
 
@@ -154,7 +140,7 @@ impl Mapper {
         old: Option<&Summary>,
         new: &Summary,
         owners: &dyn Owners,
-        out: &mut Vec<Key>,
+        out: &mut Vec<WorkKey>,
     ) {
         for rule in &self.by_resource[resource] {
             if event == EventKind::Modified
@@ -168,13 +154,13 @@ impl Mapper {
             } else {
                 None
             };
-            let key = |namespace: &Arc<str>, name: &str| Key {
+            let key = |namespace: &Arc<str>, name: &str| WorkKey {
                 controller: rule.controller.clone(),
                 namespace: namespace.clone(),
                 name: name.into(),
             };
             match &rule.kind {
-                MapKind::For => out.push(Key {
+                MapKind::For => out.push(WorkKey {
                     controller: rule.controller.clone(),
                     namespace: new.namespace.clone(),
                     name: new.name.clone(),

@@ -1,41 +1,40 @@
 //! Sends keys to the queue replica that owns each key's shard.
 //!
 //! ```text
-//!  informers, resyncs ─push─► pending: shard -> {key -> priority}   (a set: repeats coalesce)
-//!                               │  full (--max-pending-keys): push waits, so the watcher
-//!                               │  stops reading watch events instead of growing
-//!                               ▼
-//!  sender: per shard with an active owner, a batch of up to BATCH keys ─► Enqueue at the owner
-//!          acknowledged ─► gone;   not owner / unavailable / full ─► back into pending, retried
-//!          after a backoff or as soon as the shard map changes; invalid ─► dropped and logged
+//!  push ─► pending: shard -> {key -> priority, causes}   (a set: repeats coalesce)
+//!            │  full (capacity): push waits, so the caller stops producing instead of
+//!            │  growing
+//!            ▼
+//!  run: per shard with an active owner, a batch of up to BATCH keys ─► Enqueue at the owner
+//!       acknowledged ─► gone;   not owner / unavailable / full ─► back into pending, retried
+//!       after a backoff or as soon as the shard map changes; invalid ─► dropped and logged
 //! ```
 //!
 //! Nothing is dropped because a queue is slow, down or moving: keys wait in the pending set,
 //! whose size is bounded by the number of distinct keys.
 //!
-//! When traces are exported, a key carries the trace contexts of the watch events that
-//! caused it (the latest [`MAX_CAUSES`] when repeats coalesce here), and goes to the queue as
-//! one item per cause, so that the queue keeps every one with the key.
+//! A key may carry the trace contexts of the events that caused it (the latest
+//! [`MAX_CAUSES`] when repeats coalesce here), and goes to the queue as one item per cause,
+//! so that the queue keeps every one with the key.
 
 use std::{
     collections::HashMap,
+    fmt,
     pin::pin,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
 use futures::{StreamExt, stream::FuturesUnordered};
-use switchyard_proto::{
-    common::v1::WorkKey,
-    queue::v1::{EnqueueItem, EnqueueRequest, Priority, queue_client::QueueClient},
-};
+use switchyard_proto::queue::v1::{EnqueueRequest, queue_client::QueueClient};
+use switchyard_queue_core::{MAX_CAUSES, Priority, WorkKey};
 use switchyard_runtime::{Backoff, Drain, trace::TraceFields};
-use switchyard_watcher_core::Key;
+use switchyard_shards::ShardView;
 use tokio::sync::{Notify, watch};
-use tonic::{Code, transport::Channel};
+use tonic::transport::Channel;
 use tracing::{debug, error, warn};
 
-use crate::{directory::ShardView, metrics::WatcherMetrics};
+use crate::{Error, convert};
 
 /// Keys per Enqueue request: big enough to amortise a round trip, small enough that one
 /// request never holds a queue's actor for long.
@@ -44,11 +43,32 @@ const BATCH: usize = 500;
 const MAX_IN_FLIGHT: usize = 32;
 /// First and last delay before retrying keys a queue did not take.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(2));
-/// Causes kept per pending key, the latest ones; the queue keeps as many per queued key.
-pub const MAX_CAUSES: usize = 16;
 
-/// The trace context of the watch event that caused a key.
+/// The trace context of the event that caused a key.
 pub type Cause = Arc<TraceFields>;
+
+/// What an [`Enqueuer`] reports, for the caller's metrics.
+pub trait EnqueueMetrics: Send + Sync + fmt::Debug {
+    /// Keys waiting to be sent, after every change.
+    fn pending(&self, keys: usize);
+    /// Keys a queue replica acknowledged.
+    fn sent(&self, keys: usize);
+    /// Keys a queue refused as invalid; they are dropped.
+    fn dropped(&self, keys: usize);
+    /// An Enqueue that failed; its keys wait for a retry.
+    fn retried(&self);
+}
+
+/// No metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoMetrics;
+
+impl EnqueueMetrics for NoMetrics {
+    fn pending(&self, _: usize) {}
+    fn sent(&self, _: usize) {}
+    fn dropped(&self, _: usize) {}
+    fn retried(&self) {}
+}
 
 /// A key waiting to be sent: its priority and what caused it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,14 +89,16 @@ impl Waiting {
     }
 }
 
+type Batch = Vec<(WorkKey, Waiting)>;
+
 #[derive(Debug, Default)]
 struct Pending {
-    by_shard: HashMap<u32, HashMap<Key, Waiting>>,
+    by_shard: HashMap<u32, HashMap<WorkKey, Waiting>>,
     total: usize,
 }
 
 impl Pending {
-    fn insert(&mut self, shard: u32, key: Key, waiting: Waiting) {
+    fn insert(&mut self, shard: u32, key: WorkKey, waiting: Waiting) {
         let keys = self.by_shard.entry(shard).or_default();
         match keys.get_mut(&key) {
             Some(w) => w.merge(waiting),
@@ -88,16 +110,16 @@ impl Pending {
     }
 
     /// Takes up to [`BATCH`] keys of every shard that has an owner.
-    fn take(&mut self, view: &ShardView) -> Vec<(u32, Vec<(Key, Waiting)>)> {
+    fn take(&mut self, view: &ShardView) -> Vec<(u32, Batch)> {
         let mut batches = Vec::new();
         for (&shard, keys) in &mut self.by_shard {
             if view.owner(shard).is_none() || keys.is_empty() {
                 continue;
             }
-            let batch: Vec<(Key, Waiting)> = if keys.len() <= BATCH {
+            let batch: Batch = if keys.len() <= BATCH {
                 keys.drain().collect()
             } else {
-                let taken: Vec<Key> = keys.keys().take(BATCH).cloned().collect();
+                let taken: Vec<WorkKey> = keys.keys().take(BATCH).cloned().collect();
                 taken
                     .into_iter()
                     .filter_map(|k| keys.remove_entry(&k))
@@ -111,8 +133,10 @@ impl Pending {
     }
 }
 
+/// Sends keys to the queue replicas that own their shards: push from any task, and spawn
+/// [`Enqueuer::run`] once.
 #[derive(Debug)]
-pub struct Router {
+pub struct Enqueuer {
     pending: Mutex<Pending>,
     /// Wakes the sender when keys arrive.
     arrived: Notify,
@@ -120,18 +144,19 @@ pub struct Router {
     room: Notify,
     capacity: usize,
     shard_count: u32,
-    metrics: WatcherMetrics,
+    metrics: Box<dyn EnqueueMetrics>,
 }
 
-impl Router {
-    pub fn new(capacity: usize, shard_count: u32, metrics: WatcherMetrics) -> Self {
+impl Enqueuer {
+    /// An enqueuer that holds at most `capacity` distinct keys waiting.
+    pub fn new(capacity: usize, shard_count: u32, metrics: impl EnqueueMetrics + 'static) -> Self {
         Self {
             pending: Mutex::default(),
             arrived: Notify::new(),
             room: Notify::new(),
             capacity,
             shard_count,
-            metrics,
+            metrics: Box::new(metrics),
         }
     }
 
@@ -148,7 +173,7 @@ impl Router {
     /// context of the event the keys come from.
     pub async fn push(
         &self,
-        keys: impl IntoIterator<Item = Key>,
+        keys: impl IntoIterator<Item = WorkKey>,
         priority: Priority,
         cause: Option<Cause>,
     ) {
@@ -170,7 +195,7 @@ impl Router {
                         };
                         pending.insert(shard, key, waiting);
                     }
-                    self.metrics.pending_keys.set(pending.total as i64);
+                    self.metrics.pending(pending.total);
                     break;
                 }
             }
@@ -183,15 +208,15 @@ impl Router {
         self.arrived.notify_one();
     }
 
-    fn put_back(&self, shard: u32, batch: Vec<(Key, Waiting)>) {
+    fn put_back(&self, shard: u32, batch: Batch) {
         let mut pending = self.lock();
         for (key, waiting) in batch {
             pending.insert(shard, key, waiting);
         }
-        self.metrics.pending_keys.set(pending.total as i64);
+        self.metrics.pending(pending.total);
     }
 
-    /// Sends pending keys until shutdown.
+    /// Sends pending keys to the owners `view` names, until shutdown.
     pub async fn run(
         self: Arc<Self>,
         mut view: watch::Receiver<Option<Arc<ShardView>>>,
@@ -236,22 +261,22 @@ impl Router {
                 };
                 match result {
                     Ok(()) => {
-                        self.metrics.keys_sent.inc_by(batch.len() as u64);
+                        self.metrics.sent(batch.len());
                         self.room.notify_waiters();
                     }
-                    Err(status) if status.code() == Code::InvalidArgument => {
-                        self.metrics.keys_dropped.inc_by(batch.len() as u64);
-                        error!(shard, keys = batch.len(), error = %status.message(), "the queue refused keys as invalid; dropped (check the controllers the queue serves)");
+                    Err(error) if !error.is_retryable() => {
+                        self.metrics.dropped(batch.len());
+                        error!(shard, keys = batch.len(), %error, "the queue refused keys as invalid; dropped (check the controllers the queue serves)");
                     }
-                    Err(status) => {
-                        warn!(shard, keys = batch.len(), code = ?status.code(), error = %status.message(), "enqueue failed; keys kept for retry");
-                        self.metrics.enqueue_retries.inc();
+                    Err(error) => {
+                        warn!(shard, keys = batch.len(), %error, "enqueue failed; keys kept for retry");
+                        self.metrics.retried();
                         self.put_back(shard, batch);
                         retry = true;
                     }
                 }
             }
-            self.metrics.pending_keys.set(self.pending() as i64);
+            self.metrics.pending(self.pending());
             if retry {
                 tokio::select! {
                     _ = backoff.wait(&drain) => {}
@@ -268,10 +293,8 @@ impl Router {
 }
 
 fn connect(address: &str) -> QueueClient<Channel> {
-    let channel = Channel::from_shared(format!("http://{address}"))
-        .map(|endpoint| endpoint.tcp_nodelay(true).connect_lazy());
-    match channel {
-        Ok(channel) => QueueClient::new(channel),
+    match crate::endpoint(address) {
+        Ok(endpoint) => QueueClient::new(endpoint.connect_lazy()),
         Err(error) => {
             // An address from the shard map that is not a URI authority: requests fail and
             // the keys wait until the map names a usable address.
@@ -284,51 +307,32 @@ fn connect(address: &str) -> QueueClient<Channel> {
 async fn send(
     mut client: QueueClient<Channel>,
     shard: u32,
-    batch: Vec<(Key, Waiting)>,
-) -> (u32, Vec<(Key, Waiting)>, Result<(), tonic::Status>) {
+    batch: Batch,
+) -> (u32, Batch, Result<(), Error>) {
     let request = EnqueueRequest {
         batch_id: 0,
         shard,
         items: batch
             .iter()
-            .flat_map(|(key, waiting)| items(key, waiting))
+            .flat_map(|(key, waiting)| {
+                convert::enqueue_items(key, waiting.priority, &waiting.causes)
+            })
             .collect(),
     };
-    let result = client.enqueue(request).await.map(|_| ());
+    let result = client
+        .enqueue(request)
+        .await
+        .map(|_| ())
+        .map_err(Error::from);
     (shard, batch, result)
-}
-
-/// One item per cause (repeats of a key coalesce at the queue, which keeps each cause), or
-/// one without a trace context.
-fn items<'a>(key: &'a Key, waiting: &'a Waiting) -> impl Iterator<Item = EnqueueItem> + 'a {
-    let item = move |trace_context: TraceFields| EnqueueItem {
-        key: Some(WorkKey {
-            controller: key.controller.to_string(),
-            namespace: key.namespace.to_string(),
-            name: key.name.to_string(),
-        }),
-        priority: waiting.priority as i32,
-        delay: None,
-        trace_context,
-    };
-    let uncaused = waiting.causes.is_empty().then(|| item(TraceFields::new()));
-    waiting
-        .causes
-        .iter()
-        .map(move |cause| item((**cause).clone()))
-        .chain(uncaused)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn key(name: &str) -> Key {
-        Key {
-            controller: "c".into(),
-            namespace: "ns".into(),
-            name: name.into(),
-        }
+    fn key(name: &str) -> WorkKey {
+        WorkKey::new("c", "ns", name)
     }
 
     fn low() -> Waiting {
@@ -360,11 +364,8 @@ mod tests {
         let a = &batches[0].1[0].1;
         assert_eq!(a.priority, Priority::Normal);
         assert_eq!(a.causes.len(), 2);
-        let sent: Vec<_> = items(&batches[0].1[0].0, a).collect();
-        assert_eq!(sent.len(), 2, "one item per cause");
-        assert_eq!(sent[1].trace_context["traceparent"], "2");
+        assert_eq!(a.causes[1]["traceparent"], "2");
         assert_eq!(batches[1].1, vec![(key("b"), low())]);
-        assert_eq!(items(&key("b"), &low()).count(), 1);
         assert_eq!(pending.total, 0);
     }
 
@@ -399,12 +400,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_router_makes_push_wait_until_room() {
-        let router = Arc::new(Router::new(2, 1, WatcherMetrics::default()));
-        router.push([key("a"), key("b")], Priority::Low, None).await;
+    async fn a_full_enqueuer_makes_push_wait_until_room() {
+        let enqueuer = Arc::new(Enqueuer::new(2, 1, NoMetrics));
+        enqueuer
+            .push([key("a"), key("b")], Priority::Low, None)
+            .await;
         let blocked = tokio::spawn({
-            let router = router.clone();
-            async move { router.push([key("c")], Priority::Low, None).await }
+            let enqueuer = enqueuer.clone();
+            async move { enqueuer.push([key("c")], Priority::Low, None).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
@@ -412,13 +415,13 @@ mod tests {
             "push must wait while the pending set is full"
         );
         let view = ShardView::single("q:1", 1);
-        let taken = router.lock().take(&view);
+        let taken = enqueuer.lock().take(&view);
         assert_eq!(taken[0].1.len(), 2);
-        router.room.notify_waiters();
+        enqueuer.room.notify_waiters();
         tokio::time::timeout(Duration::from_secs(5), blocked)
             .await
             .expect("push proceeds once there is room")
             .unwrap();
-        assert_eq!(router.pending(), 1);
+        assert_eq!(enqueuer.pending(), 1);
     }
 }

@@ -1,0 +1,168 @@
+//! The proto conversions of the queue protocol, client side, in one place.
+
+use std::time::{Duration, SystemTime};
+
+use switchyard_proto::{
+    common::v1::WorkKey as ProtoKey,
+    queue::v1::{
+        self as pb, outcome::Result as Verdict, work_request::Request as Msg,
+        work_response::Response as Reply,
+    },
+};
+use switchyard_queue_core::{Priority, WorkKey};
+use switchyard_runtime::trace::TraceFields;
+
+use crate::{Cause, Event, Lease, Outcome};
+
+fn priority(priority: Priority) -> pb::Priority {
+    match priority {
+        Priority::Low => pb::Priority::Low,
+        Priority::Normal => pb::Priority::Normal,
+    }
+}
+
+fn key(key: &WorkKey) -> ProtoKey {
+    ProtoKey {
+        controller: key.controller.to_string(),
+        namespace: key.namespace.to_string(),
+        name: key.name.to_string(),
+    }
+}
+
+/// One item per cause (repeats of a key coalesce at the queue, which keeps each cause), or
+/// one without a trace context.
+pub(crate) fn enqueue_items<'a>(
+    work_key: &'a WorkKey,
+    priority_: Priority,
+    causes: &'a [Cause],
+) -> impl Iterator<Item = pb::EnqueueItem> + 'a {
+    let item = move |trace_context: TraceFields| pb::EnqueueItem {
+        key: Some(key(work_key)),
+        priority: priority(priority_) as i32,
+        delay: None,
+        trace_context,
+    };
+    let uncaused = causes.is_empty().then(|| item(TraceFields::new()));
+    causes
+        .iter()
+        .map(move |cause| item((**cause).clone()))
+        .chain(uncaused)
+}
+
+fn request(request: Msg) -> pb::WorkRequest {
+    pb::WorkRequest {
+        request: Some(request),
+    }
+}
+
+pub(crate) fn hello(worker_id: &str, controllers: Vec<String>) -> pb::WorkRequest {
+    request(Msg::Hello(pb::WorkerHello {
+        worker_id: worker_id.to_owned(),
+        controllers,
+    }))
+}
+
+pub(crate) fn credit(items: u32) -> pb::WorkRequest {
+    request(Msg::Credit(pb::Credit { items }))
+}
+
+pub(crate) fn outcome(lease: &Lease, outcome: Outcome, took: Duration) -> pb::WorkRequest {
+    let result = match outcome {
+        Outcome::Done => Verdict::Done(pb::Done {}),
+        Outcome::RequeueAfter(delay) => Verdict::RequeueAfter(pb::RequeueAfter {
+            delay: prost_types::Duration::try_from(delay).ok(),
+        }),
+        Outcome::Failed(reason) => Verdict::Failed(pb::Failed { reason }),
+        Outcome::Forget => Verdict::Forget(pb::Forget {}),
+    };
+    request(Msg::Outcome(pb::Outcome {
+        shard: lease.shard,
+        epoch: lease.epoch,
+        lease_id: lease.id.clone(),
+        result: Some(result),
+        duration: prost_types::Duration::try_from(took).ok(),
+    }))
+}
+
+pub(crate) fn extend(lease: &Lease, by: Duration) -> pb::WorkRequest {
+    request(Msg::Extend(pb::ExtendLease {
+        shard: lease.shard,
+        epoch: lease.epoch,
+        lease_id: lease.id.clone(),
+        extend_by: prost_types::Duration::try_from(by).ok(),
+    }))
+}
+
+fn time(timestamp: Option<prost_types::Timestamp>) -> Option<SystemTime> {
+    timestamp.and_then(|t| SystemTime::try_from(t).ok())
+}
+
+fn lease(item: pb::LeasedItem) -> Lease {
+    // A queue always names the key; an item without one leases an empty key, which no
+    // controller serves (the worker reports it failed).
+    let ProtoKey {
+        controller,
+        namespace,
+        name,
+    } = item.key.unwrap_or_default();
+    Lease {
+        key: WorkKey::new(controller, namespace, name),
+        shard: item.shard,
+        epoch: item.epoch,
+        id: item.lease_id,
+        attempt: item.attempt,
+        deadline: time(item.lease_deadline),
+        queued_at: time(item.queued_at),
+        causes: item.causes.into_iter().map(|c| c.fields).collect(),
+        causes_dropped: item.causes_dropped,
+        trace_context: item.trace_context,
+    }
+}
+
+/// The event a response carries; `None` for an empty response.
+pub(crate) fn event(response: pb::WorkResponse) -> Option<Event> {
+    Some(match response.response? {
+        Reply::Item(item) => Event::Lease(lease(item)),
+        Reply::OutcomeAck(ack) if ack.applied => Event::Applied {
+            lease_id: ack.lease_id,
+        },
+        Reply::OutcomeAck(ack) => Event::Refused {
+            lease_id: ack.lease_id,
+            reason: ack.reason,
+        },
+        Reply::LeaseExtended(extended) => Event::Extended {
+            lease_id: extended.lease_id,
+            deadline: time(extended.lease_deadline),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn a_key_goes_as_one_item_per_cause_or_one_without() {
+        let key = WorkKey::new("c", "ns", "a");
+        let causes: Vec<Cause> = (1..=2)
+            .map(|n| Arc::new(TraceFields::from([("traceparent".into(), n.to_string())])))
+            .collect();
+        let items: Vec<_> = enqueue_items(&key, Priority::Normal, &causes).collect();
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[1].trace_context["traceparent"], "2");
+        assert_eq!(items[0].priority, pb::Priority::Normal as i32);
+        let items: Vec<_> = enqueue_items(&key, Priority::Low, &[]).collect();
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].priority, pb::Priority::Low as i32);
+        assert_eq!(
+            items[0].key,
+            Some(ProtoKey {
+                controller: "c".into(),
+                namespace: "ns".into(),
+                name: "a".into()
+            })
+        );
+    }
+}

@@ -1,0 +1,282 @@
+//! The client against the real queue service, in this process over loopback: keys pushed to
+//! the Enqueuer come out of a WorkSession as leases, and outcomes, extensions and credits do
+//! what the protocol promises.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use clap::Parser;
+use switchyard_queue_client::{
+    EnqueueMetrics, Enqueuer, Error, Event, Lease, MAX_CREDIT, Outcome, Priority, WorkKey,
+    WorkSession,
+};
+use switchyard_runtime::ShutdownHandle;
+use switchyard_shards::ShardView;
+use tokio::sync::watch;
+
+const RS: &str = "apps/v1/ReplicaSet";
+const SHARDS: u32 = 4;
+/// How long a test waits for something the queue should do at once.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+async fn queue() -> (SocketAddr, ShutdownHandle) {
+    let args = switchyard_queue::Args::try_parse_from([
+        "switchyard-queue",
+        "--admin-addr=127.0.0.1:0",
+        "--grpc-addr=127.0.0.1:0",
+        "--log-level=warn",
+        &format!("--shard-count={SHARDS}"),
+        &format!("--controllers={RS}"),
+        "--retry-base-delay=10ms",
+    ])
+    .unwrap();
+    let (rt, addr) = args.start().await.unwrap();
+    let shutdown = rt.shutdown_handle();
+    tokio::spawn(rt.run());
+    (addr, shutdown)
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    sent: AtomicUsize,
+    dropped: AtomicUsize,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Counted(Arc<Counts>);
+
+impl EnqueueMetrics for Counted {
+    fn pending(&self, _: usize) {}
+    fn sent(&self, keys: usize) {
+        self.0.sent.fetch_add(keys, Ordering::Relaxed);
+    }
+    fn dropped(&self, keys: usize) {
+        self.0.dropped.fetch_add(keys, Ordering::Relaxed);
+    }
+    fn retried(&self) {}
+}
+
+/// An enqueuer sending to the one queue at `addr`.
+fn enqueuer(addr: SocketAddr, metrics: Counted) -> (Arc<Enqueuer>, ShutdownHandle) {
+    let enqueuer = Arc::new(Enqueuer::new(1000, SHARDS, metrics));
+    let view = ShardView::single(&addr.to_string(), SHARDS);
+    let (_tx, view) = watch::channel(Some(Arc::new(view)));
+    let (stop, drain) = switchyard_runtime::drain_channel();
+    tokio::spawn({
+        let enqueuer = enqueuer.clone();
+        async move {
+            let _keep = _tx;
+            enqueuer.run(view, drain).await
+        }
+    });
+    (enqueuer, stop)
+}
+
+async fn open(addr: SocketAddr, credits: u32) -> WorkSession {
+    WorkSession::open(&addr.to_string(), "test-worker", vec![RS.into()], credits)
+        .await
+        .unwrap()
+}
+
+async fn next(session: &mut WorkSession) -> Event {
+    tokio::time::timeout(PATIENCE, session.next())
+        .await
+        .expect("an event in time")
+        .unwrap()
+        .expect("the stream stays open")
+}
+
+async fn next_lease(session: &mut WorkSession) -> Lease {
+    loop {
+        if let Event::Lease(lease) = next(session).await {
+            return lease;
+        }
+    }
+}
+
+/// Whether a lease arrives within `wait`.
+async fn leased_within(session: &mut WorkSession, wait: Duration) -> Option<Lease> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, session.next()).await {
+            Err(_) => return None,
+            Ok(event) => {
+                if let Some(Event::Lease(lease)) = event.unwrap() {
+                    return Some(lease);
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
+    let (addr, _queue) = queue().await;
+    let counts = Counted::default();
+    let (enqueuer, _stop) = enqueuer(addr, counts.clone());
+    let mut session = open(addr, 10).await;
+    let keys = [
+        WorkKey::new(RS, "default", "web"),
+        WorkKey::new(RS, "", "cluster-scoped"),
+    ];
+    enqueuer.push(keys.clone(), Priority::Normal, None).await;
+    enqueuer
+        .push(
+            [WorkKey::new("v1/Unknown", "default", "x")],
+            Priority::Low,
+            None,
+        )
+        .await;
+    let mut leased = Vec::new();
+    for _ in 0..2 {
+        let lease = next_lease(&mut session).await;
+        assert_eq!(lease.attempt, 1);
+        assert_eq!(lease.shard, lease.key.shard(SHARDS));
+        assert!(lease.remaining().is_some(), "a lease has a deadline ahead");
+        session
+            .replies()
+            .complete(&lease, Outcome::Done, Duration::from_millis(1))
+            .unwrap();
+        leased.push(lease.key);
+    }
+    leased.sort();
+    let mut expected = keys.to_vec();
+    expected.sort();
+    assert_eq!(leased, expected, "namespace and name arrive apart, as sent");
+    tokio::time::timeout(PATIENCE, async {
+        while counts.0.dropped.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the unknown controller's key is dropped");
+    assert_eq!(counts.0.sent.load(Ordering::Relaxed), 2);
+    assert_eq!(enqueuer.pending(), 0);
+}
+
+#[tokio::test]
+async fn outcomes_are_applied_refused_retried_and_extended_as_the_queue_promises() {
+    let (addr, _queue) = queue().await;
+    let (enqueuer, _stop) = enqueuer(addr, Counted::default());
+    let mut session = open(addr, 10).await;
+    let replies = session.replies().clone();
+    enqueuer
+        .push([WorkKey::new(RS, "ns", "a")], Priority::Normal, None)
+        .await;
+
+    // Extended, then failed: leased again, as the second attempt.
+    let lease = next_lease(&mut session).await;
+    replies.extend(&lease, Duration::from_secs(120)).unwrap();
+    match next(&mut session).await {
+        Event::Extended { lease_id, deadline } => {
+            assert_eq!(lease_id, lease.id);
+            assert!(deadline > lease.deadline, "the deadline moved on");
+        }
+        other => panic!("expected the extension, got {other:?}"),
+    }
+    replies
+        .complete(&lease, Outcome::Failed("scripted".into()), Duration::ZERO)
+        .unwrap();
+    assert_eq!(
+        next(&mut session).await,
+        Event::Applied {
+            lease_id: lease.id.clone()
+        }
+    );
+    let retry = next_lease(&mut session).await;
+    assert_eq!((retry.key.clone(), retry.attempt), (lease.key.clone(), 2));
+
+    // An outcome for a lease already answered is refused, and says so.
+    replies
+        .complete(&lease, Outcome::Done, Duration::ZERO)
+        .unwrap();
+    assert!(matches!(
+        next(&mut session).await,
+        Event::Refused { lease_id, .. } if lease_id == lease.id
+    ));
+
+    // Requeue after a delay: leased again once it passed, failures forgotten.
+    replies
+        .complete(
+            &retry,
+            Outcome::RequeueAfter(Duration::from_millis(200)),
+            Duration::ZERO,
+        )
+        .unwrap();
+    let again = next_lease(&mut session).await;
+    assert_eq!(again.attempt, 1);
+
+    // Forget: gone for good.
+    replies
+        .complete(&again, Outcome::Forget, Duration::ZERO)
+        .unwrap();
+    assert!(
+        leased_within(&mut session, Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn credits_bound_the_leases_and_large_grants_are_split() {
+    let (addr, _queue) = queue().await;
+    let (enqueuer, _stop) = enqueuer(addr, Counted::default());
+    let keys: Vec<WorkKey> = (0..3)
+        .map(|i| WorkKey::new(RS, "ns", format!("k{i}")))
+        .collect();
+    enqueuer.push(keys, Priority::Normal, None).await;
+
+    let mut session = open(addr, 1).await;
+    let first = next_lease(&mut session).await;
+    assert!(
+        leased_within(&mut session, Duration::from_millis(300))
+            .await
+            .is_none(),
+        "one credit, one lease"
+    );
+    session.replies().credit(1).unwrap();
+    let second = next_lease(&mut session).await;
+    assert_ne!(first.key, second.key);
+
+    // More than one message may grant: sent as several, so the queue keeps the stream.
+    let mut wide = open(addr, MAX_CREDIT + 5).await;
+    session.close(Duration::from_secs(1)).await;
+    let mut seen = 0;
+    while let Some(lease) = leased_within(&mut wide, Duration::from_secs(2)).await {
+        wide.replies()
+            .complete(&lease, Outcome::Done, Duration::ZERO)
+            .unwrap();
+        seen += 1;
+        if seen == 3 {
+            break;
+        }
+    }
+    assert_eq!(seen, 3, "the closed session's leases went to the other one");
+}
+
+#[tokio::test]
+async fn refusals_are_typed_errors() {
+    let (addr, _queue) = queue().await;
+    let refused = WorkSession::open(&addr.to_string(), "w", vec!["v1/Unknown".into()], 1).await;
+    match refused {
+        Err(Error::Invalid(message)) => assert!(
+            message.contains("hello.controllers[0]: unknown controller"),
+            "{message}"
+        ),
+        other => panic!("expected an invalid-argument error, got {other:?}"),
+    }
+    let unreachable = WorkSession::open("127.0.0.1:1", "w", vec![], 1).await;
+    assert!(matches!(unreachable, Err(Error::Unavailable(_))));
+    assert!(matches!(
+        WorkSession::open("not a host", "w", vec![], 1).await,
+        Err(Error::InvalidAddress { .. })
+    ));
+}

@@ -1,0 +1,352 @@
+//! Leases: handing ready keys to workers, their deadlines, and the outcomes that end them.
+
+use std::{
+    cmp::Reverse,
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use super::{Cause, Causes, Due, Outcome, Priority, Queue, Refused, ShardState, State};
+use crate::key::{ControllerId, ValidKey};
+
+/// Lease extensions longer than this are refused: a reconcile that needs more should extend
+/// again, so a dead worker's key is not held for hours.
+pub const MAX_LEASE_EXTENSION: Duration = Duration::from_secs(3600);
+
+pub type LeaseId = u64;
+pub type WorkerId = u64;
+
+/// A key handed to a worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub id: LeaseId,
+    /// The key, with its controller and shard.
+    pub key: ValidKey,
+    pub epoch: u64,
+    /// 1 + failures not yet forgotten.
+    pub attempt: u32,
+    pub deadline: Instant,
+    /// How long the key waited ready before this lease.
+    pub waited: Duration,
+    /// The causes of the adds this lease covers, oldest first, at most
+    /// [`MAX_CAUSES`](super::MAX_CAUSES).
+    pub causes: Vec<Cause>,
+    /// Causes beyond [`MAX_CAUSES`](super::MAX_CAUSES) that were dropped (the oldest go first).
+    pub causes_dropped: u32,
+}
+
+impl Lease {
+    pub fn controller(&self) -> ControllerId {
+        self.key.controller()
+    }
+
+    pub fn shard(&self) -> u32 {
+        self.key.shard()
+    }
+}
+
+/// Hashes lease ids, which this replica generates in sequence: nobody can choose them to
+/// collide, so SipHash's flooding protection buys nothing here (keys, which users name,
+/// keep SipHash). Fibonacci hashing spreads the sequence over the table.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct LeaseIdHasher(u64);
+
+impl std::hash::Hasher for LeaseIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 << 8 | u64::from(*byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+pub(super) type LeaseMap<V> = HashMap<LeaseId, V, std::hash::BuildHasherDefault<LeaseIdHasher>>;
+
+#[derive(Debug)]
+pub(super) struct LeaseInfo {
+    pub(super) key: ValidKey,
+    pub(super) worker: WorkerId,
+    pub(super) deadline: Instant,
+    pub(super) leased_at: Instant,
+    /// The lease's causes, put back if it ends without an outcome that settles them.
+    pub(super) causes: Causes,
+}
+
+impl Queue {
+    // ---- leases ----------------------------------------------------------------------
+
+    /// Applies the passage of time: expires leases and makes due keys ready. Returns the
+    /// controller and shard of every lease that expired.
+    pub fn advance(&mut self, now: Instant) -> Vec<(ControllerId, u32)> {
+        let mut expired = Vec::new();
+        while let Some(Reverse((deadline, id))) = self.lease_deadlines.peek().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.lease_deadlines.pop();
+            if let Some(l) = self.leases.get(&id).filter(|l| l.deadline == deadline) {
+                expired.push((l.key.controller(), l.key.shard()));
+                self.totals.lease_expirations += 1;
+                self.finish(id, Finish::Retry, now);
+            }
+        }
+        while let Some(Reverse((at, seq, controller, _))) = self.delayed.peek() {
+            if *at > now {
+                break;
+            }
+            let (at, seq, controller) = (*at, *seq, *controller);
+            let Some(Reverse((_, _, _, key))) = self.delayed.pop() else {
+                break;
+            };
+            let queue = &mut self.controllers[controller as usize];
+            if let Some(entry) = queue.entries.get(&key)
+                && entry.seq == seq
+                && matches!(entry.state, State::Delayed(a) if a == at)
+            {
+                self.schedule(controller, key, Due::Now(Priority::Normal), now);
+            }
+        }
+        expired
+    }
+
+    /// When `advance` next has something to do.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        let lease = self.lease_deadlines.peek().map(|Reverse((d, _))| *d);
+        let delayed = self.delayed.peek().map(|Reverse((at, ..))| *at);
+        match (lease, delayed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Leases the next ready key to `worker`: live keys before low-priority ones, controllers
+    /// in turn. `controllers` restricts the choice (empty: any). Call `advance` first.
+    pub fn lease(
+        &mut self,
+        worker: WorkerId,
+        controllers: &[ControllerId],
+        now: Instant,
+    ) -> Option<Lease> {
+        let count = self.controllers.len();
+        for priority in [Priority::Normal, Priority::Low] {
+            for step in 0..count {
+                let controller = ((self.cursor + step) % count) as ControllerId;
+                if !controllers.is_empty() && !controllers.contains(&controller) {
+                    continue;
+                }
+                if let Some(lease) = self.lease_from(controller, priority, worker, now) {
+                    self.cursor = (controller as usize + 1) % count;
+                    return Some(lease);
+                }
+            }
+        }
+        None
+    }
+
+    fn lease_from(
+        &mut self,
+        controller: ControllerId,
+        priority: Priority,
+        worker: WorkerId,
+        now: Instant,
+    ) -> Option<Lease> {
+        let queue = &mut self.controllers[controller as usize];
+        while let Some((key, seq)) = queue.ready[priority as usize].pop_front() {
+            let Some(entry) = queue.entries.get_mut(&key) else {
+                continue;
+            };
+            if entry.seq != seq || !matches!(entry.state, State::Ready(p) if p == priority) {
+                continue;
+            }
+            let Some(ShardState::Active(epoch)) = self.shards.get(&entry.shard).copied() else {
+                continue;
+            };
+            let id = self.next_lease;
+            self.next_lease += 1;
+            let deadline = now + self.config.lease_timeout;
+            entry.state = State::Leased { pending: None };
+            let causes = if queue.causes.is_empty() {
+                Causes::default()
+            } else {
+                queue.causes.remove(&key).unwrap_or_default()
+            };
+            let key = ValidKey::from_parts(controller, entry.shard, key);
+            let lease = Lease {
+                id,
+                key: key.clone(),
+                epoch,
+                attempt: entry.failures.saturating_add(1),
+                deadline,
+                waited: now.saturating_duration_since(entry.ready_since),
+                causes: causes.kept.clone(),
+                causes_dropped: causes.dropped,
+            };
+            self.leases.insert(
+                id,
+                LeaseInfo {
+                    key,
+                    worker,
+                    deadline,
+                    leased_at: now,
+                    causes,
+                },
+            );
+            self.lease_deadlines.push(Reverse((deadline, id)));
+            return Some(lease);
+        }
+        None
+    }
+
+    /// Applies a worker's outcome. Returns how long the key was leased.
+    pub fn complete(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        lease: LeaseId,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Result<Duration, Refused> {
+        let info = self.check_lease(shard, epoch, lease)?;
+        let worked = now.saturating_duration_since(info.leased_at);
+        let finish = match outcome {
+            Outcome::Done | Outcome::Forget => Finish::Forget(None),
+            Outcome::RequeueAfter(d) => Finish::Forget(Some(now + d)),
+            Outcome::Failed => Finish::Retry,
+        };
+        if outcome == Outcome::Failed {
+            self.totals.retries += 1;
+        }
+        self.finish(lease, finish, now);
+        Ok(worked)
+    }
+
+    /// Extends a lease to `now + by`. Returns the new deadline.
+    pub fn extend(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        lease: LeaseId,
+        by: Duration,
+        now: Instant,
+    ) -> Result<Instant, Refused> {
+        self.check_lease(shard, epoch, lease)?;
+        let deadline = now + by.min(MAX_LEASE_EXTENSION);
+        if let Some(info) = self.leases.get_mut(&lease) {
+            info.deadline = deadline;
+        }
+        self.lease_deadlines.push(Reverse((deadline, lease)));
+        Ok(deadline)
+    }
+
+    /// The controller of a live lease.
+    pub fn lease_controller(&self, lease: LeaseId) -> Option<ControllerId> {
+        self.leases.get(&lease).map(|l| l.key.controller())
+    }
+
+    /// Returns every lease of `worker` to the queue at once (its stream closed cleanly).
+    pub fn release_worker(&mut self, worker: WorkerId, now: Instant) -> usize {
+        let ids: Vec<LeaseId> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.worker == worker)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            self.finish(*id, Finish::Return, now);
+        }
+        ids.len()
+    }
+
+    /// Leases held by `worker`.
+    pub fn worker_leases(&self, worker: WorkerId) -> usize {
+        self.leases.values().filter(|l| l.worker == worker).count()
+    }
+
+    fn check_lease(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        lease: LeaseId,
+    ) -> Result<&LeaseInfo, Refused> {
+        if self.shards.get(&shard).map(|s| s.epoch()) != Some(epoch) {
+            self.totals.refused_stale_epoch += 1;
+            return Err(Refused::StaleEpoch);
+        }
+        match self.leases.get(&lease) {
+            Some(info) if info.key.shard() == shard => Ok(info),
+            _ => {
+                self.totals.refused_unknown_lease += 1;
+                Err(Refused::UnknownLease)
+            }
+        }
+    }
+
+    /// Ends a lease and reschedules its key (or drops it).
+    fn finish(&mut self, lease: LeaseId, how: Finish, now: Instant) {
+        let Some(info) = self.leases.remove(&lease) else {
+            return;
+        };
+        let draining = matches!(
+            self.shards.get(&info.key.shard()),
+            Some(ShardState::Draining(_))
+        );
+        let controller = info.key.controller();
+        let key = info.key.object();
+        let queue = &mut self.controllers[controller as usize];
+        let Some(entry) = queue.entries.get_mut(key) else {
+            return;
+        };
+        let State::Leased { pending, .. } = entry.state else {
+            return;
+        };
+        if matches!(how, Finish::Retry | Finish::Return) && !info.causes.is_empty() {
+            // Not settled: the next attempt covers the same events.
+            match queue.causes.get_mut(key) {
+                Some(newer) => newer.restore(info.causes),
+                None => {
+                    queue.causes.insert(key.clone(), info.causes);
+                }
+            }
+        }
+        let next = match how {
+            Finish::Forget(after) => {
+                entry.failures = 0;
+                after
+                    .map(Due::At)
+                    .map_or(pending, |d| Some(d.merge(pending)))
+            }
+            Finish::Retry => {
+                entry.failures = entry.failures.saturating_add(1);
+                let delay = self.backoff.delay(entry.failures, now);
+                Some(Due::At(now + delay).merge(pending))
+            }
+            Finish::Return => Some(Due::Now(Priority::Normal).merge(pending)),
+        };
+        match next {
+            // A draining shard keeps nothing waiting: its next owner resyncs it.
+            Some(due) if !draining => self.schedule(controller, key.clone(), due, now),
+            _ => {
+                queue.entries.remove(key);
+                if !queue.causes.is_empty() {
+                    queue.causes.remove(key);
+                }
+                self.len -= 1;
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Finish {
+    /// Done, forget or requeue-after: failures forgotten.
+    Forget(Option<Instant>),
+    /// Failed or expired: backoff.
+    Retry,
+    /// The worker went away cleanly: ready again at once, failures kept.
+    Return,
+}

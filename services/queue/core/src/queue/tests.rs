@@ -1,0 +1,350 @@
+use std::sync::Arc;
+
+use super::*;
+
+const RS: &str = "apps/v1/ReplicaSet";
+
+const CONTROLLERS: [&str; 2] = [RS, "apps/v1/Deployment"];
+
+fn key(name: &str) -> ValidKey {
+    KeySpace::new(&CONTROLLERS, 4)
+        .validate_parts(RS, "default", name)
+        .unwrap()
+}
+
+fn queue() -> (Queue, Instant) {
+    let mut q = Queue::new(
+        QueueConfig {
+            shard_count: 4,
+            lease_timeout: Duration::from_secs(10),
+            capacity: 100,
+            backoff: BackoffConfig {
+                qps: 0.0,
+                ..Default::default()
+            },
+        },
+        &CONTROLLERS,
+    );
+    for shard in 0..4 {
+        q.acquire(shard, 7);
+    }
+    (q, Instant::now())
+}
+
+fn lease(q: &mut Queue, now: Instant) -> Option<Lease> {
+    q.advance(now);
+    q.lease(1, &[], now)
+}
+
+fn cause(n: usize) -> Cause {
+    Arc::from(vec![("traceparent".to_owned(), n.to_string())])
+}
+
+fn caused(q: &mut Queue, name: &str, n: usize, now: Instant) -> AddOutcome {
+    q.add_caused(
+        &key(name),
+        Priority::Normal,
+        Duration::ZERO,
+        Some(cause(n)),
+        now,
+    )
+    .unwrap()
+}
+
+#[test]
+fn coalesced_adds_keep_their_causes_and_the_lease_carries_them() {
+    let (mut q, now) = queue();
+    assert_eq!(caused(&mut q, "a", 1, now), AddOutcome::Added);
+    assert_eq!(caused(&mut q, "a", 2, now), AddOutcome::Coalesced);
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let l = lease(&mut q, now).unwrap();
+    assert_eq!(l.causes, vec![cause(1), cause(2)]);
+    assert_eq!(l.causes_dropped, 0);
+    // Adds while leased are the next lease's causes, not this one's.
+    caused(&mut q, "a", 3, now);
+    q.complete(l.shard(), l.epoch, l.id, Outcome::Done, now)
+        .unwrap();
+    let l = lease(&mut q, now).unwrap();
+    assert_eq!(l.causes, vec![cause(3)]);
+}
+
+#[test]
+fn causes_are_bounded_keeping_the_latest() {
+    let (mut q, now) = queue();
+    for n in 0..MAX_CAUSES + 5 {
+        caused(&mut q, "a", n, now);
+    }
+    let l = lease(&mut q, now).unwrap();
+    assert_eq!(l.causes.len(), MAX_CAUSES);
+    assert_eq!(l.causes.first(), Some(&cause(5)));
+    assert_eq!(l.causes.last(), Some(&cause(MAX_CAUSES + 4)));
+    assert_eq!(l.causes_dropped, 5);
+}
+
+#[test]
+fn a_failed_lease_puts_its_causes_back_for_the_retry() {
+    let (mut q, now) = queue();
+    caused(&mut q, "a", 1, now);
+    let l = lease(&mut q, now).unwrap();
+    caused(&mut q, "a", 2, now);
+    q.complete(l.shard(), l.epoch, l.id, Outcome::Failed, now)
+        .unwrap();
+    let later = now + Duration::from_secs(60);
+    let l = lease(&mut q, later).unwrap();
+    assert_eq!(l.causes, vec![cause(1), cause(2)]);
+    q.complete(l.shard(), l.epoch, l.id, Outcome::Done, later)
+        .unwrap();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, later)
+        .unwrap();
+    assert!(lease(&mut q, later).unwrap().causes.is_empty());
+}
+
+#[test]
+fn causes_go_with_their_key_when_a_shard_is_dropped() {
+    let (mut q, now) = queue();
+    caused(&mut q, "a", 1, now);
+    let shard = key("a").shard();
+    q.drain(shard);
+    q.release(shard);
+    q.acquire(shard, 8);
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    assert!(lease(&mut q, now).unwrap().causes.is_empty());
+    assert!(q.controllers.iter().all(|c| c.causes.is_empty()));
+}
+
+#[test]
+fn adds_while_queued_coalesce() {
+    let (mut q, now) = queue();
+    assert_eq!(
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now),
+        Ok(AddOutcome::Added)
+    );
+    assert_eq!(
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now),
+        Ok(AddOutcome::Coalesced)
+    );
+    assert_eq!(q.len(), 1);
+    assert!(lease(&mut q, now).is_some());
+    assert!(lease(&mut q, now).is_none(), "queued once, leased once");
+}
+
+#[test]
+fn live_adds_beat_low_priority_ones_and_upgrade_them() {
+    let (mut q, now) = queue();
+    q.add(&key("resync-1"), Priority::Low, Duration::ZERO, now)
+        .unwrap();
+    q.add(&key("resync-2"), Priority::Low, Duration::ZERO, now)
+        .unwrap();
+    q.add(&key("live"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    q.add(&key("resync-2"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let order: Vec<_> = std::iter::from_fn(|| lease(&mut q, now))
+        .map(|l| l.key.name().to_owned())
+        .collect();
+    assert_eq!(order, ["live", "resync-2", "resync-1"]);
+}
+
+#[test]
+fn a_delayed_add_keeps_the_earliest_ready_time() {
+    let (mut q, t0) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::from_secs(10), t0)
+        .unwrap();
+    q.add(&key("a"), Priority::Normal, Duration::from_secs(3), t0)
+        .unwrap();
+    q.add(&key("a"), Priority::Normal, Duration::from_secs(20), t0)
+        .unwrap();
+    assert!(lease(&mut q, t0 + Duration::from_millis(2999)).is_none());
+    assert!(lease(&mut q, t0 + Duration::from_secs(3)).is_some());
+    // An add without delay makes a delayed key ready at once.
+    q.add(&key("b"), Priority::Normal, Duration::from_secs(10), t0)
+        .unwrap();
+    q.add(&key("b"), Priority::Normal, Duration::ZERO, t0)
+        .unwrap();
+    assert!(lease(&mut q, t0).is_some());
+}
+
+#[test]
+fn a_key_added_while_leased_is_queued_again_when_the_lease_ends() {
+    let (mut q, now) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let l = lease(&mut q, now).unwrap();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    assert!(lease(&mut q, now).is_none(), "never two leases of one key");
+    q.complete(l.shard(), l.epoch, l.id, Outcome::Done, now)
+        .unwrap();
+    let again = lease(&mut q, now).expect("dirty key requeued");
+    assert_eq!(again.key, l.key);
+    q.complete(again.shard(), again.epoch, again.id, Outcome::Done, now)
+        .unwrap();
+    assert!(q.is_empty(), "done without a new add forgets the key");
+}
+
+#[test]
+fn failures_back_off_exponentially_and_done_forgets_them() {
+    let (mut q, t0) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
+        .unwrap();
+    let mut now = t0;
+    for (attempt, backoff_ms) in [(1, 5), (2, 10), (3, 20)] {
+        let l = lease(&mut q, now).unwrap();
+        assert_eq!(l.attempt, attempt);
+        q.complete(l.shard(), l.epoch, l.id, Outcome::Failed, now)
+            .unwrap();
+        assert!(lease(&mut q, now + Duration::from_millis(backoff_ms - 1)).is_none());
+        now += Duration::from_millis(backoff_ms);
+    }
+    let l = lease(&mut q, now).unwrap();
+    assert_eq!(l.attempt, 4);
+    q.complete(
+        l.shard(),
+        l.epoch,
+        l.id,
+        Outcome::RequeueAfter(Duration::from_secs(1)),
+        now,
+    )
+    .unwrap();
+    let l = lease(&mut q, now + Duration::from_secs(1)).unwrap();
+    assert_eq!(l.attempt, 1, "requeue-after forgets the failures");
+    assert_eq!(q.totals().retries, 3);
+}
+
+#[test]
+fn an_expired_lease_requeues_with_backoff_and_refuses_the_late_outcome() {
+    let (mut q, t0) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
+        .unwrap();
+    let l = lease(&mut q, t0).unwrap();
+    let expiry = t0 + Duration::from_secs(10);
+    assert_eq!(q.advance(expiry).len(), 1);
+    assert!(lease(&mut q, expiry).is_none(), "backoff after expiry");
+    let again = lease(&mut q, expiry + Duration::from_millis(5)).unwrap();
+    assert_eq!(again.attempt, 2);
+    assert_eq!(
+        q.complete(l.shard(), l.epoch, l.id, Outcome::Done, expiry),
+        Err(Refused::UnknownLease)
+    );
+    assert_eq!(q.totals().lease_expirations, 1);
+    assert_eq!(q.totals().refused_unknown_lease, 1);
+}
+
+#[test]
+fn an_extended_lease_outlives_its_first_deadline() {
+    let (mut q, t0) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
+        .unwrap();
+    let l = lease(&mut q, t0).unwrap();
+    let t1 = t0 + Duration::from_secs(8);
+    let deadline = q
+        .extend(l.shard(), l.epoch, l.id, Duration::from_secs(30), t1)
+        .unwrap();
+    assert_eq!(deadline, t1 + Duration::from_secs(30));
+    assert!(q.advance(t0 + Duration::from_secs(20)).is_empty());
+    assert_eq!(q.advance(deadline).len(), 1);
+}
+
+#[test]
+fn outcomes_with_a_stale_epoch_are_refused_and_change_nothing() {
+    let (mut q, now) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let l = lease(&mut q, now).unwrap();
+    assert_eq!(
+        q.complete(l.shard(), l.epoch - 1, l.id, Outcome::Done, now),
+        Err(Refused::StaleEpoch)
+    );
+    assert_eq!(q.in_flight(), 1);
+    // The shard changes owner and comes back at a new epoch: old leases are gone.
+    q.acquire(l.shard(), l.epoch + 1);
+    assert_eq!(
+        q.complete(l.shard(), l.epoch, l.id, Outcome::Done, now),
+        Err(Refused::StaleEpoch)
+    );
+    assert_eq!(q.totals().refused_stale_epoch, 2);
+    assert!(q.is_empty(), "a new epoch starts empty");
+}
+
+#[test]
+fn a_draining_shard_leases_nothing_new_but_accepts_outcomes() {
+    let (mut q, now) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let l = lease(&mut q, now).unwrap();
+    let same_shard = (0..1000)
+        .map(|i| key(&format!("k{i}")))
+        .find(|k| k.shard() == l.shard())
+        .unwrap();
+    q.add(&same_shard, Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    q.drain(l.shard());
+    assert_eq!(
+        q.add(&key("a"), Priority::Normal, Duration::ZERO, now),
+        Err(Error::NotOwner { shard: l.shard() })
+    );
+    assert!(lease(&mut q, now).is_none());
+    assert_eq!(q.shard_in_flight(l.shard()), 1);
+    q.complete(l.shard(), l.epoch, l.id, Outcome::Done, now)
+        .unwrap();
+    assert_eq!(q.shard_in_flight(l.shard()), 0);
+    q.release(l.shard());
+    assert!(q.is_empty());
+}
+
+#[test]
+fn a_cleanly_closed_worker_returns_its_leases_at_once() {
+    let (mut q, now) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    q.advance(now);
+    let l = q.lease(42, &[], now).unwrap();
+    assert_eq!(q.release_worker(42, now), 1);
+    let again = q.lease(43, &[], now).unwrap();
+    assert_eq!((again.key, again.attempt), (l.key, 1));
+}
+
+#[test]
+fn a_full_queue_refuses_new_keys_but_coalesces_known_ones() {
+    let (mut q, now) = queue();
+    for i in 0..100 {
+        q.add(
+            &key(&format!("k{i}")),
+            Priority::Normal,
+            Duration::ZERO,
+            now,
+        )
+        .unwrap();
+    }
+    assert_eq!(
+        q.add(&key("one-more"), Priority::Normal, Duration::ZERO, now),
+        Err(Error::Full { capacity: 100 })
+    );
+    assert_eq!(
+        q.add(&key("k5"), Priority::Normal, Duration::ZERO, now),
+        Ok(AddOutcome::Coalesced)
+    );
+}
+
+#[test]
+fn stats_count_depth_in_flight_retries_and_age() {
+    let (mut q, t0) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
+        .unwrap();
+    q.add(&key("b"), Priority::Normal, Duration::ZERO, t0)
+        .unwrap();
+    let l = lease(&mut q, t0).unwrap();
+    q.complete(l.shard(), l.epoch, l.id, Outcome::Failed, t0)
+        .unwrap();
+    let stats = q.stats(t0 + Duration::from_secs(2));
+    let total = |f: fn(&ShardStats) -> u64| stats.iter().map(f).sum::<u64>();
+    assert_eq!(stats.len(), 8, "2 controllers x 4 shards");
+    assert_eq!(total(|s| s.depth), 2);
+    assert_eq!(total(|s| s.retrying), 1);
+    assert_eq!(
+        stats.iter().map(|s| s.oldest_ready).max(),
+        Some(Duration::from_secs(2))
+    );
+}
