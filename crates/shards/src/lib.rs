@@ -16,6 +16,7 @@
 //! - [`view`]: [`ShardView`], the active owner of each shard, and [`STATIC_EPOCH`] for the one
 //!   static queue that serves every shard without an elector;
 //! - [`follow`]: the one follower of the elector's `WatchShardMap` stream;
+//! - [`route`]: where a client of the queue finds it (`--queue-addr` or `--elector-addr`);
 //! - [`member`]: a queue replica's registration under its own etcd lease;
 //! - [`store`]: the map's layout in etcd and the two writes a member makes itself: the fenced
 //!   release of a drained shard and the renewal of an epoch from an earlier registration.
@@ -25,9 +26,11 @@
 
 pub mod follow;
 pub mod member;
+pub mod route;
 pub mod store;
 pub mod view;
 
 pub use follow::{FollowError, follow_elector, follow_elector_as, member_view};
+pub use route::{NoRoute, Route};
 pub use switchyard_elector_core::{MemberId, ReleaseError, ShardState};
 pub use view::{Owner, STATIC_EPOCH, ShardView};

@@ -23,16 +23,52 @@ pub const FRESHNESS_WAIT: Duration = Duration::from_secs(10);
 pub enum CacheError {
     #[error("invalid watcher address {0:?} (expected host:port)")]
     Address(String),
-    #[error("cache {call} failed: {status}")]
+    #[error("cache {call} refused ({refusal:?}): {message}")]
     Call {
         call: &'static str,
-        status: Box<tonic::Status>,
+        refusal: Refusal,
+        message: String,
     },
     #[error("cache returned an undecodable {kind}: {source}")]
     Decode {
         kind: &'static str,
         source: serde_json::Error,
     },
+}
+
+/// Why the watcher did not answer a read, from its gRPC code (the watcher's `ApiError`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The request was malformed (a field named in the message).
+    Invalid,
+    /// The watcher does not watch that kind.
+    NotWatched,
+    /// The cache has not finished its initial list, or the watcher is unreachable.
+    Unavailable,
+    /// The cache did not reach the requested resourceVersion in time.
+    NotFresh,
+    /// Any other code.
+    Other(tonic::Code),
+}
+
+impl CacheError {
+    /// The one place a cache call's `Status` is read.
+    fn call(call: &'static str) -> impl Fn(tonic::Status) -> Self {
+        move |status| {
+            let refusal = match status.code() {
+                tonic::Code::InvalidArgument => Refusal::Invalid,
+                tonic::Code::NotFound => Refusal::NotWatched,
+                tonic::Code::Unavailable => Refusal::Unavailable,
+                tonic::Code::DeadlineExceeded => Refusal::NotFresh,
+                code => Refusal::Other(code),
+            };
+            Self::Call {
+                call,
+                refusal,
+                message: status.message().to_owned(),
+            }
+        }
+    }
 }
 
 /// A filter for [`CacheClient::list`].
@@ -98,10 +134,7 @@ impl CacheClient {
             .clone()
             .get(request)
             .await
-            .map_err(|status| CacheError::Call {
-                call: "Get",
-                status: Box::new(status),
-            })?
+            .map_err(CacheError::call("Get"))?
             .into_inner();
         if !response.found {
             return Ok(None);
@@ -121,19 +154,16 @@ impl CacheClient {
             controller_uid: filter.controller_uid.to_owned(),
             freshness: freshness(filter.min_resource_version),
         };
-        let call = |status| CacheError::Call {
-            call: "List",
-            status: Box::new(status),
-        };
+        let call = CacheError::call("List");
         let mut chunks = self
             .grpc
             .clone()
             .list(request)
             .await
-            .map_err(call)?
+            .map_err(&call)?
             .into_inner();
         let mut objects = Vec::new();
-        while let Some(chunk) = chunks.message().await.map_err(call)? {
+        while let Some(chunk) = chunks.message().await.map_err(&call)? {
             for json in &chunk.objects_json {
                 objects.push(decode(json)?);
             }

@@ -19,6 +19,7 @@ pub mod sdk;
 pub mod worker;
 
 use std::{collections::BTreeMap, time::Duration};
+pub use switchyard_shards::Route;
 
 use switchyard_k8s::kube;
 use switchyard_runtime::{
@@ -34,15 +35,6 @@ use crate::{
     sdk::{Context, Registry},
     worker::{Settings, Worker},
 };
-
-/// Where the worker finds the queue.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Route {
-    /// `--queue-addr`: one queue replica serves every shard.
-    Queue(String),
-    /// `--elector-addr`: every queue replica of the elector's shard map.
-    Elector(String),
-}
 
 pub const SERVICE: &str = "switchyard-reconciler";
 /// Reconciles at once: the credits one Work message may grant (the queue's limit).
@@ -146,17 +138,8 @@ impl ReconcilerArgs {
             worker_id,
             simulated_latency,
         } = self;
-        let route = match (queue_addr, elector_addr) {
-            (Some(queue), _) => Route::Queue(queue.clone()),
-            (None, Some(elector)) => Route::Elector(elector.clone()),
-            (None, None) => {
-                return Err(Error::Args(
-                    "--queue-addr or --elector-addr: one is required (--queue-addr when one \
-                     queue serves every shard)"
-                        .into(),
-                ));
-            }
-        };
+        let route = Route::from_flags(queue_addr.as_deref(), elector_addr.as_deref())
+            .map_err(|e| Error::Args(e.to_string()))?;
         if *shard_count == 0 {
             return Err(Error::Args("--shard-count: must be at least 1".into()));
         }

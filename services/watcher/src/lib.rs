@@ -18,6 +18,7 @@ pub mod informer;
 pub mod metrics;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+pub use switchyard_shards::Route;
 
 use switchyard_queue_client::Enqueuer;
 use switchyard_runtime::{
@@ -92,15 +93,6 @@ pub struct WatcherArgs {
     pub streaming_lists: bool,
 }
 
-/// Where the watcher sends keys.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Route {
-    /// `--queue-addr`: one queue replica serves every shard.
-    Queue(String),
-    /// `--elector-addr`: each shard's owner in the elector's shard map.
-    Elector(String),
-}
-
 /// The watcher's flags, checked, and the configuration file they name, parsed.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -122,17 +114,8 @@ impl WatcherArgs {
             max_pending_keys,
             streaming_lists,
         } = self;
-        let route = match (queue_addr, elector_addr) {
-            (Some(queue), _) => Route::Queue(queue.clone()),
-            (None, Some(elector)) => Route::Elector(elector.clone()),
-            (None, None) => {
-                return Err(Error::Args(
-                    "--queue-addr or --elector-addr: one is required (--queue-addr when one \
-                     queue serves every shard)"
-                        .into(),
-                ));
-            }
-        };
+        let route = Route::from_flags(queue_addr.as_deref(), elector_addr.as_deref())
+            .map_err(|e| Error::Args(e.to_string()))?;
         if *max_pending_keys == 0 {
             return Err(Error::Args("--max-pending-keys: must be at least 1".into()));
         }
