@@ -221,15 +221,15 @@ impl cache_server::Cache for CacheService {
 #[derive(Clone, Debug)]
 pub struct ResyncService {
     caches: Arc<Caches>,
-    router: Arc<Enqueuer>,
+    enqueuer: Arc<Enqueuer>,
     metrics: WatcherMetrics,
 }
 
 impl ResyncService {
-    pub fn new(caches: Arc<Caches>, router: Arc<Enqueuer>, metrics: WatcherMetrics) -> Self {
+    pub fn new(caches: Arc<Caches>, enqueuer: Arc<Enqueuer>, metrics: WatcherMetrics) -> Self {
         Self {
             caches,
-            router,
+            enqueuer,
             metrics,
         }
     }
@@ -242,7 +242,7 @@ impl ResyncService {
 /// Re-sends every cached key of `shards` at low priority; returns how many.
 pub async fn resync(
     caches: &Caches,
-    router: &Enqueuer,
+    enqueuer: &Enqueuer,
     metrics: &WatcherMetrics,
     shards: Option<&HashSet<u32>>,
     reason: &'static str,
@@ -259,7 +259,7 @@ pub async fn resync(
         keys = count,
         "resync"
     );
-    router.push(keys, Priority::Low, None).await;
+    enqueuer.push(keys, Priority::Low, None).await;
     count
 }
 
@@ -282,7 +282,7 @@ impl resync_server::Resync for ResyncService {
         }
         let keys = resync(
             &self.caches,
-            &self.router,
+            &self.enqueuer,
             &self.metrics,
             Some(&HashSet::from([shard])),
             "requested",

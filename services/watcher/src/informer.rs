@@ -93,7 +93,7 @@ pub struct Informer {
     pub client: Client,
     pub caches: Arc<Caches>,
     pub cache: Arc<ResourceCache>,
-    pub router: Arc<Enqueuer>,
+    pub enqueuer: Arc<Enqueuer>,
     pub metrics: WatcherMetrics,
     pub streaming_lists: bool,
 }
@@ -283,7 +283,7 @@ impl Informer {
                 .map(|span| trace::inject(&span))
                 .filter(|fields| !fields.is_empty())
                 .map(Arc::new);
-            self.router.push(keys.drain(..), priority, cause).await;
+            self.enqueuer.push(keys.drain(..), priority, cause).await;
         }
     }
 

@@ -171,7 +171,7 @@ impl Args {
         });
         let metrics = WatcherMetrics::register(rt.metrics());
         let caches = Arc::new(Caches::new(&config));
-        let router = Arc::new(Enqueuer::new(
+        let enqueuer = Arc::new(Enqueuer::new(
             max_pending_keys,
             config.shard_count,
             metrics.clone(),
@@ -204,17 +204,17 @@ impl Args {
                 view
             }
         };
-        rt.spawn("router", {
-            let router = router.clone();
+        rt.spawn("enqueuer", {
+            let enqueuer = enqueuer.clone();
             let view = view.clone();
-            move |drain| router.run(view, drain)
+            move |drain| enqueuer.run(view, drain)
         });
         rt.spawn("shard-resync", {
-            let (caches, router, metrics) = (caches.clone(), router.clone(), metrics.clone());
-            move |drain| resync_moved_shards(caches, router, metrics, view, drain)
+            let (caches, enqueuer, metrics) = (caches.clone(), enqueuer.clone(), metrics.clone());
+            move |drain| resync_moved_shards(caches, enqueuer, metrics, view, drain)
         });
         if let Some(period) = config.resync_period {
-            let (caches, router, metrics) = (caches.clone(), router.clone(), metrics.clone());
+            let (caches, enqueuer, metrics) = (caches.clone(), enqueuer.clone(), metrics.clone());
             rt.spawn("periodic-resync", move |drain| async move {
                 let mut ticks =
                     tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -223,7 +223,7 @@ impl Args {
                         _ = ticks.tick() => {}
                         _ = drain.clone().signaled() => return,
                     }
-                    grpc::resync(&caches, &router, &metrics, None, "periodic").await;
+                    grpc::resync(&caches, &enqueuer, &metrics, None, "periodic").await;
                 }
             });
         }
@@ -234,7 +234,7 @@ impl Args {
                 client: client.clone(),
                 caches: caches.clone(),
                 cache: cache.clone(),
-                router: router.clone(),
+                enqueuer: enqueuer.clone(),
                 metrics: metrics.clone(),
                 streaming_lists,
             };
@@ -252,7 +252,7 @@ impl Args {
             .serve_grpc(
                 GrpcServer::new()
                     .add_service(grpc::CacheService::new(caches.clone()).into_server())
-                    .add_service(grpc::ResyncService::new(caches, router, metrics).into_server())
+                    .add_service(grpc::ResyncService::new(caches, enqueuer, metrics).into_server())
                     .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
             )
             .await?;
@@ -265,7 +265,7 @@ impl Args {
 /// initial lists send every key).
 async fn resync_moved_shards(
     caches: Arc<Caches>,
-    router: Arc<Enqueuer>,
+    enqueuer: Arc<Enqueuer>,
     metrics: WatcherMetrics,
     mut view: watch::Receiver<Option<Arc<ShardView>>>,
     drain: Drain,
@@ -276,7 +276,7 @@ async fn resync_moved_shards(
         if let (Some(before), Some(now)) = (&before, &now) {
             let moved = now.new_owners(before);
             if !moved.is_empty() {
-                grpc::resync(&caches, &router, &metrics, Some(&moved), "shard_moved").await;
+                grpc::resync(&caches, &enqueuer, &metrics, Some(&moved), "shard_moved").await;
             }
         }
         if now.is_some() {
