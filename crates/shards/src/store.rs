@@ -14,7 +14,7 @@
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
-use switchyard_elector_core::{MemberId, ShardState, released, renewable};
+use switchyard_elector_core::{MemberId, ReleaseError, ShardState, released, renewable};
 
 pub const SHARDS_PREFIX: &str = "/switchyard/shards/";
 
@@ -25,7 +25,7 @@ pub enum ShardMapError {
     #[error("shard {shard}: malformed state in etcd: {reason}")]
     Malformed { shard: u32, reason: String },
     #[error("{0}")]
-    Release(#[from] switchyard_elector_core::ReleaseError),
+    Release(#[from] ReleaseError),
     #[error("lost the election or the shard changed meanwhile: nothing written")]
     Fenced,
 }
@@ -95,35 +95,11 @@ pub async fn release(
     member: &str,
     epoch: u64,
 ) -> Result<MemberId> {
-    let key = shard_key(shard);
-    let response = client.get(key.clone(), None).await?;
-    let Some(kv) = response.kvs().first() else {
-        return Err(switchyard_elector_core::ReleaseError::NotHeld {
-            shard,
-            member: member.to_owned(),
-        }
-        .into());
-    };
-    let state = decode(shard, kv.value(), kv.mod_revision())?;
-    let next = released(&state, shard, member, epoch)?;
-    let txn = Txn::new()
-        .when([Compare::mod_revision(
-            key.clone(),
-            CompareOp::Equal,
-            kv.mod_revision(),
-        )])
-        .and_then([TxnOp::put(
-            key,
-            store_json(&Stored::Active {
-                owner: next.clone(),
-            }),
-            None,
-        )]);
-    if client.txn(txn).await?.succeeded() {
-        Ok(next)
-    } else {
-        Err(ShardMapError::Fenced)
-    }
+    let (next, _) = activate_checked(client, shard, member, |state| {
+        released(state, shard, member, epoch)
+    })
+    .await?;
+    Ok(next)
 }
 
 /// A member renews the epoch of a shard it holds as active at `epoch`: the shard stays its
@@ -131,21 +107,32 @@ pub async fn release(
 /// nothing written, when the member does not hold the shard at `epoch` or the shard changed
 /// while this ran.
 pub async fn renew(client: &mut Client, shard: u32, member: &str, epoch: u64) -> Result<u64> {
+    let (_, revision) = activate_checked(client, shard, member, |state| {
+        renewable(state, shard, member, epoch).map(|()| member.to_owned())
+    })
+    .await?;
+    Ok(u64::try_from(revision).unwrap_or(0))
+}
+
+/// Reads `shard`, asks `check` who owns it next, and writes it active for that member, fenced
+/// on the revision read: a shard that changed in between is left alone ([`ShardMapError::Fenced`]).
+/// Returns the new owner and the revision of the write (the shard's new epoch).
+async fn activate_checked(
+    client: &mut Client,
+    shard: u32,
+    member: &str,
+    check: impl FnOnce(&ShardState) -> std::result::Result<MemberId, ReleaseError>,
+) -> Result<(MemberId, i64)> {
     let key = shard_key(shard);
     let response = client.get(key.clone(), None).await?;
     let Some(kv) = response.kvs().first() else {
-        return Err(switchyard_elector_core::ReleaseError::NotHeld {
+        return Err(ReleaseError::NotHeld {
             shard,
             member: member.to_owned(),
         }
         .into());
     };
-    renewable(
-        &decode(shard, kv.value(), kv.mod_revision())?,
-        shard,
-        member,
-        epoch,
-    )?;
+    let owner = check(&decode(shard, kv.value(), kv.mod_revision())?)?;
     let txn = Txn::new()
         .when([Compare::mod_revision(
             key.clone(),
@@ -155,7 +142,7 @@ pub async fn renew(client: &mut Client, shard: u32, member: &str, epoch: u64) ->
         .and_then([TxnOp::put(
             key,
             store_json(&Stored::Active {
-                owner: member.to_owned(),
+                owner: owner.clone(),
             }),
             None,
         )]);
@@ -163,8 +150,5 @@ pub async fn renew(client: &mut Client, shard: u32, member: &str, epoch: u64) ->
     if !response.succeeded() {
         return Err(ShardMapError::Fenced);
     }
-    Ok(response
-        .header()
-        .and_then(|h| u64::try_from(h.revision()).ok())
-        .unwrap_or(0))
+    Ok((owner, response.header().map_or(0, |h| h.revision())))
 }
