@@ -35,7 +35,7 @@ impl ShardView {
     }
 
     /// The active owners of `map` (`shard_count` shards).
-    pub fn from_map(map: &ShardMap, shard_count: u32) -> Self {
+    pub(crate) fn from_map(map: &ShardMap, shard_count: u32) -> Self {
         let mut owners = vec![None; shard_count as usize];
         for shard in &map.shards {
             let active = shard.state == ProtoState::Active as i32 && !shard.address.is_empty();
