@@ -28,7 +28,7 @@ use std::{
 use futures::{StreamExt, stream::FuturesUnordered};
 use switchyard_proto::queue::v1::{EnqueueRequest, queue_client::QueueClient};
 use switchyard_queue_core::{MAX_CAUSES, Priority, WorkKey};
-use switchyard_runtime::{Backoff, Drain, trace::TraceFields};
+use switchyard_runtime::{Backoff, Dialer, Drain, Role, trace::TraceFields};
 use switchyard_shards::ShardView;
 use tokio::sync::{Notify, watch};
 use tonic::transport::Channel;
@@ -145,12 +145,20 @@ pub struct Enqueuer {
     capacity: usize,
     shard_count: u32,
     metrics: Box<dyn EnqueueMetrics>,
+    dialer: Dialer,
 }
 
 impl Enqueuer {
-    /// An enqueuer that holds at most `capacity` distinct keys waiting.
-    pub fn new(capacity: usize, shard_count: u32, metrics: impl EnqueueMetrics + 'static) -> Self {
+    /// An enqueuer that holds at most `capacity` distinct keys waiting and reaches the queue
+    /// replicas through `dialer`.
+    pub fn new(
+        capacity: usize,
+        shard_count: u32,
+        metrics: impl EnqueueMetrics + 'static,
+        dialer: Dialer,
+    ) -> Self {
         Self {
+            dialer,
             pending: Mutex::default(),
             arrived: Notify::new(),
             room: Notify::new(),
@@ -252,7 +260,7 @@ impl Enqueuer {
                     };
                     let client = clients
                         .entry(owner.address.clone())
-                        .or_insert_with(|| connect(&owner.address))
+                        .or_insert_with(|| connect(&self.dialer, &owner.address))
                         .clone();
                     sends.push(send(client, shard, batch));
                 }
@@ -292,9 +300,9 @@ impl Enqueuer {
     }
 }
 
-fn connect(address: &str) -> QueueClient<Channel> {
-    match crate::endpoint(address) {
-        Ok(endpoint) => QueueClient::new(endpoint.connect_lazy()),
+fn connect(dialer: &Dialer, address: &str) -> QueueClient<Channel> {
+    match crate::endpoint(dialer, address) {
+        Ok(endpoint) => QueueClient::new(dialer.lazy(&endpoint, Role::Queue)),
         Err(error) => {
             // An address from the shard map that is not a URI authority: requests fail and
             // the keys wait until the map names a usable address.
@@ -401,7 +409,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_enqueuer_makes_push_wait_until_room() {
-        let enqueuer = Arc::new(Enqueuer::new(2, 1, NoMetrics));
+        let enqueuer = Arc::new(Enqueuer::new(2, 1, NoMetrics, Dialer::plaintext()));
         enqueuer
             .push([key("a"), key("b")], Priority::Low, None)
             .await;

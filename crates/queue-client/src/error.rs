@@ -23,6 +23,10 @@ pub enum Error {
     /// or its shard moved.
     #[error("the queue refused: {0}")]
     Refused(String),
+    /// The queue refused this caller (UNAUTHENTICATED: no valid certificate;
+    /// PERMISSION_DENIED: an identity that may not make the call).
+    #[error("the queue refused this caller: {0}")]
+    Denied(String),
     /// The queue is full (RESOURCE_EXHAUSTED).
     #[error("the queue is full: {0}")]
     Full(String),
@@ -62,6 +66,7 @@ impl From<tonic::Status> for Error {
                 _ => Self::Refused(message),
             },
             Code::ResourceExhausted => Self::Full(message),
+            Code::Unauthenticated | Code::PermissionDenied => Self::Denied(message),
             Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded | Code::Aborted => {
                 Self::Unavailable(message)
             }

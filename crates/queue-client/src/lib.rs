@@ -33,8 +33,12 @@ pub use work::{Event, Lease, Outcome, Replies, WorkSession};
 
 /// The gRPC endpoint of a queue replica at `address` (`host:port`, as the shard map and the
 /// flags name it).
-fn endpoint(address: &str) -> Result<tonic::transport::Endpoint> {
-    tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+fn endpoint(
+    dialer: &switchyard_runtime::Dialer,
+    address: &str,
+) -> Result<tonic::transport::Endpoint> {
+    dialer
+        .endpoint(address, switchyard_runtime::Role::Queue)
         .map(|endpoint| endpoint.tcp_nodelay(true))
         .map_err(|error| Error::InvalidAddress {
             address: address.to_owned(),

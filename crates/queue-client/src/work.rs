@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use switchyard_proto::queue::v1::{WorkRequest, WorkResponse, queue_client::QueueClient};
 use switchyard_queue_core::{MAX_CREDIT, WorkKey};
-use switchyard_runtime::trace::TraceFields;
+use switchyard_runtime::{Dialer, Role, trace::TraceFields};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
@@ -125,15 +125,20 @@ pub struct WorkSession {
 }
 
 impl WorkSession {
-    /// Connects to the queue replica at `address` (`host:port`), says who the worker is and
-    /// which controllers it reconciles (empty: all), and grants `credits` leases.
+    /// Connects to the queue replica at `address` (`host:port`) through `dialer`, says who
+    /// the worker is and which controllers it reconciles (empty: all), and grants `credits`
+    /// leases.
     pub async fn open(
+        dialer: &Dialer,
         address: &str,
         worker_id: &str,
         controllers: Vec<String>,
         credits: u32,
     ) -> Result<Self> {
-        let channel = crate::endpoint(address)?.connect().await?;
+        let channel = dialer
+            .connect(&crate::endpoint(dialer, address)?, Role::Queue)
+            .await
+            .map_err(|error| Error::Unavailable(error.to_string()))?;
         let (tx, rx) = unbounded_channel();
         let replies = Replies { tx };
         replies.send(convert::hello(worker_id, controllers))?;

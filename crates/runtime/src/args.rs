@@ -1,4 +1,4 @@
-use std::{net::SocketAddr, path::PathBuf};
+use std::net::SocketAddr;
 
 /// The arguments every service shares. Services flatten this into their own `Args`.
 #[derive(Clone, Debug, clap::Args)]
@@ -7,6 +7,8 @@ pub struct RuntimeArgs {
     pub admin: AdminArgs,
     #[command(flatten)]
     pub grpc: GrpcArgs,
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
     #[command(flatten)]
     pub log: LogArgs,
     /// How long shutdown waits for in-flight work and streams to finish before giving up
@@ -26,19 +28,6 @@ pub struct GrpcArgs {
     /// Address of the gRPC server
     #[arg(long, env = "SWITCHYARD_GRPC_ADDR", default_value = "0.0.0.0:8443")]
     pub grpc_addr: SocketAddr,
-    /// PEM certificate chain served by the gRPC server; enables TLS
-    #[arg(long, env = "SWITCHYARD_GRPC_TLS_CERT", requires = "grpc_tls_key")]
-    pub grpc_tls_cert: Option<PathBuf>,
-    /// PEM private key of --grpc-tls-cert
-    #[arg(long, env = "SWITCHYARD_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
-    pub grpc_tls_key: Option<PathBuf>,
-    /// PEM CA bundle that client certificates must chain to; enables mutual TLS
-    #[arg(
-        long,
-        env = "SWITCHYARD_GRPC_TLS_CLIENT_CA",
-        requires = "grpc_tls_cert"
-    )]
-    pub grpc_tls_client_ca: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, clap::Args)]

@@ -1,19 +1,27 @@
 //! The gRPC server every service runs: its own routes, plus the standard health service
-//! and server reflection (v1 and v1alpha), optionally over TLS or mutual TLS.
+//! and server reflection (v1 and v1alpha), over mutual TLS with every call authorized by
+//! the caller's identity ([`crate::authz`]), or in plaintext when asked to.
 
-use std::{convert::Infallible, future::Future, net::SocketAddr, path::Path};
+use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc};
 
-use tokio::net::TcpListener;
+use prometheus_client::metrics::counter::Counter;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio_stream::StreamExt;
 use tonic::{
     body::Body,
     server::NamedService,
     service::RoutesBuilder,
-    transport::{Certificate, Identity, Server, ServerTlsConfig, server::TcpIncoming},
+    transport::{Server, server::TcpIncoming},
 };
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
-use crate::{Drain, Error, GrpcArgs, Result};
+use crate::{
+    Drain, Error, GrpcArgs, Metrics, Result,
+    authz::Authorize,
+    tls::{Handshakes, Tls},
+};
 
 /// The routes a service serves; health and reflection are added by the runtime.
 #[derive(Debug, Default)]
@@ -56,6 +64,8 @@ impl GrpcServer {
     pub(crate) async fn bind(
         self,
         args: &GrpcArgs,
+        tls: Option<&Tls>,
+        metrics: &Metrics,
         drain: Drain,
     ) -> Result<(SocketAddr, impl Future<Output = ()> + use<>)> {
         let Self {
@@ -68,10 +78,6 @@ impl GrpcServer {
         routes.add_service(reflection(&descriptor_sets).build_v1()?);
         routes.add_service(reflection(&descriptor_sets).build_v1alpha()?);
 
-        let mut server = Server::builder();
-        if let Some(tls) = tls_config(args)? {
-            server = server.tls_config(tls)?;
-        }
         let listener = TcpListener::bind(args.grpc_addr)
             .await
             .map_err(|source| Error::Bind {
@@ -84,9 +90,33 @@ impl GrpcServer {
             addr: args.grpc_addr,
             source,
         })?;
-        let router = server.add_routes(routes.routes());
-        let tls = args.grpc_tls_cert.is_some();
-        let mtls = args.grpc_tls_client_ca.is_some();
+        let router = Server::builder()
+            .layer(Authorize::new(tls.cloned(), metrics))
+            .add_routes(routes.routes());
+        let incoming = match tls {
+            None => Incoming::Tcp(TcpIncoming::from(listener).with_nodelay(Some(true))),
+            Some(tls) => {
+                let failures = Counter::default();
+                metrics.register(
+                    "switchyard_grpc_tls_handshake_failures",
+                    "TLS handshakes refused by the gRPC server (no common protocol, a \
+                     certificate from another CA or expired)",
+                    failures.clone(),
+                );
+                Incoming::Tls(crate::tls::accept(
+                    listener,
+                    Handshakes {
+                        acceptor: TlsAcceptor::from(Arc::new(tls.server_config())),
+                        failures,
+                        what: "grpc",
+                        // Small frames (a lease, an ack) must leave at once: Nagle's
+                        // algorithm with delayed ACKs would hold them for tens of ms.
+                        nodelay: true,
+                    },
+                ))
+            }
+        };
+        let identity = tls.map(|tls| tls.identity().to_string());
 
         let serve = async move {
             for name in std::iter::once("").chain(names.iter().copied()) {
@@ -94,10 +124,12 @@ impl GrpcServer {
                     .set_service_status(name, ServingStatus::Serving)
                     .await;
             }
-            info!(%addr, tls, mtls, "serving gRPC");
-            // Small frames (a lease, an ack) must leave at once: Nagle's algorithm with
-            // delayed ACKs would hold them for tens of milliseconds.
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            match &identity {
+                Some(identity) => info!(%addr, %identity, "serving gRPC over mutual TLS"),
+                None => {
+                    warn!(%addr, "serving gRPC in plaintext: callers are neither authenticated nor authorized (--insecure-plaintext)")
+                }
+            }
             let shutdown = {
                 let health = health.clone();
                 async move {
@@ -109,16 +141,27 @@ impl GrpcServer {
                     }
                 }
             };
-            if let Err(error) = router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await
-            {
+            let served = match incoming {
+                Incoming::Tcp(tcp) => router.serve_with_incoming_shutdown(tcp, shutdown).await,
+                Incoming::Tls(tls) => {
+                    let tls = tokio_stream::wrappers::ReceiverStream::new(tls)
+                        .map(|(conn, _)| Ok::<_, std::io::Error>(conn));
+                    router.serve_with_incoming_shutdown(tls, shutdown).await
+                }
+            };
+            if let Err(error) = served {
                 warn!(%error, "gRPC server failed");
             }
             info!("gRPC server stopped");
         };
         Ok((addr, serve))
     }
+}
+
+/// Where connections come from: plain TCP, or TLS after the handshake.
+enum Incoming {
+    Tcp(TcpIncoming),
+    Tls(tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>),
 }
 
 fn reflection(sets: &[&'static [u8]]) -> tonic_reflection::server::Builder<'static> {
@@ -128,24 +171,4 @@ fn reflection(sets: &[&'static [u8]]) -> tonic_reflection::server::Builder<'stat
             .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET),
         |builder, set| builder.register_encoded_file_descriptor_set(set),
     )
-}
-
-fn tls_config(args: &GrpcArgs) -> Result<Option<ServerTlsConfig>> {
-    let (Some(cert), Some(key)) = (&args.grpc_tls_cert, &args.grpc_tls_key) else {
-        return Ok(None);
-    };
-    let identity = Identity::from_pem(read("TLS certificate", cert)?, read("TLS key", key)?);
-    let mut tls = ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &args.grpc_tls_client_ca {
-        tls = tls.client_ca_root(Certificate::from_pem(read("client CA", ca)?));
-    }
-    Ok(Some(tls))
-}
-
-fn read(what: &'static str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| Error::ReadTls {
-        what,
-        path: path.to_owned(),
-        source,
-    })
 }

@@ -13,13 +13,16 @@
 mod admin;
 pub mod apiserver;
 mod args;
+pub mod authz;
 mod backoff;
+mod dial;
 mod grpc;
 mod instance;
 mod kube_client;
 mod metrics;
 mod shutdown;
 mod telemetry;
+pub mod tls;
 
 /// Trace context across processes, and whether this process exports traces at all.
 pub mod trace {
@@ -34,11 +37,13 @@ use tracing::{Instrument, info, info_span, warn};
 pub use admin::{Gate, Readiness};
 pub use args::{AdminArgs, GrpcArgs, LogArgs, LogFormat, RuntimeArgs};
 pub use backoff::Backoff;
+pub use dial::{DialError, Dialer};
 pub use grpc::GrpcServer;
 pub use instance::{InstanceScope, instance_id};
 pub use kube_client::{KubeArgs, KubeError, await_apiserver};
 pub use metrics::Metrics;
 pub use shutdown::{Drain, ShutdownHandle, drain_channel};
+pub use tls::{Identity, Role, Tls, TlsArgs, TlsError};
 
 /// Errors of the runtime shell.
 #[derive(Debug, thiserror::Error)]
@@ -51,12 +56,8 @@ pub enum Error {
     },
     #[error("failed to set up telemetry: {0}")]
     Telemetry(String),
-    #[error("failed to read {what} from {path}: {source}")]
-    ReadTls {
-        what: &'static str,
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("invalid gRPC server configuration: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("failed to build the reflection service: {0}")]
@@ -75,6 +76,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug)]
 pub struct Runtime {
     grpc: GrpcArgs,
+    tls: Option<Tls>,
     drain_timeout: Duration,
     readiness: Readiness,
     metrics: Metrics,
@@ -91,11 +93,13 @@ impl Runtime {
         let RuntimeArgs {
             admin,
             grpc,
+            tls,
             log,
             drain_timeout,
         } = args;
         let telemetry = telemetry::init(service, &log)?;
         let metrics = Metrics::new(service);
+        let tls = Tls::load(&tls)?;
         let readiness = Readiness::default();
         // Closed until run(): services register their own gates before that.
         let startup = readiness.gate("startup");
@@ -118,9 +122,26 @@ impl Runtime {
                 .instrument(info_span!("admin", addr = %admin_addr)),
         );
         info!(%admin_addr, version = env!("CARGO_PKG_VERSION"), "starting");
+        match &tls {
+            Some(tls) => {
+                info!(identity = %tls.identity(), "mutual tls on every internal connection")
+            }
+            None => warn!(
+                "--insecure-plaintext: internal connections are neither encrypted nor authenticated"
+            ),
+        }
+        if let Some(tls) = &tls {
+            shutdown.spawn(
+                "tls-reload",
+                tls.clone()
+                    .watch(metrics.clone(), shutdown.drain())
+                    .instrument(info_span!("task", name = "tls-reload")),
+            );
+        }
 
         Ok(Self {
             grpc,
+            tls,
             drain_timeout: drain_timeout.into(),
             readiness,
             metrics,
@@ -135,6 +156,16 @@ impl Runtime {
     /// The bound admin address (useful when the configured port was 0).
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_addr
+    }
+
+    /// How this service dials the others (mutual TLS with its identity, or plaintext).
+    pub fn dialer(&self) -> Dialer {
+        Dialer::new(self.tls.clone())
+    }
+
+    /// This service's TLS material, unless it runs in plaintext.
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     pub fn readiness(&self) -> &Readiness {
@@ -178,7 +209,9 @@ impl Runtime {
     /// nothing). Shutdown still waits for the server, bounded by the drain timeout.
     pub async fn serve_grpc_until(&self, server: GrpcServer, stop: Drain) -> Result<SocketAddr> {
         let gate = self.readiness.gate("grpc");
-        let (addr, serve) = server.bind(&self.grpc, stop).await?;
+        let (addr, serve) = server
+            .bind(&self.grpc, self.tls.as_ref(), &self.metrics, stop)
+            .await?;
         self.shutdown
             .spawn("grpc", serve.instrument(info_span!("grpc", %addr)));
         gate.ready();

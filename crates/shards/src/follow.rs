@@ -17,7 +17,7 @@ use switchyard_elector_core::ShardState;
 use switchyard_proto::elector::v1::{
     self as pb, ShardMap, WatchShardMapRequest, elector_client::ElectorClient,
 };
-use switchyard_runtime::{Backoff, Drain};
+use switchyard_runtime::{Backoff, DialError, Dialer, Drain, Role};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -30,7 +30,7 @@ const ELECTOR_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Durat
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
     #[error("cannot reach the elector: {0}")]
-    Connect(#[from] tonic::transport::Error),
+    Connect(#[from] DialError),
     #[error("the elector answered {}: {}", .0.code(), .0.message())]
     Elector(#[from] tonic::Status),
     #[error("the elector closed the shard map stream")]
@@ -41,6 +41,7 @@ pub enum FollowError {
 
 /// Follows the elector's shard map; the receiver holds `None` until the first map arrives.
 pub fn follow_elector(
+    dialer: Dialer,
     address: String,
     shard_count: u32,
     drain: Drain,
@@ -48,7 +49,7 @@ pub fn follow_elector(
     watch::Receiver<Option<Arc<ShardView>>>,
     impl Future<Output = ()> + Send + 'static,
 ) {
-    follow_elector_as(address, shard_count, drain, move |map| {
+    follow_elector_as(dialer, address, shard_count, drain, move |map| {
         ShardView::from_map(map, shard_count)
     })
 }
@@ -57,6 +58,7 @@ pub fn follow_elector(
 /// every shard's state, not only the active owners); the receiver holds `None` until the
 /// first map arrives, and changes only when the conversion does.
 pub fn follow_elector_as<T>(
+    dialer: Dialer,
     address: String,
     shard_count: u32,
     drain: Drain,
@@ -71,9 +73,8 @@ where
     let (tx, rx) = watch::channel(None);
     let task = async move {
         let mut backoff = Backoff::new(ELECTOR_BACKOFF.0, ELECTOR_BACKOFF.1);
-        let endpoint = format!("http://{address}");
         loop {
-            match stream_maps(&endpoint, shard_count, &tx, &convert, &drain).await {
+            match stream_maps(&dialer, &address, shard_count, &tx, &convert, &drain).await {
                 Ok(()) => return,
                 Err(error) => {
                     warn!(%error, elector = %address, retry_in = ?backoff.current(), "shard map watch failed")
@@ -88,13 +89,15 @@ where
 }
 
 async fn stream_maps<T: PartialEq>(
-    endpoint: &str,
+    dialer: &Dialer,
+    address: &str,
     shard_count: u32,
     tx: &watch::Sender<Option<Arc<T>>>,
     convert: &impl Fn(&ShardMap) -> T,
     drain: &Drain,
 ) -> Result<(), FollowError> {
-    let mut client = ElectorClient::connect(endpoint.to_owned()).await?;
+    let endpoint = dialer.endpoint(address, Role::Elector)?;
+    let mut client = ElectorClient::new(dialer.connect(&endpoint, Role::Elector).await?);
     let mut maps = client
         .watch_shard_map(WatchShardMapRequest {})
         .await?

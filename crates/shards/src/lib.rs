@@ -24,12 +24,14 @@
 //! The shard states and the rules for both sides (the leader's plan, a member's step) are pure
 //! code in `switchyard-elector-core`, re-exported here.
 
+pub mod etcd;
 pub mod follow;
 pub mod member;
 pub mod route;
 pub mod store;
 pub mod view;
 
+pub use etcd::{Etcd, EtcdConfigError, EtcdTlsArgs};
 pub use follow::{FollowError, follow_elector, follow_elector_as, member_view};
 pub use route::{NoRoute, Route};
 pub use switchyard_elector_core::{MemberId, ReleaseError, ShardState};

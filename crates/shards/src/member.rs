@@ -10,8 +10,10 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, PutOptions};
+use etcd_client::PutOptions;
 use switchyard_runtime::{Backoff, Drain};
+
+use crate::etcd::Etcd;
 use tokio::{sync::watch, time::Instant};
 use tracing::{info, warn};
 
@@ -92,7 +94,7 @@ impl Default for LeaseTiming {
 /// Registers `member` and keeps it registered until `drain`, when the lease is revoked so
 /// its shards are free at once. Returns the lease state, which starts `Lost`.
 pub fn join(
-    endpoints: Vec<String>,
+    etcd: Etcd,
     member: Member,
     timing: LeaseTiming,
     drain: Drain,
@@ -102,7 +104,7 @@ pub fn join(
     let task = tokio::spawn(async move {
         let mut backoff = Backoff::new(RETRY.0, RETRY.1);
         loop {
-            match hold(&endpoints, &member, timing, &state, drain.clone()).await {
+            match hold(&etcd, &member, timing, &state, drain.clone()).await {
                 Ok(()) => return,
                 Err(error) => {
                     if state.send_replace(LeaseState::Lost) != LeaseState::Lost {
@@ -121,13 +123,13 @@ pub fn join(
 
 /// One registration: grant, put, renew until the lease is lost (error) or `drain` (Ok).
 async fn hold(
-    endpoints: &[String],
+    etcd: &Etcd,
     member: &Member,
     timing: LeaseTiming,
     state: &watch::Sender<LeaseState>,
     drain: Drain,
 ) -> Result<(), MembershipError> {
-    let mut client = Client::connect(endpoints, None).await?;
+    let mut client = etcd.connect().await?;
     let ttl_secs = i64::try_from(timing.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
     let granted_at = Instant::now();
     let lease = client.lease_grant(ttl_secs, None).await?.id();

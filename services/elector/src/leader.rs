@@ -14,10 +14,10 @@
 
 use std::time::Duration;
 
-use etcd_client::Client;
 use prometheus_client::metrics::counter::Counter;
 use switchyard_elector_core::{Transition, assign, plan};
-use switchyard_runtime::Drain;
+use switchyard_runtime::{Dialer, Drain};
+use switchyard_shards::Etcd;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
@@ -66,14 +66,15 @@ impl LeaderConfig {
 /// Campaigns and, while leading, keeps the shard map in step, until `drain`. `leading`
 /// reports whether this replica leads.
 pub async fn run(
-    endpoints: Vec<String>,
+    etcd: Etcd,
+    dialer: Dialer,
     config: LeaderConfig,
     leading: watch::Sender<bool>,
     drain: Drain,
 ) {
     loop {
         let result = tokio::select! {
-            result = campaign_and_lead(&endpoints, &config, &leading, drain.clone()) => result,
+            result = campaign_and_lead(&etcd, &dialer, &config, &leading, drain.clone()) => result,
             _ = drain.clone().signaled() => return,
         };
         leading.send_replace(false);
@@ -88,12 +89,13 @@ pub async fn run(
 }
 
 async fn campaign_and_lead(
-    endpoints: &[String],
+    etcd: &Etcd,
+    dialer: &Dialer,
     config: &LeaderConfig,
     leading: &watch::Sender<bool>,
     drain: Drain,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut client = Client::connect(endpoints, None).await?;
+    let mut client = etcd.connect().await?;
     let ttl = i64::try_from(config.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
     let lease = client.lease_grant(ttl, None).await?.id();
     let (mut keeper, mut renewals) = client.lease_keep_alive(lease).await?;
@@ -119,12 +121,13 @@ async fn campaign_and_lead(
     info!(elector = %config.id, "elected: leading the shard assignment");
     leading.send_replace(true);
 
-    let (mut members, watch) = membership::watch_members(endpoints.to_vec(), drain.clone());
+    let (mut members, watch) = membership::watch_members(etcd.clone(), drain.clone());
     // The watch lives as long as this term of leadership.
     let _watch = AbortOnDropHandle::new(watch);
     let _liveness = config.member_probe.then(|| {
         AbortOnDropHandle::new(tokio::spawn(liveness::run(
             client.clone(),
+            dialer.clone(),
             members.clone(),
             config.members_found_gone.clone(),
         )))

@@ -24,6 +24,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use switchyard_runtime::{Backoff, GrpcServer, InstanceScope, Runtime, RuntimeArgs, instance_id};
+use switchyard_shards::{Etcd, EtcdTlsArgs};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -46,6 +47,8 @@ pub struct Args {
     pub runtime: RuntimeArgs,
     #[command(flatten)]
     pub elector: ElectorArgs,
+    #[command(flatten)]
+    pub etcd_tls: EtcdTlsArgs,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -140,9 +143,15 @@ impl Args {
 
     /// Starts the service and returns its runtime (not yet running) and gRPC address.
     pub async fn start(self) -> Result<(Runtime, SocketAddr)> {
-        let Self { runtime, elector } = self;
+        let Self {
+            runtime,
+            elector,
+            etcd_tls,
+        } = self;
+        let etcd = Etcd::from_args(&elector.etcd_endpoints, &etcd_tls, &runtime.tls)
+            .map_err(|e| Error::Config(e.to_string()))?;
         let Config {
-            etcd_endpoints,
+            etcd_endpoints: _,
             id,
             shard_count,
             shard_slack,
@@ -169,11 +178,11 @@ impl Args {
         });
 
         let gate = rt.readiness().gate("etcd");
-        let endpoints = etcd_endpoints.clone();
+        let check = etcd.clone();
         rt.spawn("etcd-check", move |drain| async move {
             let mut backoff = Backoff::new(CONNECT_RETRY.0, CONNECT_RETRY.1);
             loop {
-                let status = match etcd_client::Client::connect(&endpoints, None).await {
+                let status = match check.connect().await {
                     Ok(mut client) => client.status().await,
                     Err(error) => Err(error),
                 };
@@ -208,11 +217,12 @@ impl Args {
         };
         let service = grpc::ElectorService::new(
             shard_count,
-            shardmap::watch(etcd_endpoints.clone(), shard_count, rt.drain()).0,
-            membership::watch_members(etcd_endpoints.clone(), rt.drain()).0,
+            shardmap::watch(etcd.clone(), shard_count, rt.drain()).0,
+            membership::watch_members(etcd.clone(), rt.drain()).0,
         );
+        let dialer = rt.dialer();
         rt.spawn("leader", move |drain| {
-            leader::run(etcd_endpoints, config, leading, drain)
+            leader::run(etcd, dialer, config, leading, drain)
         });
         let addr = rt
             .serve_grpc(

@@ -34,6 +34,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tracing::{debug, info, warn};
 
+use switchyard_runtime::{Dialer, Role};
 use switchyard_shards::member::{MEMBERS_PREFIX, Member};
 
 /// How long a probe connection may take before the answer counts as "no proof".
@@ -66,6 +67,7 @@ pub async fn probe(address: &str) -> Probe {
 /// registration then revoked).
 pub async fn run(
     client: Client,
+    dialer: Dialer,
     mut members: watch::Receiver<Option<Vec<Member>>>,
     detected: Counter,
 ) {
@@ -77,6 +79,7 @@ pub async fn run(
             watched.entry(member.clone()).or_insert_with(|| {
                 AbortOnDropHandle::new(tokio::spawn(follow(
                     client.clone(),
+                    dialer.clone(),
                     member,
                     detected.clone(),
                 )))
@@ -90,10 +93,10 @@ pub async fn run(
 
 /// Follows one member until its process is proven gone (its registration then revoked) or
 /// it leaves the member set (the task is dropped).
-async fn follow(mut client: Client, member: Member, detected: Counter) {
+async fn follow(mut client: Client, dialer: Dialer, member: Member, detected: Counter) {
     let mut delay = RETRY.0;
     loop {
-        let watched = watch_health(&member.address).await;
+        let watched = watch_health(&dialer, &member.address).await;
         // The registration that a refusal would prove dead, read before the probe.
         let lease = match registration(&mut client, &member).await {
             Ok(Some(lease)) => lease,
@@ -132,12 +135,12 @@ async fn follow(mut client: Client, member: Member, detected: Counter) {
 
 /// Holds a `grpc.health.v1.Health/Watch` stream to `address` until it ends. Returns whether
 /// the stream was open at all (a member that accepted it once is followed without delay).
-async fn watch_health(address: &str) -> bool {
-    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{address}")) else {
+async fn watch_health(dialer: &Dialer, address: &str) -> bool {
+    let Ok(endpoint) = dialer.endpoint(address, Role::Queue) else {
         return false;
     };
     let endpoint = endpoint.connect_timeout(PROBE_TIMEOUT);
-    let Ok(channel) = endpoint.connect().await else {
+    let Ok(channel) = dialer.connect(&endpoint, Role::Queue).await else {
         return false;
     };
     let Ok(response) = HealthClient::new(channel)

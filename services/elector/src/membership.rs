@@ -3,6 +3,7 @@
 
 use etcd_client::{Client, GetOptions};
 use switchyard_runtime::Drain;
+use switchyard_shards::Etcd;
 use switchyard_shards::member::{MEMBERS_PREFIX, Member, MembershipError};
 use tokio::sync::watch;
 
@@ -28,13 +29,13 @@ pub async fn members(client: &mut Client) -> Result<(Vec<Member>, i64), Membersh
 
 /// Publishes the member set now and after every change, until `drain`.
 pub fn watch_members(
-    endpoints: Vec<String>,
+    etcd: Etcd,
     drain: Drain,
 ) -> (
     watch::Receiver<Option<Vec<Member>>>,
     tokio::task::JoinHandle<()>,
 ) {
-    let (mut entries, mirror) = crate::mirror::mirror(endpoints, MEMBERS_PREFIX, drain);
+    let (mut entries, mirror) = crate::mirror::mirror(etcd, MEMBERS_PREFIX, drain);
     let (tx, rx) = watch::channel(None);
     let task = tokio::spawn(async move {
         let _mirror = tokio_util::task::AbortOnDropHandle::new(mirror);

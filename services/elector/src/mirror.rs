@@ -9,8 +9,9 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use etcd_client::{EventType, GetOptions, WatchOptions};
 use switchyard_runtime::{Backoff, Drain};
+use switchyard_shards::Etcd;
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -26,7 +27,7 @@ const SILENT_AFTER: Duration = Duration::from_secs(3);
 
 /// Mirrors `prefix` until `drain`. The receiver holds `None` until the first list.
 pub fn mirror(
-    endpoints: Vec<String>,
+    etcd: Etcd,
     prefix: &'static str,
     drain: Drain,
 ) -> (
@@ -38,7 +39,7 @@ pub fn mirror(
         let mut backoff = Backoff::new(RETRY.0, RETRY.1);
         loop {
             tokio::select! {
-                error = follow(&endpoints, prefix, &tx) => {
+                error = follow(&etcd, prefix, &tx) => {
                     warn!(%error, prefix, retry_in = ?backoff.current(), "etcd watch failed");
                 }
                 _ = drain.clone().signaled() => return,
@@ -52,11 +53,11 @@ pub fn mirror(
 }
 
 async fn follow(
-    endpoints: &[String],
+    etcd: &Etcd,
     prefix: &str,
     tx: &watch::Sender<Option<Entries>>,
 ) -> etcd_client::Error {
-    let mut client = match Client::connect(endpoints, None).await {
+    let mut client = match etcd.connect().await {
         Ok(client) => client,
         Err(error) => return error,
     };

@@ -139,14 +139,14 @@ fn guarded(current: &[ShardState], revision: i64, transition: &Transition) -> Tx
 /// Publishes the shard map (`shard_count` entries) now and after every change, until `drain`.
 /// A malformed entry is logged and read as unassigned, so one bad key cannot stop the map.
 pub fn watch(
-    endpoints: Vec<String>,
+    etcd: switchyard_shards::Etcd,
     shard_count: u32,
     drain: switchyard_runtime::Drain,
 ) -> (
     tokio::sync::watch::Receiver<Option<Vec<ShardState>>>,
     tokio::task::JoinHandle<()>,
 ) {
-    let (mut entries, mirror) = crate::mirror::mirror(endpoints, SHARDS_PREFIX, drain);
+    let (mut entries, mirror) = crate::mirror::mirror(etcd, SHARDS_PREFIX, drain);
     let (tx, rx) = tokio::sync::watch::channel(None);
     let task = tokio::spawn(async move {
         let _mirror = tokio_util::task::AbortOnDropHandle::new(mirror);

@@ -41,6 +41,8 @@ pub struct Args {
     pub queue: QueueArgs,
     #[command(flatten)]
     pub external_metrics: external_metrics::ExternalMetricsArgs,
+    #[command(flatten)]
+    pub etcd_tls: switchyard_shards::EtcdTlsArgs,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -156,9 +158,16 @@ impl Args {
             runtime,
             queue,
             external_metrics,
+            etcd_tls,
         } = self;
         let config = queue.config()?;
         let membership = !queue.etcd_endpoints.is_empty();
+        let etcd = if membership {
+            switchyard_shards::Etcd::from_args(&queue.etcd_endpoints, &etcd_tls, &runtime.tls)
+                .map_err(|e| Error::Config(e.to_string()))?
+        } else {
+            switchyard_shards::Etcd::plaintext(Vec::new())
+        };
         let rt = Runtime::start(SERVICE, runtime).await?;
         let names: Vec<&str> = queue.controllers.iter().map(String::as_str).collect();
         let core = serving_queue(config, &names, queue.static_shards && !membership);
@@ -182,6 +191,7 @@ impl Args {
                 let peers = external_metrics::Peers {
                     members: peers,
                     me: member_id(&queue),
+                    dialer: rt.dialer(),
                 };
                 (Some(directory), Some(peers))
             }
@@ -209,6 +219,7 @@ impl Args {
             join(
                 &rt,
                 &queue,
+                etcd,
                 addr,
                 handle,
                 directory,
@@ -226,9 +237,11 @@ fn member_id(queue: &QueueArgs) -> String {
 }
 
 /// Joins as a member (after the gRPC port is serving) and follows the shard map.
+#[allow(clippy::too_many_arguments)]
 fn join(
     rt: &Runtime,
     queue: &QueueArgs,
+    etcd: switchyard_shards::Etcd,
     addr: SocketAddr,
     handle: actor::Handle,
     directory: grpc::Directory,
@@ -249,9 +262,8 @@ fn join(
         id: id.clone(),
         address,
     };
-    let (lease, task) =
-        membership::join(queue.etcd_endpoints.clone(), member, timing, member_drain)
-            .map_err(|e| Error::Config(format!("--member-id: {e}")))?;
+    let (lease, task) = membership::join(etcd.clone(), member, timing, member_drain)
+        .map_err(|e| Error::Config(format!("--member-id: {e}")))?;
     // Tracked, so shutdown waits for the member to leave (its lease revoked); only then
     // does the gRPC port close.
     rt.spawn("membership", |_| async move {
@@ -268,7 +280,7 @@ fn join(
     });
     let ownership = ownership::Ownership {
         member: id,
-        endpoints: queue.etcd_endpoints.clone(),
+        etcd,
         shard_count: queue.shard_count,
         drain_grace: queue.drain_grace.into(),
         metrics: ownership::OwnershipMetrics::register(rt.metrics()),
@@ -290,6 +302,7 @@ fn directory(
     watch::Receiver<Option<Vec<external_metrics::Peer>>>,
 ) {
     let (snapshots, follow) = switchyard_shards::follow_elector_as(
+        rt.dialer(),
         elector,
         queue.shard_count,
         rt.drain(),

@@ -215,7 +215,7 @@ impl OwnershipMetrics {
 #[derive(Debug)]
 pub struct Ownership {
     pub member: String,
-    pub endpoints: Vec<String>,
+    pub etcd: switchyard_shards::Etcd,
     pub shard_count: u32,
     pub drain_grace: Duration,
     pub metrics: OwnershipMetrics,
@@ -363,9 +363,7 @@ impl Ownership {
         client: &'a mut Option<etcd_client::Client>,
     ) -> Option<&'a mut etcd_client::Client> {
         if client.is_none() {
-            *client = etcd_client::Client::connect(&self.endpoints, None)
-                .await
-                .ok();
+            *client = self.etcd.connect().await.ok();
         }
         client.as_mut()
     }

@@ -12,6 +12,7 @@ use switchyard_proto::{
     common::v1::GroupVersionKind,
     watcher::v1::{Freshness, GetRequest, ListRequest, cache_client::CacheClient as Grpc},
 };
+use switchyard_runtime::{Dialer, Role};
 use tonic::transport::Channel;
 
 /// How long a read waits for the cache to reach a resourceVersion (the watcher caps it at
@@ -108,12 +109,13 @@ fn decode<K: Resource + DeserializeOwned>(json: &[u8]) -> Result<K, CacheError> 
 }
 
 impl CacheClient {
-    /// A client of the watcher at `address` (host:port); connects lazily.
-    pub fn new(address: &str) -> Result<Self, CacheError> {
-        let endpoint = Channel::from_shared(format!("http://{address}"))
+    /// A client of the watcher at `address` (host:port) through `dialer`; connects lazily.
+    pub fn new(dialer: &Dialer, address: &str) -> Result<Self, CacheError> {
+        let channel = dialer
+            .channel(address, Role::Watcher)
             .map_err(|_| CacheError::Address(address.to_owned()))?;
         Ok(Self {
-            grpc: Grpc::new(endpoint.connect_lazy()),
+            grpc: Grpc::new(channel),
         })
     }
 

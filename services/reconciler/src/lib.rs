@@ -244,7 +244,7 @@ impl Args {
             let client = client.clone();
             move |drain| await_apiserver(client, gate, drain)
         });
-        let cache = CacheClient::new(&watcher_addr)?;
+        let cache = CacheClient::new(&rt.dialer(), &watcher_addr)?;
         let ctx = Context::new(client, cache.clone(), &worker_id);
         let mut contexts = BTreeMap::new();
         for name in registry.names() {
@@ -258,6 +258,7 @@ impl Args {
             concurrency,
             reconcile_timeout,
             drain_timeout,
+            dialer: rt.dialer(),
         };
         info!(
             controllers = ?registry.names(),
@@ -279,8 +280,12 @@ impl Args {
                 rt.spawn("worker", move |drain| worker.serve(queue.into(), drain));
             }
             Route::Elector(elector) => {
-                let (view, follow) =
-                    switchyard_shards::follow_elector(elector, shard_count, rt.drain());
+                let (view, follow) = switchyard_shards::follow_elector(
+                    rt.dialer(),
+                    elector,
+                    shard_count,
+                    rt.drain(),
+                );
                 rt.spawn("shard-map", |_| follow);
                 rt.spawn("worker", move |drain| worker.follow(view, drain));
             }

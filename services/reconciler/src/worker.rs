@@ -60,6 +60,8 @@ pub struct Settings {
     pub reconcile_timeout: Duration,
     /// How long in-flight reconciles may take to finish after SIGTERM.
     pub drain_timeout: Duration,
+    /// How the worker reaches the queue replicas.
+    pub dialer: switchyard_runtime::Dialer,
 }
 
 /// What every work stream of this worker shares.
@@ -190,6 +192,7 @@ impl Session {
             registry, settings, ..
         } = &self.worker;
         let mut session = WorkSession::open(
+            &settings.dialer,
             &self.queue,
             &settings.worker_id,
             registry.names(),

@@ -175,6 +175,7 @@ impl Args {
             max_pending_keys,
             config.shard_count,
             metrics.clone(),
+            rt.dialer(),
         ));
 
         let view = match route {
@@ -192,7 +193,7 @@ impl Args {
             Route::Elector(elector) => {
                 let gate = rt.readiness().gate("shard-map");
                 let (view, follow) =
-                    directory::follow_elector(elector, config.shard_count, rt.drain());
+                    directory::follow_elector(rt.dialer(), elector, config.shard_count, rt.drain());
                 rt.spawn("shard-map", |_| follow);
                 let mut first = view.clone();
                 rt.spawn("shard-map-ready", move |drain| async move {

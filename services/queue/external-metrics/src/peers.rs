@@ -4,6 +4,7 @@
 use std::{sync::Arc, time::Duration};
 
 use switchyard_proto::queue::v1::{StatsRequest, queue_client::QueueClient};
+use switchyard_runtime::{Dialer, Role};
 use tokio::sync::watch;
 
 /// How long another member gets to report its backlog; the HPA asks every 15 s by default.
@@ -25,6 +26,8 @@ pub struct Peers {
     pub members: watch::Receiver<Option<Vec<Peer>>>,
     /// This replica's member id, left out of the fan-out.
     pub me: String,
+    /// How this replica reaches the others.
+    pub dialer: Dialer,
 }
 
 impl Peers {
@@ -41,9 +44,16 @@ impl Peers {
         let others: Vec<Peer> = members.into_iter().filter(|m| m.id != self.me).collect();
         let answers = futures::future::join_all(others.iter().map(|member| async move {
             let ask = async {
-                let mut client = QueueClient::connect(format!("http://{}", member.address))
-                    .await
+                let endpoint = self
+                    .dialer
+                    .endpoint(&member.address, Role::Queue)
                     .map_err(|e| e.to_string())?;
+                let mut client = QueueClient::new(
+                    self.dialer
+                        .connect(&endpoint, Role::Queue)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                );
                 client
                     .stats(StatsRequest::default())
                     .await

@@ -1,0 +1,328 @@
+//! Who may call what: the one authorization table, and the layer that applies it to every
+//! gRPC call before the service sees it.
+//!
+//! A caller is identified by its client certificate ([`crate::tls`]). No certificate →
+//! `UNAUTHENTICATED`; an identity the table does not list for the method → `PERMISSION_DENIED`
+//! naming both. Each refusal is counted in `switchyard_grpc_denied_total{method,reason}`
+//! and logged once per caller and minute.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+};
+use tonic::{
+    Status,
+    body::Body,
+    transport::server::{TcpConnectInfo, TlsConnectInfo},
+};
+use tracing::warn;
+
+use crate::{
+    Metrics,
+    tls::{Identity, Role, Tls},
+};
+
+/// Who may call a method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone who completes the TLS handshake, with or without a certificate: health
+    /// checks, for probes and load balancers that hold no Switchyard identity.
+    Open,
+    /// Every Switchyard identity of this installation, the observer included.
+    AnyRole,
+    /// Only these roles.
+    Roles(&'static [Role]),
+}
+
+/// The authorization table, by full gRPC method path or by service prefix (ending in `/`).
+/// A method in no row is refused to everyone.
+pub const TABLE: &[(&str, Access)] = &[
+    ("/grpc.health.v1.Health/", Access::Open),
+    ("/grpc.reflection.v1.ServerReflection/", Access::AnyRole),
+    (
+        "/grpc.reflection.v1alpha.ServerReflection/",
+        Access::AnyRole,
+    ),
+    (
+        "/switchyard.queue.v1.Queue/Enqueue",
+        Access::Roles(&[Role::Watcher, Role::Reconciler]),
+    ),
+    (
+        "/switchyard.queue.v1.Queue/EnqueueStream",
+        Access::Roles(&[Role::Watcher, Role::Reconciler]),
+    ),
+    (
+        "/switchyard.queue.v1.Queue/Work",
+        Access::Roles(&[Role::Reconciler]),
+    ),
+    ("/switchyard.queue.v1.Queue/Stats", Access::AnyRole),
+    (
+        "/switchyard.watcher.v1.Cache/Get",
+        Access::Roles(&[Role::Reconciler]),
+    ),
+    (
+        "/switchyard.watcher.v1.Cache/List",
+        Access::Roles(&[Role::Reconciler]),
+    ),
+    (
+        "/switchyard.watcher.v1.Resync/ResyncShard",
+        Access::Roles(&[Role::Queue, Role::Elector]),
+    ),
+    (
+        "/switchyard.elector.v1.Elector/GetShardMap",
+        Access::AnyRole,
+    ),
+    (
+        "/switchyard.elector.v1.Elector/WatchShardMap",
+        Access::AnyRole,
+    ),
+];
+
+/// The row that governs `path` (`/package.Service/Method`).
+pub fn access(path: &str) -> Option<Access> {
+    TABLE
+        .iter()
+        .find(|(key, _)| *key == path || (key.ends_with('/') && path.starts_with(key)))
+        .map(|(_, access)| *access)
+}
+
+/// The authenticated caller of a call, in the request's extensions for the service.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub identity: Identity,
+    pub role: Role,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeniedLabels {
+    method: String,
+    reason: &'static str,
+}
+
+/// How often one caller's refusals are logged.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+/// Callers remembered for that; the map is cleared when it outgrows this.
+const LOG_MEMORY: usize = 4096;
+
+/// Remembers when each caller was last logged, so that a caller retrying in a loop fills
+/// the log with one line a minute, not one per call.
+#[derive(Debug, Default)]
+pub(crate) struct LogLimiter(Mutex<HashMap<String, Instant>>);
+
+impl LogLimiter {
+    /// Whether `who` is due a log line now (and, if so, that it was logged).
+    pub(crate) fn due(&self, who: String) -> bool {
+        let now = Instant::now();
+        let mut logged = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if logged.len() >= LOG_MEMORY {
+            logged.retain(|_, at| now.duration_since(*at) < LOG_EVERY);
+        }
+        let due = logged
+            .get(&who)
+            .is_none_or(|at| now.duration_since(*at) >= LOG_EVERY);
+        if due {
+            logged.insert(who, now);
+        }
+        due
+    }
+}
+
+#[derive(Debug)]
+struct Policy {
+    tls: Tls,
+    denied: Family<DeniedLabels, Counter>,
+    logged: LogLimiter,
+}
+
+impl Policy {
+    fn check(&self, path: &str, peer: Peer<'_>) -> Result<Option<Caller>, Status> {
+        let access = access(path);
+        if access == Some(Access::Open) {
+            return Ok(None);
+        }
+        let Some(cert) = peer.cert else {
+            return Err(self.deny(path, "unauthenticated", peer.addr(), || {
+                Status::unauthenticated(format!(
+                    "{path} requires a client certificate of a Switchyard service"
+                ))
+            }));
+        };
+        let identity = match Identity::of_certificate(cert) {
+            Ok(identity) => identity,
+            Err(error) => {
+                return Err(self.deny(path, "unauthenticated", peer.addr(), || {
+                    Status::unauthenticated(format!("{path}: {error}"))
+                }));
+            }
+        };
+        let role = self.tls.role_of(&identity);
+        let allowed = match (access, role) {
+            (Some(Access::AnyRole), Some(_)) => true,
+            (Some(Access::Roles(roles)), Some(role)) => roles.contains(&role),
+            _ => false,
+        };
+        match role {
+            Some(role) if allowed => Ok(Some(Caller { identity, role })),
+            _ => Err(self.deny(path, "forbidden", identity.to_string(), || {
+                Status::permission_denied(format!("{identity} may not call {path}"))
+            })),
+        }
+    }
+
+    fn deny(
+        &self,
+        path: &str,
+        reason: &'static str,
+        who: String,
+        status: impl FnOnce() -> Status,
+    ) -> Status {
+        self.denied
+            .get_or_create(&DeniedLabels {
+                method: path.to_owned(),
+                reason,
+            })
+            .inc();
+        let status = status();
+        if self.logged.due(who.clone()) {
+            warn!(caller = %who, method = path, reason, message = status.message(), "grpc call refused (logged once a minute per caller)");
+        }
+        status
+    }
+}
+
+struct Peer<'a> {
+    cert: Option<&'a rustls::pki_types::CertificateDer<'static>>,
+    remote: Option<std::net::SocketAddr>,
+}
+
+impl Peer<'_> {
+    fn addr(&self) -> String {
+        self.remote
+            .map(|addr| addr.ip().to_string())
+            .unwrap_or_else(|| "unknown".to_owned())
+    }
+}
+
+/// The layer the gRPC server wraps its routes in; in plaintext (no identities) it lets
+/// every call through.
+#[derive(Clone, Debug)]
+pub(crate) struct Authorize(Option<Arc<Policy>>);
+
+impl Authorize {
+    pub(crate) fn new(tls: Option<Tls>, metrics: &Metrics) -> Self {
+        let Some(tls) = tls else {
+            return Self(None);
+        };
+        let denied = Family::<DeniedLabels, Counter>::default();
+        metrics.register(
+            "switchyard_grpc_denied",
+            "gRPC calls refused by the authorization table, by method and reason \
+             (unauthenticated: no valid identity; forbidden: an identity the method does \
+             not allow)",
+            denied.clone(),
+        );
+        Self(Some(Arc::new(Policy {
+            tls,
+            denied,
+            logged: LogLimiter::default(),
+        })))
+    }
+}
+
+impl<S> tower_layer::Layer<S> for Authorize {
+    type Service = Authorized<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Authorized {
+            inner,
+            policy: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Authorized<S> {
+    inner: S,
+    policy: Option<Arc<Policy>>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> tower_service::Service<http::Request<Body>> for Authorized<S>
+where
+    S: tower_service::Service<http::Request<Body>, Response = http::Response<Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        let info = request
+            .extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .cloned();
+        let certs = info.as_ref().and_then(|info| info.peer_certs());
+        let peer = Peer {
+            cert: certs.as_deref().and_then(|certs| certs.first()),
+            remote: info.as_ref().and_then(|info| info.get_ref().remote_addr()),
+        };
+        let checked = match &self.policy {
+            Some(policy) => policy.check(request.uri().path(), peer),
+            None => Ok(None),
+        };
+        match checked {
+            Ok(caller) => {
+                if let Some(caller) = caller {
+                    request.extensions_mut().insert(caller);
+                }
+                // The clone is ready only if polled; the polled one serves this call.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                Box::pin(inner.call(request))
+            }
+            Err(status) => Box::pin(std::future::ready(Ok(status.into_http()))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_is_reachable_and_unknown_methods_are_refused() {
+        assert_eq!(access("/grpc.health.v1.Health/Watch"), Some(Access::Open));
+        assert_eq!(
+            access("/switchyard.queue.v1.Queue/Work"),
+            Some(Access::Roles(&[Role::Reconciler]))
+        );
+        assert_eq!(access("/switchyard.queue.v1.Queue/Purge"), None);
+        assert_eq!(access("/switchyard.queue.v1.Queue/Worker"), None);
+        for (path, row) in TABLE {
+            let probe = if path.ends_with('/') {
+                format!("{path}Any")
+            } else {
+                (*path).to_owned()
+            };
+            assert_eq!(access(&probe), Some(*row), "{path}");
+        }
+    }
+}

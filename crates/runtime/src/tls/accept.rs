@@ -1,0 +1,105 @@
+//! The TLS side of a listener: each handshake on its own task, so a slow or hostile client
+//! never holds up the others, and the listener closed as soon as its server stops.
+//!
+//! ```text
+//!  TcpListener ─► accept ─► spawn: handshake (≤ HANDSHAKE_TIMEOUT) ─► mpsc ─► server
+//! ```
+
+use std::{net::SocketAddr, time::Duration};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+};
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tracing::warn;
+
+use crate::authz::LogLimiter;
+
+/// A client that never finishes its handshake gives up its slot after this long; a
+/// Switchyard peer completes one in milliseconds.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshaken connections waiting for the server; more wait in the kernel's backlog.
+const ACCEPT_QUEUE: usize = 64;
+/// Pause after a failed accept (for example, out of file descriptors) before trying again.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// What the accept loop needs besides the listener.
+#[derive(Clone)]
+pub struct Handshakes {
+    pub acceptor: TlsAcceptor,
+    /// Counts failed handshakes (no common protocol, a certificate from another CA, an
+    /// expired one).
+    pub failures: Counter,
+    /// Names the listener in logs.
+    pub what: &'static str,
+    /// Disable Nagle's algorithm on accepted sockets.
+    pub nodelay: bool,
+}
+
+impl std::fmt::Debug for Handshakes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshakes")
+            .field("what", &self.what)
+            .field("nodelay", &self.nodelay)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Accepts on `listener` until the returned receiver is dropped; then the listener closes.
+pub fn accept(
+    listener: TcpListener,
+    handshakes: Handshakes,
+) -> mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)> {
+    let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
+    tokio::spawn(accept_loop(listener, handshakes, tx));
+    rx
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    handshakes: Handshakes,
+    tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+) {
+    let limiter = std::sync::Arc::new(LogLimiter::default());
+    loop {
+        let accepted = tokio::select! {
+            () = tx.closed() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                warn!(%error, listener = handshakes.what, "accept failed");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        if handshakes.nodelay {
+            let _ = tcp.set_nodelay(true);
+        }
+        let handshakes = handshakes.clone();
+        let limiter = limiter.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let error = match tokio::time::timeout(
+                HANDSHAKE_TIMEOUT,
+                handshakes.acceptor.accept(tcp),
+            )
+            .await
+            {
+                Ok(Ok(tls)) => {
+                    let _ = tx.send((tls, peer)).await;
+                    return;
+                }
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => "timed out".to_owned(),
+            };
+            handshakes.failures.inc();
+            if limiter.due(peer.ip().to_string()) {
+                warn!(%peer, %error, listener = handshakes.what, "tls handshake failed (logged once a minute per peer)");
+            }
+        });
+    }
+}

@@ -1,0 +1,402 @@
+//! Mutual TLS for every internal connection: this service's certificate and the CA its peers
+//! chain to, read from files and reloaded when they change.
+//!
+//! ```text
+//!  files ──(poll every --tls-reload-interval)──► Material (key, roots, identity)
+//!                                                  │  read at every handshake
+//!           server: ServerConfig ◄── cert resolver ┤  client verifier (chain; cert optional)
+//!           client: ClientConfig ◄── cert resolver ┘  server verifier (chain + expected role)
+//! ```
+//!
+//! Established connections keep the certificate they were made with; new handshakes use the
+//! current one. A client proves who it is with its certificate and the server authorizes each
+//! call by that identity ([`crate::authz`]); a client checks that the server's certificate
+//! names the role it meant to reach (the identity, not the address, which for queue members
+//! is a Pod IP no certificate can name in advance).
+
+mod accept;
+mod identity;
+mod verify;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Unit,
+};
+use rustls::{
+    ClientConfig, RootCertStore, ServerConfig,
+    crypto::CryptoProvider,
+    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    server::{WebPkiClientVerifier, danger::ClientCertVerifier},
+    sign::CertifiedKey,
+};
+use tracing::{info, warn};
+
+pub use accept::{Handshakes, accept};
+pub use identity::{Identity, IdentityError, Role};
+
+use crate::{Drain, Metrics};
+
+/// How this service proves who it is and whom it trusts.
+#[derive(Clone, Debug, clap::Args)]
+pub struct TlsArgs {
+    /// PEM certificate chain of this service's identity (a spiffe:// URI SAN): served by the
+    /// gRPC server and presented to the services it calls
+    #[arg(
+        long,
+        env = "SWITCHYARD_TLS_CERT",
+        requires_all = ["tls_key", "tls_ca"],
+        required_unless_present = "insecure_plaintext"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long, env = "SWITCHYARD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle that every peer's certificate must chain to
+    #[arg(long, env = "SWITCHYARD_TLS_CA", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// How often the three files are checked for a change; new connections use the new ones
+    #[arg(long, env = "SWITCHYARD_TLS_RELOAD_INTERVAL", default_value = "1s")]
+    pub tls_reload_interval: humantime::Duration,
+    /// Serve and dial gRPC in plaintext, with no caller identities and no authorization
+    /// (development only; logged as a warning at start)
+    #[arg(
+        long,
+        env = "SWITCHYARD_INSECURE_PLAINTEXT",
+        conflicts_with_all = ["tls_cert", "tls_key", "tls_ca"]
+    )]
+    pub insecure_plaintext: bool,
+}
+
+impl TlsArgs {
+    /// Arguments for plaintext: for tests of parts that never open a connection.
+    pub fn plaintext() -> Self {
+        Self {
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            tls_reload_interval: Duration::from_secs(1).into(),
+            insecure_plaintext: true,
+        }
+    }
+
+    /// Arguments naming the three files.
+    pub fn files(cert: &Path, key: &Path, ca: &Path) -> Self {
+        Self {
+            tls_cert: Some(cert.to_owned()),
+            tls_key: Some(key.to_owned()),
+            tls_ca: Some(ca.to_owned()),
+            ..Self::plaintext()
+        }
+        .secure()
+    }
+
+    fn secure(mut self) -> Self {
+        self.insecure_plaintext = false;
+        self
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("failed to read {what} from {path}: {reason}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("{path} holds no {what}")]
+    Empty { what: &'static str, path: PathBuf },
+    #[error("the certificate in {path} names no service identity: {source}")]
+    Identity {
+        path: PathBuf,
+        source: IdentityError,
+    },
+    #[error("invalid TLS material: {0}")]
+    Invalid(String),
+    #[error("neither --tls-cert/--tls-key/--tls-ca nor --insecure-plaintext was given")]
+    Unconfigured,
+}
+
+/// The files' contents, parsed; replaced whole on reload.
+#[derive(Debug)]
+struct Material {
+    key: Arc<CertifiedKey>,
+    roots: Arc<RootCertStore>,
+    identity: Identity,
+    client_verifier: Arc<dyn ClientCertVerifier>,
+    not_after: Option<i64>,
+    files: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Files {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+}
+
+impl Files {
+    fn read(&self) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), TlsError> {
+        let read = |what, path: &Path| {
+            std::fs::read(path).map_err(|e| TlsError::Read {
+                what,
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })
+        };
+        Ok((
+            read("TLS certificate", &self.cert)?,
+            read("TLS key", &self.key)?,
+            read("TLS CA", &self.ca)?,
+        ))
+    }
+}
+
+/// This service's TLS material, shared by its server and its clients.
+#[derive(Clone, Debug)]
+pub struct Tls {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    files: Files,
+    provider: Arc<CryptoProvider>,
+    current: RwLock<Arc<Material>>,
+    interval: Duration,
+}
+
+impl Tls {
+    /// Loads the files named by `args`; `None` with `--insecure-plaintext`.
+    pub fn load(args: &TlsArgs) -> Result<Option<Tls>, TlsError> {
+        if args.insecure_plaintext {
+            return Ok(None);
+        }
+        let (Some(cert), Some(key), Some(ca)) = (&args.tls_cert, &args.tls_key, &args.tls_ca)
+        else {
+            return Err(TlsError::Unconfigured);
+        };
+        let files = Files {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let material = parse(&files, &provider)?;
+        Ok(Some(Tls {
+            inner: Arc::new(Inner {
+                files,
+                provider,
+                current: RwLock::new(Arc::new(material)),
+                interval: args.tls_reload_interval.into(),
+            }),
+        }))
+    }
+
+    /// This service's own identity, from its current certificate.
+    pub fn identity(&self) -> Identity {
+        self.current().identity.clone()
+    }
+
+    /// The role `peer` holds towards this service: same trust domain and namespace, and a
+    /// Switchyard service account.
+    pub fn role_of(&self, peer: &Identity) -> Option<Role> {
+        peer.role_among(&self.current().identity)
+    }
+
+    fn current(&self) -> Arc<Material> {
+        self.inner
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Rereads the files; keeps the current material when they are unchanged or invalid.
+    fn reload(&self) -> Result<bool, TlsError> {
+        let (cert, key, ca) = self.inner.files.read()?;
+        let fingerprint = [cert, key, ca].concat();
+        if fingerprint == self.current().files {
+            return Ok(false);
+        }
+        let material = parse(&self.inner.files, &self.inner.provider)?;
+        *self
+            .inner
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(material);
+        Ok(true)
+    }
+
+    /// Watches the files until `drain`, counting reloads and exposing the certificate's
+    /// expiry.
+    pub(crate) async fn watch(self, metrics: Metrics, drain: Drain) {
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        metrics.register(
+            "switchyard_tls_reloads",
+            "Reloads of the TLS certificate, key and CA files, by result",
+            reloads.clone(),
+        );
+        let expiry = Gauge::<i64>::default();
+        metrics.register_with_unit(
+            "switchyard_tls_certificate_expiry_timestamp",
+            "When this service's certificate expires, since the Unix epoch",
+            Unit::Seconds,
+            expiry.clone(),
+        );
+        let show_expiry = |tls: &Tls| {
+            if let Some(not_after) = tls.current().not_after {
+                expiry.set(not_after);
+            }
+        };
+        show_expiry(&self);
+        let mut tick = tokio::time::interval(self.inner.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        let stop = drain.signaled();
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => return,
+                _ = tick.tick() => {}
+            }
+            match self.reload() {
+                Ok(false) => failing = false,
+                Ok(true) => {
+                    failing = false;
+                    reloads.get_or_create(&ReloadLabels::ok()).inc();
+                    show_expiry(&self);
+                    info!(identity = %self.identity(), "tls material reloaded");
+                }
+                Err(error) => {
+                    reloads.get_or_create(&ReloadLabels::error()).inc();
+                    // Files are often written one at a time: the next tick sees them whole.
+                    if !failing {
+                        warn!(%error, "tls material not reloaded; keeping the current one");
+                    }
+                    failing = true;
+                }
+            }
+        }
+    }
+
+    /// The gRPC server's configuration: this service's certificate, client certificates
+    /// verified against the CA when offered (a call without one is refused per method, so
+    /// that health checks stay open).
+    pub fn server_config(&self) -> ServerConfig {
+        let mut config = ServerConfig::builder_with_provider(self.inner.provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("the ring provider supports the default protocol versions")
+            .with_client_cert_verifier(Arc::new(verify::CurrentClientVerifier(self.clone())))
+            .with_cert_resolver(Arc::new(verify::CurrentKey(self.clone())));
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        config
+    }
+
+    /// A client's configuration for calling a service of role `peer`: this service's
+    /// certificate, and the server's verified against the CA and required to name `peer`.
+    pub fn client_config(&self, peer: Role) -> ClientConfig {
+        let mut config = ClientConfig::builder_with_provider(self.inner.provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("the ring provider supports the default protocol versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verify::PeerVerifier {
+                tls: self.clone(),
+                expected: peer,
+            }))
+            .with_client_cert_resolver(Arc::new(verify::CurrentKey(self.clone())));
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        config
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+impl ReloadLabels {
+    fn ok() -> Self {
+        Self { result: "ok" }
+    }
+    fn error() -> Self {
+        Self { result: "error" }
+    }
+}
+
+fn parse(files: &Files, provider: &Arc<CryptoProvider>) -> Result<Material, TlsError> {
+    let (cert_pem, key_pem, ca_pem) = files.read()?;
+    let fingerprint = [cert_pem.clone(), key_pem.clone(), ca_pem.clone()].concat();
+    let pem_error = |what, path: &Path| {
+        let path = path.to_owned();
+        move |e: rustls::pki_types::pem::Error| TlsError::Read {
+            what,
+            path,
+            reason: e.to_string(),
+        }
+    };
+    let chain = CertificateDer::pem_slice_iter(&cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(pem_error("TLS certificate", &files.cert))?;
+    let Some(leaf) = chain.first() else {
+        return Err(TlsError::Empty {
+            what: "certificate",
+            path: files.cert.clone(),
+        });
+    };
+    let identity = Identity::of_certificate(leaf).map_err(|source| TlsError::Identity {
+        path: files.cert.clone(),
+        source,
+    })?;
+    let not_after = x509_parser::parse_x509_certificate(leaf.as_ref())
+        .ok()
+        .map(|(_, cert)| cert.validity().not_after.timestamp());
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(pem_error("TLS key", &files.key))?;
+    let signing = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| TlsError::Invalid(format!("{}: {e}", files.key.display())))?;
+    let key = CertifiedKey::new(chain, signing);
+    key.keys_match().map_err(|e| {
+        TlsError::Invalid(format!(
+            "{} and {}: {e}",
+            files.cert.display(),
+            files.key.display()
+        ))
+    })?;
+
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&ca_pem) {
+        let cert = cert.map_err(pem_error("TLS CA", &files.ca))?;
+        roots
+            .add(cert)
+            .map_err(|e| TlsError::Invalid(format!("{}: {e}", files.ca.display())))?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Empty {
+            what: "CA certificate",
+            path: files.ca.clone(),
+        });
+    }
+    let roots = Arc::new(roots);
+    let client_verifier =
+        WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| TlsError::Invalid(format!("{}: {e}", files.ca.display())))?;
+    Ok(Material {
+        key: Arc::new(key),
+        roots,
+        identity,
+        client_verifier,
+        not_after,
+        files: fingerprint,
+    })
+}
