@@ -1,4 +1,5 @@
-//! etcd on loopback, on its own (the elector's store) or under the apiserver.
+//! etcd on loopback, on its own (the elector's store, over TLS with client certificates as
+//! in an installation) or under the apiserver (plaintext, the apiserver's own business).
 
 use std::{
     path::{Path, PathBuf},
@@ -19,22 +20,34 @@ pub struct Etcd {
     dir: PathBuf,
     ports: (u16, u16),
     endpoint: String,
+    /// Serving certificate, and the CA client certificates must chain to.
+    tls: Option<crate::tls::Files>,
     process: Option<ManagedProcess>,
     _temp: Option<tempfile::TempDir>,
 }
 
 impl Etcd {
-    /// Starts etcd in a temporary directory of its own.
+    /// Starts etcd in a temporary directory of its own, serving TLS with the shared test
+    /// PKI's etcd certificate and requiring client certificates from its CA.
     pub async fn start() -> Result<Self> {
         let temp = tempfile::Builder::new()
             .prefix("switchyard-etcd-")
             .tempdir()?;
-        let mut etcd = Self::start_in(&Binaries::locate()?, temp.path()).await?;
+        let tls = crate::Pki::shared().files_of(crate::tls::ETCD_ACCOUNT);
+        let mut etcd = Self::start_with(&Binaries::locate()?, temp.path(), Some(tls)).await?;
         etcd._temp = Some(temp);
         Ok(etcd)
     }
 
     pub(crate) async fn start_in(binaries: &Binaries, dir: &Path) -> Result<Self> {
+        Self::start_with(binaries, dir, None).await
+    }
+
+    async fn start_with(
+        binaries: &Binaries,
+        dir: &Path,
+        tls: Option<crate::tls::Files>,
+    ) -> Result<Self> {
         let _ = std::fs::remove_dir_all(dir.join("etcd-data"));
         start_on_free_ports("etcd", || async {
             let ports = (free_port()?, free_port()?);
@@ -42,7 +55,12 @@ impl Etcd {
                 binaries: binaries.clone(),
                 dir: dir.to_owned(),
                 ports,
-                endpoint: format!("http://127.0.0.1:{}", ports.0),
+                endpoint: format!(
+                    "{}://127.0.0.1:{}",
+                    if tls.is_some() { "https" } else { "http" },
+                    ports.0
+                ),
+                tls: tls.clone(),
                 process: None,
                 _temp: None,
             };
@@ -52,9 +70,29 @@ impl Etcd {
         .await
     }
 
-    /// The client URL, `http://127.0.0.1:<port>`.
+    /// The client URL, `https://127.0.0.1:<port>` (`http://` under the apiserver).
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// How a client reaches this etcd, presenting `role`'s certificate when it serves TLS.
+    pub fn connection(&self, role: switchyard_runtime::Role) -> switchyard_shards::Etcd {
+        let endpoints = vec![self.endpoint.clone()];
+        match &self.tls {
+            None => switchyard_shards::Etcd::plaintext(endpoints),
+            Some(_) => {
+                let files = crate::Pki::shared().files(role);
+                switchyard_shards::Etcd::with_tls(endpoints, &files.cert, &files.key, &files.ca)
+            }
+        }
+    }
+
+    /// A client of this etcd, as a queue member would connect.
+    pub async fn client(&self) -> Result<etcd_client::Client> {
+        self.connection(switchyard_runtime::Role::Queue)
+            .connect()
+            .await
+            .map_err(|e| crate::Error::Setup(format!("connecting to etcd: {e}")))
     }
 
     /// Kills etcd at once (SIGKILL); its data stays for [`Self::restart`].
@@ -77,9 +115,9 @@ impl Etcd {
     }
 
     async fn run(&mut self) -> Result<()> {
-        let client_url = format!("http://127.0.0.1:{}", self.ports.0);
+        let client_url = self.endpoint.clone();
         let peer_url = format!("http://127.0.0.1:{}", self.ports.1);
-        let args = vec![
+        let mut args = vec![
             "--name=switchyard-testenv".to_owned(),
             format!("--data-dir={}", self.dir.join("etcd-data").display()),
             format!("--listen-client-urls={client_url}"),
@@ -91,6 +129,26 @@ impl Etcd {
             "--auto-compaction-retention=1".to_owned(),
             "--log-level=warn".to_owned(),
         ];
+        let mut http = reqwest::Client::builder();
+        if let Some(tls) = &self.tls {
+            args.extend([
+                format!("--cert-file={}", tls.cert.display()),
+                format!("--key-file={}", tls.key.display()),
+                format!("--trusted-ca-file={}", tls.ca.display()),
+                "--client-cert-auth=true".to_owned(),
+            ]);
+            // The health check presents a client certificate like any other client.
+            let pem = [std::fs::read(&tls.cert)?, std::fs::read(&tls.key)?].concat();
+            let setup = |e: reqwest::Error| crate::Error::Setup(format!("etcd TLS: {e}"));
+            http = http
+                .add_root_certificate(
+                    reqwest::Certificate::from_pem(&std::fs::read(&tls.ca)?).map_err(setup)?,
+                )
+                .identity(reqwest::Identity::from_pem(&pem).map_err(setup)?);
+        }
+        let http = http
+            .build()
+            .map_err(|e| crate::Error::Setup(format!("etcd health client: {e}")))?;
         let mut process = ManagedProcess::spawn(
             "etcd",
             &self.binaries.path("etcd"),
@@ -98,7 +156,6 @@ impl Etcd {
             &[],
             &self.dir.join("etcd.log"),
         )?;
-        let http = reqwest::Client::new();
         let url = format!("{client_url}/health");
         wait_healthy(&mut process, START_TIMEOUT, || http_ok(&http, &url)).await?;
         self.process = Some(process);

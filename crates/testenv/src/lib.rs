@@ -29,6 +29,7 @@ mod pki;
 mod ports;
 mod process;
 mod service;
+pub mod tls;
 
 pub use binaries::Binaries;
 pub use cluster::{ApiServer, ControlPlane, ControlPlaneOptions, ControllerManager};
@@ -38,6 +39,7 @@ pub use in_process::InProcess;
 pub use namespace::TestNamespace;
 pub use otelcol::{Collector, ExportedSpan};
 pub use service::{ServiceProcess, assert_service_lifecycle, list_services};
+pub use tls::Pki;
 
 /// For benchmarks: whether the measurement `name` should run. `SWITCHYARD_BENCH_RUNS`, a
 /// comma-separated list of names, runs only those; unset, everything runs.

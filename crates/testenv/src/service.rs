@@ -16,8 +16,10 @@ use tonic_reflection::pb::v1::{
     server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
 };
 
+use switchyard_runtime::Role;
+
 use crate::{
-    Error, Result,
+    Error, Pki, Result,
     ports::free_port,
     process::{ManagedProcess, start_on_free_ports, wait_healthy},
 };
@@ -43,6 +45,9 @@ impl ServiceProcess {
 
     /// Like [`Self::start`], with the gRPC port at `grpc` when given: a service restarted
     /// where its clients were told to find it.
+    ///
+    /// A Switchyard service gets its role's certificate from the shared test [`Pki`] unless
+    /// `args` name their own (`--tls-cert`) or ask for `--insecure-plaintext`.
     pub async fn start_with_grpc(
         program: &Path,
         grpc: Option<SocketAddr>,
@@ -68,6 +73,15 @@ impl ServiceProcess {
                 format!("--grpc-addr={grpc}"),
             ];
             all_args.extend(args.iter().map(|a| (*a).to_owned()));
+            let own_tls = args
+                .iter()
+                .any(|a| a.starts_with("--tls-cert") || a.starts_with("--insecure-plaintext"))
+                || envs.iter().any(|(k, _)| {
+                    *k == "SWITCHYARD_TLS_CERT" || *k == "SWITCHYARD_INSECURE_PLAINTEXT"
+                });
+            if let Some(role) = crate::tls::role_of_program(program).filter(|_| !own_tls) {
+                all_args.extend(Pki::shared().flags(role));
+            }
             let mut process = ManagedProcess::spawn(
                 &name,
                 program,
@@ -203,12 +217,11 @@ pub async fn assert_service_lifecycle(program: &Path, service: &str, envs: &[(&s
         panic!("/metrics of {service} is not valid OpenMetrics text: {error}\n{metrics}");
     }
 
-    let endpoint = format!("http://{}", process.grpc_addr());
-    let channel = tonic::transport::Endpoint::from_shared(endpoint)
-        .expect("endpoint")
-        .connect()
+    let role = crate::tls::role_of_program(program).expect("a Switchyard service binary");
+    let channel = Pki::shared()
+        .channel(Role::Observer, role, process.grpc_addr())
         .await
-        .expect("connect to the gRPC port");
+        .expect("connect to the gRPC port over mutual TLS");
     let health = HealthClient::new(channel.clone())
         .check(HealthCheckRequest {
             service: String::new(),

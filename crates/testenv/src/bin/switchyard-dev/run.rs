@@ -139,6 +139,12 @@ pub async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow
         .await
         .context("starting etcd for the elector")?;
     println!("elector etcd: {}", etcd.endpoint());
+    let pki = switchyard_testenv::Pki::shared();
+    println!(
+        "certificates: {} (the observer's, for grpcurl: {}/switchyard-observer/tls.{{crt,key}})",
+        pki.dir().display(),
+        pki.dir().display()
+    );
 
     let mut running = Vec::new();
     let started = start_services(&services_dir, &cluster, &etcd, &mut running).await;
