@@ -130,6 +130,13 @@ pub(crate) fn event(response: pb::WorkResponse) -> Option<Event> {
             lease_id: ack.lease_id,
             reason: ack.reason,
         },
+        // A queue that predates `applied` sends neither it nor a reason when it extends.
+        Reply::LeaseExtended(refused) if !refused.applied && !refused.reason.is_empty() => {
+            Event::Refused {
+                lease_id: refused.lease_id,
+                reason: refused.reason,
+            }
+        }
         Reply::LeaseExtended(extended) => Event::Extended {
             lease_id: extended.lease_id,
             deadline: time(extended.lease_deadline),
@@ -164,5 +171,33 @@ mod tests {
                 name: "a".into()
             })
         );
+    }
+
+    #[test]
+    fn an_extension_refused_for_another_streams_lease_is_a_refusal() {
+        let extended = |applied: bool, reason: &str| {
+            event(pb::WorkResponse {
+                response: Some(Reply::LeaseExtended(pb::LeaseExtended {
+                    lease_id: "l".into(),
+                    lease_deadline: None,
+                    applied,
+                    reason: reason.into(),
+                })),
+            })
+        };
+        let reason = "failed precondition: lease held by another stream";
+        assert_eq!(
+            extended(false, reason),
+            Some(Event::Refused {
+                lease_id: "l".into(),
+                reason: reason.into()
+            })
+        );
+        let extension = Some(Event::Extended {
+            lease_id: "l".into(),
+            deadline: None,
+        });
+        assert_eq!(extended(true, ""), extension);
+        assert_eq!(extended(false, ""), extension, "a queue before `applied`");
     }
 }

@@ -73,8 +73,8 @@ pub enum Event {
     Applied {
         lease_id: String,
     },
-    /// The outcome was refused (the lease expired, or its shard moved); the key is the
-    /// queue's again.
+    /// The outcome was refused (the lease expired, or its shard moved; the key is the
+    /// queue's again), or the outcome or extension named a lease another stream holds.
     Refused {
         lease_id: String,
         reason: String,

@@ -122,7 +122,7 @@ fn bench_core() {
     let mut done = 0;
     while let Some(lease) = queue.lease(1, &[], now) {
         queue
-            .complete(lease.shard(), lease.epoch, lease.id, Outcome::Done, now)
+            .complete(1, lease.shard(), lease.epoch, lease.id, Outcome::Done, now)
             .unwrap();
         done += 1;
     }

@@ -348,7 +348,9 @@ impl Actor {
                 outcome,
             } => {
                 let controller = self.queue.lease_controller(lease);
-                let result = self.queue.complete(shard, epoch, lease, outcome, now);
+                let result = self
+                    .queue
+                    .complete(worker, shard, epoch, lease, outcome, now);
                 match (&result, controller) {
                     (Ok(worked), Some(controller)) => {
                         self.metrics.completed(controller, shard, *worked, outcome)
@@ -371,7 +373,7 @@ impl Actor {
                 lease,
                 by,
             } => {
-                let result = self.queue.extend(shard, epoch, lease, by, now);
+                let result = self.queue.extend(worker, shard, epoch, lease, by, now);
                 if let Err(refused) = result {
                     self.metrics.refused(refused);
                 }
@@ -543,7 +545,7 @@ mod tests {
     use super::*;
 
     fn actor() -> (Actor, Handle) {
-        let queue = Queue::new(QueueConfig::default(), &["rs"]);
+        let queue = Queue::new(QueueConfig::default(), &["rs"], crate::RandomLeaseIds);
         let names: Vec<Arc<str>> = queue.key_space().names().to_vec();
         let metrics = QueueMetrics::register(&Metrics::new_for_tests(), &names);
         Actor::new(queue, metrics, Duration::from_secs(1))

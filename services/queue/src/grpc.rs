@@ -335,6 +335,18 @@ fn to_response(names: &[Arc<str>], message: ToWorker) -> Result<pb::WorkResponse
                 response: Some(WorkReply::LeaseExtended(pb::LeaseExtended {
                     lease_id: lease.to_string(),
                     lease_deadline: Some(timestamp(deadline)),
+                    applied: true,
+                    reason: String::new(),
+                })),
+            }),
+            // Another stream's lease: refused on this stream alone, which goes on, as the
+            // holder's lease and stream do.
+            Err(refused @ Refused::ForeignLease) => Ok(pb::WorkResponse {
+                response: Some(WorkReply::LeaseExtended(pb::LeaseExtended {
+                    lease_id: lease.to_string(),
+                    lease_deadline: None,
+                    applied: false,
+                    reason: refused.to_string(),
                 })),
             }),
             Err(refused) => Err(EdgeError::NotExtended { lease, refused }),
@@ -467,6 +479,12 @@ fn lease_context(controller: &str, lease: &Lease) -> TraceFields {
     if ours.is_empty() { first } else { ours }
 }
 
+/// The lease a message names; an id that does not parse names none, so its outcome or
+/// extension is refused as unknown, as any other lease id never issued is.
+fn lease_id(id: &str) -> LeaseId {
+    id.parse().unwrap_or(LeaseId::NONE)
+}
+
 fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command, String> {
     match message.request {
         None => Err("request: one of hello, credit, outcome or extend is required".into()),
@@ -505,8 +523,7 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
                 worker,
                 shard: outcome.shard,
                 epoch: outcome.epoch,
-                // A lease id that does not parse names no lease: refused as unknown.
-                lease: outcome.lease_id.parse().unwrap_or(0),
+                lease: lease_id(&outcome.lease_id),
                 outcome: result,
             })
         }
@@ -520,7 +537,7 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
                 worker,
                 shard: extend.shard,
                 epoch: extend.epoch,
-                lease: extend.lease_id.parse().unwrap_or(0),
+                lease: lease_id(&extend.lease_id),
                 by,
             })
         }
@@ -583,7 +600,9 @@ pub enum EdgeError {
         owner_address: String,
         epoch: u64,
     },
-    /// A lease could not be extended (its outcome would be refused too).
+    /// A lease could not be extended, its epoch stale or the lease unknown (its outcome would
+    /// be refused too): the stream ends. An extension of another stream's lease is answered
+    /// on the stream instead (`LeaseExtended.applied` false), and the stream goes on.
     #[error("extend lease {lease}: {refused}")]
     NotExtended { lease: LeaseId, refused: Refused },
     #[error("the queue is shutting down")]
@@ -675,7 +694,7 @@ mod tests {
             (EdgeError::Invalid("x: bad".into()), Code::InvalidArgument),
             (
                 EdgeError::NotExtended {
-                    lease: 7,
+                    lease: LeaseId::from_u128(7),
                     refused: Refused::UnknownLease,
                 },
                 Code::FailedPrecondition,

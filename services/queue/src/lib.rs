@@ -13,7 +13,7 @@ pub mod ownership;
 use std::{net::SocketAddr, sync::Arc};
 
 use switchyard_external_metrics as external_metrics;
-use switchyard_queue_core::{BackoffConfig, Queue, QueueConfig};
+use switchyard_queue_core::{BackoffConfig, LeaseId, LeaseIds, Queue, QueueConfig};
 use switchyard_runtime::{GrpcServer, InstanceScope, Runtime, RuntimeArgs};
 use switchyard_shards::{STATIC_EPOCH, member as membership};
 use tokio::sync::watch;
@@ -365,10 +365,22 @@ fn replace<T: Clone + PartialEq>(slot: &mut Option<T>, value: &T) -> bool {
     changed
 }
 
-/// A queue that serves every shard at [`STATIC_EPOCH`] when `static_shards` is set.
+/// Lease ids drawn from the thread's CSPRNG (ChaCha, seeded by the OS): 128 bits a client
+/// cannot guess, so no stream can name a lease it was not handed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RandomLeaseIds;
+
+impl LeaseIds for RandomLeaseIds {
+    fn next_id(&mut self) -> LeaseId {
+        LeaseId::from_u128(rand::random())
+    }
+}
+
+/// A queue with random lease ids that serves every shard at [`STATIC_EPOCH`] when
+/// `static_shards` is set.
 pub fn serving_queue(config: QueueConfig, controllers: &[&str], static_shards: bool) -> Queue {
     let shard_count = config.shard_count;
-    let mut queue = Queue::new(config, controllers);
+    let mut queue = Queue::new(config, controllers, RandomLeaseIds);
     if static_shards {
         for shard in 0..shard_count {
             queue.acquire(shard, STATIC_EPOCH);

@@ -1,5 +1,6 @@
 //! client-go's work-queue metrics (`workqueue_*`, labelled `name` = controller and `shard`),
-//! so existing dashboards read Switchyard's queue, plus lease expirations and refused outcomes.
+//! so existing dashboards read Switchyard's queue, plus lease expirations and refused outcomes
+//! (by reason, foreign leases among them).
 
 use std::{collections::HashMap, sync::Arc, sync::atomic::AtomicU64, time::Duration};
 
@@ -132,7 +133,7 @@ impl QueueMetrics {
         );
         metrics.register(
             "switchyard_queue_refused_outcomes",
-            "Outcomes and lease extensions refused (stale epoch or unknown lease)",
+            "Outcomes and lease extensions refused (stale epoch, unknown lease, another stream's lease)",
             this.refused.clone(),
         );
         this
@@ -194,6 +195,7 @@ impl QueueMetrics {
         let reason = match reason {
             Refused::StaleEpoch => "stale_epoch",
             Refused::UnknownLease => "unknown_lease",
+            Refused::ForeignLease => "foreign_lease",
         };
         self.refused.get_or_create(&RefusedLabels { reason }).inc();
     }

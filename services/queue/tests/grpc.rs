@@ -1,5 +1,5 @@
 //! The queue service over loopback gRPC: many workers, workers that die mid-lease, stale
-//! outcomes, backpressure, bad input and shard ownership.
+//! outcomes, leases bound to their stream, backpressure, bad input and shard ownership.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,9 +14,9 @@ use prost::Message;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
     queue::v1::{
-        Credit, Done, EnqueueItem, EnqueueRequest, Failed, LeasedItem, Outcome, ShardStats,
-        StatsRequest, WorkRequest, WorkResponse, WorkerHello, outcome, queue_client::QueueClient,
-        work_request::Request as Msg, work_response::Response as Reply,
+        Credit, Done, EnqueueItem, EnqueueRequest, ExtendLease, Failed, LeaseExtended, LeasedItem,
+        Outcome, ShardStats, StatsRequest, WorkRequest, WorkResponse, WorkerHello, outcome,
+        queue_client::QueueClient, work_request::Request as Msg, work_response::Response as Reply,
     },
 };
 use switchyard_queue_core::shard::shard_of;
@@ -214,6 +214,26 @@ impl Worker {
             }
         }
     }
+
+    async fn extend(&mut self, item: &LeasedItem, by: Duration) -> LeaseExtended {
+        self.send(Msg::Extend(ExtendLease {
+            shard: item.shard,
+            epoch: item.epoch,
+            lease_id: item.lease_id.clone(),
+            extend_by: prost_types::Duration::try_from(by).ok(),
+        }))
+        .await;
+        loop {
+            match self.next().await {
+                Reply::LeaseExtended(extended) => {
+                    assert_eq!(extended.lease_id, item.lease_id);
+                    return extended;
+                }
+                Reply::Item(early) => self.early.push_back(early),
+                Reply::OutcomeAck(_) => {}
+            }
+        }
+    }
 }
 
 #[tokio::test]
@@ -332,8 +352,9 @@ async fn stale_and_unknown_outcomes_are_refused_and_change_nothing() {
         .await;
     assert!(!applied);
     assert!(reason.starts_with("stale epoch"), "{reason}");
+    // Well formed, as a guess would be, but never issued.
     let unknown = LeasedItem {
-        lease_id: "424242".into(),
+        lease_id: "5f0e3c2a9b8d7e6f1a2b3c4d5e6f7a8b".into(),
         ..item.clone()
     };
     let (applied, reason) = worker
@@ -356,6 +377,85 @@ async fn stale_and_unknown_outcomes_are_refused_and_change_nothing() {
         )
         .await;
     assert!(applied);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_lease_is_answered_and_extended_only_on_the_stream_that_received_it() {
+    const FOREIGN: &str = "failed precondition: lease held by another stream";
+    let (server, mut client) = Server::seeded(&[], ["bound".to_owned()]).await;
+    let mut holder = Worker::connect(&mut client, &[]).await;
+    holder.credit(1).await;
+    let item = holder.item().await;
+    let mut c = server.client().await;
+    let mut other = Worker::connect(&mut c, &[]).await;
+
+    let (applied, reason) = other
+        .finish(&item, outcome::Result::Done(Done {}), item.epoch)
+        .await;
+    assert_eq!((applied, reason.as_str()), (false, FOREIGN));
+    let extended = other.extend(&item, Duration::from_secs(600)).await;
+    assert_eq!(
+        (extended.applied, extended.reason.as_str()),
+        (false, FOREIGN)
+    );
+    assert_eq!(extended.lease_deadline, None);
+    // The refusals end neither stream: the other stream is still answered...
+    let unknown = LeasedItem {
+        lease_id: "5f0e3c2a9b8d7e6f1a2b3c4d5e6f7a8b".into(),
+        ..item.clone()
+    };
+    let (applied, reason) = other
+        .finish(&unknown, outcome::Result::Done(Done {}), item.epoch)
+        .await;
+    assert!(!applied);
+    assert!(reason.starts_with("unknown lease"), "{reason}");
+    assert_eq!(
+        stats_sum(&mut client, |s| s.in_flight).await,
+        1,
+        "still leased"
+    );
+    // ...and the holder's outcome applies.
+    let (applied, reason) = holder
+        .finish(&item, outcome::Result::Done(Done {}), item.epoch)
+        .await;
+    assert!(applied, "{reason}");
+    assert_eq!(stats_sum(&mut client, |s| s.depth + s.in_flight).await, 0);
+    assert_eq!(
+        metric_sum(
+            server.admin,
+            "switchyard_queue_refused_outcomes_total{reason=\"foreign_lease\"}"
+        )
+        .await,
+        2.0
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn lease_ids_are_128_random_bits_in_hex() {
+    let names: Vec<String> = (0..16).map(|i| format!("id-{i}")).collect();
+    let (server, mut client) = Server::seeded(&[], names.clone()).await;
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    worker.credit(16).await;
+    let mut ids = Vec::new();
+    for _ in &names {
+        let id = worker.item().await.lease_id;
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{id}"
+        );
+        ids.push(u128::from_str_radix(&id, 16).unwrap());
+    }
+    // Random ids are spread over 128 bits: no two of them are near each other, as ids counted
+    // or drawn from a narrow range would be (the odds of a false alarm are about 2^-56).
+    for (i, a) in ids.iter().enumerate() {
+        for b in &ids[i + 1..] {
+            assert!(a.abs_diff(*b) > 1 << 64, "{a:032x} and {b:032x}");
+        }
+    }
     server.stop().await;
 }
 
@@ -563,6 +663,11 @@ async fn a_shard_not_served_here_is_refused_with_where_to_go() {
 
 /// Refused outcomes counted by the server, by its metrics.
 async fn refused_outcomes(admin: SocketAddr) -> f64 {
+    metric_sum(admin, "switchyard_queue_refused_outcomes_total{").await
+}
+
+/// The sum of the server's samples whose line starts with `prefix`.
+async fn metric_sum(admin: SocketAddr, prefix: &str) -> f64 {
     let text = reqwest::get(format!("http://{admin}/metrics"))
         .await
         .unwrap()
@@ -570,7 +675,7 @@ async fn refused_outcomes(admin: SocketAddr) -> f64 {
         .await
         .unwrap();
     text.lines()
-        .filter(|l| l.starts_with("switchyard_queue_refused_outcomes_total{"))
+        .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }

@@ -12,8 +12,10 @@
 //!   one); an add while delayed keeps the **earliest** ready time; an add while leased marks the
 //!   key dirty and it is queued again when the lease ends.
 //! - A leased key is never leased again until its outcome arrives or its lease expires.
-//! - Every lease carries its shard's epoch and a lease id; an outcome with a stale epoch or an
-//!   unknown lease id is refused and counted, never applied.
+//! - Every lease carries its shard's epoch and a lease id, and is bound to the worker (one
+//!   session) it was handed to; an outcome or extension with a stale epoch, an unknown lease
+//!   id, or from another worker than the holder is refused and counted, never applied. Lease
+//!   ids come from a [`LeaseIds`] source the caller gives: random in a served queue.
 //!
 //! - Each add may carry a cause (opaque here: the service keeps a trace context in it). Causes
 //!   of coalesced adds are kept, the latest [`MAX_CAUSES`] of them, and handed out with the
@@ -38,8 +40,9 @@ pub use key::{
     ControllerId, KeyError, KeySpace, MAX_NAME_LEN, MAX_NAMESPACE_LEN, ValidKey, WorkKey,
 };
 pub use queue::{
-    AddOutcome, Cause, Error, Lease, LeaseId, MAX_CAUSES, MAX_LEASE_EXTENSION, Outcome, Priority,
-    Queue, QueueConfig, Refused, Result, ShardStats, Totals, WorkerId,
+    AddOutcome, Cause, Error, InvalidLeaseId, Lease, LeaseId, LeaseIds, MAX_CAUSES,
+    MAX_LEASE_EXTENSION, Outcome, Priority, Queue, QueueConfig, Refused, Result,
+    SequentialLeaseIds, ShardStats, Totals, WorkerId,
 };
 
 /// Credits one message of a work stream may grant: the queue refuses more, and the queue

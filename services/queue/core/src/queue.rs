@@ -24,7 +24,9 @@ mod tests;
 
 use causes::Causes;
 pub use causes::{Cause, MAX_CAUSES};
-pub use lease::{Lease, LeaseId, MAX_LEASE_EXTENSION, WorkerId};
+pub use lease::{
+    InvalidLeaseId, Lease, LeaseId, LeaseIds, MAX_LEASE_EXTENSION, SequentialLeaseIds, WorkerId,
+};
 use lease::{LeaseInfo, LeaseMap};
 pub use stats::{ShardStats, Totals};
 
@@ -45,6 +47,9 @@ pub enum Refused {
     StaleEpoch,
     #[error("unknown lease: it expired, was released, or never existed")]
     UnknownLease,
+    /// The lease is live but bound to another worker's stream; it stays that worker's.
+    #[error("failed precondition: lease held by another stream")]
+    ForeignLease,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -185,13 +190,18 @@ pub struct Queue {
     delayed: BinaryHeap<Reverse<DelayedItem>>,
     len: usize,
     next_seq: u64,
-    next_lease: LeaseId,
+    lease_ids: Box<dyn LeaseIds>,
     cursor: usize,
     totals: Totals,
 }
 
 impl Queue {
-    pub fn new(config: QueueConfig, controllers: &[&str]) -> Self {
+    /// An empty queue serving no shard yet; its lease ids come from `lease_ids`.
+    pub fn new(
+        config: QueueConfig,
+        controllers: &[&str],
+        lease_ids: impl LeaseIds + 'static,
+    ) -> Self {
         Self {
             backoff: Backoff::new(config.backoff.clone()),
             keys: KeySpace::new(controllers, config.shard_count),
@@ -210,7 +220,7 @@ impl Queue {
             delayed: BinaryHeap::new(),
             len: 0,
             next_seq: 0,
-            next_lease: 1,
+            lease_ids: Box::new(lease_ids),
             cursor: 0,
             totals: Totals::default(),
         }

@@ -1,7 +1,8 @@
 //! Random sequences of add / add-after / lease / outcome / time passing / worker release /
 //! ownership change, run against the real queue and a small reference model. Invariants:
-//! a key is held at most once, never leased twice at a time, outcomes on dead leases are
-//! refused, and nothing is lost: every key still owed work is leased once time runs on.
+//! a key is held at most once, never leased twice at a time, outcomes on dead leases and
+//! from workers that do not hold the lease are refused and change nothing, and nothing is
+//! lost: every key still owed work is leased once time runs on.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,8 +13,8 @@ use std::{
 
 use proptest::prelude::*;
 use switchyard_queue_core::{
-    BackoffConfig, KeySpace, Lease, Outcome, Priority, Queue, QueueConfig, Refused, ValidKey,
-    WorkKey,
+    BackoffConfig, KeySpace, Lease, LeaseId, Outcome, Priority, Queue, QueueConfig, Refused,
+    SequentialLeaseIds, ValidKey, WorkKey, WorkerId,
 };
 
 const CONTROLLERS: [&str; 2] = ["apps/v1/ReplicaSet", "apps/v1/Deployment"];
@@ -35,6 +36,8 @@ enum Op {
         pick: usize,
         outcome: u8,
         stale_epoch: bool,
+        /// Sent by a worker that does not hold the lease.
+        foreign: bool,
     },
     Advance {
         ms: u64,
@@ -52,8 +55,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..CONTROLLERS.len() * NAMES, any::<bool>(), prop_oneof![Just(0u64), 1..3000u64])
             .prop_map(|(key, low, delay_ms)| Op::Add { key, low, delay_ms }),
         4 => (1..3u64).prop_map(|worker| Op::Lease { worker }),
-        3 => (any::<usize>(), 0..4u8, prop::bool::weighted(0.1))
-            .prop_map(|(pick, outcome, stale_epoch)| Op::Complete { pick, outcome, stale_epoch }),
+        3 => (any::<usize>(), 0..4u8, prop::bool::weighted(0.1), prop::bool::weighted(0.1))
+            .prop_map(|(pick, outcome, stale_epoch, foreign)| Op::Complete { pick, outcome, stale_epoch, foreign }),
         2 => (1..4000u64).prop_map(|ms| Op::Advance { ms }),
         1 => (1..3u64).prop_map(|worker| Op::ReleaseWorker { worker }),
         1 => (0..SHARDS).prop_map(|shard| Op::Reacquire { shard }),
@@ -78,7 +81,7 @@ enum Held {
 struct Model {
     held: HashMap<usize, Held>,
     /// Live leases the model expects: lease id -> (key, deadline, worker).
-    leases: HashMap<u64, (usize, Instant, u64)>,
+    leases: HashMap<LeaseId, (usize, Instant, WorkerId)>,
     epochs: HashMap<u32, u64>,
 }
 
@@ -107,6 +110,7 @@ proptest! {
                 backoff: BackoffConfig { base: Duration::from_millis(5), max: Duration::from_secs(2), qps: 0.0, burst: 0 },
             },
             &CONTROLLERS,
+            SequentialLeaseIds::default(),
         );
         let mut model = Model { held: HashMap::new(), leases: HashMap::new(), epochs: HashMap::new() };
         for shard in 0..SHARDS {
@@ -137,12 +141,13 @@ proptest! {
                         model.leases.insert(lease.id, (key, lease.deadline, worker));
                     }
                 }
-                Op::Complete { pick, outcome, stale_epoch } => {
+                Op::Complete { pick, outcome, stale_epoch, foreign } => {
                     expire(&mut queue, &mut model, now);
-                    let mut ids: Vec<u64> = model.leases.keys().copied().collect();
+                    let mut ids: Vec<LeaseId> = model.leases.keys().copied().collect();
                     ids.sort_unstable();
                     let Some(&id) = ids.get(pick % ids.len().max(1)) else { continue };
-                    let (key, ..) = model.leases[&id];
+                    let (key, _, holder) = model.leases[&id];
+                    let worker = if foreign { holder + 100 } else { holder };
                     let shard = shard_of(&queue, key);
                     let epoch = model.epochs[&shard] + u64::from(stale_epoch);
                     let outcome = match outcome {
@@ -151,9 +156,13 @@ proptest! {
                         2 => Outcome::Forget,
                         _ => Outcome::RequeueAfter(Duration::from_millis(700)),
                     };
-                    let result = queue.complete(shard, epoch, id, outcome, now);
+                    let result = queue.complete(worker, shard, epoch, id, outcome, now);
                     if stale_epoch {
                         prop_assert_eq!(result, Err(Refused::StaleEpoch));
+                        continue;
+                    }
+                    if foreign {
+                        prop_assert_eq!(result, Err(Refused::ForeignLease));
                         continue;
                     }
                     prop_assert!(result.is_ok(), "live lease refused: {:?}", result);
@@ -170,7 +179,7 @@ proptest! {
                 }
                 Op::ReleaseWorker { worker } => {
                     let released = queue.release_worker(worker, now);
-                    let mine: Vec<u64> = model.leases.iter().filter(|(_, (_, _, w))| *w == worker).map(|(id, _)| *id).collect();
+                    let mine: Vec<LeaseId> = model.leases.iter().filter(|(_, (_, _, w))| *w == worker).map(|(id, _)| *id).collect();
                     prop_assert_eq!(released, mine.len());
                     for id in mine {
                         let (key, ..) = model.leases.remove(&id).unwrap();
@@ -202,7 +211,7 @@ proptest! {
             expire(&mut queue, &mut model, now);
             while let Some(lease) = queue.lease(9, &[], now) {
                 leased.insert(index_of(&lease));
-                queue.complete(lease.shard(), lease.epoch, lease.id, Outcome::Done, now).unwrap();
+                queue.complete(9, lease.shard(), lease.epoch, lease.id, Outcome::Done, now).unwrap();
             }
             if queue.is_empty() { break; }
         }
@@ -214,7 +223,7 @@ proptest! {
 /// Lets the queue expire leases and mirrors it in the model.
 fn expire(queue: &mut Queue, model: &mut Model, now: Instant) {
     let expired = queue.advance(now).len();
-    let due: Vec<u64> = model
+    let due: Vec<LeaseId> = model
         .leases
         .iter()
         .filter(|(_, (_, d, _))| *d <= now)

@@ -13,7 +13,68 @@ use crate::key::{ControllerId, ValidKey};
 /// again, so a dead worker's key is not held for hours.
 pub const MAX_LEASE_EXTENSION: Duration = Duration::from_secs(3600);
 
-pub type LeaseId = u64;
+/// Names a lease: 128 bits, written as 32 lowercase hex digits. With the stream that holds
+/// it, all a worker shows to answer or extend a lease, so a served queue draws them at
+/// random ([`LeaseIds`]): one client cannot name another's lease by guessing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseId(u128);
+
+impl LeaseId {
+    /// Names no lease: never issued. The service's edge stands it in for an id that does not
+    /// parse, so that outcome is refused as unknown like any other.
+    pub const NONE: Self = Self(0);
+
+    pub const fn from_u128(id: u128) -> Self {
+        Self(id)
+    }
+}
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// A string that is not 32 lowercase hex digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a lease id is 32 lowercase hex digits")]
+pub struct InvalidLeaseId;
+
+impl std::str::FromStr for LeaseId {
+    type Err = InvalidLeaseId;
+
+    /// Only the form [`Display`](std::fmt::Display) writes, so one lease has one name.
+    fn from_str(s: &str) -> Result<Self, InvalidLeaseId> {
+        let hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
+        if s.len() != 32 || !s.as_bytes().iter().all(hex) {
+            return Err(InvalidLeaseId);
+        }
+        u128::from_str_radix(s, 16)
+            .map(Self)
+            .map_err(|_| InvalidLeaseId)
+    }
+}
+
+/// Where lease ids come from. The core reads no randomness, as it reads no clock: the service
+/// draws ids from a CSPRNG, tests and benchmarks may count ([`SequentialLeaseIds`]). An id
+/// that is [`LeaseId::NONE`] or names a live lease is drawn again.
+pub trait LeaseIds: Send + std::fmt::Debug {
+    fn next_id(&mut self) -> LeaseId;
+}
+
+/// 1, 2, 3…: deterministic, for tests and benchmarks. Guessable, so never for a served queue.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SequentialLeaseIds(u128);
+
+impl LeaseIds for SequentialLeaseIds {
+    fn next_id(&mut self) -> LeaseId {
+        self.0 += 1;
+        LeaseId(self.0)
+    }
+}
+
+/// The worker a lease is bound to: one session (a Work stream) of a worker process. Only it
+/// may answer or extend its leases.
 pub type WorkerId = u64;
 
 /// A key handed to a worker.
@@ -45,9 +106,10 @@ impl Lease {
     }
 }
 
-/// Hashes lease ids, which this replica generates in sequence: nobody can choose them to
-/// collide, so SipHash's flooding protection buys nothing here (keys, which users name,
-/// keep SipHash). Fibonacci hashing spreads the sequence over the table.
+/// Hashes lease ids, which this replica draws (at random, or in sequence in tests): nobody
+/// outside can choose them to collide, so SipHash's flooding protection buys nothing here
+/// (keys, which users name, keep SipHash). Folding the halves and Fibonacci hashing spread a
+/// sequence over the table as well as random ids.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct LeaseIdHasher(u64);
 
@@ -60,8 +122,9 @@ impl std::hash::Hasher for LeaseIdHasher {
             self.0 = (self.0 << 8 | u64::from(*byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         }
     }
-    fn write_u64(&mut self, id: u64) {
-        self.0 = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    fn write_u128(&mut self, id: u128) {
+        let folded = (id as u64) ^ ((id >> 64) as u64);
+        self.0 = folded.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
@@ -166,8 +229,7 @@ impl Queue {
             let Some(ShardState::Active(epoch)) = self.shards.get(&entry.shard).copied() else {
                 continue;
             };
-            let id = self.next_lease;
-            self.next_lease += 1;
+            let id = fresh_id(self.lease_ids.as_mut(), &self.leases);
             let deadline = now + self.config.lease_timeout;
             entry.state = State::Leased { pending: None };
             let causes = if queue.causes.is_empty() {
@@ -202,16 +264,19 @@ impl Queue {
         None
     }
 
-    /// Applies a worker's outcome. Returns how long the key was leased.
+    /// Applies the outcome `worker` sends for one of its leases. Returns how long the key was
+    /// leased. Refused, changing nothing, when the epoch is stale, the lease unknown, or the
+    /// lease held by another worker (which may still answer it).
     pub fn complete(
         &mut self,
+        worker: WorkerId,
         shard: u32,
         epoch: u64,
         lease: LeaseId,
         outcome: Outcome,
         now: Instant,
     ) -> Result<Duration, Refused> {
-        let info = self.check_lease(shard, epoch, lease)?;
+        let info = self.check_lease(worker, shard, epoch, lease)?;
         let worked = now.saturating_duration_since(info.leased_at);
         let finish = match outcome {
             Outcome::Done | Outcome::Forget => Finish::Forget(None),
@@ -225,16 +290,18 @@ impl Queue {
         Ok(worked)
     }
 
-    /// Extends a lease to `now + by`. Returns the new deadline.
+    /// Extends one of `worker`'s leases to `now + by`. Returns the new deadline. Refused as
+    /// [`complete`](Self::complete) is.
     pub fn extend(
         &mut self,
+        worker: WorkerId,
         shard: u32,
         epoch: u64,
         lease: LeaseId,
         by: Duration,
         now: Instant,
     ) -> Result<Instant, Refused> {
-        self.check_lease(shard, epoch, lease)?;
+        self.check_lease(worker, shard, epoch, lease)?;
         let deadline = now + by.min(MAX_LEASE_EXTENSION);
         if let Some(info) = self.leases.get_mut(&lease) {
             info.deadline = deadline;
@@ -269,6 +336,7 @@ impl Queue {
 
     fn check_lease(
         &mut self,
+        worker: WorkerId,
         shard: u32,
         epoch: u64,
         lease: LeaseId,
@@ -278,7 +346,11 @@ impl Queue {
             return Err(Refused::StaleEpoch);
         }
         match self.leases.get(&lease) {
-            Some(info) if info.key.shard() == shard => Ok(info),
+            Some(info) if info.key.shard() == shard && info.worker == worker => Ok(info),
+            Some(info) if info.key.shard() == shard => {
+                self.totals.refused_foreign_lease += 1;
+                Err(Refused::ForeignLease)
+            }
             _ => {
                 self.totals.refused_unknown_lease += 1;
                 Err(Refused::UnknownLease)
@@ -337,6 +409,18 @@ impl Queue {
                 }
                 self.len -= 1;
             }
+        }
+    }
+}
+
+/// A new lease's id from `ids`: never [`LeaseId::NONE`], never a live lease's (either would
+/// let an answer meant for one lease end another). A random 128-bit draw repeats neither in
+/// practice; the check makes it a promise whatever the source.
+fn fresh_id(ids: &mut dyn LeaseIds, live: &LeaseMap<LeaseInfo>) -> LeaseId {
+    loop {
+        let id = ids.next_id();
+        if id != LeaseId::NONE && !live.contains_key(&id) {
+            return id;
         }
     }
 }

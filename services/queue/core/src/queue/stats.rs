@@ -35,6 +35,8 @@ pub struct Totals {
     pub lease_expirations: u64,
     pub refused_stale_epoch: u64,
     pub refused_unknown_lease: u64,
+    /// Outcomes and extensions for a lease another worker holds.
+    pub refused_foreign_lease: u64,
 }
 
 impl Queue {

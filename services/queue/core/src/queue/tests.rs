@@ -6,6 +6,9 @@ const RS: &str = "apps/v1/ReplicaSet";
 
 const CONTROLLERS: [&str; 2] = [RS, "apps/v1/Deployment"];
 
+/// The worker [`lease`] leases to.
+const W: WorkerId = 1;
+
 fn key(name: &str) -> ValidKey {
     KeySpace::new(&CONTROLLERS, 4)
         .validate_parts(RS, "default", name)
@@ -24,6 +27,7 @@ fn queue() -> (Queue, Instant) {
             },
         },
         &CONTROLLERS,
+        SequentialLeaseIds::default(),
     );
     for shard in 0..4 {
         q.acquire(shard, 7);
@@ -33,7 +37,7 @@ fn queue() -> (Queue, Instant) {
 
 fn lease(q: &mut Queue, now: Instant) -> Option<Lease> {
     q.advance(now);
-    q.lease(1, &[], now)
+    q.lease(W, &[], now)
 }
 
 fn cause(n: usize) -> Cause {
@@ -63,7 +67,7 @@ fn coalesced_adds_keep_their_causes_and_the_lease_carries_them() {
     assert_eq!(l.causes_dropped, 0);
     // Adds while leased are the next lease's causes, not this one's.
     caused(&mut q, "a", 3, now);
-    q.complete(l.shard(), l.epoch, l.id, Outcome::Done, now)
+    q.complete(W, l.shard(), l.epoch, l.id, Outcome::Done, now)
         .unwrap();
     let l = lease(&mut q, now).unwrap();
     assert_eq!(l.causes, vec![cause(3)]);
@@ -88,12 +92,12 @@ fn a_failed_lease_puts_its_causes_back_for_the_retry() {
     caused(&mut q, "a", 1, now);
     let l = lease(&mut q, now).unwrap();
     caused(&mut q, "a", 2, now);
-    q.complete(l.shard(), l.epoch, l.id, Outcome::Failed, now)
+    q.complete(W, l.shard(), l.epoch, l.id, Outcome::Failed, now)
         .unwrap();
     let later = now + Duration::from_secs(60);
     let l = lease(&mut q, later).unwrap();
     assert_eq!(l.causes, vec![cause(1), cause(2)]);
-    q.complete(l.shard(), l.epoch, l.id, Outcome::Done, later)
+    q.complete(W, l.shard(), l.epoch, l.id, Outcome::Done, later)
         .unwrap();
     q.add(&key("a"), Priority::Normal, Duration::ZERO, later)
         .unwrap();
@@ -175,11 +179,11 @@ fn a_key_added_while_leased_is_queued_again_when_the_lease_ends() {
     q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
         .unwrap();
     assert!(lease(&mut q, now).is_none(), "never two leases of one key");
-    q.complete(l.shard(), l.epoch, l.id, Outcome::Done, now)
+    q.complete(W, l.shard(), l.epoch, l.id, Outcome::Done, now)
         .unwrap();
     let again = lease(&mut q, now).expect("dirty key requeued");
     assert_eq!(again.key, l.key);
-    q.complete(again.shard(), again.epoch, again.id, Outcome::Done, now)
+    q.complete(W, again.shard(), again.epoch, again.id, Outcome::Done, now)
         .unwrap();
     assert!(q.is_empty(), "done without a new add forgets the key");
 }
@@ -193,7 +197,7 @@ fn failures_back_off_exponentially_and_done_forgets_them() {
     for (attempt, backoff_ms) in [(1, 5), (2, 10), (3, 20)] {
         let l = lease(&mut q, now).unwrap();
         assert_eq!(l.attempt, attempt);
-        q.complete(l.shard(), l.epoch, l.id, Outcome::Failed, now)
+        q.complete(W, l.shard(), l.epoch, l.id, Outcome::Failed, now)
             .unwrap();
         assert!(lease(&mut q, now + Duration::from_millis(backoff_ms - 1)).is_none());
         now += Duration::from_millis(backoff_ms);
@@ -201,6 +205,7 @@ fn failures_back_off_exponentially_and_done_forgets_them() {
     let l = lease(&mut q, now).unwrap();
     assert_eq!(l.attempt, 4);
     q.complete(
+        W,
         l.shard(),
         l.epoch,
         l.id,
@@ -225,7 +230,7 @@ fn an_expired_lease_requeues_with_backoff_and_refuses_the_late_outcome() {
     let again = lease(&mut q, expiry + Duration::from_millis(5)).unwrap();
     assert_eq!(again.attempt, 2);
     assert_eq!(
-        q.complete(l.shard(), l.epoch, l.id, Outcome::Done, expiry),
+        q.complete(W, l.shard(), l.epoch, l.id, Outcome::Done, expiry),
         Err(Refused::UnknownLease)
     );
     assert_eq!(q.totals().lease_expirations, 1);
@@ -240,11 +245,95 @@ fn an_extended_lease_outlives_its_first_deadline() {
     let l = lease(&mut q, t0).unwrap();
     let t1 = t0 + Duration::from_secs(8);
     let deadline = q
-        .extend(l.shard(), l.epoch, l.id, Duration::from_secs(30), t1)
+        .extend(W, l.shard(), l.epoch, l.id, Duration::from_secs(30), t1)
         .unwrap();
     assert_eq!(deadline, t1 + Duration::from_secs(30));
     assert!(q.advance(t0 + Duration::from_secs(20)).is_empty());
     assert_eq!(q.advance(deadline).len(), 1);
+}
+
+#[test]
+fn a_lease_is_answered_and_extended_only_by_the_worker_that_holds_it() {
+    const OTHER: WorkerId = 2;
+    let (mut q, t0) = queue();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
+        .unwrap();
+    q.add(&key("b"), Priority::Normal, Duration::ZERO, t0)
+        .unwrap();
+    let a = lease(&mut q, t0).unwrap();
+    let b = lease(&mut q, t0).unwrap();
+    assert_eq!(
+        q.complete(OTHER, a.shard(), a.epoch, a.id, Outcome::Forget, t0),
+        Err(Refused::ForeignLease)
+    );
+    assert_eq!(
+        q.extend(
+            OTHER,
+            b.shard(),
+            b.epoch,
+            b.id,
+            Duration::from_secs(600),
+            t0
+        ),
+        Err(Refused::ForeignLease)
+    );
+    assert_eq!(q.totals().refused_foreign_lease, 2);
+    assert_eq!(q.in_flight(), 2, "both leases are still held");
+    assert_eq!(q.worker_leases(W), 2);
+    // The holder's outcome still applies, and the refused extension moved no deadline.
+    q.complete(W, a.shard(), a.epoch, a.id, Outcome::Done, t0)
+        .unwrap();
+    assert!(!q.contains(&a.key), "done");
+    assert!(q.advance(b.deadline - Duration::from_millis(1)).is_empty());
+    assert_eq!(
+        q.advance(b.deadline).len(),
+        1,
+        "b expires when it always would"
+    );
+}
+
+#[test]
+fn lease_ids_are_32_lowercase_hex_digits_and_parse_back() {
+    let id = LeaseId::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
+    assert_eq!(id.to_string(), "0123456789abcdef0011223344556677");
+    assert_eq!(id.to_string().parse(), Ok(id));
+    assert_eq!(LeaseId::NONE.to_string(), "0".repeat(32));
+    for bad in [
+        "",
+        "424242",
+        "0123456789ABCDEF0011223344556677",
+        "+123456789abcdef0011223344556677",
+        "0123456789abcdef00112233445566770",
+    ] {
+        assert_eq!(bad.parse::<LeaseId>(), Err(InvalidLeaseId), "{bad:?}");
+    }
+}
+
+/// Hands out the ids it is given, in order.
+#[derive(Debug)]
+struct Scripted(VecDeque<u128>);
+
+impl LeaseIds for Scripted {
+    fn next_id(&mut self) -> LeaseId {
+        LeaseId::from_u128(self.0.pop_front().expect("an id left"))
+    }
+}
+
+#[test]
+fn a_drawn_id_that_names_no_lease_or_a_live_one_is_drawn_again() {
+    let (q, now) = queue();
+    let mut q = Queue {
+        lease_ids: Box::new(Scripted([0, 5, 5, 6].into())),
+        ..q
+    };
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    q.add(&key("b"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let ids: Vec<_> = std::iter::from_fn(|| lease(&mut q, now))
+        .map(|l| l.id)
+        .collect();
+    assert_eq!(ids, [LeaseId::from_u128(5), LeaseId::from_u128(6)]);
 }
 
 #[test]
@@ -254,14 +343,14 @@ fn outcomes_with_a_stale_epoch_are_refused_and_change_nothing() {
         .unwrap();
     let l = lease(&mut q, now).unwrap();
     assert_eq!(
-        q.complete(l.shard(), l.epoch - 1, l.id, Outcome::Done, now),
+        q.complete(W, l.shard(), l.epoch - 1, l.id, Outcome::Done, now),
         Err(Refused::StaleEpoch)
     );
     assert_eq!(q.in_flight(), 1);
     // The shard changes owner and comes back at a new epoch: old leases are gone.
     q.acquire(l.shard(), l.epoch + 1);
     assert_eq!(
-        q.complete(l.shard(), l.epoch, l.id, Outcome::Done, now),
+        q.complete(W, l.shard(), l.epoch, l.id, Outcome::Done, now),
         Err(Refused::StaleEpoch)
     );
     assert_eq!(q.totals().refused_stale_epoch, 2);
@@ -287,7 +376,7 @@ fn a_draining_shard_leases_nothing_new_but_accepts_outcomes() {
     );
     assert!(lease(&mut q, now).is_none());
     assert_eq!(q.shard_in_flight(l.shard()), 1);
-    q.complete(l.shard(), l.epoch, l.id, Outcome::Done, now)
+    q.complete(W, l.shard(), l.epoch, l.id, Outcome::Done, now)
         .unwrap();
     assert_eq!(q.shard_in_flight(l.shard()), 0);
     q.release(l.shard());
@@ -336,7 +425,7 @@ fn stats_count_depth_in_flight_retries_and_age() {
     q.add(&key("b"), Priority::Normal, Duration::ZERO, t0)
         .unwrap();
     let l = lease(&mut q, t0).unwrap();
-    q.complete(l.shard(), l.epoch, l.id, Outcome::Failed, t0)
+    q.complete(W, l.shard(), l.epoch, l.id, Outcome::Failed, t0)
         .unwrap();
     let stats = q.stats(t0 + Duration::from_secs(2));
     let total = |f: fn(&ShardStats) -> u64| stats.iter().map(f).sum::<u64>();
