@@ -142,8 +142,11 @@ struct Files {
     ca: PathBuf,
 }
 
+/// The certificate chain, key and CA bundle as read.
+type Contents = (Vec<u8>, Vec<u8>, Vec<u8>);
+
 impl Files {
-    fn read(&self) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), TlsError> {
+    fn read(&self) -> Result<Contents, TlsError> {
         let read = |what, path: &Path| {
             std::fs::read(path).map_err(|e| TlsError::Read {
                 what,

@@ -1,0 +1,713 @@
+//! Zero trust between the services, with every service a real process on loopback: each RPC
+//! family refuses a caller with no certificate, one from another CA, an expired one, and the
+//! right CA with the wrong identity, and nothing changes; then every certificate (and the CA
+//! itself) is rotated while Deployments roll out, and no change is lost.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime},
+};
+
+use switchyard_certs::{DEFAULT_NAMESPACE, DEFAULT_TRUST_DOMAIN, Leaf};
+use switchyard_k8s::{
+    Api, Deployment, PostParams,
+    kube::api::{ListParams, Patch, PatchParams},
+};
+use switchyard_proto::{
+    common::v1::{GroupVersionKind, WorkKey},
+    elector::v1::{GetShardMapRequest, elector_client::ElectorClient},
+    queue::v1::{
+        Credit, EnqueueItem, EnqueueRequest, StatsRequest, WorkRequest, WorkerHello,
+        queue_client::QueueClient, work_request, work_response,
+    },
+    watcher::v1::{
+        GetRequest, ResyncShardRequest, cache_client::CacheClient, resync_client::ResyncClient,
+    },
+};
+use switchyard_runtime::Role;
+use switchyard_testenv::{
+    ControlPlane, Etcd, Pki, ServiceProcess, TestNamespace, manifests, tls::Files,
+};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
+
+/// A service binary built beside this test (`target/<profile>/`).
+fn binary(name: &str) -> PathBuf {
+    let dir = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .to_owned();
+    dir.join(name)
+}
+
+/// Someone calling a service.
+#[derive(Clone, Debug)]
+enum Caller {
+    /// TLS that trusts the CA, but no client certificate.
+    NoCertificate,
+    /// A certificate the server must refuse in the handshake.
+    BadCertificate(&'static str, Files),
+    /// A valid certificate of an identity the method does not allow.
+    Identity(&'static str, Files),
+}
+
+impl Caller {
+    async fn channel(&self, addr: impl std::fmt::Display) -> Result<Channel, String> {
+        let ca = std::fs::read(Pki::shared().ca_path()).unwrap();
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Self::BadCertificate(_, files) | Self::Identity(_, files) = self {
+            tls = tls.identity(Identity::from_pem(
+                std::fs::read(&files.cert).unwrap(),
+                std::fs::read(&files.key).unwrap(),
+            ));
+        }
+        Endpoint::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|e| format!("{e:?}"))
+    }
+
+    /// That `result` of calling `method` is the refusal this caller must get.
+    fn assert_refused<T: std::fmt::Debug>(&self, method: &str, result: Result<T, String>) {
+        match (self, &result) {
+            (Self::NoCertificate, Err(e)) => assert!(
+                e.contains("Unauthenticated") && e.contains(method),
+                "{method} without a certificate: {e}"
+            ),
+            (Self::Identity(who, _), Err(e)) => assert!(
+                e.contains("PermissionDenied") && e.contains(who) && e.contains(method),
+                "{method} as {who}: {e}"
+            ),
+            // Refused in the handshake: the call never reaches the service. (With TLS 1.3
+            // the client learns it at its first read, so the error is a transport one.)
+            (Self::BadCertificate(what, _), Err(e)) => assert!(
+                !e.contains("PermissionDenied") && !e.contains("Unauthenticated"),
+                "{method} with {what}: refused in the handshake, not by the table: {e}"
+            ),
+            (_, Ok(answer)) => panic!("{method} as {self:?} was served: {answer:?}"),
+        }
+    }
+}
+
+/// Every kind of caller that must be refused, when the method wants `role`.
+fn intruders(role: Role) -> Vec<Caller> {
+    let shared = Pki::shared();
+    let foreign = Box::leak(Box::new(Pki::temporary("foreign CA").unwrap()));
+    let now = SystemTime::now();
+    let expired = shared
+        .ca()
+        .issue(&Leaf {
+            not_before: now - Duration::from_secs(7200),
+            not_after: now - Duration::from_secs(3600),
+            ..Leaf::service(
+                DEFAULT_TRUST_DOMAIN,
+                DEFAULT_NAMESPACE,
+                role.service_account(),
+            )
+        })
+        .unwrap();
+    let expired = shared
+        .write(&format!("expired-{}", role.service_account()), &expired)
+        .unwrap();
+    let default = shared.issue_as("intruder-default", "default").unwrap();
+    let other_namespace = shared
+        .write(
+            &format!("other-namespace-{}", role.service_account()),
+            &shared
+                .ca()
+                .issue(&Leaf::service(
+                    DEFAULT_TRUST_DOMAIN,
+                    "elsewhere",
+                    role.service_account(),
+                ))
+                .unwrap(),
+        )
+        .unwrap();
+    vec![
+        Caller::NoCertificate,
+        Caller::BadCertificate("a certificate from another CA", foreign.files(role)),
+        Caller::BadCertificate("an expired certificate", expired),
+        Caller::Identity("sa/default", default),
+        Caller::Identity("ns/elsewhere", other_namespace),
+    ]
+}
+
+/// The wrong roles for a method that only `allowed` may call.
+fn wrong_roles(allowed: &[Role]) -> Vec<Caller> {
+    Role::ALL
+        .into_iter()
+        .filter(|role| !allowed.contains(role))
+        .map(|role| {
+            Caller::Identity(
+                Box::leak(format!("sa/{}", role.service_account()).into_boxed_str()),
+                Pki::shared().files(role),
+            )
+        })
+        .collect()
+}
+
+fn status(e: tonic::Status) -> String {
+    format!("{:?}: {}", e.code(), e.message())
+}
+
+async fn metric(process: &ServiceProcess, prefix: &str) -> f64 {
+    let (_, text) = process.admin_get("/metrics").await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn depth(queue: &ServiceProcess) -> (u64, u64) {
+    let channel = Pki::shared()
+        .channel(Role::Observer, Role::Queue, queue.grpc_addr())
+        .await
+        .unwrap();
+    let stats = QueueClient::new(channel)
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    stats
+        .shards
+        .iter()
+        .fold((0, 0), |(d, f), s| (d + s.depth, f + s.in_flight))
+}
+
+fn key(name: &str) -> EnqueueRequest {
+    EnqueueRequest {
+        batch_id: 1,
+        shard: 0,
+        items: vec![EnqueueItem {
+            key: Some(WorkKey {
+                controller: "apps/v1/ReplicaSet".into(),
+                namespace: "default".into(),
+                name: name.into(),
+            }),
+            ..EnqueueItem::default()
+        }],
+    }
+}
+
+/// Opens a Work stream and waits for a lease; the error when the stream is refused.
+async fn lease(channel: Channel) -> Result<work_response::Response, String> {
+    let requests = tokio_stream::iter([
+        WorkRequest {
+            request: Some(work_request::Request::Hello(WorkerHello {
+                worker_id: "test".into(),
+                controllers: Vec::new(),
+            })),
+        },
+        WorkRequest {
+            request: Some(work_request::Request::Credit(Credit { items: 1 })),
+        },
+    ])
+    .chain(tokio_stream::pending());
+    let mut stream = QueueClient::new(channel)
+        .work(requests)
+        .await
+        .map_err(status)?
+        .into_inner();
+    match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+        Ok(Ok(Some(message))) => Ok(message.response.unwrap()),
+        Ok(Ok(None)) => Err("stream closed".into()),
+        Ok(Err(e)) => Err(status(e)),
+        Err(_) => Err("no lease within 5s".into()),
+    }
+}
+
+use tokio_stream::StreamExt as _;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes_nothing() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "zero-trust")
+        .await
+        .unwrap();
+    let etcd = Etcd::start().await.unwrap();
+    let elector = ServiceProcess::start(
+        &binary("switchyard-elector"),
+        &["--shard-count=1"],
+        &[("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint())],
+    )
+    .await
+    .unwrap();
+    let queue = ServiceProcess::start(&binary("switchyard-queue"), &["--shard-count=1"], &[])
+        .await
+        .unwrap();
+    // Queue.Enqueue: watchers and reconcilers only; refused adds leave the queue empty.
+    let before = depth(&queue).await;
+    let mut callers = intruders(Role::Watcher);
+    callers.extend(wrong_roles(&[Role::Watcher, Role::Reconciler]));
+    for caller in &callers {
+        let result = match caller.channel(queue.grpc_addr()).await {
+            Ok(channel) => QueueClient::new(channel)
+                .enqueue(key("intruded"))
+                .await
+                .map(|r| r.into_inner())
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.queue.v1.Queue/Enqueue", result);
+    }
+    assert_eq!(
+        depth(&queue).await,
+        before,
+        "refused adds changed the queue"
+    );
+
+    // Queue.Work: reconcilers only; a refused stream takes no lease.
+    let watcher_channel = Pki::shared()
+        .channel(Role::Watcher, Role::Queue, queue.grpc_addr())
+        .await
+        .unwrap();
+    QueueClient::new(watcher_channel)
+        .enqueue(key("queued"))
+        .await
+        .unwrap();
+    let mut callers = intruders(Role::Reconciler);
+    callers.extend(wrong_roles(&[Role::Reconciler]));
+    for caller in &callers {
+        let result = match caller.channel(queue.grpc_addr()).await {
+            Ok(channel) => lease(channel).await,
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.queue.v1.Queue/Work", result);
+    }
+    let (queued, in_flight) = depth(&queue).await;
+    assert_eq!(in_flight, 0, "a refused stream holds a lease");
+    assert!(queued >= 1, "the key waits for a reconciler");
+    let reconciler = Pki::shared()
+        .channel(Role::Reconciler, Role::Queue, queue.grpc_addr())
+        .await
+        .unwrap();
+    match lease(reconciler).await.unwrap() {
+        work_response::Response::Item(item) => assert_eq!(item.attempt, 1),
+        other => panic!("expected a lease, got {other:?}"),
+    }
+
+    let config = plane.dir().join(format!("watcher-{}.yaml", ns.name()));
+    std::fs::write(
+        &config,
+        format!(
+            "{}namespaces:\n  include: [{}]\n",
+            WATCHER_CONFIG.replace("shardCount: 256", "shardCount: 1"),
+            ns.name()
+        ),
+    )
+    .unwrap();
+    let mut watcher = ServiceProcess::start(
+        &binary("switchyard-watcher"),
+        &[
+            &format!("--kubeconfig={}", plane.kubeconfig().display()),
+            &format!("--config={}", config.display()),
+            &format!("--queue-addr={}", queue.grpc_addr()),
+        ],
+        &[],
+    )
+    .await
+    .unwrap();
+    watcher.wait_ready().await.unwrap();
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
+    api.create(
+        &PostParams::default(),
+        &manifests::deployment("web", 0, serde_json::json!({})),
+    )
+    .await
+    .unwrap();
+
+    // Watcher Cache.Get: reconcilers only (a reader of every cached object bypasses RBAC).
+    let get = GetRequest {
+        gvk: Some(GroupVersionKind {
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: "Deployment".into(),
+        }),
+        namespace: ns.name().to_owned(),
+        name: "web".into(),
+        freshness: None,
+    };
+    let mut callers = intruders(Role::Reconciler);
+    callers.extend(wrong_roles(&[Role::Reconciler]));
+    for caller in &callers {
+        let result = match caller.channel(watcher.grpc_addr()).await {
+            Ok(channel) => CacheClient::new(channel)
+                .get(get.clone())
+                .await
+                .map(|r| r.into_inner().found)
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.watcher.v1.Cache/Get", result);
+    }
+    let reader = Pki::shared()
+        .channel(Role::Reconciler, Role::Watcher, watcher.grpc_addr())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !CacheClient::new(reader.clone())
+        .get(get.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .found
+    {
+        assert!(Instant::now() < deadline, "the reconciler reads the cache");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Watcher Resync.ResyncShard: queue members and the elector.
+    let mut callers = intruders(Role::Queue);
+    callers.extend(wrong_roles(&[Role::Queue, Role::Elector]));
+    for caller in &callers {
+        let result = match caller.channel(watcher.grpc_addr()).await {
+            Ok(channel) => ResyncClient::new(channel)
+                .resync_shard(ResyncShardRequest::default())
+                .await
+                .map(|r| r.into_inner())
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.watcher.v1.Resync/ResyncShard", result);
+    }
+    let member = Pki::shared()
+        .channel(Role::Queue, Role::Watcher, watcher.grpc_addr())
+        .await
+        .unwrap();
+    ResyncClient::new(member)
+        .resync_shard(ResyncShardRequest::default())
+        .await
+        .unwrap();
+
+    // Elector.GetShardMap and Queue.Stats: every Switchyard identity, the observer too;
+    // nobody else.
+    for caller in intruders(Role::Observer) {
+        let result = match caller.channel(elector.grpc_addr()).await {
+            Ok(channel) => ElectorClient::new(channel)
+                .get_shard_map(GetShardMapRequest {})
+                .await
+                .map(|r| r.into_inner().shard_count)
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.elector.v1.Elector/GetShardMap", result);
+        let result = match caller.channel(queue.grpc_addr()).await {
+            Ok(channel) => QueueClient::new(channel)
+                .stats(StatsRequest::default())
+                .await
+                .map(|r| r.into_inner().shards.len())
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.queue.v1.Queue/Stats", result);
+    }
+    for role in Role::ALL {
+        let channel = Pki::shared()
+            .channel(role, Role::Elector, elector.grpc_addr())
+            .await
+            .unwrap();
+        ElectorClient::new(channel)
+            .get_shard_map(GetShardMapRequest {})
+            .await
+            .unwrap_or_else(|e| panic!("{role} reads the shard map: {e}"));
+    }
+
+    // Health stays open to probes that hold no identity.
+    let channel = Caller::NoCertificate
+        .channel(queue.grpc_addr())
+        .await
+        .unwrap();
+    tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .unwrap();
+
+    // Every refusal is counted: by the table, or in the handshake.
+    for (process, method) in [
+        (&queue, "/switchyard.queue.v1.Queue/Enqueue"),
+        (&queue, "/switchyard.queue.v1.Queue/Work"),
+        (&watcher, "/switchyard.watcher.v1.Cache/Get"),
+        (&watcher, "/switchyard.watcher.v1.Resync/ResyncShard"),
+        (&elector, "/switchyard.elector.v1.Elector/GetShardMap"),
+    ] {
+        for reason in ["unauthenticated", "forbidden"] {
+            let count = metric(
+                process,
+                &format!("switchyard_grpc_denied_total{{method=\"{method}\",reason=\"{reason}\"}}"),
+            )
+            .await;
+            assert!(count >= 1.0, "{method} {reason}: counted {count}");
+        }
+    }
+    for process in [&queue, &watcher, &elector] {
+        let count = metric(process, "switchyard_grpc_tls_handshake_failures_total").await;
+        assert!(count >= 2.0, "handshake refusals counted: {count}");
+    }
+    // Logged once per caller and minute, not once per call.
+    let log = queue.log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("grpc call refused") && l.contains("sa/default"))
+        .count();
+    assert_eq!(
+        lines, 1,
+        "one line for the repeated refusals of sa/default:\n{log}"
+    );
+
+    for process in [watcher, queue, elector] {
+        let (status, log) = process.terminate().await.unwrap();
+        assert!(status.success(), "{log}");
+    }
+}
+
+/// Writes `contents` to `path` atomically (a rename), as a Secret volume's update is.
+fn replace(path: &Path, contents: &[u8]) {
+    let staging = path.with_extension("new");
+    std::fs::write(&staging, contents).unwrap();
+    std::fs::rename(&staging, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_certificate_and_the_ca_rotate_while_deployments_roll_out() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "rotation")
+        .await
+        .unwrap();
+    let etcd = Etcd::start().await.unwrap();
+    // The services' certificates come from a CA of this test's own, rotated below; etcd
+    // keeps the shared one (the etcd client certificate is read at each connection).
+    let old = Pki::temporary("switchyard rotation CA 1").unwrap();
+    let new = Pki::temporary("switchyard rotation CA 2").unwrap();
+    let etcd_files = Pki::shared().files(Role::Queue);
+    let etcd_flags = [
+        format!("--etcd-tls-cert={}", etcd_files.cert.display()),
+        format!("--etcd-tls-key={}", etcd_files.key.display()),
+        format!("--etcd-tls-ca={}", etcd_files.ca.display()),
+    ];
+    let flags = |role: Role, extra: &[String]| -> Vec<String> {
+        let mut flags = old.flags(role);
+        flags.push("--tls-reload-interval=200ms".into());
+        flags.extend(extra.iter().cloned());
+        flags
+    };
+    let start = |role: Role,
+                 program: &'static str,
+                 args: Vec<String>,
+                 envs: Vec<(&'static str, String)>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut process = ServiceProcess::start(&binary(program), &args, &envs)
+            .await
+            .unwrap_or_else(|e| panic!("{role} starts: {e}"));
+        process.wait_ready().await.unwrap();
+        process
+    };
+    let etcd_env = vec![("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint().to_owned())];
+    let elector = start(
+        Role::Elector,
+        "switchyard-elector",
+        flags(
+            Role::Elector,
+            &[&["--shard-count=4".to_owned()][..], &etcd_flags].concat(),
+        ),
+        etcd_env.clone(),
+    )
+    .await;
+    let elector_addr = format!("--elector-addr={}", elector.grpc_addr());
+    let queue = start(
+        Role::Queue,
+        "switchyard-queue",
+        flags(
+            Role::Queue,
+            &[
+                &[
+                    "--shard-count=4".to_owned(),
+                    elector_addr.clone(),
+                    "--member-id=q0".into(),
+                ][..],
+                &etcd_flags,
+            ]
+            .concat(),
+        ),
+        etcd_env.clone(),
+    )
+    .await;
+    let config = plane.dir().join(format!("watcher-{}.yaml", ns.name()));
+    std::fs::write(
+        &config,
+        format!(
+            "{}namespaces:\n  include: [{}]\n",
+            WATCHER_CONFIG.replace("shardCount: 256", "shardCount: 4"),
+            ns.name()
+        ),
+    )
+    .unwrap();
+    let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
+    let watcher = start(
+        Role::Watcher,
+        "switchyard-watcher",
+        flags(
+            Role::Watcher,
+            &[
+                kubeconfig.clone(),
+                format!("--config={}", config.display()),
+                elector_addr.clone(),
+            ],
+        ),
+        Vec::new(),
+    )
+    .await;
+    let reconciler = start(
+        Role::Reconciler,
+        "switchyard-reconciler",
+        flags(
+            Role::Reconciler,
+            &[
+                kubeconfig,
+                elector_addr,
+                "--shard-count=4".into(),
+                format!("--watcher-addr={}", watcher.grpc_addr()),
+            ],
+        ),
+        Vec::new(),
+    )
+    .await;
+    let services = [
+        (Role::Elector, &elector),
+        (Role::Queue, &queue),
+        (Role::Watcher, &watcher),
+        (Role::Reconciler, &reconciler),
+    ];
+
+    // Deployments are created throughout the rotation, one every 100 ms.
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
+    let creating = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let mut names = Vec::new();
+            for i in 0..40 {
+                let name = format!("d{i:02}");
+                api.create(
+                    &PostParams::default(),
+                    &manifests::deployment(&name, 2, serde_json::json!({})),
+                )
+                .await
+                .unwrap();
+                names.push(name);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            names
+        })
+    };
+
+    // 1. Every service trusts both CAs. 2. Every certificate is replaced by one of the new
+    // CA. 3. The old CA is dropped.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let bundle = [
+        std::fs::read(old.ca_path()).unwrap(),
+        std::fs::read(new.ca_path()).unwrap(),
+    ]
+    .concat();
+    for (role, _) in services {
+        replace(&old.files(role).ca, &bundle);
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for (role, _) in services {
+        let (target, source) = (old.files(role), new.files(role));
+        // Key first: until the certificate follows, the pair does not match and the
+        // reload waits for the next look (counted as an error, nothing changes).
+        replace(&target.key, &std::fs::read(&source.key).unwrap());
+        replace(&target.cert, &std::fs::read(&source.cert).unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // New connections present the new certificates: a client that trusts only the new CA
+    // (and holds the new CA's observer certificate) is served by every service.
+    for (role, process) in services {
+        let channel = new
+            .channel(Role::Observer, role, process.grpc_addr())
+            .await
+            .unwrap_or_else(|e| panic!("the {role} presents the new CA's certificate: {e}"));
+        tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .unwrap();
+    }
+    for (role, _) in services {
+        replace(&old.files(role).ca, &std::fs::read(new.ca_path()).unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for (role, process) in services {
+        let ok = metric(process, "switchyard_tls_reloads_total{result=\"ok\"}").await;
+        assert!(
+            ok >= 3.0,
+            "the {role} reloaded the bundle, its certificate and the CA: {ok}"
+        );
+        // A certificate of the dropped CA is refused now (the client itself trusts the new
+        // CA, so only the server can be refusing).
+        let stale = old.files(Role::Observer);
+        let dialer = switchyard_runtime::Dialer::from_args(&switchyard_runtime::TlsArgs::files(
+            &stale.cert,
+            &stale.key,
+            &new.ca_path(),
+        ))
+        .unwrap();
+        let endpoint = dialer
+            .endpoint(&process.grpc_addr().to_string(), role)
+            .unwrap();
+        let refused = match dialer.connect(&endpoint, role).await {
+            Ok(channel) => tonic_health::pb::health_client::HealthClient::new(channel)
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        assert!(refused.is_err(), "the {role} still trusts the dropped CA");
+    }
+
+    // No change was lost: every Deployment, created before, during and after the rotation,
+    // becomes Available, and a scale made after it is carried out too.
+    let names = creating.await.unwrap();
+    let scale = serde_json::json!({"spec": {"replicas": 3}});
+    api.patch("d00", &PatchParams::default(), &Patch::Merge(&scale))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let listed = api.list(&ListParams::default()).await.unwrap();
+        let available = listed
+            .items
+            .iter()
+            .filter(|d| {
+                let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                d.status.as_ref().is_some_and(|s| {
+                    s.available_replicas == Some(want) && s.updated_replicas == Some(want)
+                })
+            })
+            .count();
+        if available == names.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{available} of {} Deployments available after the rotation",
+            names.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for process in [reconciler, watcher, queue, elector] {
+        let (status, log) = process.terminate().await.unwrap();
+        assert!(status.success(), "{log}");
+    }
+}
