@@ -64,11 +64,19 @@ impl Args {
             ca_cert,
             ca_key,
         } = self;
+        let validity = DAY * days;
+        let leaves: Vec<_> = identities::ALL
+            .iter()
+            .map(|identity| identity.leaf(&trust_domain, &namespace, validity))
+            .collect();
+        // Bad input is refused before anything is written.
+        for leaf in &leaves {
+            leaf.validate()?;
+        }
         let (authority, generated_ca) = match (ca_cert, ca_key) {
             (Some(cert), Some(key)) => (Authority::load(&cert, &key)?, false),
             _ => (Authority::generate(CA_COMMON_NAME)?, true),
         };
-        let validity = DAY * days;
         if generated_ca {
             authority.write(&out)?;
         } else {
@@ -80,10 +88,9 @@ impl Args {
             write_file(&out.join("ca.crt"), authority.cert_pem(), None)?;
         }
         let mut identities = Vec::new();
-        for identity in identities::ALL {
-            let leaf = identity.leaf(&trust_domain, &namespace, validity);
-            let dir = out.join(identity.service_account);
-            authority.issue(&leaf)?.write(&dir, authority.cert_pem())?;
+        for leaf in &leaves {
+            let dir = out.join(&leaf.service_account);
+            authority.issue(leaf)?.write(&dir, authority.cert_pem())?;
             identities.push((dir, leaf.spiffe_id()));
         }
         let kustomization = write_component(&out, &identities::ALL, &namespace, &authority)?;
