@@ -17,9 +17,9 @@ use std::{
 };
 
 use clap::Parser;
-use switchyard_certs::{Authority, identities};
-use switchyard_runtime::ShutdownHandle;
-use switchyard_testenv::ControlPlane;
+use switchyard_certs::identities;
+use switchyard_runtime::{Role, ShutdownHandle};
+use switchyard_testenv::{ControlPlane, Pki};
 
 /// The field manager of every apply in these tests.
 pub const FIELD_MANAGER: &str = "switchyard-deploy-test";
@@ -226,11 +226,12 @@ pub async fn install_cert_manager_crds(plane: &ControlPlane) {
         .await;
 }
 
-/// The test CA and the queue's certificate from it (crates/certs, as switchyard-certs makes
-/// them), written once per test process into the control plane's directory.
+/// The queue's certificate as the manifests give it (crates/certs' identity, with the
+/// `switchyard-queue-metrics` names), signed by the test process's CA (testenv's
+/// [`Pki::shared`], which also signs every client the tests dial as); the CA's files are
+/// written again under the control plane's directory for `switchyard-certs --ca-cert/--ca-key`.
 #[derive(Debug)]
 pub struct TestPki {
-    pub dir: PathBuf,
     pub ca_cert: PathBuf,
     pub ca_key: PathBuf,
     pub ca_pem: String,
@@ -242,28 +243,36 @@ impl TestPki {
     pub fn shared(plane: &ControlPlane) -> &'static Self {
         static PKI: OnceLock<TestPki> = OnceLock::new();
         PKI.get_or_init(|| {
-            let dir = plane.dir().join("switchyard-pki");
-            let ca = Authority::generate("switchyard-test-ca").unwrap();
-            ca.write(&dir).unwrap();
-            let queue = dir.join(identities::QUEUE.service_account);
+            let pki = Pki::shared();
+            let dir = plane.dir().join("switchyard-ca");
+            pki.ca().write(&dir).unwrap();
             let leaf = identities::QUEUE.leaf(
                 switchyard_certs::DEFAULT_TRUST_DOMAIN,
                 NAMESPACE,
                 Duration::from_secs(24 * 3600),
             );
-            ca.issue(&leaf)
-                .unwrap()
-                .write(&queue, ca.cert_pem())
-                .unwrap();
+            let issued = pki.ca().issue(&leaf).unwrap();
+            let files = pki.write("deploy-test-queue", &issued).unwrap();
             Self {
                 ca_cert: dir.join("ca.crt"),
                 ca_key: dir.join("ca.key"),
-                ca_pem: ca.cert_pem().to_owned(),
-                queue,
-                dir,
+                ca_pem: pki.ca().cert_pem().to_owned(),
+                queue: files.cert.parent().unwrap().to_owned(),
             }
         })
     }
+}
+
+/// A gRPC client of the in-process queue, dialled with mutual TLS as `role`.
+pub async fn queue_client(
+    queue: &Queue,
+    role: Role,
+) -> switchyard_proto::queue::v1::queue_client::QueueClient<tonic::transport::Channel> {
+    let channel = Pki::shared()
+        .channel(role, Role::Queue, queue.grpc)
+        .await
+        .unwrap();
+    switchyard_proto::queue::v1::queue_client::QueueClient::new(channel)
 }
 
 /// Sets the APIService's caBundle to `ca_pem` as cert-manager's CA injector does for the
@@ -351,10 +360,10 @@ pub struct Queue {
 
 impl Queue {
     /// With `client_ca`, only clients with a certificate from that CA may call the external
-    /// metrics API (in these tests, the apiserver's front-proxy CA); the API is served with
-    /// the certificate in `serving` (a directory with tls.crt and tls.key), as the manifests
-    /// serve the queue's.
-    pub async fn start(shard_count: u32, client_ca: &Path, serving: &Path) -> Self {
+    /// metrics API (in these tests, the apiserver's front-proxy CA). The queue's certificate
+    /// (`tls` holds tls.crt, tls.key and ca.crt) serves gRPC with mutual TLS and the external
+    /// metrics API, as the manifests mount and pass it.
+    pub async fn start(shard_count: u32, client_ca: &Path, tls: &Path) -> Self {
         let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -367,13 +376,16 @@ impl Queue {
             format!("--shard-count={shard_count}"),
             format!("--external-metrics-addr=127.0.0.1:{metrics_port}"),
             format!("--external-metrics-client-ca={}", client_ca.display()),
+            format!("--tls-cert={}", tls.join("tls.crt").display()),
+            format!("--tls-key={}", tls.join("tls.key").display()),
+            format!("--tls-ca={}", tls.join("ca.crt").display()),
             format!(
                 "--external-metrics-tls-cert={}",
-                serving.join("tls.crt").display()
+                tls.join("tls.crt").display()
             ),
             format!(
                 "--external-metrics-tls-key={}",
-                serving.join("tls.key").display()
+                tls.join("tls.key").display()
             ),
             "--drain-grace=1s".into(),
         ])

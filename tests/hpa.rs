@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::{
     NAMESPACE, Queue, TestPki, apply_cleanly, await_apiservice_available, build_for_loopback,
-    inject_ca_bundle, install_cert_manager_crds, kubectl,
+    inject_ca_bundle, install_cert_manager_crds, kubectl, queue_client,
 };
 use switchyard_proto::{
     common::v1::WorkKey,
@@ -25,6 +25,7 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::shard::shard_of;
+use switchyard_runtime::Role;
 use switchyard_testenv::ControlPlane;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -259,9 +260,8 @@ async fn the_hpa_scales_reconcilers_up_on_queue_backlog_and_down_after_it_drains
     )
     .await;
 
-    let mut client = QueueClient::connect(format!("http://{}", queue.grpc))
-        .await
-        .unwrap();
+    // A reconciler may both enqueue and work.
+    let mut client = queue_client(&queue, Role::Reconciler).await;
     enqueue(&mut client, BACKLOG).await;
     await_scaled(
         plane,
