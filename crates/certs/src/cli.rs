@@ -27,10 +27,10 @@ pub struct Args {
     #[arg(long, env = "SWITCHYARD_CERTS_OUT")]
     pub out: PathBuf,
     /// Namespace Switchyard runs in: part of each identity and of each DNS name
-    #[arg(long, env = "SWITCHYARD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
+    #[arg(long, env = "SWITCHYARD_CERTS_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
     pub namespace: String,
-    /// SPIFFE trust domain of the identities (the services' --trust-domain)
-    #[arg(long, env = "SWITCHYARD_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
+    /// SPIFFE trust domain of the identities (the services read it from their certificates)
+    #[arg(long, env = "SWITCHYARD_CERTS_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
     /// Days each service certificate is valid
     #[arg(long, env = "SWITCHYARD_CERTS_DAYS", default_value_t = 365,
