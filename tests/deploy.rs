@@ -241,6 +241,83 @@ async fn the_switchyard_certs_component_applies_on_an_overlay_and_the_apiserver_
     queue.stop().await;
 }
 
+/// The flags each workload of the base passes are its service's flags, and every service
+/// mounts its own certificate where `--tls-*` point.
+#[test]
+fn every_service_mounts_its_certificate_and_its_flags_parse() {
+    let binaries = Binaries::locate().expect("control plane binaries");
+    let built = std::process::Command::new(binaries.path("kustomize"))
+        .arg("build")
+        .arg(base_dir())
+        .output()
+        .unwrap();
+    assert!(built.status.success());
+    let objects: Vec<serde_yaml::Value> =
+        serde_yaml::Deserializer::from_str(&String::from_utf8(built.stdout).unwrap())
+            .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+            .collect();
+    let mut services = Vec::new();
+    for object in &objects {
+        if object["kind"] != "Deployment" && object["kind"] != "StatefulSet" {
+            continue;
+        }
+        let pod = &object["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        let service = container["name"].as_str().unwrap();
+        let args: Vec<String> = container["args"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect();
+        for (flag, file) in [
+            ("tls-cert", "tls.crt"),
+            ("tls-key", "tls.key"),
+            ("tls-ca", "ca.crt"),
+        ] {
+            let arg = format!("--{flag}=/var/run/switchyard/tls/{file}");
+            assert!(args.contains(&arg), "{service}: {arg} in {args:?}");
+        }
+        let tls = pod["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "tls")
+            .unwrap_or_else(|| panic!("{service}: a tls volume"));
+        assert_eq!(
+            tls["secret"]["secretName"].as_str(),
+            Some(format!("switchyard-{service}-tls").as_str())
+        );
+        assert!(
+            container["volumeMounts"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|m| { m["name"] == "tls" && m["mountPath"] == "/var/run/switchyard/tls" }),
+            "{service}: the Secret mounted where --tls-* point"
+        );
+        parse(service, &args).unwrap_or_else(|e| panic!("{service} {args:?}: {e}"));
+        // The parsers refuse what they do not know, so the check above means something.
+        let mut unknown = args.clone();
+        unknown.push("--no-such-flag".to_owned());
+        assert!(parse(service, &unknown).is_err(), "{service}");
+        services.push(service.to_owned());
+    }
+    services.sort();
+    assert_eq!(services, ["elector", "queue", "reconciler", "watcher"]);
+}
+
+fn parse(service: &str, args: &[String]) -> Result<(), clap::Error> {
+    let argv = std::iter::once(format!("switchyard-{service}")).chain(args.iter().cloned());
+    match service {
+        "elector" => switchyard_elector::Args::try_parse_from(argv).map(drop),
+        "queue" => switchyard_queue::Args::try_parse_from(argv).map(drop),
+        "reconciler" => switchyard_reconciler::Args::try_parse_from(argv).map(drop),
+        "watcher" => switchyard_watcher::Args::try_parse_from(argv).map(drop),
+        other => panic!("no service {other}"),
+    }
+}
+
 /// The CRDs the tests install (deploy/crds of cert-manager's module) have the schemas of
 /// the Helm chart's CRD templates, once the template's own lines (`{{ ... }}`) are dropped.
 #[test]
