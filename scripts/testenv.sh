@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real control plane Switchyard tests against, from published Go modules:
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
-# etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), kustomize, and an OpenTelemetry
-# Collector (OTLP receiver, file exporter) assembled by the collector builder.
+# etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), kustomize, an OpenTelemetry
+# Collector (OTLP receiver, file exporter) assembled by the collector builder, and
+# cert-manager's CRDs (github.com/cert-manager/cert-manager, deploy/crds), which the deploy
+# tests install to check components/cert-manager against the real schema.
 #
 # Every product is cached under $SWITCHYARD_CACHE (default ~/.cache/switchyard/testenv),
 # keyed by its version and the Go version, and built only when its binaries are missing.
@@ -25,6 +27,9 @@ OTELCOL_CORE_VERSION=1.68.0
 # kwok v0.8.0 and kustomize v5.8.2 declare `go 1.26.0`; the Kubernetes 1.35 and etcd 3.6
 # modules need 1.25. (kustomize v5.8.3 needs Go 1.27.)
 GO_MIN_MINOR=26
+# Only the CRDs: the controller's command (module .../cert-manager/cmd/controller) is not
+# served by the Go module proxy, so cert-manager itself does not run in the tests.
+CERT_MANAGER_VERSION=1.21.2
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 CACHE=${SWITCHYARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/testenv}
@@ -41,7 +46,7 @@ check_go() {
   GO_VERSION=$v
 }
 
-bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_${GO_VERSION}"; }
+bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_cert-manager-v${CERT_MANAGER_VERSION}_${GO_VERSION}"; }
 product_dir() { echo "$CACHE/$1-v$2-${GO_VERSION}"; }
 
 # run_logged <product> <log> <cmd...>: run a build step, naming the log file if it fails.
@@ -169,6 +174,31 @@ MANIFEST
   echo "testenv: built the OpenTelemetry Collector v$OTELCOL_VERSION in $((SECONDS - start)) s" >&2
 }
 
+# cert-manager's CRDs as its module ships them: deploy/crds holds plain YAML (controller-gen's
+# output, no Helm template lines), the same schemas the Helm chart renders from
+# deploy/charts/cert-manager/templates/crd-*.yaml. Both are kept: crds.yaml is what the tests
+# install, chart/ lets a test check that its schemas are the chart's.
+fetch_cert_manager_crds() {
+  local d; d=$(product_dir cert-manager "$CERT_MANAGER_VERSION")
+  [ -s "$d/crds.yaml" ] && [ -d "$d/chart" ] && return 0
+  local log="$d/build.log"
+  mkdir -p "$d"; : >"$log"
+  echo "testenv: fetching cert-manager v$CERT_MANAGER_VERSION CRDs (log: $log)" >&2
+  local module
+  module=$(cd "$d" && go mod download -json "github.com/cert-manager/cert-manager@v$CERT_MANAGER_VERSION" 2>>"$log" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -d "$module/deploy/crds" ] || die "could not download github.com/cert-manager/cert-manager@v$CERT_MANAGER_VERSION (see $log and the Go module proxy settings)"
+  rm -rf "$d/crds" "$d/chart"; mkdir -p "$d/crds" "$d/chart"
+  cp "$module"/deploy/crds/*.yaml "$d/crds/"
+  cp "$module"/deploy/charts/cert-manager/templates/crd-*.yaml "$d/chart/"
+  chmod -R u+w "$d/crds" "$d/chart"
+  local f
+  for f in "$d"/crds/*.yaml; do
+    sed -n '/^---$/!p' "$f" | { echo "---"; cat; }
+  done >"$d/crds.yaml.tmp"
+  mv "$d/crds.yaml.tmp" "$d/crds.yaml"
+}
+
 # kwok needs Stage objects to act as the kubelet; they ship inside its Go module.
 write_kwok_stages() {
   local out=$1/kwok-stages.yaml
@@ -194,6 +224,7 @@ link_bin_dir() {
   ln -sfn "$e/bin/etcd" "$bin/etcd"; ln -sfn "$e/bin/etcdctl" "$bin/etcdctl"
   ln -sfn "$w/bin/kwok" "$bin/kwok"; ln -sfn "$z/bin/kustomize" "$bin/kustomize"
   ln -sfn "$(product_dir otelcol "$OTELCOL_VERSION")/bin/otelcol-switchyard" "$bin/otelcol-switchyard"
+  ln -sfn "$(product_dir cert-manager "$CERT_MANAGER_VERSION")" "$bin/cert-manager"
   write_kwok_stages "$bin"
 }
 
@@ -202,7 +233,7 @@ case "$cmd" in
   versions)
     echo "kubernetes v$K8S_VERSION"; echo "etcd v$ETCD_VERSION"
     echo "kwok v$KWOK_VERSION"; echo "kustomize v$KUSTOMIZE_VERSION"
-    echo "opentelemetry-collector v$OTELCOL_VERSION" ;;
+    echo "opentelemetry-collector v$OTELCOL_VERSION"; echo "cert-manager v$CERT_MANAGER_VERSION (CRDs)" ;;
   bin-dir)
     check_go; bin_dir ;;
   build)
@@ -215,6 +246,7 @@ case "$cmd" in
     build_go_install kustomize "$KUSTOMIZE_VERSION" kustomize "sigs.k8s.io/kustomize/kustomize/v5@v$KUSTOMIZE_VERSION"
     build_kubernetes
     build_otelcol
+    fetch_cert_manager_crds
     link_bin_dir
     bin_dir ;;
   *) die "unknown command '$cmd' (expected build, bin-dir or versions)" ;;

@@ -1,17 +1,25 @@
 //! deploy/kustomize against the real apiserver: every overlay builds with the harness's
 //! kustomize and applies with server-side apply, with no error and no warning, and a second
 //! apply changes nothing; the service accounts can do what their services need and no more.
+//! cert-manager's CRDs are installed, so its objects meet the real schema; the Component
+//! switchyard-certs writes applies on an overlay in their place, and the aggregation layer
+//! trusts the queue's certificate through either route's caBundle.
 
 #![allow(clippy::unwrap_used)]
 
 #[path = "deploy_support.rs"]
 mod support;
 
+use std::path::Path;
+
+use clap::Parser;
 use support::{
-    FIELD_MANAGER, NAMESPACE, OVERLAYS, Queue, apply_cleanly, await_apiservice_available, base_dir,
-    build_for_loopback, kubectl, kustomize_build, resource_versions,
+    APISERVICE, FIELD_MANAGER, NAMESPACE, OVERLAYS, Queue, TestPki, apply_cleanly,
+    await_apiservice_available, base_dir, build_for_loopback, build_wrapped, inject_ca_bundle,
+    install_cert_manager_crds, kubectl, kustomize_build, overlay_dir, resource_versions,
 };
-use switchyard_testenv::ControlPlane;
+use switchyard_certs::identities;
+use switchyard_testenv::{Binaries, ControlPlane};
 
 /// The tests of this binary apply overlapping objects; one at a time.
 static APPLYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -20,9 +28,11 @@ static APPLYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn every_overlay_applies_cleanly_and_a_second_apply_changes_nothing() {
     let _one_at_a_time = APPLYING.lock().await;
     let plane = ControlPlane::shared().expect("control plane");
+    install_cert_manager_crds(plane).await;
+    let pki = TestPki::shared(plane);
     // The APIService must be served for discovery to stay quiet: an unavailable aggregated
     // API makes kubectl print discovery errors.
-    let queue = Queue::start(256, plane.front_proxy_ca()).await;
+    let queue = Queue::start(256, plane.front_proxy_ca(), &pki.queue).await;
 
     // The base builds on its own too.
     let base = kustomize_build(plane, &base_dir()).await;
@@ -30,10 +40,32 @@ async fn every_overlay_applies_cleanly_and_a_second_apply_changes_nothing() {
 
     for overlay in OVERLAYS {
         let manifests = build_for_loopback(plane, overlay, queue.metrics_port, "").await;
+        assert!(
+            !manifests.contains("insecureSkipTLSVerify"),
+            "{overlay}: the APIService verifies the queue"
+        );
+        assert!(
+            manifests.contains("cert-manager.io/inject-ca-from: switchyard/switchyard-queue"),
+            "{overlay}: cert-manager injects the APIService's caBundle"
+        );
+        for identity in identities::ALL {
+            let secret = identity.secret_name();
+            assert!(
+                manifests.contains(&format!("secretName: {secret}")),
+                "{overlay}: a Certificate fills {secret}"
+            );
+        }
         let first = apply_cleanly(plane, &format!("{overlay}: first apply"), &manifests).await;
         assert!(first.contains("serverside-applied"), "{overlay}: {first}");
-        // The aggregation layer reaches the queue (its status changes once, so wait before
-        // recording resource versions).
+        assert!(
+            first.contains("certificate.cert-manager.io/switchyard-queue serverside-applied"),
+            "{overlay}: {first}"
+        );
+        // As cert-manager's CA injector would: the queue's CA into the APIService, under the
+        // injector's own field manager.
+        inject_ca_bundle(plane, &pki.ca_pem).await;
+        // The aggregation layer reaches the queue and verifies its certificate (its status
+        // changes once, so wait before recording resource versions).
         await_apiservice_available(plane).await;
 
         let before = resource_versions(plane, &manifests).await;
@@ -41,6 +73,13 @@ async fn every_overlay_applies_cleanly_and_a_second_apply_changes_nothing() {
             before.len() > 20,
             "{overlay}: every object exists: {before:?}"
         );
+        for identity in identities::ALL {
+            let certificate = format!("Certificate/{NAMESPACE}/{}=", identity.service_account);
+            assert!(
+                before.iter().any(|object| object.starts_with(&certificate)),
+                "{overlay}: {certificate} exists: {before:?}"
+            );
+        }
         apply_cleanly(plane, &format!("{overlay}: second apply"), &manifests).await;
         let after = resource_versions(plane, &manifests).await;
         assert_eq!(before, after, "{overlay}: the second apply changed objects");
@@ -66,6 +105,251 @@ async fn every_overlay_applies_cleanly_and_a_second_apply_changes_nothing() {
         );
     }
     queue.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cert_manager_s_schema_is_enforced_on_what_the_component_applies() {
+    let _one_at_a_time = APPLYING.lock().await;
+    let plane = ControlPlane::shared().expect("control plane");
+    install_cert_manager_crds(plane).await;
+    // A misspelt field and a field of the wrong type, in the component's own Certificate: the
+    // real schema refuses both, so a passing apply of the component means something.
+    let certificates = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/kustomize/components/cert-manager/certificates.yaml"),
+    )
+    .unwrap();
+    let watcher = certificates
+        .split("\n---\n")
+        .find(|doc| doc.contains("name: switchyard-watcher\n"))
+        .unwrap()
+        .replace("namespace: switchyard", "namespace: default");
+    for (broken, refused) in [
+        (
+            watcher.replace("  dnsNames:", "  dnsName:"),
+            ".spec.dnsName: field not declared in schema",
+        ),
+        (
+            watcher.replace("  duration: 2160h", "  duration: [2160h]"),
+            "spec.duration",
+        ),
+    ] {
+        let out = kubectl(
+            plane,
+            &["apply", "--server-side", "--validate=strict", "-f", "-"],
+            Some(&broken),
+        )
+        .await;
+        assert!(
+            !out.success && out.stderr.contains(refused),
+            "refused, naming {refused}: {out:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_switchyard_certs_component_applies_on_an_overlay_and_the_apiserver_trusts_its_ca() {
+    let _one_at_a_time = APPLYING.lock().await;
+    let plane = ControlPlane::shared().expect("control plane");
+    let pki = TestPki::shared(plane);
+    // Signed by the test CA, so the caBundle it sets is the one the injector test sets (the
+    // apiserver keeps one APIService; two field managers may own one value, not two).
+    let out = plane.dir().join("switchyard-certs");
+    let written = switchyard_certs::cli::Args::try_parse_from([
+        "switchyard-certs".as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        "--ca-cert".as_ref(),
+        pki.ca_cert.as_os_str(),
+        "--ca-key".as_ref(),
+        pki.ca_key.as_os_str(),
+    ])
+    .unwrap()
+    .run()
+    .unwrap();
+    assert!(!written.generated_ca && !out.join("ca.key").exists());
+
+    // The queue serves the certificate switchyard-certs wrote for it.
+    let queue = Queue::start(256, plane.front_proxy_ca(), &out.join("switchyard-queue")).await;
+    let manifests =
+        build_wrapped(plane, &overlay_dir("dev"), &[&out], queue.metrics_port, "").await;
+    assert!(
+        !manifests.contains("cert-manager.io"),
+        "cert-manager's objects and annotation are gone:\n{manifests}"
+    );
+    assert_eq!(
+        manifests.matches("type: kubernetes.io/tls").count(),
+        identities::ALL.len()
+    );
+    {
+        use base64::Engine;
+        let bundle = base64::engine::general_purpose::STANDARD.encode(&pki.ca_pem);
+        assert!(manifests.contains(&format!("caBundle: {bundle}")));
+    }
+
+    apply_cleanly(plane, "dev with switchyard-certs: first apply", &manifests).await;
+    await_apiservice_available(plane).await;
+    let before = resource_versions(plane, &manifests).await;
+    for identity in identities::ALL {
+        let secret = format!("Secret/{NAMESPACE}/{}=", identity.secret_name());
+        assert!(
+            before.iter().any(|object| object.starts_with(&secret)),
+            "{secret} exists: {before:?}"
+        );
+    }
+    apply_cleanly(plane, "dev with switchyard-certs: second apply", &manifests).await;
+    assert_eq!(before, resource_versions(plane, &manifests).await);
+
+    // The Secret holds the files as written.
+    let crt = kubectl(
+        plane,
+        &[
+            "get",
+            "secret",
+            "switchyard-queue-tls",
+            "--namespace",
+            NAMESPACE,
+            "-o",
+            r"jsonpath={.data.tls\.crt}",
+        ],
+        None,
+    )
+    .await;
+    {
+        use base64::Engine;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(crt.stdout.trim())
+            .unwrap();
+        assert_eq!(
+            decoded,
+            std::fs::read(out.join("switchyard-queue/tls.crt")).unwrap()
+        );
+    }
+    let skip = kubectl(
+        plane,
+        &[
+            "get",
+            "apiservice",
+            APISERVICE,
+            "-o",
+            "jsonpath={.spec.insecureSkipTLSVerify}",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(skip.stdout, "", "no insecureSkipTLSVerify");
+    queue.stop().await;
+}
+
+/// The flags each workload of the base passes are its service's flags, and every service
+/// mounts its own certificate where `--tls-*` point.
+#[test]
+fn every_service_mounts_its_certificate_and_its_flags_parse() {
+    let binaries = Binaries::locate().expect("control plane binaries");
+    let built = std::process::Command::new(binaries.path("kustomize"))
+        .arg("build")
+        .arg(base_dir())
+        .output()
+        .unwrap();
+    assert!(built.status.success());
+    let objects: Vec<serde_yaml::Value> =
+        serde_yaml::Deserializer::from_str(&String::from_utf8(built.stdout).unwrap())
+            .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+            .collect();
+    let mut services = Vec::new();
+    for object in &objects {
+        if object["kind"] != "Deployment" && object["kind"] != "StatefulSet" {
+            continue;
+        }
+        let pod = &object["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        let service = container["name"].as_str().unwrap();
+        let args: Vec<String> = container["args"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect();
+        for (flag, file) in [
+            ("tls-cert", "tls.crt"),
+            ("tls-key", "tls.key"),
+            ("tls-ca", "ca.crt"),
+        ] {
+            let arg = format!("--{flag}=/var/run/switchyard/tls/{file}");
+            assert!(args.contains(&arg), "{service}: {arg} in {args:?}");
+        }
+        let tls = pod["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "tls")
+            .unwrap_or_else(|| panic!("{service}: a tls volume"));
+        assert_eq!(
+            tls["secret"]["secretName"].as_str(),
+            Some(format!("switchyard-{service}-tls").as_str())
+        );
+        assert!(
+            container["volumeMounts"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|m| { m["name"] == "tls" && m["mountPath"] == "/var/run/switchyard/tls" }),
+            "{service}: the Secret mounted where --tls-* point"
+        );
+        parse(service, &args).unwrap_or_else(|e| panic!("{service} {args:?}: {e}"));
+        // The parsers refuse what they do not know, so the check above means something.
+        let mut unknown = args.clone();
+        unknown.push("--no-such-flag".to_owned());
+        assert!(parse(service, &unknown).is_err(), "{service}");
+        services.push(service.to_owned());
+    }
+    services.sort();
+    assert_eq!(services, ["elector", "queue", "reconciler", "watcher"]);
+}
+
+fn parse(service: &str, args: &[String]) -> Result<(), clap::Error> {
+    let argv = std::iter::once(format!("switchyard-{service}")).chain(args.iter().cloned());
+    match service {
+        "elector" => switchyard_elector::Args::try_parse_from(argv).map(drop),
+        "queue" => switchyard_queue::Args::try_parse_from(argv).map(drop),
+        "reconciler" => switchyard_reconciler::Args::try_parse_from(argv).map(drop),
+        "watcher" => switchyard_watcher::Args::try_parse_from(argv).map(drop),
+        other => panic!("no service {other}"),
+    }
+}
+
+/// The CRDs the tests install (deploy/crds of cert-manager's module) have the schemas of
+/// the Helm chart's CRD templates, once the template's own lines (`{{ ... }}`) are dropped.
+#[test]
+fn the_installed_cert_manager_crds_are_the_chart_s() {
+    let binaries = Binaries::locate().expect("control plane binaries");
+    let installed: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(
+        &std::fs::read_to_string(binaries.cert_manager_crds()).unwrap(),
+    )
+    .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+    .collect();
+    assert_eq!(installed.len(), support::CERT_MANAGER_CRDS.len());
+    for crd in &installed {
+        let name = crd["metadata"]["name"].as_str().unwrap();
+        let (plural, group) = name.split_once('.').unwrap();
+        let template = binaries
+            .cert_manager_chart_crds()
+            .join(format!("crd-{group}_{plural}.yaml"));
+        let text: String = std::fs::read_to_string(&template)
+            .unwrap()
+            .lines()
+            .filter(|line| !line.contains("{{"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let chart: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        assert_eq!(chart["metadata"]["name"].as_str(), Some(name));
+        assert_eq!(
+            crd["spec"],
+            chart["spec"],
+            "{name}: deploy/crds and {} differ",
+            template.display()
+        );
+    }
 }
 
 /// Objects of these kinds from the base: identities and their permissions.

@@ -1,18 +1,25 @@
 //! Helpers of the deploy tests: build an overlay with the harness's kustomize, point its
 //! external metrics APIService at an in-process queue on loopback, apply with server-side
-//! apply, and run the queue whose metrics the HPA reads.
+//! apply, and run the queue whose metrics the HPA reads. cert-manager's CRDs are installed
+//! from the harness's cache, and the test plays cert-manager's CA injector: the queue serves
+//! a certificate of the test CA ([`TestPki`]) and the APIService's caBundle gets that CA.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
+    sync::{
+        OnceLock,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use clap::Parser;
-use switchyard_runtime::ShutdownHandle;
-use switchyard_testenv::ControlPlane;
+use switchyard_certs::identities;
+use switchyard_runtime::{Role, ShutdownHandle};
+use switchyard_testenv::{ControlPlane, Pki};
 
 /// The field manager of every apply in these tests.
 pub const FIELD_MANAGER: &str = "switchyard-deploy-test";
@@ -21,6 +28,19 @@ pub const NAMESPACE: &str = "switchyard";
 pub const OVERLAYS: [&str; 4] = ["dev", "ha", "with-etcd", "otel"];
 /// How long the aggregation layer gets to report the external metrics APIService available.
 pub const APISERVICE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The field manager that plays cert-manager's CA injector.
+pub const CA_INJECTOR: &str = "cert-manager-cainjector";
+/// The APIService the queue serves.
+pub const APISERVICE: &str = "v1beta1.external.metrics.k8s.io";
+/// cert-manager's CRDs, as `kubectl get -f` names them.
+pub const CERT_MANAGER_CRDS: [&str; 6] = [
+    "certificaterequests.cert-manager.io",
+    "certificates.cert-manager.io",
+    "challenges.acme.cert-manager.io",
+    "clusterissuers.cert-manager.io",
+    "issuers.cert-manager.io",
+    "orders.acme.cert-manager.io",
+];
 
 pub fn overlay_dir(overlay: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -64,16 +84,36 @@ pub async fn build_for_loopback(
     metrics_port: u16,
     extra: &str,
 ) -> String {
-    let dir = plane
-        .dir()
-        .join(format!("kustomize-{overlay}-{metrics_port}"));
+    build_wrapped(plane, &overlay_dir(overlay), &[], metrics_port, extra).await
+}
+
+/// [`build_for_loopback`] of the kustomization in `resource` with `components` (directories)
+/// added, as a user's own overlay adds them.
+pub async fn build_wrapped(
+    plane: &ControlPlane,
+    resource: &Path,
+    components: &[&Path],
+    metrics_port: u16,
+    extra: &str,
+) -> String {
+    static WRAPPERS: AtomicUsize = AtomicUsize::new(0);
+    let dir = plane.dir().join(format!(
+        "kustomize-{}-{metrics_port}-{}",
+        resource.file_name().unwrap().to_string_lossy(),
+        WRAPPERS.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&dir).unwrap();
+    let components: String = components
+        .iter()
+        .map(|c| format!("  - {}\n", relative_to(&dir, c).display()))
+        .collect();
     let kustomization = format!(
         r#"apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - {overlay_dir}
-patches:
+components:
+{components}patches:
   - target: {{kind: Service, name: switchyard-queue-metrics}}
     patch: |-
       - op: replace
@@ -85,7 +125,7 @@ patches:
         path: /spec/service/port
         value: {metrics_port}
 {extra}"#,
-        overlay_dir = relative_to(&dir, &overlay_dir(overlay)).display(),
+        overlay_dir = relative_to(&dir, resource).display(),
     );
     std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
     kustomize_build(plane, &dir).await
@@ -148,6 +188,8 @@ pub async fn apply_cleanly(plane: &ControlPlane, what: &str, manifests: &str) ->
         &[
             "apply",
             "--server-side",
+            // Unknown or malformed fields are errors, for built-in kinds and CRDs alike.
+            "--validate=strict",
             &format!("--field-manager={FIELD_MANAGER}"),
             "-f",
             "-",
@@ -162,6 +204,101 @@ pub async fn apply_cleanly(plane: &ControlPlane, what: &str, manifests: &str) ->
         out.stderr
     );
     out.stdout
+}
+
+/// Installs cert-manager's CRDs (from the harness's cache) once per test process, and waits
+/// until the apiserver serves them.
+pub async fn install_cert_manager_crds(plane: &ControlPlane) {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            let crds = std::fs::read_to_string(plane.binaries().cert_manager_crds()).unwrap();
+            apply_cleanly(plane, "cert-manager CRDs", &crds).await;
+            let crds: Vec<String> = CERT_MANAGER_CRDS
+                .iter()
+                .map(|crd| format!("crd/{crd}"))
+                .collect();
+            let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+            args.extend(crds.iter().map(String::as_str));
+            let out = kubectl(plane, &args, None).await;
+            assert!(out.success, "cert-manager CRDs established: {}", out.stderr);
+        })
+        .await;
+}
+
+/// The queue's certificate as the manifests give it (crates/certs' identity, with the
+/// `switchyard-queue-metrics` names), signed by the test process's CA (testenv's
+/// [`Pki::shared`], which also signs every client the tests dial as); the CA's files are
+/// written again under the control plane's directory for `switchyard-certs --ca-cert/--ca-key`.
+#[derive(Debug)]
+pub struct TestPki {
+    pub ca_cert: PathBuf,
+    pub ca_key: PathBuf,
+    pub ca_pem: String,
+    /// The queue's certificate: tls.crt, tls.key, ca.crt.
+    pub queue: PathBuf,
+}
+
+impl TestPki {
+    pub fn shared(plane: &ControlPlane) -> &'static Self {
+        static PKI: OnceLock<TestPki> = OnceLock::new();
+        PKI.get_or_init(|| {
+            let pki = Pki::shared();
+            let dir = plane.dir().join("switchyard-ca");
+            pki.ca().write(&dir).unwrap();
+            let leaf = identities::QUEUE.leaf(
+                switchyard_certs::DEFAULT_TRUST_DOMAIN,
+                NAMESPACE,
+                Duration::from_secs(24 * 3600),
+            );
+            let issued = pki.ca().issue(&leaf).unwrap();
+            let files = pki.write("deploy-test-queue", &issued).unwrap();
+            Self {
+                ca_cert: dir.join("ca.crt"),
+                ca_key: dir.join("ca.key"),
+                ca_pem: pki.ca().cert_pem().to_owned(),
+                queue: files.cert.parent().unwrap().to_owned(),
+            }
+        })
+    }
+}
+
+/// A gRPC client of the in-process queue, dialled with mutual TLS as `role`.
+pub async fn queue_client(
+    queue: &Queue,
+    role: Role,
+) -> switchyard_proto::queue::v1::queue_client::QueueClient<tonic::transport::Channel> {
+    let channel = Pki::shared()
+        .channel(role, Role::Queue, queue.grpc)
+        .await
+        .unwrap();
+    switchyard_proto::queue::v1::queue_client::QueueClient::new(channel)
+}
+
+/// Sets the APIService's caBundle to `ca_pem` as cert-manager's CA injector does for the
+/// annotation `cert-manager.io/inject-ca-from`: under its own field manager, so a user's
+/// re-apply of the overlay leaves it alone.
+pub async fn inject_ca_bundle(plane: &ControlPlane, ca_pem: &str) {
+    use base64::Engine;
+    let patch = serde_json::json!({
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": APISERVICE},
+        "spec": {"caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem)},
+    });
+    let out = kubectl(
+        plane,
+        &[
+            "apply",
+            "--server-side",
+            &format!("--field-manager={CA_INJECTOR}"),
+            "-f",
+            "-",
+        ],
+        Some(&patch.to_string()),
+    )
+    .await;
+    assert!(out.success, "caBundle injected: {}", out.stderr);
 }
 
 /// `kind/namespace/name=resourceVersion` of every object in `manifests`, sorted.
@@ -223,8 +360,10 @@ pub struct Queue {
 
 impl Queue {
     /// With `client_ca`, only clients with a certificate from that CA may call the external
-    /// metrics API (in these tests, the apiserver's front-proxy CA).
-    pub async fn start(shard_count: u32, client_ca: &Path) -> Self {
+    /// metrics API (in these tests, the apiserver's front-proxy CA). The queue's certificate
+    /// (`tls` holds tls.crt, tls.key and ca.crt) serves gRPC with mutual TLS and the external
+    /// metrics API, as the manifests mount and pass it.
+    pub async fn start(shard_count: u32, client_ca: &Path, tls: &Path) -> Self {
         let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -237,6 +376,17 @@ impl Queue {
             format!("--shard-count={shard_count}"),
             format!("--external-metrics-addr=127.0.0.1:{metrics_port}"),
             format!("--external-metrics-client-ca={}", client_ca.display()),
+            format!("--tls-cert={}", tls.join("tls.crt").display()),
+            format!("--tls-key={}", tls.join("tls.key").display()),
+            format!("--tls-ca={}", tls.join("ca.crt").display()),
+            format!(
+                "--external-metrics-tls-cert={}",
+                tls.join("tls.crt").display()
+            ),
+            format!(
+                "--external-metrics-tls-key={}",
+                tls.join("tls.key").display()
+            ),
             "--drain-grace=1s".into(),
         ])
         .unwrap()

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::{
-    NAMESPACE, Queue, apply_cleanly, await_apiservice_available, build_for_loopback, kubectl,
+    NAMESPACE, Queue, TestPki, apply_cleanly, await_apiservice_available, build_for_loopback,
+    inject_ca_bundle, install_cert_manager_crds, kubectl, queue_client,
 };
 use switchyard_proto::{
     common::v1::WorkKey,
@@ -24,6 +25,7 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::shard::shard_of;
+use switchyard_runtime::Role;
 use switchyard_testenv::ControlPlane;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -192,10 +194,15 @@ async fn drain(client: &mut QueueClient<tonic::transport::Channel>, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hpa_scales_reconcilers_up_on_queue_backlog_and_down_after_it_drains() {
     let plane = ControlPlane::shared().expect("control plane");
-    let queue = Queue::start(SHARDS, plane.front_proxy_ca()).await;
+    // The ha overlay's certificates come from cert-manager: its CRDs are installed, and the
+    // test injects the CA of the queue's certificate as its CA injector would.
+    install_cert_manager_crds(plane).await;
+    let pki = TestPki::shared(plane);
+    let queue = Queue::start(SHARDS, plane.front_proxy_ca(), &pki.queue).await;
     let manifests = build_for_loopback(plane, "ha", queue.metrics_port, FAST_SCALE_DOWN).await;
     assert!(manifests.contains("stabilizationWindowSeconds: 5"));
     apply_cleanly(plane, "ha overlay", &manifests).await;
+    inject_ca_bundle(plane, &pki.ca_pem).await;
     await_apiservice_available(plane).await;
 
     // Through the aggregation layer, as the HPA controller reads it.
@@ -253,9 +260,8 @@ async fn the_hpa_scales_reconcilers_up_on_queue_backlog_and_down_after_it_drains
     )
     .await;
 
-    let mut client = QueueClient::connect(format!("http://{}", queue.grpc))
-        .await
-        .unwrap();
+    // A reconciler may both enqueue and work.
+    let mut client = queue_client(&queue, Role::Reconciler).await;
     enqueue(&mut client, BACKLOG).await;
     await_scaled(
         plane,

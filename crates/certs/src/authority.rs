@@ -226,7 +226,7 @@ impl Leaf {
     /// The identity's parts follow the SPIFFE ID rules (a trust domain of lowercase letters,
     /// digits, `.`, `-` and `_`; path segments of letters, digits, `.`, `-` and `_`), and the
     /// validity period is not empty.
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let td_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || ".-_".contains(c);
         let segment_char = |c: char| c.is_ascii_alphanumeric() || ".-_".contains(c);
         let check = |field, value: &str, ok: &dyn Fn(char) -> bool, rule| {

@@ -27,10 +27,10 @@ pub struct Args {
     #[arg(long, env = "SWITCHYARD_CERTS_OUT")]
     pub out: PathBuf,
     /// Namespace Switchyard runs in: part of each identity and of each DNS name
-    #[arg(long, env = "SWITCHYARD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
+    #[arg(long, env = "SWITCHYARD_CERTS_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
     pub namespace: String,
-    /// SPIFFE trust domain of the identities (the services' --trust-domain)
-    #[arg(long, env = "SWITCHYARD_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
+    /// SPIFFE trust domain of the identities (the services read it from their certificates)
+    #[arg(long, env = "SWITCHYARD_CERTS_TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
     /// Days each service certificate is valid
     #[arg(long, env = "SWITCHYARD_CERTS_DAYS", default_value_t = 365,
@@ -64,11 +64,19 @@ impl Args {
             ca_cert,
             ca_key,
         } = self;
+        let validity = DAY * days;
+        let leaves: Vec<_> = identities::ALL
+            .iter()
+            .map(|identity| identity.leaf(&trust_domain, &namespace, validity))
+            .collect();
+        // Bad input is refused before anything is written.
+        for leaf in &leaves {
+            leaf.validate()?;
+        }
         let (authority, generated_ca) = match (ca_cert, ca_key) {
             (Some(cert), Some(key)) => (Authority::load(&cert, &key)?, false),
             _ => (Authority::generate(CA_COMMON_NAME)?, true),
         };
-        let validity = DAY * days;
         if generated_ca {
             authority.write(&out)?;
         } else {
@@ -80,10 +88,9 @@ impl Args {
             write_file(&out.join("ca.crt"), authority.cert_pem(), None)?;
         }
         let mut identities = Vec::new();
-        for identity in identities::ALL {
-            let leaf = identity.leaf(&trust_domain, &namespace, validity);
-            let dir = out.join(identity.service_account);
-            authority.issue(&leaf)?.write(&dir, authority.cert_pem())?;
+        for leaf in &leaves {
+            let dir = out.join(&leaf.service_account);
+            authority.issue(leaf)?.write(&dir, authority.cert_pem())?;
             identities.push((dir, leaf.spiffe_id()));
         }
         let kustomization = write_component(&out, &identities::ALL, &namespace, &authority)?;

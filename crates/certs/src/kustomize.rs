@@ -43,8 +43,9 @@ pub fn component(identities: &[Identity], namespace: &str) -> String {
     }
     out.push_str(&format!(
         "patches:\n  - path: {CA_BUNDLE_PATCH}\n\
-         # These certificates replace cert-manager's: where components/cert-manager is in the\n\
-         # build, its issuers and Certificates go (a target that matches nothing is no error).\n\
+         \x20 # These certificates replace cert-manager's: where components/cert-manager is in\n\
+         \x20 # the build, its issuers and Certificates go (a target that matches nothing is no\n\
+         \x20 # error).\n\
          \x20 - target: {{group: cert-manager.io}}\n    patch: |-\n      $patch: delete\n      \
          apiVersion: cert-manager.io/v1\n      kind: Certificate\n      metadata: {{name: any}}\n"
     ));

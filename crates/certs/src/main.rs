@@ -1,14 +1,23 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 use switchyard_certs::cli::Args;
 
-fn main() -> anyhow::Result<()> {
-    let written = Args::parse().run()?;
-    if written.generated_ca {
-        println!("generated a ca: keep ca.key safe, it can sign any identity");
+fn main() -> ExitCode {
+    match Args::parse().run() {
+        Ok(written) => {
+            if written.generated_ca {
+                println!("generated a ca: keep ca.key safe, it can sign any identity");
+            }
+            for (dir, id) in &written.identities {
+                println!("wrote {} ({id})", dir.display());
+            }
+            println!("wrote {}", written.kustomization.display());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("switchyard-certs: {error}");
+            ExitCode::FAILURE
+        }
     }
-    for (dir, id) in &written.identities {
-        println!("wrote {} ({id})", dir.display());
-    }
-    println!("wrote {}", written.kustomization.display());
-    Ok(())
 }

@@ -51,6 +51,19 @@ impl Binaries {
         self.dir.join("kwok-stages.yaml")
     }
 
+    /// cert-manager's CustomResourceDefinitions, one multi-document YAML (from the
+    /// `deploy/crds` directory of its Go module; see `scripts/testenv.sh`).
+    pub fn cert_manager_crds(&self) -> PathBuf {
+        self.dir.join("cert-manager/crds.yaml")
+    }
+
+    /// The Helm chart's CRD templates of the same cert-manager version
+    /// (`deploy/charts/cert-manager/templates/crd-*.yaml`), to compare with
+    /// [`Binaries::cert_manager_crds`].
+    pub fn cert_manager_chart_crds(&self) -> PathBuf {
+        self.dir.join("cert-manager/chart")
+    }
+
     fn check(&self) -> Result<()> {
         let needed = [
             "etcd",
@@ -61,6 +74,7 @@ impl Binaries {
             "kwok",
             "kwok-stages.yaml",
             "otelcol-switchyard",
+            "cert-manager/crds.yaml",
         ];
         match needed.iter().find(|b| !self.dir.join(b).exists()) {
             Some(missing) => Err(Error::Build(format!(
