@@ -51,8 +51,7 @@ pub struct TlsArgs {
     #[arg(
         long,
         env = "SWITCHYARD_TLS_CERT",
-        requires_all = ["tls_key", "tls_ca"],
-        required_unless_present = "insecure_plaintext"
+        requires_all = ["tls_key", "tls_ca"]
     )]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert

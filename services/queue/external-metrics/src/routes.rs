@@ -363,6 +363,7 @@ mod tests {
         let peers = Peers {
             members,
             me: "q0".into(),
+            dialer: switchyard_runtime::Dialer::plaintext(),
         };
         let (code, body) = get(
             state(Fixed(Some(vec![])), Some(peers)),
@@ -397,6 +398,7 @@ mod tests {
         let peers = Peers {
             members,
             me: "q0".into(),
+            dialer: switchyard_runtime::Dialer::plaintext(),
         };
         let (code, body) = get(
             state(Fixed(Some(vec![])), Some(peers)),
@@ -422,6 +424,7 @@ mod tests {
         let peers = Peers {
             members,
             me: "q0".into(),
+            dialer: switchyard_runtime::Dialer::plaintext(),
         };
         let (code, body) = get(
             state(Fixed(Some(vec![(1, 4)])), Some(peers)),

@@ -85,12 +85,11 @@ impl<B: Backlog> Server<B> {
             acceptor,
             state,
         } = self;
-        let (listener, accept) = tls::listen(addr, listener, acceptor);
+        let listener = tls::listen(addr, listener, acceptor);
         info!(%addr, "serving the external metrics API");
         let served = axum::serve(listener, routes::router(state))
             .with_graceful_shutdown(drain.signaled())
             .await;
-        accept.abort();
         if let Err(error) = served {
             warn!(%error, "external metrics API stopped");
         }

@@ -1,32 +1,25 @@
 //! HTTPS for the external metrics API: the server's certificate (given, or self-signed at
 //! start), the optional client CA that only the aggregation layer's certificate chains to,
-//! and an accept loop that runs each TLS handshake on its own task.
+//! and the runtime's accept loop, which runs each TLS handshake on its own task.
 //!
 //! ```text
-//!  TcpListener ─► accept ─► spawn: handshake (≤ HANDSHAKE_TIMEOUT) ─► mpsc ─► TlsListener ─► axum
+//!  TcpListener ─► runtime accept loop (a task per handshake) ─► mpsc ─► TlsListener ─► axum
 //! ```
 
-use std::{net::SocketAddr, path::Path, path::PathBuf, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::Path, path::PathBuf, sync::Arc};
 
+use prometheus_client::metrics::counter::Counter;
 use rustls::{
     RootCertStore, ServerConfig,
     pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
     server::WebPkiClientVerifier,
 };
+use switchyard_runtime::tls::Handshakes;
 use tokio::{
     net::{TcpListener, TcpStream},
     sync::mpsc,
 };
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
-use tracing::{debug, warn};
-
-/// A client that never finishes its TLS handshake gives up its slot after this long; the
-/// aggregation layer completes one in milliseconds.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshaken connections waiting for the HTTP server; more wait in the kernel's backlog.
-const ACCEPT_QUEUE: usize = 64;
-/// Pause after a failed accept (for example, out of file descriptors) before trying again.
-const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -102,48 +95,24 @@ fn read_error(what: &'static str, path: &Path, error: impl std::fmt::Display) ->
     }
 }
 
-/// Starts accepting on `listener`: the handshaken connections arrive on the returned
-/// listener, for the HTTP server; the task stops when that listener is dropped or aborted.
+/// Starts accepting on `listener` (each handshake on its own task, the runtime's accept
+/// loop): the handshaken connections arrive on the returned listener, for the HTTP server;
+/// the listener closes when that is dropped.
 pub(crate) fn listen(
     addr: SocketAddr,
     listener: TcpListener,
     acceptor: TlsAcceptor,
-) -> (TlsListener, tokio::task::JoinHandle<()>) {
-    let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
-    let accept = tokio::spawn(accept(listener, acceptor, tx));
-    (TlsListener { addr, rx }, accept)
-}
-
-/// Accepts TCP connections and hands each to its own TLS handshake, so a slow client never
-/// holds up the others.
-async fn accept(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-) {
-    loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                warn!(%error, "external metrics API: accept failed");
-                tokio::time::sleep(ACCEPT_RETRY).await;
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => {
-                    let _ = tx.send((tls, peer)).await;
-                }
-                Ok(Err(error)) => {
-                    debug!(%error, %peer, "external metrics API: TLS handshake failed")
-                }
-                Err(_) => debug!(%peer, "external metrics API: TLS handshake timed out"),
-            }
-        });
-    }
+) -> TlsListener {
+    let rx = switchyard_runtime::tls::accept(
+        listener,
+        Handshakes {
+            acceptor,
+            failures: Counter::default(),
+            what: "external metrics API",
+            nodelay: false,
+        },
+    );
+    TlsListener { addr, rx }
 }
 
 /// The handshaken connections, as the HTTP server's listener.
