@@ -9,6 +9,7 @@ pub mod actor;
 pub mod grpc;
 pub mod metrics;
 pub mod ownership;
+mod rate;
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -77,12 +78,17 @@ pub struct QueueArgs {
     /// Longest retry delay of a failed key
     #[arg(long, env = "SWITCHYARD_RETRY_MAX_DELAY", default_value = "1000s")]
     pub retry_max_delay: humantime::Duration,
-    /// Overall retries per second across all keys (0 turns the bucket off)
+    /// Retries per second of each controller's keys, cluster-wide: each replica applies the
+    /// share of its shards (0 turns the buckets off)
     #[arg(long, env = "SWITCHYARD_RETRY_QPS", default_value_t = 10.0)]
     pub retry_qps: f64,
-    /// Retries allowed at once before the overall bucket paces them
+    /// Retries of each controller allowed at once before its bucket paces them, cluster-wide
     #[arg(long, env = "SWITCHYARD_RETRY_BURST", default_value_t = 100)]
     pub retry_burst: u32,
+    /// One controller's retry rate and burst instead of --retry-qps/--retry-burst, as
+    /// CONTROLLER=QPS:BURST (repeatable, or comma-separated)
+    #[arg(long, env = "SWITCHYARD_CONTROLLER_RATE_LIMITS", value_delimiter = ',')]
+    pub controller_rate_limit: Vec<rate::ControllerRateLimit>,
     /// On shutdown, how long in-flight leases may finish before the shards are handed back
     #[arg(long, env = "SWITCHYARD_DRAIN_GRACE", default_value = "10s")]
     pub drain_grace: humantime::Duration,
@@ -125,6 +131,16 @@ impl QueueArgs {
         }
         if self.capacity == 0 {
             return Err(Error::Config("--queue-capacity: must be at least 1".into()));
+        }
+        if let Some(unknown) = self
+            .controller_rate_limit
+            .iter()
+            .find(|l| !self.controllers.contains(&l.controller))
+        {
+            return Err(Error::Config(format!(
+                "--controller-rate-limit: {} is not one of --controllers",
+                unknown.controller
+            )));
         }
         if !(self.retry_qps >= 0.0 && self.retry_qps.is_finite()) {
             return Err(Error::Config(
@@ -170,7 +186,10 @@ impl Args {
         };
         let rt = Runtime::start(SERVICE, runtime).await?;
         let names: Vec<&str> = queue.controllers.iter().map(String::as_str).collect();
-        let core = serving_queue(config, &names, queue.static_shards && !membership);
+        let mut core = serving_queue(config, &names, queue.static_shards && !membership);
+        for limit in &queue.controller_rate_limit {
+            core.set_rate_limit(&limit.controller, limit.limit);
+        }
         let keys = core.key_space().clone();
         let controllers: Vec<Arc<str>> = keys.names().to_vec();
         let metrics = metrics::QueueMetrics::register(rt.metrics(), &controllers);
