@@ -221,7 +221,9 @@ impl Args {
             membership::watch_members(etcd.clone(), rt.drain()).0,
         );
         let dialer = rt.dialer();
-        rt.spawn("leader", move |drain| {
+        // Not restarted: a broken term ends the process, and another elector takes over
+        // within the election TTL.
+        rt.spawn_essential("leader", move |drain| {
             leader::run(etcd, dialer, config, leading, drain)
         });
         let addr = rt

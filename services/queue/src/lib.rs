@@ -201,7 +201,8 @@ impl Args {
             // twice during a graceful handover.
             actor = actor.on_drained(leave);
         }
-        rt.spawn("queue-actor", |drain| actor.run(drain));
+        // The actor holds the queue: nothing can take its place without losing the keys.
+        rt.spawn_essential("queue-actor", |drain| actor.run(drain));
         let mut service = grpc::QueueService::new(handle.clone(), keys);
         // `config` checked that a member has an elector to follow.
         let (directory, peers) = match &queue.elector_addr {
@@ -223,7 +224,7 @@ impl Args {
             external_metrics::Server::bind(&external_metrics, handle.clone(), &controllers, peers)
                 .await?
         {
-            rt.spawn("external-metrics", |drain| server.run(drain));
+            rt.spawn_essential("external-metrics", |drain| server.run(drain));
         }
         let server = GrpcServer::new()
             .add_service(service.into_server())
@@ -285,7 +286,7 @@ fn join(
         .map_err(|e| Error::Config(format!("--member-id: {e}")))?;
     // Tracked, so shutdown waits for the member to leave (its lease revoked); only then
     // does the gRPC port close.
-    rt.spawn("membership", |_| async move {
+    rt.spawn_essential("membership", |_| async move {
         let _ = task.await;
         close_port.trigger();
     });
@@ -304,7 +305,7 @@ fn join(
         drain_grace: queue.drain_grace.into(),
         metrics: ownership::OwnershipMetrics::register(rt.metrics()),
     };
-    rt.spawn("ownership", move |drain| {
+    rt.spawn_essential("ownership", move |drain| {
         ownership.run(handle, lease, directory.map, drain)
     });
     Ok(())
@@ -330,7 +331,7 @@ fn directory(
     let (map_tx, map) = watch::channel(None);
     let (members_tx, members) = watch::channel(None);
     let (peers_tx, peers) = watch::channel(None);
-    rt.spawn("shard-map", move |drain| async move {
+    rt.spawn_essential("shard-map", move |drain| async move {
         let mut snapshots = snapshots;
         tokio::select! {
             () = follow => {}

@@ -277,7 +277,10 @@ impl Args {
         .per_controller(contexts);
         match route {
             Route::Queue(queue) => {
-                rt.spawn("worker", move |drain| worker.serve(queue.into(), drain));
+                let queue: std::sync::Arc<str> = queue.into();
+                rt.spawn_restarting("worker", move |drain| {
+                    worker.clone().serve(queue.clone(), drain)
+                });
             }
             Route::Elector(elector) => {
                 let (view, follow) = switchyard_shards::follow_elector(
@@ -286,8 +289,10 @@ impl Args {
                     shard_count,
                     rt.drain(),
                 );
-                rt.spawn("shard-map", |_| follow);
-                rt.spawn("worker", move |drain| worker.follow(view, drain));
+                rt.spawn_essential("shard-map", |_| follow);
+                rt.spawn_restarting("worker", move |drain| {
+                    worker.clone().follow(view.clone(), drain)
+                });
             }
         }
         rt.serve_grpc(GrpcServer::new()).await?;
