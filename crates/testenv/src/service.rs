@@ -176,6 +176,26 @@ impl ServiceProcess {
         .await
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// The resident memory of the process now (`VmRSS`), in bytes.
+    pub fn resident_bytes(&self) -> Option<u64> {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.process.pid())).ok()?;
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    }
+
     /// The log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.process.log()).unwrap_or_default()

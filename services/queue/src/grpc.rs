@@ -136,7 +136,10 @@ impl QueueService {
             .handle
             .enqueue(shard, adds)
             .await?
-            .map_err(|EnqueueError::NotOwner { shard }| self.not_owner(shard))?;
+            .map_err(|error| match error {
+                EnqueueError::NotOwner { shard } => self.not_owner(shard),
+                EnqueueError::Busy { .. } => EdgeError::Busy(error.to_string()),
+            })?;
         Ok(pb::EnqueueResponse {
             batch_id,
             added: added.added,
@@ -268,11 +271,11 @@ impl queue_server::Queue for QueueService {
                     }
                 }
                 let invalid = matches!(command, Command::Invalid { .. });
-                if handle.send(command).is_err() || invalid {
+                if handle.send(command).await.is_err() || invalid {
                     return;
                 }
             };
-            let _ = handle.send(Command::Disconnect { worker, clean });
+            let _ = handle.send(Command::Disconnect { worker, clean }).await;
         });
 
         let names = self.keys.names().clone();
@@ -601,6 +604,9 @@ pub enum EdgeError {
     },
     #[error("the queue is shutting down")]
     ShuttingDown,
+    /// Too many batches wait for room: nothing of this one was added.
+    #[error("{0}")]
+    Busy(String),
 }
 
 fn redirect(owner_address: &str) -> String {
@@ -641,6 +647,7 @@ impl From<EdgeError> for Status {
                 )
             }
             EdgeError::ShuttingDown => Status::unavailable(message),
+            EdgeError::Busy(_) => Status::resource_exhausted(message),
         }
     }
 }
