@@ -20,7 +20,8 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::shard::shard_of;
-use switchyard_runtime::ShutdownHandle;
+use switchyard_runtime::{Role, ShutdownHandle};
+use switchyard_testenv::Pki;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Streaming, transport::Channel};
@@ -47,6 +48,7 @@ impl Server {
             "--drain-grace=1s".into(),
         ];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args.extend(Pki::shared().flags(Role::Queue));
         let (rt, addr) = switchyard_queue::Args::try_parse_from(args)
             .unwrap()
             .start()
@@ -74,10 +76,14 @@ impl Server {
         (server, client)
     }
 
+    /// A client as a reconciler: it enqueues (as controllers that enqueue do) and works.
     async fn client(&self) -> QueueClient<Channel> {
-        QueueClient::connect(format!("http://{}", self.addr))
-            .await
-            .unwrap()
+        QueueClient::new(
+            Pki::shared()
+                .channel(Role::Reconciler, Role::Queue, self.addr)
+                .await
+                .unwrap(),
+        )
     }
 
     async fn stop(self) {
@@ -686,13 +692,13 @@ async fn a_worker_that_sends_outcomes_without_reading_replies_is_held_back_and_l
     let server = Server::start(&[]).await;
     // A small receive window, so that what the transport buffers stays small beside the
     // server's budget.
-    let channel = Channel::from_shared(format!("http://{}", server.addr))
+    let dialer = Pki::shared().dialer(Role::Reconciler);
+    let endpoint = dialer
+        .endpoint(&server.addr.to_string(), Role::Queue)
         .unwrap()
         .initial_stream_window_size(64 * 1024)
-        .initial_connection_window_size(64 * 1024)
-        .connect()
-        .await
-        .unwrap();
+        .initial_connection_window_size(64 * 1024);
+    let channel = dialer.connect(&endpoint, Role::Queue).await.unwrap();
     let mut client = QueueClient::new(channel);
     let mut worker = Worker::connect(&mut client, &[]).await;
     // Outcomes for leases that do not exist: each is refused and acknowledged.
