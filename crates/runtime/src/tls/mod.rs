@@ -142,8 +142,11 @@ struct Files {
     ca: PathBuf,
 }
 
+/// The contents of the certificate, key and CA files, PEM, in that order.
+type Contents = (Vec<u8>, Vec<u8>, Vec<u8>);
+
 impl Files {
-    fn read(&self) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), TlsError> {
+    fn read(&self) -> Result<Contents, TlsError> {
         let read = |what, path: &Path| {
             std::fs::read(path).map_err(|e| TlsError::Read {
                 what,
