@@ -399,7 +399,8 @@ mod tests {
     const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
 
     fn config_error(flags: &[&str]) -> String {
-        let args = Args::try_parse_from(["switchyard-queue"].iter().chain(&TLS).chain(flags)).unwrap();
+        let args =
+            Args::try_parse_from(["switchyard-queue"].iter().chain(&TLS).chain(flags)).unwrap();
         match args.queue.config() {
             Err(Error::Config(message)) => message,
             other => panic!("{flags:?}: expected a configuration error, got {other:?}"),
