@@ -176,7 +176,14 @@ async fn health_is_open_reflection_needs_an_identity_and_another_cas_client_is_r
         "switchyard-observer",
     );
     // Trusts the server's CA, but its own certificate is from another one.
-    let foreign = issue(dir.path(), "foreign", &other_ca, &ca, td, "switchyard-observer");
+    let foreign = issue(
+        dir.path(),
+        "foreign",
+        &other_ca,
+        &ca,
+        td,
+        "switchyard-observer",
+    );
     let (rt, addr) = serve(&server).await;
     let admin = rt.admin_addr();
     let shutdown = rt.shutdown_handle();
@@ -278,12 +285,8 @@ fn tls_is_required_unless_plaintext_is_asked_for() {
     let error = Args::try_parse_from(["test", "--tls-key=/tmp/tls.key"])
         .expect_err("a key alone is incomplete");
     assert!(error.to_string().contains("--tls-cert"), "{error}");
-    let error = Args::try_parse_from([
-        "test",
-        "--tls-cert=/tmp/tls.crt",
-        "--tls-key=/tmp/tls.key",
-    ])
-    .expect_err("a certificate without the CA is incomplete");
+    let error = Args::try_parse_from(["test", "--tls-cert=/tmp/tls.crt", "--tls-key=/tmp/tls.key"])
+        .expect_err("a certificate without the CA is incomplete");
     assert!(error.to_string().contains("--tls-ca"), "{error}");
     let error = Args::try_parse_from([
         "test",
@@ -293,7 +296,10 @@ fn tls_is_required_unless_plaintext_is_asked_for() {
         "--tls-ca=/tmp/ca.crt",
     ])
     .expect_err("plaintext or TLS, not both");
-    assert!(error.to_string().contains("--insecure-plaintext"), "{error}");
+    assert!(
+        error.to_string().contains("--insecure-plaintext"),
+        "{error}"
+    );
     let plaintext = Args::try_parse_from(["test", "--insecure-plaintext"]).expect("parses");
     assert!(plaintext.runtime.tls.insecure_plaintext);
 }

@@ -102,7 +102,8 @@ async fn a_member_stops_serving_before_its_lease_can_expire_and_comes_back_with_
     let mut etcd = Etcd::start().await.unwrap();
     let timing = LeaseTiming::default();
     let (_keep, drain) = drain_channel();
-    let (mut state, _task) = join(etcd.connection(Role::Queue), member("c"), timing, drain).unwrap();
+    let (mut state, _task) =
+        join(etcd.connection(Role::Queue), member("c"), timing, drain).unwrap();
     let held = until(&mut state, Duration::from_secs(10), |s| {
         matches!(s, LeaseState::Held { .. })
     })

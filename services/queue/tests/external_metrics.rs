@@ -147,16 +147,18 @@ fn https_api(port: u16) -> Api {
 #[tokio::test]
 async fn serves_discovery_and_backlog_per_controller_and_refuses_bad_selectors() {
     let port = free_port();
-    let (rt, grpc) = switchyard_queue::Args::try_parse_from([
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        format!("--shard-count={SHARDS}"),
-        format!("--controllers={RS},{DEPLOY}"),
-        format!("--external-metrics-addr=127.0.0.1:{port}"),
-    ]
-    .into_iter()
-    .chain(Pki::shared().flags(Role::Queue)))
+    let (rt, grpc) = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--controllers={RS},{DEPLOY}"),
+            format!("--external-metrics-addr=127.0.0.1:{port}"),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue)),
+    )
     .unwrap()
     .start()
     .await
@@ -306,16 +308,18 @@ async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
     let etcd = Etcd::start().await.unwrap();
     let elector = format!("127.0.0.1:{}", free_port());
     let elector_task = tokio::spawn(
-        switchyard_elector::Args::try_parse_from([
-            "switchyard-elector".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            format!("--grpc-addr={elector}"),
-            format!("--etcd-endpoints={}", etcd.endpoint()),
-            format!("--shard-count={SHARDS}"),
-            "--elector-id=e0".into(),
-        ]
-        .into_iter()
-        .chain(Pki::shared().flags(Role::Elector)))
+        switchyard_elector::Args::try_parse_from(
+            [
+                "switchyard-elector".to_owned(),
+                "--admin-addr=127.0.0.1:0".into(),
+                format!("--grpc-addr={elector}"),
+                format!("--etcd-endpoints={}", etcd.endpoint()),
+                format!("--shard-count={SHARDS}"),
+                "--elector-id=e0".into(),
+            ]
+            .into_iter()
+            .chain(Pki::shared().flags(Role::Elector)),
+        )
         .unwrap()
         .run(),
     );
@@ -425,16 +429,18 @@ async fn with_a_client_ca_only_clients_it_issued_may_call() {
     let ca_path = dir.path().join("front-proxy-ca.crt");
     std::fs::write(&ca_path, ca).unwrap();
     let port = free_port();
-    let (rt, _) = switchyard_queue::Args::try_parse_from([
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        format!("--shard-count={SHARDS}"),
-        format!("--external-metrics-addr=127.0.0.1:{port}"),
-        format!("--external-metrics-client-ca={}", ca_path.display()),
-    ]
-    .into_iter()
-    .chain(Pki::shared().flags(Role::Queue)))
+    let (rt, _) = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--external-metrics-addr=127.0.0.1:{port}"),
+            format!("--external-metrics-client-ca={}", ca_path.display()),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue)),
+    )
     .unwrap()
     .start()
     .await

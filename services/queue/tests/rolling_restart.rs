@@ -43,8 +43,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, transport::Channel};
 
 use support::{
-    RS, assert_no_two_owners, cluster, elector_client, metric, metrics, queue_client,
-    until_served,
+    RS, assert_no_two_owners, cluster, elector_client, metric, metrics, queue_client, until_served,
 };
 
 const SHARDS: u32 = 16;

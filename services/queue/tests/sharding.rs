@@ -20,9 +20,7 @@ use switchyard_proto::{
 use switchyard_queue_core::shard::shard_of;
 use switchyard_runtime::Role;
 
-use support::{
-    RS, assert_no_two_owners, cluster, queue_client, until_all_served, until_served,
-};
+use support::{RS, assert_no_two_owners, cluster, queue_client, until_all_served, until_served};
 use tonic::Code;
 
 const SHARDS: u32 = 16;

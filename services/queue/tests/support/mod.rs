@@ -21,8 +21,7 @@ use switchyard_proto::{
     queue::v1::{StatsRequest, queue_client::QueueClient},
 };
 use switchyard_runtime::{
-    AdminArgs, GrpcArgs, GrpcServer, LogArgs, LogFormat, Role, Runtime, RuntimeArgs,
-    ShutdownHandle,
+    AdminArgs, GrpcArgs, GrpcServer, LogArgs, LogFormat, Role, Runtime, RuntimeArgs, ShutdownHandle,
 };
 use switchyard_testenv::{Etcd, Pki, ServiceProcess};
 use tonic::transport::Channel;
@@ -30,10 +29,11 @@ use tonic::transport::Channel;
 pub const RS: &str = "apps/v1/ReplicaSet";
 
 pub struct Cluster {
+    /// Declared first so that it is dropped first: the elector stops before etcd does.
+    _elector: StopOnDrop,
     pub etcd: Etcd,
     /// The elector's count of members it found gone (their port refused connections).
     pub members_found_gone: Counter,
-    _elector: ShutdownHandle,
     /// Where the elector serves `switchyard.elector.v1.Elector`.
     pub elector_addr: SocketAddr,
     /// The etcd URL the replicas are given.
@@ -58,13 +58,10 @@ pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) 
     let config = LeaderConfig::new("elector", shard_count);
     let members_found_gone = config.members_found_gone.clone();
     let store = etcd.connection(Role::Elector);
-    tokio::spawn(leader::run(
-        store.clone(),
-        rt.dialer(),
-        config,
-        leading,
-        rt.drain(),
-    ));
+    let (leader_store, dialer) = (store.clone(), rt.dialer());
+    rt.spawn("leader", move |drain| {
+        leader::run(leader_store, dialer, config, leading, drain)
+    });
     let service = ElectorService::new(
         shard_count,
         shardmap::watch(store.clone(), shard_count, rt.drain()).0,
@@ -77,9 +74,9 @@ pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) 
     let stop = rt.shutdown_handle();
     tokio::spawn(rt.run());
     let mut cluster = Cluster {
+        _elector: StopOnDrop(stop),
         etcd,
         members_found_gone,
-        _elector: stop,
         elector_addr,
         replica_endpoint,
         shard_count,
@@ -90,6 +87,15 @@ pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) 
         cluster.add_replica().await;
     }
     cluster
+}
+
+/// Shuts the in-process elector down when dropped.
+struct StopOnDrop(ShutdownHandle);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.trigger();
+    }
 }
 
 /// The elector's runtime shell in this process: its gRPC server speaks mutual TLS with the
@@ -104,8 +110,9 @@ async fn elector_runtime() -> Runtime {
             grpc_addr: loopback(0),
         },
         tls: Pki::shared().files(Role::Elector).args(),
+        // Errors only: the tests stop etcd under it on purpose, and read the replicas' logs.
         log: LogArgs {
-            log_level: "warn".into(),
+            log_level: "error".into(),
             log_format: LogFormat::Plain,
         },
         drain_timeout: Duration::from_secs(5).into(),
