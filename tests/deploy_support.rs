@@ -11,8 +11,9 @@ use std::{
 };
 
 use clap::Parser;
-use switchyard_runtime::ShutdownHandle;
-use switchyard_testenv::ControlPlane;
+use switchyard_proto::queue::v1::queue_client::QueueClient;
+use switchyard_runtime::{Role, ShutdownHandle};
+use switchyard_testenv::{ControlPlane, Pki};
 
 /// The field manager of every apply in these tests.
 pub const FIELD_MANAGER: &str = "switchyard-deploy-test";
@@ -230,15 +231,19 @@ impl Queue {
             .local_addr()
             .unwrap()
             .port();
-        let (rt, grpc) = switchyard_queue::Args::try_parse_from([
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            format!("--shard-count={shard_count}"),
-            format!("--external-metrics-addr=127.0.0.1:{metrics_port}"),
-            format!("--external-metrics-client-ca={}", client_ca.display()),
-            "--drain-grace=1s".into(),
-        ])
+        let (rt, grpc) = switchyard_queue::Args::try_parse_from(
+            [
+                "switchyard-queue".to_owned(),
+                "--admin-addr=127.0.0.1:0".into(),
+                "--grpc-addr=127.0.0.1:0".into(),
+                format!("--shard-count={shard_count}"),
+                format!("--external-metrics-addr=127.0.0.1:{metrics_port}"),
+                format!("--external-metrics-client-ca={}", client_ca.display()),
+                "--drain-grace=1s".into(),
+            ]
+            .into_iter()
+            .chain(Pki::shared().flags(Role::Queue)),
+        )
         .unwrap()
         .start()
         .await
@@ -250,6 +255,17 @@ impl Queue {
             shutdown,
             running: tokio::spawn(rt.run()),
         }
+    }
+
+    /// A client of this queue's gRPC API, as a reconciler (it enqueues and leases), over
+    /// mutual TLS.
+    pub async fn client(&self) -> QueueClient<tonic::transport::Channel> {
+        QueueClient::new(
+            Pki::shared()
+                .channel(Role::Reconciler, Role::Queue, self.grpc)
+                .await
+                .unwrap(),
+        )
     }
 
     pub async fn stop(self) {

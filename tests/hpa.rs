@@ -253,9 +253,7 @@ async fn the_hpa_scales_reconcilers_up_on_queue_backlog_and_down_after_it_drains
     )
     .await;
 
-    let mut client = QueueClient::connect(format!("http://{}", queue.grpc))
-        .await
-        .unwrap();
+    let mut client = queue.client().await;
     enqueue(&mut client, BACKLOG).await;
     await_scaled(
         plane,
