@@ -2,8 +2,8 @@
 //!
 //! - `core_ops`: the in-process core alone (add, lease, done), the ceiling of the service;
 //! - `bytes_per_key`: heap bytes per queued key, 1,000,000 keys with 40-character names;
-//! - `e2e_throughput`: enqueue -> lease -> done through one replica over loopback gRPC, with
-//!   batched enqueues and credit-based workers;
+//! - `e2e_throughput`: enqueue -> lease -> done through one replica over loopback gRPC with
+//!   mutual TLS (as every internal connection), with batched enqueues and credit-based workers;
 //! - `lease_latency_p50` / `lease_latency_p99`: enqueue to lease at a steady 10,000 keys/s.
 //!
 //! The queue reads the standard `OTEL_*` variables as the service does: with
@@ -34,6 +34,8 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::{Outcome, Priority, Queue, QueueConfig, WorkKey, shard::shard_of};
+use switchyard_runtime::Role;
+use switchyard_testenv::Pki;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -155,20 +157,35 @@ fn bench_memory() {
 }
 
 async fn server() -> (SocketAddr, switchyard_runtime::ShutdownHandle) {
-    let args = switchyard_queue::Args::try_parse_from([
-        "switchyard-queue",
-        "--admin-addr=127.0.0.1:0",
-        "--grpc-addr=127.0.0.1:0",
-        "--log-level=warn",
-        &format!("--shard-count={SHARDS}"),
-        &format!("--controllers={RS}"),
-        "--queue-capacity=2000000",
-    ])
+    let args = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            "--log-level=warn".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--controllers={RS}"),
+            "--queue-capacity=2000000".into(),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue)),
+    )
     .unwrap();
     let (rt, addr) = args.start().await.unwrap();
     let shutdown = rt.shutdown_handle();
     tokio::spawn(rt.run());
     (addr, shutdown)
+}
+
+/// A client of the queue at `addr` over mutual TLS, as `role` (a watcher enqueues, a
+/// reconciler works).
+async fn client(role: Role, addr: SocketAddr) -> QueueClient<tonic::transport::Channel> {
+    QueueClient::new(
+        Pki::shared()
+            .channel(role, Role::Queue, addr)
+            .await
+            .unwrap(),
+    )
 }
 
 /// Batches of keys that all hash to one shard, as a watcher routes them.
@@ -227,9 +244,7 @@ async fn worker(
     stop: Arc<AtomicUsize>,
     total: usize,
 ) {
-    let mut client = QueueClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let mut client = client(Role::Reconciler, addr).await;
     let (tx, rx) = mpsc::channel(4096);
     tx.send(WorkRequest {
         request: Some(Msg::Hello(WorkerHello::default())),
@@ -291,9 +306,7 @@ async fn bench_e2e() {
     for _ in 0..WORKERS {
         tasks.push(tokio::spawn(worker(addr, 2000, |_| {}, done.clone(), N)));
     }
-    let mut producer = QueueClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let mut producer = client(Role::Watcher, addr).await;
     let (tx, rx) = mpsc::channel(8);
     let acks = tokio::spawn(async move {
         let mut acks = producer
@@ -338,9 +351,7 @@ async fn bench_latency() {
     // 10 keys each millisecond, each tick's keys from one shard (one batch).
     let per_tick = RATE / 1000;
     let requests = batches(10_000_000..10_000_000 + total, per_tick);
-    let mut client = QueueClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let mut client = client(Role::Watcher, addr).await;
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     for request in requests {

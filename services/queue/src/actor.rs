@@ -576,6 +576,7 @@ mod tests {
         let (_shutdown, drain) = drain_channel();
         handle
             .send(Command::Acquire { shard: 3, epoch: 7 })
+            .await
             .expect("actor running");
         drop(handle);
         actor.on_drained(leave).run(drain).await;

@@ -415,8 +415,12 @@ mod tests {
 
     use super::*;
 
+    /// The TLS flags every service requires; these tests only parse them (no file is read).
+    const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
+
     fn config_error(flags: &[&str]) -> String {
-        let args = Args::try_parse_from(["switchyard-queue"].iter().chain(flags)).unwrap();
+        let args =
+            Args::try_parse_from(["switchyard-queue"].iter().chain(&TLS).chain(flags)).unwrap();
         match args.queue.config() {
             Err(Error::Config(message)) => message,
             other => panic!("{flags:?}: expected a configuration error, got {other:?}"),
@@ -438,11 +442,10 @@ mod tests {
             let message = config_error(flags);
             assert!(message.starts_with(named), "{flags:?}: {message}");
         }
-        let member = Args::try_parse_from([
-            "switchyard-queue",
-            "--etcd-endpoints=http://127.0.0.1:2379",
+        let member = Args::try_parse_from(["switchyard-queue"].iter().chain(&TLS).chain(&[
+            "--etcd-endpoints=https://127.0.0.1:2379",
             "--elector-addr=127.0.0.1:8443",
-        ])
+        ]))
         .unwrap();
         assert!(member.queue.config().is_ok());
     }

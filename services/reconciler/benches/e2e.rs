@@ -38,7 +38,10 @@ use switchyard_k8s::{
     Api, Deployment, Namespace, PostParams, k8s_openapi::api::core::v1::ServiceAccount,
     kube::api::ListParams,
 };
-use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, ServiceProcess, manifests};
+use switchyard_runtime::Role;
+use switchyard_testenv::{
+    ControlPlane, ControlPlaneOptions, InProcess, Pki, ServiceProcess, manifests,
+};
 
 const REPLICAS: i32 = 4;
 const NODES: usize = 10;
@@ -189,13 +192,15 @@ impl Controllers {
 
 async fn in_process_queue() -> InProcess {
     let args = [
-        "switchyard-queue",
-        "--admin-addr=127.0.0.1:0",
-        "--grpc-addr=127.0.0.1:0",
-        "--shard-count=256",
-        &format!("--controllers={CONTROLLERS}"),
-        "--log-level=warn",
-    ];
+        "switchyard-queue".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        "--shard-count=256".into(),
+        format!("--controllers={CONTROLLERS}"),
+        "--log-level=warn".into(),
+    ]
+    .into_iter()
+    .chain(Pki::shared().flags(Role::Queue));
     let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
         .unwrap()
         .start()
@@ -215,7 +220,9 @@ async fn in_process_watcher(plane: &ControlPlane, queue: std::net::SocketAddr) -
         format!("--config={}", config.display()),
         format!("--queue-addr={queue}"),
         "--log-level=warn".into(),
-    ];
+    ]
+    .into_iter()
+    .chain(Pki::shared().flags(Role::Watcher));
     let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
         .unwrap()
         .start()

@@ -306,9 +306,12 @@ mod tests {
 
     use super::*;
 
+    /// The TLS flags every service requires; these tests only parse them (no file is read).
+    const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
+
     fn args(flags: &[&str]) -> ReconcilerArgs {
         let required = ["switchyard-reconciler", "--watcher-addr=127.0.0.1:1"];
-        Args::try_parse_from(required.iter().chain(flags))
+        Args::try_parse_from(required.iter().chain(&TLS).chain(flags))
             .unwrap()
             .reconciler
     }

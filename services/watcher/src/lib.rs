@@ -312,8 +312,12 @@ mod tests {
 
     use super::*;
 
+    /// The TLS flags every service requires; these tests only parse them (no file is read).
+    const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
+
     fn config(flags: &[&str]) -> Result<Config> {
-        let args = Args::try_parse_from(["switchyard-watcher"].iter().chain(flags)).unwrap();
+        let args =
+            Args::try_parse_from(["switchyard-watcher"].iter().chain(&TLS).chain(flags)).unwrap();
         args.watcher.config()
     }
 

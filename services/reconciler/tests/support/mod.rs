@@ -8,10 +8,14 @@ use std::{io::Write, net::SocketAddr, time::Duration};
 use clap::Parser;
 use serde_json::json;
 use switchyard_k8s::{Api, ListParams, Pod, ReplicaSet, await_condition};
+use switchyard_proto::{
+    elector::v1::elector_client::ElectorClient, queue::v1::queue_client::QueueClient,
+};
 use switchyard_reconciler::sdk::Registry;
 use switchyard_reconciler_core::replicaset::{controller_of, is_active};
+use switchyard_runtime::Role;
 pub use switchyard_testenv::InProcess;
-use switchyard_testenv::{ControlPlane, manifests};
+use switchyard_testenv::{ControlPlane, Pki, manifests};
 
 pub const RS: &str = "apps/v1/ReplicaSet";
 pub const DEPLOY: &str = "apps/v1/Deployment";
@@ -37,12 +41,38 @@ pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
         "--drain-grace=1s".into(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args.extend(Pki::shared().flags(Role::Queue));
     let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
         .unwrap()
         .start()
         .await
         .unwrap();
     InProcess::spawn(rt, Some(grpc))
+}
+
+/// A client of the queue at `address`, as `role` (a watcher enqueues, an observer reads
+/// stats), over mutual TLS.
+pub async fn queue_client(
+    role: Role,
+    address: SocketAddr,
+) -> QueueClient<tonic::transport::Channel> {
+    QueueClient::new(
+        Pki::shared()
+            .channel(role, Role::Queue, address)
+            .await
+            .unwrap(),
+    )
+}
+
+/// A client of the elector at `address`, as an operator's tool that reads the shard map.
+pub async fn elector_client(
+    address: &str,
+) -> switchyard_testenv::Result<ElectorClient<tonic::transport::Channel>> {
+    Ok(ElectorClient::new(
+        Pki::shared()
+            .channel(Role::Observer, Role::Elector, address)
+            .await?,
+    ))
 }
 
 /// A watcher with `config` (YAML) against `plane`'s apiserver, sending keys to `queue`.
@@ -55,7 +85,7 @@ pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> 
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
-    let args = vec![
+    let mut args = vec![
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
         "--grpc-addr=127.0.0.1:0".into(),
@@ -63,6 +93,7 @@ pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> 
         format!("--config={}", path.display()),
         route.to_owned(),
     ];
+    args.extend(Pki::shared().flags(Role::Watcher));
     let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
         .unwrap()
         .start()
@@ -106,6 +137,7 @@ pub async fn reconciler_routed(
         format!("--watcher-addr={watcher}"),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args.extend(Pki::shared().flags(Role::Reconciler));
     let rt = switchyard_reconciler::Args::try_parse_from(args)
         .unwrap()
         .start(registry)
