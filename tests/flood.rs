@@ -261,7 +261,7 @@ async fn every_rpc_flooded_the_queue_stays_bounded_and_loses_no_accepted_key() {
         distinct, accepted,
         "every accepted key, and only those, is leased"
     );
-    let refused = refused.lock().unwrap();
+    let refused = std::mem::take(&mut *refused.lock().unwrap());
     assert!(
         refused.is_disjoint(&distinct),
         "a key of a refused batch was added"

@@ -469,10 +469,7 @@ async fn latency_run(link: Link) -> Vec<f64> {
     latencies.sort_unstable();
     let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
     shutdown.trigger();
-    vec![
-        at(0.50).as_secs_f64() * 1e3,
-        at(0.99).as_secs_f64() * 1e3,
-    ]
+    vec![at(0.50).as_secs_f64() * 1e3, at(0.99).as_secs_f64() * 1e3]
 }
 
 fn main() {
