@@ -13,7 +13,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -30,6 +30,7 @@ use switchyard_k8s::{
     },
 };
 use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
+use switchyard_tests::service_binary;
 
 const DEPLOYMENTS: usize = 50;
 const REPLICAS: i32 = 4;
@@ -37,23 +38,6 @@ const MAX_SURGE: i32 = 1;
 const SHARDS: u32 = 16;
 const CONVERGE: Duration = Duration::from_secs(150);
 const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
-
-/// A service binary built beside this test (`target/<profile>/`).
-fn binary(name: &str) -> PathBuf {
-    let dir = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .to_owned();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: `cargo test --workspace` builds it (or `cargo build --bins`)",
-        path.display()
-    );
-    path
-}
 
 /// How to start one service again after it was killed.
 struct Spec {
@@ -203,7 +187,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
 
     let elector = Spec {
         name: "elector".into(),
-        program: binary("switchyard-elector"),
+        program: service_binary("switchyard-elector"),
         args: vec![shards.clone()],
         envs: etcd_env.clone(),
         grpc: None,
@@ -217,7 +201,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
             ["queue-0", "queue-1"][i],
             Spec {
                 name: format!("queue-{i}"),
-                program: binary("switchyard-queue"),
+                program: service_binary("switchyard-queue"),
                 args: vec![
                     format!("--member-id=q{i}"),
                     shards.clone(),
@@ -234,7 +218,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
     }
     let mut watcher_spec = Spec {
         name: "watcher".into(),
-        program: binary("switchyard-watcher"),
+        program: service_binary("switchyard-watcher"),
         args: vec![
             kubeconfig.clone(),
             format!("--config={}", config_path.display()),
@@ -250,7 +234,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
     for i in 0..2 {
         let spec = Spec {
             name: format!("reconciler-{i}"),
-            program: binary("switchyard-reconciler"),
+            program: service_binary("switchyard-reconciler"),
             args: vec![
                 kubeconfig.clone(),
                 elector_addr.clone(),

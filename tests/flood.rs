@@ -7,7 +7,6 @@
 
 use std::{
     collections::HashSet,
-    path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -24,7 +23,8 @@ use switchyard_proto::{
     },
 };
 use switchyard_runtime::Role;
-use switchyard_testenv::{Pki, ServiceProcess};
+use switchyard_testenv::{Pki, ServiceProcess, resident_bytes};
+use switchyard_tests::service_binary;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, transport::Channel};
@@ -37,15 +37,6 @@ const STREAMS: usize = 200;
 /// 100 keys and a few thousand open streams needs a few tens of MB; a queue that held every
 /// flooded request would need several times this.
 const RSS_BOUND: u64 = 256 << 20;
-
-fn binary(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join(name)
-}
 
 fn batch(tag: &str, i: usize) -> EnqueueRequest {
     EnqueueRequest {
@@ -64,24 +55,10 @@ fn batch(tag: &str, i: usize) -> EnqueueRequest {
     }
 }
 
-/// `VmRSS` of `/proc/<pid>/status`, in bytes.
-fn read_rss(status: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(status).ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rpc_flooded_the_queue_stays_bounded_and_loses_no_accepted_key() {
     let mut queue = ServiceProcess::start(
-        &binary("switchyard-queue"),
+        &service_binary("switchyard-queue"),
         &[
             "--shard-count=1",
             &format!("--queue-capacity={CAPACITY}"),
@@ -104,10 +81,10 @@ async fn every_rpc_flooded_the_queue_stays_bounded_and_loses_no_accepted_key() {
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
         let (peak, sampling) = (peak.clone(), sampling.clone());
-        let queue_status = format!("/proc/{}/status", queue.pid());
+        let pid = queue.pid();
         tokio::spawn(async move {
             while sampling.load(Ordering::Relaxed) {
-                if let Some(rss) = read_rss(&queue_status) {
+                if let Some(rss) = resident_bytes(pid) {
                     peak.fetch_max(rss, Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;

@@ -1,11 +1,31 @@
 //! Helpers shared by the integration tests in this directory.
 
-use std::time::Duration;
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use switchyard_k8s::{Pod, await_condition, kube::Api};
 
 /// How long a test waits for the control plane to converge on something.
 pub const CONVERGE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A service binary built beside the running test (`target/<profile>/`).
+#[allow(clippy::unwrap_used)]
+pub fn service_binary(name: &str) -> PathBuf {
+    let path = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo test --workspace` builds it (or `cargo build --bins`)",
+        path.display()
+    );
+    path
+}
 
 /// Scheduled to a Node, phase Running and condition Ready=True.
 pub fn pod_running_and_ready(pod: Option<&Pod>) -> bool {

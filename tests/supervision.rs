@@ -5,28 +5,17 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::{
-    path::{Path, PathBuf},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use switchyard_k8s::{
     Api, Deployment, PostParams,
     kube::{Client, api::ListParams},
 };
 use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
+use switchyard_tests::service_binary;
 
 const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 const SHARDS: u32 = 4;
-
-fn binary(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .unwrap()
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join(name)
-}
 
 struct Spec {
     program: &'static str,
@@ -42,7 +31,7 @@ impl Spec {
         args.push("--debug-fault-injection");
         let envs: Vec<(&str, &str)> = self.envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let mut process =
-            ServiceProcess::start_with_grpc(&binary(self.program), self.grpc, &args, &envs)
+            ServiceProcess::start_with_grpc(&service_binary(self.program), self.grpc, &args, &envs)
                 .await
                 .unwrap_or_else(|e| panic!("{} starts: {e}", self.program));
         process

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -30,20 +30,10 @@ use switchyard_runtime::Role;
 use switchyard_testenv::{
     ControlPlane, Etcd, Pki, ServiceProcess, TestNamespace, manifests, tls::Files,
 };
+use switchyard_tests::service_binary;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
-
-/// A service binary built beside this test (`target/<profile>/`).
-fn binary(name: &str) -> PathBuf {
-    let dir = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .to_owned();
-    dir.join(name)
-}
 
 /// Someone calling a service.
 #[derive(Clone, Debug)]
@@ -236,15 +226,19 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
         .unwrap();
     let etcd = Etcd::start().await.unwrap();
     let elector = ServiceProcess::start(
-        &binary("switchyard-elector"),
+        &service_binary("switchyard-elector"),
         &["--shard-count=1"],
         &[("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint())],
     )
     .await
     .unwrap();
-    let queue = ServiceProcess::start(&binary("switchyard-queue"), &["--shard-count=1"], &[])
-        .await
-        .unwrap();
+    let queue = ServiceProcess::start(
+        &service_binary("switchyard-queue"),
+        &["--shard-count=1"],
+        &[],
+    )
+    .await
+    .unwrap();
     // Queue.Enqueue: watchers and reconcilers only; refused adds leave the queue empty.
     let before = depth(&queue).await;
     let mut callers = intruders(Role::Watcher);
@@ -307,7 +301,7 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
     )
     .unwrap();
     let mut watcher = ServiceProcess::start(
-        &binary("switchyard-watcher"),
+        &service_binary("switchyard-watcher"),
         &[
             &format!("--kubeconfig={}", plane.kubeconfig().display()),
             &format!("--config={}", config.display()),
@@ -507,7 +501,7 @@ async fn every_certificate_and_the_ca_rotate_while_deployments_roll_out() {
                  envs: Vec<(&'static str, String)>| async move {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let mut process = ServiceProcess::start(&binary(program), &args, &envs)
+        let mut process = ServiceProcess::start(&service_binary(program), &args, &envs)
             .await
             .unwrap_or_else(|e| panic!("{role} starts: {e}"));
         process.wait_ready().await.unwrap();

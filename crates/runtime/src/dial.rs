@@ -55,11 +55,6 @@ impl Dialer {
         })
     }
 
-    /// Whether connections are mutual TLS.
-    pub fn is_tls(&self) -> bool {
-        self.tls.is_some()
-    }
-
     /// The endpoint of `address` (`host:port`), for the caller's timeouts and keepalives.
     pub fn endpoint(&self, address: &str, peer: Role) -> Result<Endpoint, DialError> {
         Endpoint::from_shared(format!("http://{address}")).map_err(|e| DialError::Address {

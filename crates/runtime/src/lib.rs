@@ -44,6 +44,7 @@ pub use instance::{InstanceScope, instance_id};
 pub use kube_client::{KubeArgs, KubeError, await_apiserver};
 pub use metrics::Metrics;
 pub use shutdown::{Drain, ShutdownHandle, drain_channel};
+pub use supervise::panic_message;
 pub use tls::{Identity, Role, Tls, TlsArgs, TlsError};
 
 /// Errors of the runtime shell.
@@ -181,11 +182,6 @@ impl Runtime {
     /// How this service dials the others (mutual TLS with its identity, or plaintext).
     pub fn dialer(&self) -> Dialer {
         Dialer::new(self.tls.clone())
-    }
-
-    /// This service's TLS material, unless it runs in plaintext.
-    pub fn tls(&self) -> Option<&Tls> {
-        self.tls.as_ref()
     }
 
     pub fn readiness(&self) -> &Readiness {

@@ -200,7 +200,8 @@ enum Ended {
     Cancelled,
 }
 
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+/// The message of a panic's payload (a `&str` or `String`, as `panic!` makes them).
+pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

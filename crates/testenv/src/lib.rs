@@ -38,7 +38,7 @@ pub use etcd::Etcd;
 pub use in_process::InProcess;
 pub use namespace::TestNamespace;
 pub use otelcol::{Collector, ExportedSpan};
-pub use service::{ServiceProcess, assert_service_lifecycle, list_services};
+pub use service::{ServiceProcess, assert_service_lifecycle, list_services, resident_bytes};
 pub use tls::Pki;
 
 /// For benchmarks: whether the measurement `name` should run. `SWITCHYARD_BENCH_RUNS`, a

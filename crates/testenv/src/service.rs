@@ -183,17 +183,7 @@ impl ServiceProcess {
 
     /// The resident memory of the process now (`VmRSS`), in bytes.
     pub fn resident_bytes(&self) -> Option<u64> {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.process.pid())).ok()?;
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))?
-            .trim()
-            .strip_suffix("kB")?
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kib * 1024)
+        resident_bytes(self.process.pid())
     }
 
     /// The log so far.
@@ -240,6 +230,20 @@ impl ServiceProcess {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// The resident memory of process `pid` now (`VmRSS`), in bytes.
+pub fn resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// The checks every service binary must pass: ready on `/readyz`, `/livez` ok, `/metrics`

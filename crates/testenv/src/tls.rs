@@ -152,13 +152,6 @@ impl Pki {
         let endpoint = dialer.endpoint(&address, peer).map_err(setup)?;
         dialer.connect(&endpoint, peer).await.map_err(setup)
     }
-
-    /// A lazily connected channel to the `peer` at `address`, as `role`.
-    pub fn lazy_channel(&self, role: Role, peer: Role, address: impl std::fmt::Display) -> Channel {
-        self.dialer(role)
-            .channel(&address.to_string(), peer)
-            .expect("a host:port address")
-    }
 }
 
 fn setup(error: impl std::fmt::Display) -> crate::Error {

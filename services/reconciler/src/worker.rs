@@ -26,7 +26,7 @@ use std::{
 
 use switchyard_queue_client::{Error, Event, Lease, Outcome, Replies, WorkSession};
 use switchyard_runtime::{
-    Backoff, Drain, Gate, ShutdownHandle, drain_channel,
+    Backoff, Drain, Gate, ShutdownHandle, drain_channel, panic_message,
     trace::{self, TraceFields},
 };
 use switchyard_shards::ShardView;
@@ -423,14 +423,6 @@ fn reconcile_span(lease: &Lease) -> tracing::Span {
         trace::add_link(&span, cause);
     }
     span
-}
-
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string payload".into())
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -192,7 +192,7 @@ impl Tls {
             ca: ca.clone(),
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let material = parse(&files, &provider)?;
+        let material = parse(&files, files.read()?, &provider)?;
         Ok(Some(Tls {
             inner: Arc::new(Inner {
                 files,
@@ -224,12 +224,11 @@ impl Tls {
 
     /// Rereads the files; keeps the current material when they are unchanged or invalid.
     fn reload(&self) -> Result<bool, TlsError> {
-        let (cert, key, ca) = self.inner.files.read()?;
-        let fingerprint = [cert, key, ca].concat();
-        if fingerprint == self.current().files {
+        let contents = self.inner.files.read()?;
+        if self.current().files == [&contents.0[..], &contents.1, &contents.2].concat() {
             return Ok(false);
         }
-        let material = parse(&self.inner.files, &self.inner.provider)?;
+        let material = parse(&self.inner.files, contents, &self.inner.provider)?;
         *self
             .inner
             .current
@@ -334,9 +333,13 @@ impl ReloadLabels {
     }
 }
 
-fn parse(files: &Files, provider: &Arc<CryptoProvider>) -> Result<Material, TlsError> {
-    let (cert_pem, key_pem, ca_pem) = files.read()?;
-    let fingerprint = [cert_pem.clone(), key_pem.clone(), ca_pem.clone()].concat();
+/// The material in `contents`, as read from `files` (named in errors).
+fn parse(
+    files: &Files,
+    (cert_pem, key_pem, ca_pem): Contents,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Material, TlsError> {
+    let fingerprint = [&cert_pem[..], &key_pem, &ca_pem].concat();
     let pem_error = |what, path: &Path| {
         let path = path.to_owned();
         move |e: rustls::pki_types::pem::Error| TlsError::Read {

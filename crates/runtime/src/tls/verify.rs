@@ -19,6 +19,13 @@ use rustls::{
 
 use super::{Identity, Role, Tls};
 
+impl Tls {
+    /// The signature algorithms of the crypto provider, for every verifier.
+    fn algorithms(&self) -> &rustls::crypto::WebPkiSupportedAlgorithms {
+        &self.inner.provider.signature_verification_algorithms
+    }
+}
+
 /// This service's current certificate, for the server and for clients.
 #[derive(Debug)]
 pub(super) struct CurrentKey(pub(super) Tls);
@@ -80,12 +87,7 @@ impl ClientCertVerifier for CurrentClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.inner.provider.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, self.0.algorithms())
     }
 
     fn verify_tls13_signature(
@@ -94,20 +96,11 @@ impl ClientCertVerifier for CurrentClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.inner.provider.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, self.0.algorithms())
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0
-            .inner
-            .provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.0.algorithms().supported_schemes()
     }
 }
 
@@ -136,11 +129,7 @@ impl ServerCertVerifier for PeerVerifier {
             &material.roots,
             intermediates,
             now,
-            self.tls
-                .inner
-                .provider
-                .signature_verification_algorithms
-                .all,
+            self.tls.algorithms().all,
         )?;
         let identity = Identity::of_certificate(end_entity).map_err(|e| {
             Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(Arc::new(e))))
@@ -162,12 +151,7 @@ impl ServerCertVerifier for PeerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.tls.inner.provider.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, self.tls.algorithms())
     }
 
     fn verify_tls13_signature(
@@ -176,20 +160,11 @@ impl ServerCertVerifier for PeerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.tls.inner.provider.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, self.tls.algorithms())
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.tls
-            .inner
-            .provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.tls.algorithms().supported_schemes()
     }
 }
 
