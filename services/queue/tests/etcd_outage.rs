@@ -149,8 +149,11 @@ async fn lease_and_complete(replica: &ServiceProcess) -> (String, u64) {
 /// Waits until the joins' handovers are over: every shard served once, and each replica's
 /// metrics (lease held, shards served, the epoch of each) agree with its Stats, twice in a
 /// row 200 ms apart. Returns who serves each shard, and at which epoch.
-async fn settled(cluster: &support::Cluster) -> (HashMap<u32, usize>, HashMap<u32, u64>) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+async fn settled(
+    cluster: &support::Cluster,
+    within: Duration,
+) -> (HashMap<u32, usize>, HashMap<u32, u64>) {
+    let deadline = Instant::now() + within;
     let mut last = None;
     loop {
         let (_, owners) = until_all_served(cluster, Duration::from_secs(15)).await;
@@ -185,7 +188,7 @@ async fn settled(cluster: &support::Cluster) -> (HashMap<u32, usize>, HashMap<u3
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_stop_serving_while_etcd_is_down_and_serve_again_at_new_epochs() {
     let mut cluster = cluster(SHARDS).await;
-    let (owners, before) = settled(&cluster).await;
+    let (owners, before) = settled(&cluster, Duration::from_secs(20)).await;
     let replicas: Vec<&ServiceProcess> = cluster.replicas.iter().flatten().collect();
     let owner = replicas[owners[&shard_of(RS, "default", "before", SHARDS)]];
     assert_eq!(
@@ -265,13 +268,19 @@ async fn replicas_stop_serving_while_etcd_is_down_and_serve_again_at_new_epochs(
 
     cluster.etcd.restart().await.unwrap();
     let restarted = Instant::now();
-    let (_, owners) = until_all_served(&cluster, Duration::from_secs(30)).await;
+    until_all_served(&cluster, Duration::from_secs(30)).await;
     println!(
         "every shard served again {:?} after etcd came back",
         restarted.elapsed()
     );
+    // A member retries etcd with jittered backoff (up to 10 s after a long outage), so the
+    // others may take every shard before it is back; wait until all are in and stable.
+    let (owners, after) = settled(&cluster, Duration::from_secs(40)).await;
+    println!(
+        "every member registered again and the shard map settled {:?} after etcd came back",
+        restarted.elapsed()
+    );
     let replicas: Vec<&ServiceProcess> = cluster.replicas.iter().flatten().collect();
-    let after = epochs(&replicas).await;
     for (shard, epoch) in &after {
         assert!(
             *epoch > before[shard],
@@ -382,7 +391,7 @@ async fn a_silent_etcd_stops_every_replica_before_etcd_expires_its_lease() {
     let straight = etcd.connection(Role::Elector);
     let via_proxy = proxy(upstream, silent).await;
     let mut cluster = cluster_on(etcd, via_proxy, SHARDS).await;
-    let (_, before) = settled(&cluster).await;
+    let (_, before) = settled(&cluster, Duration::from_secs(20)).await;
     let replicas: Vec<&ServiceProcess> = cluster.replicas.iter().flatten().collect();
     // The members as etcd itself sees them, not through the proxy.
     let (_stop_watch, drain) = drain_channel();
