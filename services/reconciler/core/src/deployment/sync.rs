@@ -397,7 +397,7 @@ pub fn calculate_status(
         unavailable_replicas: Some((total - available).max(0)),
         collision_count: current.collision_count,
         conditions: current.conditions.clone(),
-        terminating_replicas: current.terminating_replicas,
+        terminating_replicas: terminating_replicas(all),
     };
     if available >= spec.replicas - spec.max_unavailable() {
         set_condition(
@@ -425,7 +425,17 @@ pub fn calculate_status(
     status
 }
 
-/// Whether `new` differs from `old` (unset counts as zero), so that a write is needed.
+/// The ReplicaSets' `terminatingReplicas` summed; unknown (`None`) while any ReplicaSet's
+/// controller has not reported it (`GetTerminatingReplicaCountForReplicaSets`).
+pub fn terminating_replicas(all: &[&ReplicaSet]) -> Option<i32> {
+    all.iter().try_fold(0i32, |sum, rs| {
+        let own = rs.status.as_ref()?.terminating_replicas?;
+        Some(sum.saturating_add(own))
+    })
+}
+
+/// Whether `new` differs from `old` (unset counts as zero, except `terminatingReplicas`,
+/// where unset means unknown), so that a write is needed.
 pub fn status_changed(old: &DeploymentStatus, new: &DeploymentStatus) -> bool {
     let z = |v: Option<i32>| v.unwrap_or(0);
     z(old.replicas) != z(new.replicas)
@@ -435,6 +445,7 @@ pub fn status_changed(old: &DeploymentStatus, new: &DeploymentStatus) -> bool {
         || z(old.unavailable_replicas) != z(new.unavailable_replicas)
         || old.observed_generation != new.observed_generation
         || old.collision_count != new.collision_count
+        || old.terminating_replicas != new.terminating_replicas
         || old.conditions.clone().unwrap_or_default() != new.conditions.clone().unwrap_or_default()
 }
 

@@ -471,6 +471,29 @@ fn status_sums_the_replica_sets_and_says_available() {
 }
 
 #[test]
+fn terminating_replicas_sum_the_replica_sets_or_stay_unknown() {
+    let d = mk_deploy(10, "b", default_rolling());
+    let spec = Spec::new(&d).unwrap();
+    let mut old = mk_rs("web-old", "a", 0, 6, 6, 1);
+    let mut new = mk_rs("web-new", "b", 10, 6, 2, 2);
+    // One ReplicaSet not reported yet: unknown, as kube-controller-manager leaves it.
+    new.status.as_mut().unwrap().terminating_replicas = Some(1);
+    let current = DeploymentStatus::default();
+    let status = calculate_status(&spec, Some(&new), &[&old, &new], &current, at(0));
+    assert_eq!(status.terminating_replicas, None);
+    old.status.as_mut().unwrap().terminating_replicas = Some(3);
+    let status = calculate_status(&spec, Some(&new), &[&old, &new], &current, at(0));
+    assert_eq!(status.terminating_replicas, Some(4));
+    // A change of it alone is a status to write; 0 is not the same as unknown.
+    let mut before = status.clone();
+    before.terminating_replicas = Some(0);
+    assert!(status_changed(&before, &status));
+    before.terminating_replicas = None;
+    assert!(status_changed(&before, &status));
+    assert!(!status_changed(&status, &status.clone()));
+}
+
+#[test]
 fn progressing_tracks_progress_completion_and_the_deadline() {
     let d = mk_deploy(3, "b", default_rolling());
     let spec = Spec::new(&d).unwrap();
