@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod deployment;
+pub mod events;
 pub mod finalizer;
 pub mod metrics;
 pub mod ratelimit;
