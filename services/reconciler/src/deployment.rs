@@ -37,7 +37,10 @@ use tracing::{debug, info, warn};
 
 use crate::{
     cache::ListFilter,
-    sdk::{Action, Context, Error, EventType, Request, Result, status_message},
+    sdk::{
+        Action, Context, Error, EventType, Request, Result, is_namespace_terminating,
+        status_message,
+    },
 };
 
 pub const NAME: &str = "apps/v1/Deployment";
@@ -126,9 +129,13 @@ impl Run<'_> {
     fn scaled_event(&self, replica_set: &str, from: i32, to: i32) {
         let direction = if to > from { "up" } else { "down" };
         let note = format!("Scaled {direction} replica set {replica_set} from {from} to {to}");
-        self.ctx
-            .events
-            .publish(&self.d, EventType::Normal, SCALING_REPLICA_SET, "Scale", note);
+        self.ctx.events.publish(
+            &self.d,
+            EventType::Normal,
+            SCALING_REPLICA_SET,
+            "Scale",
+            note,
+        );
     }
 
     /// Writes the sizes the decision gave, by name, where they differ.
@@ -196,7 +203,9 @@ impl Run<'_> {
         match self.rs_api.create(&PostParams::default(), &rs).await {
             Ok(created) => {
                 info!(replica_set = %name, replicas = replicas(&created), "created new replica set");
-                self.scaled_event(&name, 0, replicas(&created));
+                if replicas(&created) > 0 {
+                    self.scaled_event(&name, 0, replicas(&created));
+                }
                 let revision = revision(&created);
                 self.keep(created);
                 core::note_new_replica_set(&mut self.status, spec, &name, true, self.now);
@@ -220,10 +229,10 @@ impl Run<'_> {
                     "replica set {name:?} exists with another template; collision count raised"
                 )))
             }
+            // As kube-controller-manager: in a namespace being deleted every creation fails,
+            // and there is nothing to note; the worker takes the error as done.
+            Err(error) if is_namespace_terminating(&error) => Err(error.into()),
             Err(error) => {
-                // Also in a namespace being deleted, as kube-controller-manager: the condition
-                // is written (updates still pass) and the Event is not (creations do not);
-                // the worker then takes the error as done.
                 let message = status_message(&error);
                 self.ctx.events.publish(
                     &self.d,

@@ -7,7 +7,9 @@
 //!     ─► aggregation: per (object, type, reason, action), the distinct notes of the last
 //!        10 minutes; from the 10th on, the note becomes "(combined from similar events): <note>"
 //!     ─► series: the same (object, type, reason, action, note) within 6 minutes raises the
-//!        Event's series.count (patch); otherwise a new Event (create)
+//!        Event's series.count (patch); otherwise a new Event (create). All combined notes
+//!        count in one series, which keeps its first note (`note` is immutable in
+//!        events.k8s.io/v1)
 //! ```
 //!
 //! Each distinct note is an Event of its own: "Scaled up replica set a from 0 to 4" and
@@ -120,7 +122,8 @@ pub enum Decision {
     Drop,
     /// A new Event with this note.
     Create { note: String },
-    /// The Event `name` occurred again: its series count becomes `count`.
+    /// The Event `name` occurred again: its series count becomes `count`. `note` is the
+    /// occurrence's own (combined or not).
     Repeat {
         name: String,
         note: String,
@@ -231,9 +234,8 @@ impl Correlator {
         self.series.retain(|_, s| !older(s.last, SERIES_TTL));
         self.aggregates
             .retain(|_, a| !older(a.last, AGGREGATE_WINDOW));
-        self.buckets.retain(|_, b| {
-            b.tokens < SPAM_BURST || !older(b.last, SPAM_REFILL)
-        });
+        self.buckets
+            .retain(|_, b| b.tokens < SPAM_BURST || !older(b.last, SPAM_REFILL));
     }
 }
 
@@ -326,9 +328,15 @@ impl Writer {
             o.regarding.name.as_deref().unwrap_or(&self.controller),
             now.as_nanosecond()
         );
-        let decision =
-            self.correlator
-                .observe(&o.regarding, o.type_, &o.reason, &o.action, &o.note, &name, now);
+        let decision = self.correlator.observe(
+            &o.regarding,
+            o.type_,
+            &o.reason,
+            &o.action,
+            &o.note,
+            &name,
+            now,
+        );
         let namespace = o.regarding.namespace.as_deref().unwrap_or("default");
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
         let (written, result) = match decision {
@@ -353,9 +361,10 @@ impl Writer {
                 let result = api.create(&PostParams::default(), &event).await.map(drop);
                 (name, result)
             }
-            Decision::Repeat { name, note, count } => {
+            // `note` is immutable in events.k8s.io/v1: a combined series keeps the note it
+            // started with (client-go's core/v1 Events would take the latest).
+            Decision::Repeat { name, count, .. } => {
                 let patch = K8sEvent {
-                    note: Some(note),
                     series: Some(EventSeries {
                         count,
                         last_observed_time: MicroTime(now),
@@ -417,7 +426,10 @@ mod tests {
         let mut c = Correlator::default();
         let up = "Scaled up replica set web-1 from 0 to 4";
         let down = "Scaled down replica set web-1 from 4 to 2";
-        assert_eq!(observe(&mut c, "d", up, 0), Decision::Create { note: up.into() });
+        assert_eq!(
+            observe(&mut c, "d", up, 0),
+            Decision::Create { note: up.into() }
+        );
         assert_eq!(
             observe(&mut c, "d", down, 1),
             Decision::Create { note: down.into() }
@@ -431,7 +443,10 @@ mod tests {
             }
         );
         // Another object, the same note: its own Event.
-        assert_eq!(observe(&mut c, "e", up, 3), Decision::Create { note: up.into() });
+        assert_eq!(
+            observe(&mut c, "e", up, 3),
+            Decision::Create { note: up.into() }
+        );
         // Past the series time, the same note starts a new Event.
         assert_eq!(
             observe(&mut c, "d", up, 2 + 6 * 60 + 1),

@@ -86,9 +86,9 @@ pub const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
 /// v1.NamespaceTerminatingCause)`).
 pub fn is_namespace_terminating(error: &switchyard_k8s::kube::Error) -> bool {
     matches!(error, switchyard_k8s::kube::Error::Api(status)
-        if status.details.as_ref().is_some_and(|d| {
-            d.causes.iter().any(|c| c.reason == NAMESPACE_TERMINATING)
-        }))
+    if status.details.as_ref().is_some_and(|d| {
+        d.causes.iter().any(|c| c.reason == NAMESPACE_TERMINATING)
+    }))
 }
 
 pub type Result<T = Action, E = Error> = std::result::Result<T, E>;

@@ -23,7 +23,8 @@ use switchyard_k8s::{
     watcher,
 };
 use switchyard_reconciler_core::replicaset::{controller_of, is_active};
-use switchyard_testenv::{ControlPlane, TestNamespace};
+use switchyard_runtime::Role;
+use switchyard_testenv::{ControlPlane, Pki, TestNamespace};
 use tokio::task::JoinHandle;
 
 use support::{RS, WITHIN, converged, replica_set};
@@ -322,7 +323,11 @@ async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
     watcher.wait_ready(WITHIN).await;
     let ctx = Context::new(
         client.clone(),
-        CacheClient::new(&watcher.grpc().to_string()).unwrap(),
+        CacheClient::new(
+            &Pki::shared().dialer(Role::Reconciler),
+            &watcher.grpc().to_string(),
+        )
+        .unwrap(),
         "test",
     );
     let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());

@@ -10,8 +10,9 @@ use serde_json::json;
 use switchyard_k8s::{Api, ListParams, Pod, ReplicaSet, await_condition};
 use switchyard_reconciler::sdk::Registry;
 use switchyard_reconciler_core::replicaset::{controller_of, is_active};
+use switchyard_runtime::Role;
 pub use switchyard_testenv::InProcess;
-use switchyard_testenv::{ControlPlane, manifests};
+use switchyard_testenv::{ControlPlane, Pki, manifests};
 
 pub const RS: &str = "apps/v1/ReplicaSet";
 pub const DEPLOY: &str = "apps/v1/Deployment";
@@ -36,6 +37,7 @@ pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
         format!("--controllers={}", controllers.join(",")),
         "--drain-grace=1s".into(),
     ];
+    args.extend(Pki::shared().flags(Role::Queue));
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
         .unwrap()
@@ -55,7 +57,7 @@ pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> 
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
-    let args = vec![
+    let mut args = vec![
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
         "--grpc-addr=127.0.0.1:0".into(),
@@ -63,6 +65,7 @@ pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> 
         format!("--config={}", path.display()),
         route.to_owned(),
     ];
+    args.extend(Pki::shared().flags(Role::Watcher));
     let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
         .unwrap()
         .start()
@@ -105,6 +108,7 @@ pub async fn reconciler_routed(
         route.to_owned(),
         format!("--watcher-addr={watcher}"),
     ];
+    args.extend(Pki::shared().flags(Role::Reconciler));
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let rt = switchyard_reconciler::Args::try_parse_from(args)
         .unwrap()

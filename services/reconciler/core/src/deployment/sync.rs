@@ -275,6 +275,21 @@ fn fraction(spec: &Spec<'_>, rs: &ReplicaSet) -> i32 {
     rounded - replicas(rs)
 }
 
+/// One ReplicaSet's share of `to_add` when `added` is already given out
+/// (`GetProportion`): its fraction, but never past what is left to give (or to take).
+fn proportion(spec: &Spec<'_>, rs: &ReplicaSet, to_add: i32, added: i32) -> i32 {
+    if replicas(rs) == 0 || to_add == 0 || to_add == added {
+        return 0;
+    }
+    let share = fraction(spec, rs);
+    let left = to_add - added;
+    if to_add > 0 {
+        share.min(left)
+    } else {
+        share.max(left)
+    }
+}
+
 /// The sizes `scale` gives to the ReplicaSets (`DeploymentController.scale`), by name. The
 /// caller writes those that differ with [`scaled`].
 pub fn scale(spec: &Spec<'_>, new: Option<&ReplicaSet>, old: &[&ReplicaSet]) -> Vec<(String, i32)> {
@@ -323,7 +338,7 @@ pub fn scale(spec: &Spec<'_>, new: Option<&ReplicaSet>, old: &[&ReplicaSet]) -> 
     let mut sizes: Vec<(String, i32)> = all
         .iter()
         .map(|rs| {
-            let share = if to_add == 0 { 0 } else { fraction(spec, rs) };
+            let share = proportion(spec, rs, to_add, added);
             added += share;
             (name(rs).to_owned(), replicas(rs) + share)
         })

@@ -364,6 +364,31 @@ fn scaling_mid_rollout_is_proportional_with_the_rest_to_the_biggest() {
 }
 
 #[test]
+fn a_share_never_goes_past_what_is_left_to_give() {
+    // 10 replicas stuck at 7 old and 3 new (maxSurge 0, maxUnavailable 3), scaled to 15:
+    // 7 * 15 / 10 = 10.5 -> 11 (+4) for the biggest first, then 3 * 15 / 10 = 4.5 -> 5 (+2)
+    // capped at the 1 left (`GetProportion`); not +2 with the excess taken off the biggest.
+    let d = mk_deploy(15, "b", rolling(json!(0), json!(3)));
+    let spec = Spec::new(&d).unwrap();
+    let old = annotate(mk_rs("web-old", "a", 0, 7, 7, 1), MAX_REPLICAS, 10);
+    let new = annotate(mk_rs("web-new", "b", 10, 3, 0, 2), MAX_REPLICAS, 10);
+    assert_eq!(
+        sizes(&scale(&spec, Some(&new), &[&old])),
+        [("web-old", 11), ("web-new", 4)]
+    );
+    // Down from 15 (11 old, 4 new) to 6: 11 * 6 / 15 = 4.4 -> 4 (-7), 4 * 6 / 15 = 1.6 -> 2
+    // (-2): exactly the 9 to take.
+    let d = mk_deploy(6, "b", rolling(json!(0), json!(3)));
+    let spec = Spec::new(&d).unwrap();
+    let old = annotate(mk_rs("web-old", "a", 0, 11, 11, 1), MAX_REPLICAS, 15);
+    let new = annotate(mk_rs("web-new", "b", 10, 4, 0, 2), MAX_REPLICAS, 15);
+    assert_eq!(
+        sizes(&scale(&spec, Some(&new), &[&old])),
+        [("web-old", 4), ("web-new", 2)]
+    );
+}
+
+#[test]
 fn scaled_writes_size_and_replicas_annotations_only_when_needed() {
     let d = mk_deploy(4, "a", default_rolling());
     let spec = Spec::new(&d).unwrap();
