@@ -611,6 +611,12 @@ async fn terminating(
         .into_iter()
         .map(|c| (c.type_, c.status, c.reason.unwrap_or_default()))
         .collect();
+    // The creation refused, the generation of the new template stays unobserved.
+    conditions.push((
+        "observedGeneration".into(),
+        format!("{:?}", d.metadata.generation),
+        format!("{observed:?}"),
+    ));
     conditions.sort();
     (
         sets,
