@@ -27,7 +27,6 @@ use switchyard_k8s::{
         api::{Patch, PatchParams},
     },
 };
-use tracing::warn;
 
 use switchyard_reconciler::{
     finalizer::{Step, finalize},

@@ -115,6 +115,16 @@ struct Series {
     last: Timestamp,
 }
 
+/// One `publish` call: an Event about `regarding`, before correlation.
+#[derive(Debug, Clone)]
+pub struct Occurrence {
+    pub regarding: ObjectReference,
+    pub type_: EventType,
+    pub reason: String,
+    pub action: String,
+    pub note: String,
+}
+
 /// What to do with one occurrence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -148,16 +158,14 @@ fn type_name(type_: EventType) -> &'static str {
 
 impl Correlator {
     /// Decides about one occurrence. `name` is the name a new Event would get.
-    pub fn observe(
-        &mut self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: &str,
-        name: &str,
-        now: Timestamp,
-    ) -> Decision {
+    pub fn observe(&mut self, o: &Occurrence, name: &str, now: Timestamp) -> Decision {
+        let (regarding, type_, reason, action, note) = (
+            &o.regarding,
+            o.type_,
+            o.reason.as_str(),
+            o.action.as_str(),
+            o.note.as_str(),
+        );
         self.forget_old(now);
         let object = ObjectKey::of(regarding);
         let bucket = self.buckets.entry(object.clone()).or_insert(Bucket {
@@ -243,16 +251,6 @@ impl Correlator {
 /// (`DropIfChannelFull`); a controller never waits for its Events.
 const QUEUED_EVENTS: usize = 1000;
 
-/// One `publish` call, waiting for the writer task.
-#[derive(Debug)]
-struct Occurrence {
-    regarding: ObjectReference,
-    type_: EventType,
-    reason: String,
-    action: String,
-    note: String,
-}
-
 /// Publishes Events for one reporting controller and instance. Cheap to clone. Writes happen
 /// on a task of their own, in order, as client-go's broadcaster writes them: a reconcile
 /// does not wait for its Events, and one that cannot be written is logged, never retried.
@@ -328,15 +326,7 @@ impl Writer {
             o.regarding.name.as_deref().unwrap_or(&self.controller),
             now.as_nanosecond()
         );
-        let decision = self.correlator.observe(
-            &o.regarding,
-            o.type_,
-            &o.reason,
-            &o.action,
-            &o.note,
-            &name,
-            now,
-        );
+        let decision = self.correlator.observe(o, &name, now);
         let namespace = o.regarding.namespace.as_deref().unwrap_or("default");
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
         let (written, result) = match decision {
@@ -410,15 +400,14 @@ mod tests {
     }
 
     fn observe(c: &mut Correlator, object: &str, note: &str, seconds: i64) -> Decision {
-        c.observe(
-            &rs(object),
-            EventType::Normal,
-            "ScalingReplicaSet",
-            "Scale",
-            note,
-            &format!("{object}.{seconds}"),
-            at(seconds),
-        )
+        let occurrence = Occurrence {
+            regarding: rs(object),
+            type_: EventType::Normal,
+            reason: "ScalingReplicaSet".into(),
+            action: "Scale".into(),
+            note: note.into(),
+        };
+        c.observe(&occurrence, &format!("{object}.{seconds}"), at(seconds))
     }
 
     #[test]

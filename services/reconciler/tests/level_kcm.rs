@@ -510,7 +510,7 @@ async fn stuck(
         .unwrap()
         .items
         .into_iter()
-        .filter(|p| is_active(p))
+        .filter(is_active)
         .filter(|p| {
             p.metadata
                 .annotations
@@ -544,13 +544,14 @@ async fn stuck(
 
 // --- a namespace deleted mid-rollout ------------------------------------------------------
 
+/// What the terminating scenario ends with: the ReplicaSets (revision, spec and status
+/// replicas), the active Pods, and the Deployment's conditions and observed generation.
+type Left = (Vec<(i64, i32, i32)>, usize, Vec<(String, String, String)>);
+
 /// A Deployment of 2, then its namespace deleted, then a scale to 3 and a new image: the
 /// ReplicaSets (revision, replicas in spec and status), the active Pods, and the Deployment's
 /// conditions and observed generation once the controllers gave up.
-async fn terminating(
-    client: &switchyard_k8s::Client,
-    namespace: &str,
-) -> (Vec<(i64, i32, i32)>, usize, Vec<(String, String, String)>) {
+async fn terminating(client: &switchyard_k8s::Client, namespace: &str) -> Left {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), namespace);
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -633,7 +634,7 @@ struct Outcome {
     events: BTreeMap<String, Shown>,
     deletion: (Vec<String>, Vec<String>),
     stuck: Vec<Sizes>,
-    terminating: (Vec<(i64, i32, i32)>, usize, Vec<(String, String, String)>),
+    terminating: Left,
 }
 
 /// The namespaces of one run.
