@@ -35,10 +35,14 @@ use clap::Parser;
 use futures::{StreamExt, stream};
 use serde_json::json;
 use switchyard_k8s::{
-    Api, Deployment, Namespace, PostParams, k8s_openapi::api::core::v1::ServiceAccount,
+    Api, Deployment, Namespace, PostParams,
+    k8s_openapi::api::core::v1::{Event, ServiceAccount},
     kube::api::ListParams,
 };
-use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, ServiceProcess, manifests};
+use switchyard_runtime::Role;
+use switchyard_testenv::{
+    ControlPlane, ControlPlaneOptions, InProcess, Pki, ServiceProcess, manifests,
+};
 
 const REPLICAS: i32 = 4;
 const NODES: usize = 10;
@@ -48,6 +52,9 @@ const CONVERGE_TIMEOUT: Duration = Duration::from_secs(900);
 /// The shipped watcher configuration: what the built-in controllers watch.
 const WATCHER_CONFIG: &str = include_str!("../../../deploy/kustomize/base/watcher-config.yaml");
 const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment";
+/// How long after convergence the Events are counted: both controllers write them in the
+/// background, kube-controller-manager's a few seconds behind.
+const EVENTS_SETTLE: Duration = Duration::from_secs(15);
 
 #[derive(Clone, Copy, Debug)]
 enum Under {
@@ -188,14 +195,15 @@ impl Controllers {
 }
 
 async fn in_process_queue() -> InProcess {
-    let args = [
-        "switchyard-queue",
-        "--admin-addr=127.0.0.1:0",
-        "--grpc-addr=127.0.0.1:0",
-        "--shard-count=256",
-        &format!("--controllers={CONTROLLERS}"),
-        "--log-level=warn",
+    let mut args = vec![
+        "switchyard-queue".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        "--shard-count=256".into(),
+        format!("--controllers={CONTROLLERS}"),
+        "--log-level=warn".into(),
     ];
+    args.extend(Pki::shared().flags(Role::Queue));
     let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
         .unwrap()
         .start()
@@ -207,7 +215,7 @@ async fn in_process_queue() -> InProcess {
 async fn in_process_watcher(plane: &ControlPlane, queue: std::net::SocketAddr) -> InProcess {
     let config = plane.dir().join("watcher-bench.yaml");
     std::fs::write(&config, WATCHER_CONFIG).unwrap();
-    let args = [
+    let mut args = vec![
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
         "--grpc-addr=127.0.0.1:0".into(),
@@ -216,6 +224,7 @@ async fn in_process_watcher(plane: &ControlPlane, queue: std::net::SocketAddr) -
         format!("--queue-addr={queue}"),
         "--log-level=warn".into(),
     ];
+    args.extend(Pki::shared().flags(Role::Watcher));
     let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
         .unwrap()
         .start()
@@ -247,7 +256,7 @@ async fn converge(under: Under, count: usize) -> f64 {
         .await
         .unwrap();
     let controllers = Controllers::start(&plane, under).await;
-    let api: Api<Deployment> = Api::namespaced(client, NAMESPACE);
+    let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
 
     let start = Instant::now();
     stream::iter(0..count)
@@ -283,6 +292,23 @@ async fn converge(under: Under, count: usize) -> f64 {
     }
     let took = start.elapsed().as_secs_f64();
     eprintln!("{under:?}: created in {created:?}, all Available after {took:.1} s");
+    // The controllers' Events, a write each (a repeat of one, a patch): what their apiserver
+    // writes include besides the objects themselves. Read once the writers caught up.
+    tokio::time::sleep(EVENTS_SETTLE).await;
+    let events: Api<Event> = Api::namespaced(client, NAMESPACE);
+    let (mut objects, mut occurrences) = (0, 0);
+    for event in events.list(&ListParams::default()).await.unwrap().items {
+        if matches!(
+            event.involved_object.kind.as_deref(),
+            Some("Deployment" | "ReplicaSet")
+        ) {
+            objects += 1;
+            occurrences += i64::from(event.count.unwrap_or(1).max(1));
+        }
+    }
+    eprintln!(
+        "{under:?}: {objects} controller Events ({occurrences} occurrences) for {count} Deployments"
+    );
     controllers.stop().await;
     plane.stop();
     took
