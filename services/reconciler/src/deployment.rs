@@ -477,7 +477,7 @@ async fn patch_owner(
 /// kube-controller-manager's `canAdopt`: before the first adoption, the Deployment is read
 /// again from the apiserver. One deleted, or deleted and recreated under the same name, since
 /// the cache read adopts nothing.
-async fn can_adopt(ctx: &Context, d: &Deployment) -> Result<()> {
+pub async fn can_adopt(ctx: &Context, d: &Deployment) -> Result<()> {
     let namespace = d.metadata.namespace.as_deref().unwrap_or_default();
     let name = d.metadata.name.as_deref().unwrap_or_default();
     let fresh = Api::<Deployment>::namespaced(ctx.client.clone(), namespace)

@@ -274,7 +274,8 @@ struct Writer {
 }
 
 impl Recorder {
-    /// Starts the writer task; it ends when the last clone of the recorder is dropped.
+    /// Starts the writer task (so: within a Tokio runtime); it ends when the last clone of
+    /// the recorder is dropped.
     pub fn new(client: Client, controller: &str, instance: &str) -> Self {
         let (queue, mut pending) = tokio::sync::mpsc::channel::<Occurrence>(QUEUED_EVENTS);
         let mut writer = Writer {

@@ -170,7 +170,7 @@ async fn patch_owners(
 /// kube-controller-manager's `canAdopt`: before the first adoption, the ReplicaSet is read
 /// again from the apiserver, not the cache. One deleted (or deleted and recreated under the
 /// same name) since the cache read must not adopt: its Pods would go to an owner that is gone.
-async fn can_adopt(ctx: &Context, rs: &ReplicaSet) -> Result<()> {
+pub async fn can_adopt(ctx: &Context, rs: &ReplicaSet) -> Result<()> {
     let namespace = rs.metadata.namespace.as_deref().unwrap_or_default();
     let name = rs.metadata.name.as_deref().unwrap_or_default();
     let fresh = Api::<ReplicaSet>::namespaced(ctx.client.clone(), namespace)

@@ -237,3 +237,46 @@ impl Controller for WithLatency {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use switchyard_k8s::kube::core::{
+        Status,
+        response::{StatusCause, StatusDetails},
+    };
+
+    use super::*;
+
+    fn refused(cause: &str) -> Error {
+        let mut status = Status::failure(
+            "pods \"web-x\" is forbidden: unable to create new content in namespace t because it is being terminated",
+            "Forbidden",
+        )
+        .with_code(403);
+        status.details = Some(StatusDetails {
+            name: "web-x".into(),
+            group: String::new(),
+            kind: "pods".into(),
+            uid: String::new(),
+            causes: vec![StatusCause {
+                reason: cause.into(),
+                message: "namespace t is being terminated".into(),
+                field: "metadata.namespace".into(),
+            }],
+            retry_after_seconds: 0,
+        });
+        Error::Kube(switchyard_k8s::kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn a_refusal_in_a_terminating_namespace_is_told_apart_by_its_cause() {
+        assert!(refused(NAMESPACE_TERMINATING).is_namespace_terminating());
+        // Another 403 (RBAC, admission) is a failure like any other.
+        assert!(!refused("FieldValueForbidden").is_namespace_terminating());
+        assert!(!Error::Other("namespace terminating".into()).is_namespace_terminating());
+        let Error::Kube(error) = refused(NAMESPACE_TERMINATING) else {
+            unreachable!()
+        };
+        assert!(status_message(&error).starts_with("pods \"web-x\" is forbidden"));
+    }
+}
