@@ -18,8 +18,9 @@ use switchyard_queue_client::{
     EnqueueMetrics, Enqueuer, Error, Event, Lease, MAX_CREDIT, Outcome, Priority, WorkKey,
     WorkSession,
 };
-use switchyard_runtime::ShutdownHandle;
+use switchyard_runtime::{Role, ShutdownHandle};
 use switchyard_shards::ShardView;
+use switchyard_testenv::Pki;
 use tokio::sync::watch;
 
 const RS: &str = "apps/v1/ReplicaSet";
@@ -28,15 +29,19 @@ const SHARDS: u32 = 4;
 const PATIENCE: Duration = Duration::from_secs(10);
 
 async fn queue() -> (SocketAddr, ShutdownHandle) {
-    let args = switchyard_queue::Args::try_parse_from([
-        "switchyard-queue",
-        "--admin-addr=127.0.0.1:0",
-        "--grpc-addr=127.0.0.1:0",
-        "--log-level=warn",
-        &format!("--shard-count={SHARDS}"),
-        &format!("--controllers={RS}"),
-        "--retry-base-delay=10ms",
-    ])
+    let args = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            "--log-level=warn".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--controllers={RS}"),
+            "--retry-base-delay=10ms".into(),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue)),
+    )
     .unwrap();
     let (rt, addr) = args.start().await.unwrap();
     let shutdown = rt.shutdown_handle();
@@ -64,9 +69,14 @@ impl EnqueueMetrics for Counted {
     fn retried(&self) {}
 }
 
-/// An enqueuer sending to the one queue at `addr`.
+/// An enqueuer sending to the one queue at `addr`, as a watcher.
 fn enqueuer(addr: SocketAddr, metrics: Counted) -> (Arc<Enqueuer>, ShutdownHandle) {
-    let enqueuer = Arc::new(Enqueuer::new(1000, SHARDS, metrics));
+    let enqueuer = Arc::new(Enqueuer::new(
+        1000,
+        SHARDS,
+        metrics,
+        Pki::shared().dialer(Role::Watcher),
+    ));
     let view = ShardView::single(&addr.to_string(), SHARDS);
     let (_tx, view) = watch::channel(Some(Arc::new(view)));
     let (stop, drain) = switchyard_runtime::drain_channel();
@@ -80,10 +90,21 @@ fn enqueuer(addr: SocketAddr, metrics: Counted) -> (Arc<Enqueuer>, ShutdownHandl
     (enqueuer, stop)
 }
 
+/// How a reconciler dials the queue.
+fn reconciler() -> switchyard_runtime::Dialer {
+    Pki::shared().dialer(Role::Reconciler)
+}
+
 async fn open(addr: SocketAddr, credits: u32) -> WorkSession {
-    WorkSession::open(&addr.to_string(), "test-worker", vec![RS.into()], credits)
-        .await
-        .unwrap()
+    WorkSession::open(
+        &reconciler(),
+        &addr.to_string(),
+        "test-worker",
+        vec![RS.into()],
+        credits,
+    )
+    .await
+    .unwrap()
 }
 
 async fn next(session: &mut WorkSession) -> Event {
@@ -265,7 +286,14 @@ async fn credits_bound_the_leases_and_large_grants_are_split() {
 #[tokio::test]
 async fn refusals_are_typed_errors() {
     let (addr, _queue) = queue().await;
-    let refused = WorkSession::open(&addr.to_string(), "w", vec!["v1/Unknown".into()], 1).await;
+    let refused = WorkSession::open(
+        &reconciler(),
+        &addr.to_string(),
+        "w",
+        vec!["v1/Unknown".into()],
+        1,
+    )
+    .await;
     match refused {
         Err(Error::Invalid(message)) => assert!(
             message.contains("hello.controllers[0]: unknown controller"),
@@ -273,10 +301,10 @@ async fn refusals_are_typed_errors() {
         ),
         other => panic!("expected an invalid-argument error, got {other:?}"),
     }
-    let unreachable = WorkSession::open("127.0.0.1:1", "w", vec![], 1).await;
+    let unreachable = WorkSession::open(&reconciler(), "127.0.0.1:1", "w", vec![], 1).await;
     assert!(matches!(unreachable, Err(Error::Unavailable(_))));
     assert!(matches!(
-        WorkSession::open("not a host", "w", vec![], 1).await,
+        WorkSession::open(&reconciler(), "not a host", "w", vec![], 1).await,
         Err(Error::InvalidAddress { .. })
     ));
 }

@@ -10,11 +10,17 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use axum::{
+    Router,
+    extract::{Path, State},
+    http::StatusCode,
+    response::IntoResponse,
+    routing::{get, post},
+};
 use tokio::net::TcpListener;
 use tracing::warn;
 
-use crate::Metrics;
+use crate::{Metrics, supervise::Supervisor};
 
 #[derive(Clone, Debug, Default)]
 pub struct Readiness(Arc<Mutex<ReadinessState>>);
@@ -78,14 +84,48 @@ impl Gate {
 struct AdminState {
     readiness: Readiness,
     metrics: Metrics,
+    supervisor: Supervisor,
 }
 
-pub(crate) async fn serve(listener: TcpListener, readiness: Readiness, metrics: Metrics) {
-    let app = Router::new()
-        .route("/livez", get(|| async { "ok\n" }))
+/// 200 while every supervised task lives; 503 naming the one that failed the process.
+async fn livez(State(state): State<AdminState>) -> impl IntoResponse {
+    match state.supervisor.failure() {
+        None => (StatusCode::OK, "ok\n".to_owned()),
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+    }
+}
+
+async fn inject_panic(
+    State(state): State<AdminState>,
+    Path(task): Path<String>,
+) -> impl IntoResponse {
+    match state.supervisor.faults() {
+        Some(faults) if faults.inject(&task) => (StatusCode::OK, format!("panicking {task}\n")),
+        _ => (
+            StatusCode::NOT_FOUND,
+            format!("no running task named {task}\n"),
+        ),
+    }
+}
+
+pub(crate) async fn serve(
+    listener: TcpListener,
+    readiness: Readiness,
+    metrics: Metrics,
+    supervisor: Supervisor,
+) {
+    let mut app = Router::new()
+        .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(AdminState { readiness, metrics });
+        .route("/metrics", get(metrics_text));
+    if supervisor.faults().is_some() {
+        app = app.route("/debug/panic/{task}", post(inject_panic));
+    }
+    let app = app.with_state(AdminState {
+        readiness,
+        metrics,
+        supervisor,
+    });
     if let Err(error) = axum::serve(listener, app).await {
         warn!(%error, "admin server stopped");
     }

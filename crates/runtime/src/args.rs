@@ -21,6 +21,10 @@ pub struct AdminArgs {
     /// Address of the admin HTTP server (/livez, /readyz, /metrics)
     #[arg(long, env = "SWITCHYARD_ADMIN_ADDR", default_value = "0.0.0.0:9990")]
     pub admin_addr: SocketAddr,
+    /// Serve POST /debug/panic/<task> on the admin port, which panics the named task (for
+    /// tests of supervision; never in production)
+    #[arg(long, env = "SWITCHYARD_DEBUG_FAULT_INJECTION")]
+    pub debug_fault_injection: bool,
 }
 
 #[derive(Clone, Debug, clap::Args)]

@@ -21,6 +21,7 @@ mod instance;
 mod kube_client;
 mod metrics;
 mod shutdown;
+mod supervise;
 mod telemetry;
 pub mod tls;
 
@@ -66,11 +67,16 @@ pub enum Error {
     DrainTimeout { timeout: Duration, running: String },
     #[error("aborted by a second shutdown signal")]
     Aborted,
+    #[error("stopped because {0}")]
+    TaskFailed(String),
     #[error("failed to install the signal handler: {0}")]
     Signal(std::io::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How long the drain may take after an essential task failed the process.
+const FAILED_DRAIN: Duration = Duration::from_secs(5);
 
 /// A running service: its telemetry, admin port, readiness and shutdown.
 #[derive(Debug)]
@@ -84,6 +90,7 @@ pub struct Runtime {
     admin_addr: SocketAddr,
     admin_task: tokio::task::JoinHandle<()>,
     startup: Gate,
+    supervisor: supervise::Supervisor,
     _telemetry: telemetry::Guard,
 }
 
@@ -104,6 +111,13 @@ impl Runtime {
         // Closed until run(): services register their own gates before that.
         let startup = readiness.gate("startup");
         let shutdown = shutdown::Shutdown::new()?;
+        let supervisor =
+            supervise::Supervisor::new(shutdown.handle(), &metrics, admin.debug_fault_injection);
+        if admin.debug_fault_injection {
+            warn!(
+                "--debug-fault-injection: POST /debug/panic/<task> on the admin port panics a task"
+            );
+        }
 
         let listener = TcpListener::bind(admin.admin_addr)
             .await
@@ -118,8 +132,13 @@ impl Runtime {
             source,
         })?;
         let admin_task = tokio::spawn(
-            admin::serve(listener, readiness.clone(), metrics.clone())
-                .instrument(info_span!("admin", addr = %admin_addr)),
+            admin::serve(
+                listener,
+                readiness.clone(),
+                metrics.clone(),
+                supervisor.clone(),
+            )
+            .instrument(info_span!("admin", addr = %admin_addr)),
         );
         info!(%admin_addr, version = env!("CARGO_PKG_VERSION"), "starting");
         match &tls {
@@ -149,6 +168,7 @@ impl Runtime {
             admin_addr,
             admin_task,
             startup,
+            supervisor,
             _telemetry: telemetry,
         })
     }
@@ -186,15 +206,54 @@ impl Runtime {
         self.shutdown.handle()
     }
 
-    /// Spawns a long-lived task that is given a drain handle; shutdown waits for it.
+    /// Spawns a task that is given a drain handle; shutdown waits for it. It may return
+    /// (a readiness check does); a panic fails the process (see [`Self::spawn_essential`]).
     pub fn spawn<F, Fut>(&self, name: &'static str, task: F)
     where
         F: FnOnce(Drain) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let fut = task(self.shutdown.drain());
+        self.spawn_once(name, supervise::OnExit::MayReturn, task);
+    }
+
+    /// Spawns a task that must run until shutdown, one that cannot be restarted without
+    /// losing what it holds (the queue's actor, a member's lease, the elector's term): if it
+    /// panics or returns before shutdown, `/livez` fails naming it, shutdown begins and
+    /// [`Self::run`] returns [`Error::TaskFailed`], so the process exits non-zero and the
+    /// kubelet restarts it.
+    pub fn spawn_essential<F, Fut>(&self, name: &'static str, task: F)
+    where
+        F: FnOnce(Drain) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.spawn_once(name, supervise::OnExit::Essential, task);
+    }
+
+    /// Spawns `task(drain)` and runs it again, after a jittered backoff, whenever it panics
+    /// or returns before shutdown (counted in `switchyard_task_restarts_total{task}`): for
+    /// tasks whose state lives outside them (an informer's cache, the enqueuer's pending
+    /// keys, a worker's streams).
+    pub fn spawn_restarting<F, Fut>(&self, name: &'static str, task: F)
+    where
+        F: FnMut(Drain) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let drain = self.shutdown.drain();
         self.shutdown
-            .spawn(name, fut.instrument(info_span!("task", name)));
+            .spawn(name, self.supervisor.clone().restarting(name, task, drain));
+    }
+
+    fn spawn_once<F, Fut>(&self, name: &'static str, on_exit: supervise::OnExit, task: F)
+    where
+        F: FnOnce(Drain) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let drain = self.shutdown.drain();
+        let fut = task(drain.clone());
+        self.shutdown.spawn(
+            name,
+            self.supervisor.clone().once(name, on_exit, fut, drain),
+        );
     }
 
     /// Binds the gRPC port and serves `server`'s routes plus health and reflection until
@@ -212,8 +271,7 @@ impl Runtime {
         let (addr, serve) = server
             .bind(&self.grpc, self.tls.as_ref(), &self.metrics, stop)
             .await?;
-        self.shutdown
-            .spawn("grpc", serve.instrument(info_span!("grpc", %addr)));
+        self.spawn_essential("grpc", move |_| serve.instrument(info_span!("grpc", %addr)));
         gate.ready();
         Ok(addr)
     }
@@ -228,6 +286,7 @@ impl Runtime {
             mut shutdown,
             admin_task,
             startup,
+            supervisor,
             _telemetry: mut telemetry,
             ..
         } = self;
@@ -235,7 +294,17 @@ impl Runtime {
         let signal = shutdown.signaled().await;
         info!(%signal, "shutting down");
         readiness.shutting_down();
-        let result = shutdown.drain_all(drain_timeout).await;
+        // A failed essential task may be what the others wait for (the queue's actor): the
+        // drain gets a short bound, enough for a member to hand back its lease.
+        let bound = match supervisor.failure() {
+            Some(_) => drain_timeout.min(FAILED_DRAIN),
+            None => drain_timeout,
+        };
+        let drained = shutdown.drain_all(bound).await;
+        let result = match supervisor.failure() {
+            Some(reason) => Err(Error::TaskFailed(reason)),
+            None => drained,
+        };
         admin_task.abort();
         // The exporter's last batch: spans of the drain itself included. Its shutdown blocks
         // until the export is answered, which needs this runtime's I/O, so off the workers.

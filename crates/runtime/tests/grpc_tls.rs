@@ -1,14 +1,27 @@
-//! The gRPC server with mutual TLS from certificate files: a client with a certificate from
-//! the configured CA is served; a client without one is refused.
+//! The gRPC server over mutual TLS from `--tls-cert/--tls-key/--tls-ca`, with a PKI made by
+//! `switchyard-certs`: health is open to any client that completes the handshake; reflection
+//! needs a Switchyard identity (no certificate → `UNAUTHENTICATED`, an identity of another
+//! trust domain → `PERMISSION_DENIED`, the observer → served); and a client whose
+//! certificate another CA issued fails the handshake.
 
-use std::path::Path;
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
 
 use clap::Parser;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-use switchyard_runtime::{GrpcServer, Runtime, RuntimeArgs};
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use switchyard_certs::{Authority, DEFAULT_NAMESPACE, DEFAULT_TRUST_DOMAIN, Leaf};
+use switchyard_runtime::{Dialer, GrpcServer, Role, Runtime, RuntimeArgs, TlsArgs};
+use tonic::{
+    Code, Status,
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
+};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+use tonic_reflection::pb::v1::{
+    ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+    server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
 };
 
 #[derive(Debug, Parser)]
@@ -17,97 +30,229 @@ struct Args {
     runtime: RuntimeArgs,
 }
 
-struct Pki {
-    ca: String,
-    server: (String, String),
-    client: (String, String),
+/// The three files of one identity, as a Secret mounts them.
+struct Files {
+    dir: PathBuf,
 }
 
-fn pki() -> Pki {
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("key")).expect("ca");
-    let leaf = |san: &str| {
-        let key = KeyPair::generate().expect("key");
-        let cert = CertificateParams::new(vec![san.to_owned()])
-            .expect("params")
-            .signed_by(&key, &ca)
-            .expect("sign");
-        (cert.pem(), key.serialize_pem())
-    };
-    Pki {
-        server: leaf("localhost"),
-        client: leaf("worker"),
-        ca: ca.pem(),
+impl Files {
+    fn flags(&self) -> Vec<String> {
+        vec![
+            format!("--tls-cert={}", self.dir.join("tls.crt").display()),
+            format!("--tls-key={}", self.dir.join("tls.key").display()),
+            format!("--tls-ca={}", self.dir.join("ca.crt").display()),
+        ]
+    }
+
+    fn identity(&self) -> Identity {
+        let read = |name| std::fs::read(self.dir.join(name)).expect("readable");
+        Identity::from_pem(read("tls.crt"), read("tls.key"))
+    }
+
+    fn dialer(&self) -> Dialer {
+        Dialer::from_args(&TlsArgs::files(
+            &self.dir.join("tls.crt"),
+            &self.dir.join("tls.key"),
+            &self.dir.join("ca.crt"),
+        ))
+        .expect("the identity's files load")
     }
 }
 
-fn write(dir: &Path, name: &str, pem: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, pem).expect("write pem");
-    path.display().to_string()
+/// Issues `service_account`'s certificate in `trust_domain` from `issuer`, and writes it
+/// under `dir/name` with `trusted` as the CA its holder trusts.
+fn issue(
+    dir: &Path,
+    name: &str,
+    issuer: &Authority,
+    trusted: &Authority,
+    trust_domain: &str,
+    service_account: &str,
+) -> Files {
+    let leaf = Leaf::service(trust_domain, DEFAULT_NAMESPACE, service_account);
+    let dir = dir.join(name);
+    issuer
+        .issue(&leaf)
+        .expect("issued")
+        .write(&dir, trusted.cert_pem())
+        .expect("written");
+    Files { dir }
 }
 
-#[tokio::test]
-async fn mutual_tls_serves_clients_with_a_certificate_and_refuses_the_rest() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let pki = pki();
-    let args = Args::try_parse_from([
-        "test",
-        "--admin-addr=127.0.0.1:0",
-        "--grpc-addr=127.0.0.1:0",
-        &format!(
-            "--grpc-tls-cert={}",
-            write(dir.path(), "tls.crt", &pki.server.0)
-        ),
-        &format!(
-            "--grpc-tls-key={}",
-            write(dir.path(), "tls.key", &pki.server.1)
-        ),
-        &format!(
-            "--grpc-tls-client-ca={}",
-            write(dir.path(), "ca.crt", &pki.ca)
-        ),
-    ])
+/// A runtime serving only health and reflection, as a queue member with `server`'s files.
+async fn serve(server: &Files) -> (Runtime, SocketAddr) {
+    let args = Args::try_parse_from(
+        [
+            "test".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+        ]
+        .into_iter()
+        .chain(server.flags()),
+    )
     .expect("arguments parse");
     let rt = Runtime::start("switchyard-test", args.runtime)
         .await
         .expect("runtime starts");
     let addr = rt.serve_grpc(GrpcServer::new()).await.expect("gRPC serves");
+    (rt, addr)
+}
+
+/// A plain gRPC client of `addr` that trusts `ca` and presents `identity`, if any; unlike
+/// a Switchyard [`Dialer`], it does not check the server's identity.
+async fn connect(addr: SocketAddr, ca: &Authority, identity: Option<&Files>) -> Channel {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca.cert_pem()))
+        .domain_name("localhost");
+    if let Some(files) = identity {
+        tls = tls.identity(files.identity());
+    }
+    Endpoint::from_shared(format!("https://{addr}"))
+        .expect("endpoint")
+        .tls_config(tls)
+        .expect("client tls")
+        .connect()
+        .await
+        .expect("the handshake completes")
+}
+
+async fn health(channel: Channel) -> Result<ServingStatus, Status> {
+    Ok(HealthClient::new(channel)
+        .check(HealthCheckRequest::default())
+        .await?
+        .into_inner()
+        .status())
+}
+
+/// The services reflection lists, or the refusal.
+async fn list_services(channel: Channel) -> Result<Vec<String>, Status> {
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await?
+        .into_inner();
+    match responses.message().await?.map(|r| r.message_response) {
+        Some(Some(MessageResponse::ListServicesResponse(list))) => {
+            Ok(list.service.into_iter().map(|s| s.name).collect())
+        }
+        other => panic!("unexpected reflection response {other:?}"),
+    }
+}
+
+/// The sum of the samples of `/metrics` whose line starts with `prefix`.
+async fn metric(admin: SocketAddr, prefix: &str) -> f64 {
+    let text = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .expect("/metrics body");
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+const HANDSHAKE_FAILURES: &str = "switchyard_grpc_tls_handshake_failures_total";
+
+#[tokio::test]
+async fn health_is_open_reflection_needs_an_identity_and_another_cas_client_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = Authority::generate("switchyard test CA").expect("CA");
+    let other_ca = Authority::generate("another CA").expect("CA");
+    let td = DEFAULT_TRUST_DOMAIN;
+    let server = issue(dir.path(), "queue", &ca, &ca, td, "switchyard-queue");
+    let observer = issue(dir.path(), "observer", &ca, &ca, td, "switchyard-observer");
+    // The right CA, an identity of another installation's trust domain.
+    let stranger = issue(
+        dir.path(),
+        "stranger",
+        &ca,
+        &ca,
+        "example.org",
+        "switchyard-observer",
+    );
+    // Trusts the server's CA, but its own certificate is from another one.
+    let foreign = issue(
+        dir.path(),
+        "foreign",
+        &other_ca,
+        &ca,
+        td,
+        "switchyard-observer",
+    );
+    let (rt, addr) = serve(&server).await;
+    let admin = rt.admin_addr();
     let shutdown = rt.shutdown_handle();
     let running = tokio::spawn(rt.run());
 
-    let endpoint = |tls: ClientTlsConfig| {
-        Endpoint::from_shared(format!("https://{addr}"))
-            .expect("endpoint")
-            .tls_config(tls.domain_name("localhost"))
-            .expect("client tls")
-    };
-    let ca = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&pki.ca));
-
-    let with_cert = endpoint(
-        ca.clone()
-            .identity(Identity::from_pem(&pki.client.0, &pki.client.1)),
-    )
-    .connect()
-    .await
-    .expect("a client with a certificate connects");
-    let status = HealthClient::new(with_cert)
-        .check(HealthCheckRequest::default())
+    // No client certificate: what a kubelet probe or a load balancer presents.
+    let anonymous = connect(addr, &ca, None).await;
+    assert_eq!(
+        health(anonymous.clone()).await.expect("health is open"),
+        ServingStatus::Serving
+    );
+    let refused = list_services(anonymous)
         .await
-        .expect("health check over mTLS")
-        .into_inner()
-        .status();
-    assert_eq!(status, ServingStatus::Serving);
+        .expect_err("reflection needs an identity");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert_eq!(
+        metric(admin, "switchyard_grpc_denied_total{").await,
+        1.0,
+        "the refusal is counted"
+    );
 
-    let refused = match endpoint(ca).connect().await {
-        Err(_) => true,
-        Ok(channel) => HealthClient::new(channel)
-            .check(HealthCheckRequest::default())
-            .await
-            .is_err(),
-    };
-    assert!(refused, "a client without a certificate is refused");
+    // The observer dials as Switchyard's own tools do, checking it reached a queue member.
+    let dialer = observer.dialer();
+    let as_observer = dialer
+        .connect(
+            &dialer
+                .endpoint(&addr.to_string(), Role::Queue)
+                .expect("endpoint"),
+            Role::Queue,
+        )
+        .await
+        .expect("the observer connects");
+    let services = list_services(as_observer)
+        .await
+        .expect("reflection serves the observer");
+    assert!(
+        services.iter().any(|s| s == "grpc.health.v1.Health"),
+        "{services:?}"
+    );
+
+    let as_stranger = connect(addr, &ca, Some(&stranger)).await;
+    let denied = list_services(as_stranger)
+        .await
+        .expect_err("another trust domain holds no role here");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(
+        denied
+            .message()
+            .contains("spiffe://example.org/ns/switchyard/sa/switchyard-observer"),
+        "the refusal names the identity: {denied:?}"
+    );
+
+    assert_eq!(metric(admin, HANDSHAKE_FAILURES).await, 0.0);
+    let as_foreign = foreign
+        .dialer()
+        .channel(&addr.to_string(), Role::Queue)
+        .expect("channel");
+    let failed = health(as_foreign)
+        .await
+        .expect_err("a certificate from another CA is refused, even for health");
+    // The server's alert, as the client's TLS reports it.
+    assert!(
+        format!("{failed:?}").contains("UnknownCA"),
+        "refused in the handshake: {failed:?}"
+    );
+    assert!(
+        metric(admin, HANDSHAKE_FAILURES).await >= 1.0,
+        "the server refused it in the handshake"
+    );
 
     shutdown.trigger();
     running.await.expect("run task").expect("drains cleanly");
@@ -119,17 +264,14 @@ async fn a_missing_certificate_file_is_named_in_the_error() {
         "test",
         "--admin-addr=127.0.0.1:0",
         "--grpc-addr=127.0.0.1:0",
-        "--grpc-tls-cert=/nonexistent/tls.crt",
-        "--grpc-tls-key=/nonexistent/tls.key",
+        "--tls-cert=/nonexistent/tls.crt",
+        "--tls-key=/nonexistent/tls.key",
+        "--tls-ca=/nonexistent/ca.crt",
     ])
     .expect("arguments parse");
-    let rt = Runtime::start("switchyard-test", args.runtime)
+    let error = Runtime::start("switchyard-test", args.runtime)
         .await
-        .expect("runtime starts");
-    let error = rt
-        .serve_grpc(GrpcServer::new())
-        .await
-        .expect_err("no certificate, no server");
+        .expect_err("no certificate, no runtime");
     assert_eq!(
         error.to_string(),
         "failed to read TLS certificate from /nonexistent/tls.crt: No such file or directory (os error 2)"
@@ -137,8 +279,27 @@ async fn a_missing_certificate_file_is_named_in_the_error() {
 }
 
 #[test]
-fn a_key_without_a_certificate_is_refused_at_parse_time() {
-    let error = Args::try_parse_from(["test", "--grpc-tls-key=/tmp/tls.key"])
-        .expect_err("key alone is incomplete");
-    assert!(error.to_string().contains("--grpc-tls-cert"), "{error}");
+fn tls_is_required_unless_plaintext_is_asked_for() {
+    let error = Args::try_parse_from(["test"]).expect_err("no TLS flags");
+    assert!(error.to_string().contains("--tls-cert"), "{error}");
+    let error = Args::try_parse_from(["test", "--tls-key=/tmp/tls.key"])
+        .expect_err("a key alone is incomplete");
+    assert!(error.to_string().contains("--tls-cert"), "{error}");
+    let error = Args::try_parse_from(["test", "--tls-cert=/tmp/tls.crt", "--tls-key=/tmp/tls.key"])
+        .expect_err("a certificate without the CA is incomplete");
+    assert!(error.to_string().contains("--tls-ca"), "{error}");
+    let error = Args::try_parse_from([
+        "test",
+        "--insecure-plaintext",
+        "--tls-cert=/tmp/tls.crt",
+        "--tls-key=/tmp/tls.key",
+        "--tls-ca=/tmp/ca.crt",
+    ])
+    .expect_err("plaintext or TLS, not both");
+    assert!(
+        error.to_string().contains("--insecure-plaintext"),
+        "{error}"
+    );
+    let plaintext = Args::try_parse_from(["test", "--insecure-plaintext"]).expect("parses");
+    assert!(plaintext.runtime.tls.insecure_plaintext);
 }

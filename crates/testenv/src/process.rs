@@ -92,6 +92,10 @@ impl ManagedProcess {
         })
     }
 
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(crate) fn name(&self) -> &str {
         &self.name
     }

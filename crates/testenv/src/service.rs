@@ -134,6 +134,35 @@ impl ServiceProcess {
         Ok((status, body))
     }
 
+    /// Status code and body of a POST to an admin-port path (`/debug/panic/<task>`).
+    pub async fn admin_post(&self, path: &str) -> Result<(u16, String)> {
+        let response = self
+            .http
+            .post(format!("http://{}{path}", self.admin))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|e| Error::Setup(format!("POST {path}: {e}")))?;
+        let status = response.status().as_u16();
+        let body = response
+            .text()
+            .await
+            .map_err(|e| Error::Setup(format!("POST {path}: {e}")))?;
+        Ok((status, body))
+    }
+
+    /// Waits, at most `within`, for the process to exit by itself; its status and log.
+    pub async fn exited(&mut self, within: Duration) -> Option<(ExitStatus, String)> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.process.exited() {
+                return Some((status, self.log()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     /// Waits until `/readyz` answers 200.
     pub async fn wait_ready(&mut self) -> Result<()> {
         let url = format!("http://{}/readyz", self.admin);
@@ -145,6 +174,26 @@ impl ServiceProcess {
                 .is_ok_and(|r| r.status().is_success())
         })
         .await
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// The resident memory of the process now (`VmRSS`), in bytes.
+    pub fn resident_bytes(&self) -> Option<u64> {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.process.pid())).ok()?;
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
     }
 
     /// The log so far.

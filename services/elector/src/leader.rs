@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use switchyard_elector_core::{Transition, assign, plan};
-use switchyard_runtime::{Dialer, Drain};
+use switchyard_runtime::{Backoff, Dialer, Drain};
 use switchyard_shards::Etcd;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
@@ -72,6 +72,8 @@ pub async fn run(
     leading: watch::Sender<bool>,
     drain: Drain,
 ) {
+    // A fixed pause, jittered so that electors cut off together do not campaign in step.
+    let mut backoff = Backoff::new(RETRY, RETRY);
     loop {
         let result = tokio::select! {
             result = campaign_and_lead(&etcd, &dialer, &config, &leading, drain.clone()) => result,
@@ -79,11 +81,10 @@ pub async fn run(
         };
         leading.send_replace(false);
         if let Err(error) = result {
-            warn!(%error, retry_in = ?RETRY, "elector lost or could not reach etcd");
+            warn!(%error, retry_in = ?backoff.current(), "elector lost or could not reach etcd");
         }
-        tokio::select! {
-            _ = tokio::time::sleep(RETRY) => {}
-            _ = drain.clone().signaled() => return,
+        if !backoff.wait(&drain).await {
+            return;
         }
     }
 }

@@ -221,7 +221,9 @@ impl Args {
             membership::watch_members(etcd.clone(), rt.drain()).0,
         );
         let dialer = rt.dialer();
-        rt.spawn("leader", move |drain| {
+        // Not restarted: a broken term ends the process, and another elector takes over
+        // within the election TTL.
+        rt.spawn_essential("leader", move |drain| {
             leader::run(etcd, dialer, config, leading, drain)
         });
         let addr = rt
@@ -241,8 +243,12 @@ mod tests {
 
     use super::*;
 
+    /// The TLS flags every service requires; these tests only parse them (no file is read).
+    const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
+
     fn config_error(flags: &[&str]) -> String {
-        let args = Args::try_parse_from(["switchyard-elector"].iter().chain(flags)).unwrap();
+        let args =
+            Args::try_parse_from(["switchyard-elector"].iter().chain(&TLS).chain(flags)).unwrap();
         match args.elector.config() {
             Err(Error::Config(message)) => message,
             other => panic!("{flags:?}: expected a configuration error, got {other:?}"),
@@ -259,12 +265,11 @@ mod tests {
             let message = config_error(flags);
             assert!(message.starts_with(named), "{flags:?}: {message}");
         }
-        let args = Args::try_parse_from([
-            "switchyard-elector",
+        let args = Args::try_parse_from(["switchyard-elector"].iter().chain(&TLS).chain(&[
             "--elector-id=e1",
             "--election-ttl=1s",
             "--shard-count=8",
-        ])
+        ]))
         .unwrap();
         let config = args.elector.config().unwrap();
         assert_eq!(

@@ -34,7 +34,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tracing::{debug, info, warn};
 
-use switchyard_runtime::{Dialer, Role};
+use switchyard_runtime::{Backoff, Dialer, Role};
 use switchyard_shards::member::{MEMBERS_PREFIX, Member};
 
 /// How long a probe connection may take before the answer counts as "no proof".
@@ -94,7 +94,7 @@ pub async fn run(
 /// Follows one member until its process is proven gone (its registration then revoked) or
 /// it leaves the member set (the task is dropped).
 async fn follow(mut client: Client, dialer: Dialer, member: Member, detected: Counter) {
-    let mut delay = RETRY.0;
+    let mut backoff = Backoff::new(RETRY.0, RETRY.1);
     loop {
         let watched = watch_health(&dialer, &member.address).await;
         // The registration that a refusal would prove dead, read before the probe.
@@ -104,8 +104,7 @@ async fn follow(mut client: Client, dialer: Dialer, member: Member, detected: Co
             Ok(None) => return,
             Err(error) => {
                 debug!(member = %member.id, %error, "cannot read the member's registration");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(RETRY.1);
+                tokio::time::sleep(backoff.advance()).await;
                 continue;
             }
         };
@@ -124,10 +123,9 @@ async fn follow(mut client: Client, dialer: Dialer, member: Member, detected: Co
             outcome => {
                 debug!(member = %member.id, ?outcome, stream_held = watched, "member health stream ended without proof");
                 if watched {
-                    delay = RETRY.0;
+                    backoff.reset();
                 }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(RETRY.1);
+                tokio::time::sleep(backoff.advance()).await;
             }
         }
     }

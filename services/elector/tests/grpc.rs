@@ -11,20 +11,31 @@ use switchyard_proto::elector::v1::{
     GetShardMapRequest, Member as ProtoMember, ShardMap, ShardState, WatchShardMapRequest,
     elector_client::ElectorClient,
 };
-use switchyard_runtime::{ShutdownHandle, drain_channel};
+use switchyard_runtime::{Role, ShutdownHandle, drain_channel};
 use switchyard_shards::{
     member::{LeaseState, LeaseTiming, Member, join},
     store::{self, ShardMapError},
 };
-use switchyard_testenv::{Etcd, ServiceProcess};
+use switchyard_testenv::{Etcd, Pki, ServiceProcess};
 use tonic::transport::Channel;
 
 const SHARDS: u32 = 8;
 
-fn member(endpoints: &[String], id: &str) -> ShutdownHandle {
+/// A client of the elector at `address`, as an operator's tool that reads the shard map.
+async fn elector_client(address: impl std::fmt::Display) -> ElectorClient<Channel> {
+    ElectorClient::new(
+        Pki::shared()
+            .channel(Role::Observer, Role::Elector, address)
+            .await
+            .unwrap(),
+    )
+}
+
+/// A queue member's registration in `etcd`, made with a queue member's certificate.
+fn member(etcd: &Etcd, id: &str) -> ShutdownHandle {
     let (stop, drain) = drain_channel();
     join(
-        endpoints.to_vec(),
+        etcd.connection(Role::Queue),
         Member {
             id: id.into(),
             address: format!("{id}:8443"),
@@ -45,9 +56,7 @@ async fn elector(etcd: &Etcd) -> (ServiceProcess, ElectorClient<Channel>) {
     .await
     .unwrap();
     process.wait_ready().await.unwrap();
-    let client = ElectorClient::connect(format!("http://{}", process.grpc_addr()))
-        .await
-        .unwrap();
+    let client = elector_client(process.grpc_addr()).await;
     (process, client)
 }
 
@@ -82,9 +91,8 @@ fn all_owned_by(map: &ShardMap, ids: &[&str]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shard_map_is_served_watched_and_handed_over_through_grpc() {
     let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
     let (process, mut client) = elector(&etcd).await;
-    let _a = member(&endpoints, "a");
+    let _a = member(&etcd, "a");
 
     let map = map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
     assert!(
@@ -109,7 +117,7 @@ async fn the_shard_map_is_served_watched_and_handed_over_through_grpc() {
     assert!(all_owned_by(&first, &["a"]));
 
     // b joins: the watch shows shards releasing from a, live.
-    let b = member(&endpoints, "b");
+    let b = member(&etcd, "b");
     let releasing = loop {
         let map = tokio::time::timeout(Duration::from_secs(15), updates.message())
             .await
@@ -127,9 +135,7 @@ async fn the_shard_map_is_served_watched_and_handed_over_through_grpc() {
         }
     };
     // a releases each drained shard itself, fenced in etcd; the elector's map follows.
-    let mut etcd_client = etcd_client::Client::connect(&endpoints, None)
-        .await
-        .unwrap();
+    let mut etcd_client = etcd.client().await.unwrap();
     for shard in &releasing {
         assert_eq!(shard.member_id, "a", "the live owner drains first");
         let next = store::release(&mut etcd_client, shard.shard, "a", shard.epoch)
@@ -153,13 +159,10 @@ async fn the_shard_map_is_served_watched_and_handed_over_through_grpc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_or_foreign_release_gets_a_clear_error_and_changes_nothing() {
     let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
     let (_process, mut client) = elector(&etcd).await;
-    let _a = member(&endpoints, "a");
+    let _a = member(&etcd, "a");
     let before = map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
-    let mut etcd_client = etcd_client::Client::connect(&endpoints, None)
-        .await
-        .unwrap();
+    let mut etcd_client = etcd.client().await.unwrap();
     let epoch = before.shards[0].epoch;
 
     let error = store::release(&mut etcd_client, 0, "a", epoch)
@@ -202,10 +205,10 @@ async fn a_stale_or_foreign_release_gets_a_clear_error_and_changes_nothing() {
 
 /// A registered member (waits until it holds its lease); dropping the handle keeps it, and
 /// triggering it leaves (the lease is revoked).
-async fn registered(endpoints: &[String], id: &str) -> ShutdownHandle {
+async fn registered(etcd: &Etcd, id: &str) -> ShutdownHandle {
     let (stop, drain) = drain_channel();
     let (mut state, _) = join(
-        endpoints.to_vec(),
+        etcd.connection(Role::Queue),
         Member {
             id: id.into(),
             address: format!("{id}:8443"),
@@ -245,16 +248,13 @@ async fn leads(process: &ServiceProcess) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_is_replaced_by_a_follower_and_the_map_does_not_churn() {
     let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
     // Both members are registered before the first assignment, so no shard waits for a
     // release that nobody here would perform.
-    let _a = registered(&endpoints, "a").await;
-    let b = registered(&endpoints, "b").await;
+    let _a = registered(&etcd, "a").await;
+    let b = registered(&etcd, "b").await;
     let leader = elector_process(&etcd, "e0").await;
     let follower = elector_process(&etcd, "e1").await;
-    let mut client = ElectorClient::connect(format!("http://{}", follower.grpc_addr()))
-        .await
-        .unwrap();
+    let mut client = elector_client(follower.grpc_addr()).await;
     let before = map_until(&mut client, |m| {
         all_owned_by(m, &["a", "b"]) && m.shards.iter().any(|s| s.member_id == "b")
     })

@@ -12,12 +12,12 @@ use switchyard_elector::{
     shardmap,
 };
 use switchyard_elector_core::{ShardState, Transition, plan};
-use switchyard_runtime::{ShutdownHandle, drain_channel};
+use switchyard_runtime::{Role, ShutdownHandle, drain_channel};
 use switchyard_shards::{
     member::{LeaseState, LeaseTiming, Member, join},
     store,
 };
-use switchyard_testenv::Etcd;
+use switchyard_testenv::{Etcd, Pki};
 use tokio::sync::watch;
 
 const SHARDS: u32 = 16;
@@ -27,11 +27,11 @@ struct Running {
     task: tokio::task::JoinHandle<()>,
 }
 
-/// A registered member (waits until it holds its lease).
-async fn member(endpoints: &[String], id: &str) -> Running {
+/// A registered member (waits until it holds its lease), with a queue member's certificate.
+async fn member(etcd: &Etcd, id: &str) -> Running {
     let (stop, drain) = drain_channel();
     let (mut state, task) = join(
-        endpoints.to_vec(),
+        etcd.connection(Role::Queue),
         Member {
             id: id.into(),
             address: format!("{id}:8443"),
@@ -47,11 +47,18 @@ async fn member(endpoints: &[String], id: &str) -> Running {
     Running { _stop: stop, task }
 }
 
-fn elector(endpoints: &[String], id: &str) -> (Running, watch::Receiver<bool>) {
+/// An elector's leader loop, with the elector's certificate for etcd and for its probes.
+fn elector(etcd: &Etcd, id: &str) -> (Running, watch::Receiver<bool>) {
     let (stop, drain) = drain_channel();
     let (leading, rx) = watch::channel(false);
     let config = LeaderConfig::new(id, SHARDS);
-    let task = tokio::spawn(leader::run(endpoints.to_vec(), config, leading, drain));
+    let task = tokio::spawn(leader::run(
+        etcd.connection(Role::Elector),
+        Pki::shared().dialer(Role::Elector),
+        config,
+        leading,
+        drain,
+    ));
     (Running { _stop: stop, task }, rx)
 }
 
@@ -97,13 +104,12 @@ fn all_active_among(map: &[ShardState], ids: &[&str]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_assigns_hands_over_and_reassigns_a_crashed_members_shards() {
     let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
-    let mut client = Client::connect(&endpoints, None).await.unwrap();
+    let mut client = etcd.client().await.unwrap();
     // Both members are registered before the first assignment; nobody here plays an owner
     // that would release shards to a later member (the test does that by hand below).
-    let _a = member(&endpoints, "a").await;
-    let b = member(&endpoints, "b").await;
-    let (_elector, mut leading) = elector(&endpoints, "elector-0");
+    let _a = member(&etcd, "a").await;
+    let b = member(&etcd, "b").await;
+    let (_elector, mut leading) = elector(&etcd, "elector-0");
     leading.wait_for(|l| *l).await.unwrap();
     let first = map_until(&mut client, Duration::from_secs(10), |m| {
         all_active_among(m, &["a", "b"])
@@ -116,7 +122,7 @@ async fn the_leader_assigns_hands_over_and_reassigns_a_crashed_members_shards() 
     );
 
     // A third member joins: the shards it should take are first released by their live owners.
-    let _c = member(&endpoints, "c").await;
+    let _c = member(&etcd, "c").await;
     let releasing = map_until(&mut client, Duration::from_secs(10), |m| {
         m.iter()
             .any(|s| matches!(s, ShardState::Releasing { next, .. } if next == "c"))
@@ -194,13 +200,12 @@ async fn the_leader_assigns_hands_over_and_reassigns_a_crashed_members_shards() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_leader_is_replaced_without_churning_the_map() {
     let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
-    let mut client = Client::connect(&endpoints, None).await.unwrap();
-    let _a = member(&endpoints, "a").await;
-    let _b = member(&endpoints, "b").await;
-    let (first, mut first_leads) = elector(&endpoints, "elector-0");
+    let mut client = etcd.client().await.unwrap();
+    let _a = member(&etcd, "a").await;
+    let _b = member(&etcd, "b").await;
+    let (first, mut first_leads) = elector(&etcd, "elector-0");
     first_leads.wait_for(|l| *l).await.unwrap();
-    let (_second, mut second_leads) = elector(&endpoints, "elector-1");
+    let (_second, mut second_leads) = elector(&etcd, "elector-1");
     let before = map_until(&mut client, Duration::from_secs(10), |m| {
         all_active_among(m, &["a", "b"])
     })
@@ -223,13 +228,18 @@ async fn a_crashed_leader_is_replaced_without_churning_the_map() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_map_larger_than_one_etcd_transaction_is_written_whole() {
     let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
-    let mut client = Client::connect(&endpoints, None).await.unwrap();
+    let mut client = etcd.client().await.unwrap();
     let (stop, drain) = drain_channel();
     let (leading, _) = watch::channel(false);
     let config = LeaderConfig::new("elector", 1024);
-    tokio::spawn(leader::run(endpoints.clone(), config, leading, drain));
-    let _a = member(&endpoints, "a").await;
+    tokio::spawn(leader::run(
+        etcd.connection(Role::Elector),
+        Pki::shared().dialer(Role::Elector),
+        config,
+        leading,
+        drain,
+    ));
+    let _a = member(&etcd, "a").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let (map, _) = shardmap::read(&mut client, 1024).await.unwrap();
@@ -252,11 +262,10 @@ async fn a_map_larger_than_one_etcd_transaction_is_written_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_from_a_stale_view_moves_no_live_owners_shard() {
     let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
-    let mut client = Client::connect(&endpoints, None).await.unwrap();
-    let _a = member(&endpoints, "a").await;
-    let _b = member(&endpoints, "b").await;
-    let _c = member(&endpoints, "c").await;
+    let mut client = etcd.client().await.unwrap();
+    let _a = member(&etcd, "a").await;
+    let _b = member(&etcd, "b").await;
+    let _c = member(&etcd, "c").await;
     // Stands in for the leader's election key: the writes below are fenced on it.
     let leader_key = b"/switchyard/elector/test-leader".to_vec();
     client

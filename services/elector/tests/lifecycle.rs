@@ -21,7 +21,7 @@ async fn is_not_ready_while_etcd_is_unreachable() {
         std::path::Path::new(env!("CARGO_BIN_EXE_switchyard-elector")),
         &[],
         // Port 1 on loopback: nothing listens there.
-        &[("SWITCHYARD_ETCD_ENDPOINTS", "http://127.0.0.1:1")],
+        &[("SWITCHYARD_ETCD_ENDPOINTS", "https://127.0.0.1:1")],
     )
     .await
     .expect("starts");

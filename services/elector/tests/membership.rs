@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use switchyard_elector::membership::{members, watch_members};
-use switchyard_runtime::drain_channel;
+use switchyard_runtime::{Role, drain_channel};
 use switchyard_shards::member::{LeaseState, LeaseTiming, Member, join};
-use switchyard_testenv::Etcd;
+use switchyard_testenv::{Etcd, Pki};
 use tokio::{sync::watch, time::Instant};
 
 fn member(id: &str) -> Member {
@@ -43,13 +43,12 @@ fn ids(set: &Option<Vec<Member>>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_register_leave_cleanly_and_expire_when_they_crash() {
     let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
     let (_stop_watch, watch_drain) = drain_channel();
-    let (mut set, _) = watch_members(endpoints.clone(), watch_drain);
+    let (mut set, _) = watch_members(etcd.connection(Role::Elector), watch_drain);
 
     let (leave_a, drain_a) = drain_channel();
     let (mut a, task_a) = join(
-        endpoints.clone(),
+        etcd.connection(Role::Queue),
         member("a"),
         LeaseTiming::default(),
         drain_a,
@@ -57,7 +56,7 @@ async fn members_register_leave_cleanly_and_expire_when_they_crash() {
     .unwrap();
     let (_keep_b, drain_b) = drain_channel();
     let (mut b, task_b) = join(
-        endpoints.clone(),
+        etcd.connection(Role::Queue),
         member("b"),
         LeaseTiming::default(),
         drain_b,
@@ -72,9 +71,7 @@ async fn members_register_leave_cleanly_and_expire_when_they_crash() {
     })
     .await;
     until(&mut set, Duration::from_secs(10), |s| ids(s) == ["a", "b"]).await;
-    let mut client = etcd_client::Client::connect(&endpoints, None)
-        .await
-        .unwrap();
+    let mut client = etcd.client().await.unwrap();
     let (listed, _) = members(&mut client).await.unwrap();
     assert_eq!(listed, [member("a"), member("b")]);
 
@@ -103,10 +100,10 @@ async fn members_register_leave_cleanly_and_expire_when_they_crash() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_stops_serving_before_its_lease_can_expire_and_comes_back_with_etcd() {
     let mut etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
     let timing = LeaseTiming::default();
     let (_keep, drain) = drain_channel();
-    let (mut state, _task) = join(endpoints.clone(), member("c"), timing, drain).unwrap();
+    let (mut state, _task) =
+        join(etcd.connection(Role::Queue), member("c"), timing, drain).unwrap();
     let held = until(&mut state, Duration::from_secs(10), |s| {
         matches!(s, LeaseState::Held { .. })
     })
@@ -132,19 +129,24 @@ async fn a_member_stops_serving_before_its_lease_can_expire_and_comes_back_with_
     })
     .await;
     assert_ne!(back, held, "a new lease after recovery");
-    let mut client = etcd_client::Client::connect(&endpoints, None)
-        .await
-        .unwrap();
+    let mut client = etcd.client().await.unwrap();
     let (listed, _) = members(&mut client).await.unwrap();
     assert_eq!(listed, [member("c")]);
 }
 
 #[tokio::test]
 async fn an_unreachable_etcd_is_retried_not_fatal_and_bad_members_are_refused() {
-    let (_keep, drain) = drain_channel();
     // Port 1 on loopback: nothing listens there.
+    let files = Pki::shared().files(Role::Queue);
+    let unreachable = switchyard_shards::Etcd::with_tls(
+        vec!["https://127.0.0.1:1".into()],
+        &files.cert,
+        &files.key,
+        &files.ca,
+    );
+    let (_keep, drain) = drain_channel();
     let (mut state, task) = join(
-        vec!["http://127.0.0.1:1".into()],
+        unreachable.clone(),
         member("d"),
         LeaseTiming::default(),
         drain,
@@ -164,7 +166,7 @@ async fn an_unreachable_etcd_is_retried_not_fatal_and_bad_members_are_refused() 
 
     let (_keep, drain) = drain_channel();
     let error = join(
-        vec![],
+        unreachable,
         Member {
             id: "a/b".into(),
             address: "x:1".into(),

@@ -2,9 +2,16 @@
 //!
 //! - `core_ops`: the in-process core alone (add, lease, done), the ceiling of the service;
 //! - `bytes_per_key`: heap bytes per queued key, 1,000,000 keys with 40-character names;
-//! - `e2e_throughput`: enqueue -> lease -> done through one replica over loopback gRPC, with
-//!   batched enqueues and credit-based workers;
-//! - `lease_latency_p50` / `lease_latency_p99`: enqueue to lease at a steady 10,000 keys/s.
+//! - `e2e_throughput`: enqueue -> lease -> done through one replica over loopback gRPC in
+//!   plaintext (`--insecure-plaintext`), with batched enqueues and credit-based workers;
+//! - `lease_latency_p50` / `lease_latency_p99`: enqueue to lease at a steady 10,000 keys/s,
+//!   in plaintext;
+//! - `e2e_throughput_mtls`, `lease_latency_p50_mtls`, `lease_latency_p99_mtls`: the same over
+//!   mutual TLS, as every internal connection is by default; `*_mtls_cost` is its cost in
+//!   percent of the plaintext figure.
+//!
+//! Plaintext and mutual TLS alternate, `ROUNDS` runs each in one process; each figure is the
+//! median of its runs, and every run is printed on stderr.
 //!
 //! The queue reads the standard `OTEL_*` variables as the service does: with
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` set it exports traces. `SWITCHYARD_BENCH_TRACE_CONTEXT=1`
@@ -34,6 +41,8 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::{Outcome, Priority, Queue, QueueConfig, WorkKey, shard::shard_of};
+use switchyard_runtime::Role;
+use switchyard_testenv::Pki;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -154,21 +163,63 @@ fn bench_memory() {
     drop(queue);
 }
 
-async fn server() -> (SocketAddr, switchyard_runtime::ShutdownHandle) {
-    let args = switchyard_queue::Args::try_parse_from([
-        "switchyard-queue",
-        "--admin-addr=127.0.0.1:0",
-        "--grpc-addr=127.0.0.1:0",
-        "--log-level=warn",
-        &format!("--shard-count={SHARDS}"),
-        &format!("--controllers={RS}"),
-        "--queue-capacity=2000000",
-    ])
+/// How the benchmark's clients reach the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Link {
+    Plaintext,
+    Mtls,
+}
+
+impl Link {
+    fn suffix(self) -> &'static str {
+        match self {
+            Link::Plaintext => "",
+            Link::Mtls => "_mtls",
+        }
+    }
+}
+
+/// Runs of each link per figure, alternating.
+const ROUNDS: usize = 3;
+
+async fn server(link: Link) -> (SocketAddr, switchyard_runtime::ShutdownHandle) {
+    let security = match link {
+        Link::Plaintext => vec!["--insecure-plaintext".to_owned()],
+        Link::Mtls => Pki::shared().flags(Role::Queue),
+    };
+    let args = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            "--log-level=warn".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--controllers={RS}"),
+            "--queue-capacity=2000000".into(),
+        ]
+        .into_iter()
+        .chain(security),
+    )
     .unwrap();
     let (rt, addr) = args.start().await.unwrap();
     let shutdown = rt.shutdown_handle();
     tokio::spawn(rt.run());
     (addr, shutdown)
+}
+
+/// A client of the queue at `addr`: over mutual TLS as `role` (a watcher enqueues, a
+/// reconciler works), or in plaintext.
+async fn client(
+    link: Link,
+    role: Role,
+    addr: SocketAddr,
+) -> QueueClient<tonic::transport::Channel> {
+    let dialer = match link {
+        Link::Plaintext => switchyard_runtime::Dialer::plaintext(),
+        Link::Mtls => Pki::shared().dialer(role),
+    };
+    let endpoint = dialer.endpoint(&addr.to_string(), Role::Queue).unwrap();
+    QueueClient::new(dialer.connect(&endpoint, Role::Queue).await.unwrap())
 }
 
 /// Batches of keys that all hash to one shard, as a watcher routes them.
@@ -221,15 +272,14 @@ fn batches(range: std::ops::Range<usize>, batch: usize) -> Vec<EnqueueRequest> {
 /// A worker that answers Done to every item and grants credits back in chunks; calls
 /// `on_item` with each item's key name. Returns when `total` items were answered.
 async fn worker(
+    link: Link,
     addr: SocketAddr,
     credits: u32,
     mut on_item: impl FnMut(&str) + Send + 'static,
     stop: Arc<AtomicUsize>,
     total: usize,
 ) {
-    let mut client = QueueClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let mut client = client(link, Role::Reconciler, addr).await;
     let (tx, rx) = mpsc::channel(4096);
     tx.send(WorkRequest {
         request: Some(Msg::Hello(WorkerHello::default())),
@@ -280,20 +330,26 @@ async fn worker(
     }
 }
 
-async fn bench_e2e() {
+/// Keys per second through one replica.
+async fn e2e_run(link: Link) -> f64 {
     const N: usize = 400_000;
     const WORKERS: usize = 2;
-    let (addr, shutdown) = server().await;
+    let (addr, shutdown) = server(link).await;
     let requests = batches(0..N, 1000);
     let done = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..WORKERS {
-        tasks.push(tokio::spawn(worker(addr, 2000, |_| {}, done.clone(), N)));
+        tasks.push(tokio::spawn(worker(
+            link,
+            addr,
+            2000,
+            |_| {},
+            done.clone(),
+            N,
+        )));
     }
-    let mut producer = QueueClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let mut producer = client(link, Role::Watcher, addr).await;
     let (tx, rx) = mpsc::channel(8);
     let acks = tokio::spawn(async move {
         let mut acks = producer
@@ -312,16 +368,72 @@ async fn bench_e2e() {
         task.await.unwrap();
     }
     let rate = N as f64 / start.elapsed().as_secs_f64();
-    println!("bench queue.e2e_throughput {rate:.0} keys/s");
     shutdown.trigger();
+    rate
+}
+
+fn median(mut runs: Vec<f64>) -> f64 {
+    runs.sort_by(f64::total_cmp);
+    runs[runs.len() / 2]
+}
+
+/// Runs `run` for each link, alternating, and prints the median of each and the cost of
+/// mutual TLS; `higher_is_better` says which way the cost points.
+async fn side_by_side<F, Fut>(figures: &[(&str, &str, bool)], run: F)
+where
+    F: Fn(Link) -> Fut,
+    Fut: std::future::Future<Output = Vec<f64>>,
+{
+    let mut runs: HashMap<(Link, usize), Vec<f64>> = HashMap::new();
+    for round in 0..ROUNDS {
+        for link in [Link::Plaintext, Link::Mtls] {
+            let values = run(link).await;
+            eprintln!("round {round} {link:?}: {values:?}");
+            for (i, value) in values.into_iter().enumerate() {
+                runs.entry((link, i)).or_default().push(value);
+            }
+        }
+    }
+    for (i, (name, unit, higher_is_better)) in figures.iter().enumerate() {
+        let plain = median(runs[&(Link::Plaintext, i)].clone());
+        let mtls = median(runs[&(Link::Mtls, i)].clone());
+        for (link, value) in [(Link::Plaintext, plain), (Link::Mtls, mtls)] {
+            println!("bench queue.{name}{} {value:.3} {unit}", link.suffix());
+        }
+        let cost = if *higher_is_better {
+            (plain - mtls) / plain
+        } else {
+            (mtls - plain) / plain
+        };
+        println!("bench queue.{name}_mtls_cost {:.1} %", cost * 100.0);
+    }
+}
+
+async fn bench_e2e() {
+    side_by_side(&[("e2e_throughput", "keys/s", true)], |link| async move {
+        vec![e2e_run(link).await]
+    })
+    .await;
 }
 
 async fn bench_latency() {
+    side_by_side(
+        &[
+            ("lease_latency_p50", "ms", false),
+            ("lease_latency_p99", "ms", false),
+        ],
+        latency_run,
+    )
+    .await;
+}
+
+/// Enqueue-to-lease latency at a steady rate: p50 and p99 in ms.
+async fn latency_run(link: Link) -> Vec<f64> {
     const RATE: usize = 10_000;
     const SECONDS: usize = 5;
     const TICK: Duration = Duration::from_millis(1);
     let total = RATE * SECONDS;
-    let (addr, shutdown) = server().await;
+    let (addr, shutdown) = server(link).await;
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let done = Arc::new(AtomicUsize::new(0));
@@ -334,13 +446,11 @@ async fn bench_latency() {
             }
         }
     };
-    let worker = tokio::spawn(worker(addr, 1000, on_item, done.clone(), total));
+    let worker = tokio::spawn(worker(link, addr, 1000, on_item, done.clone(), total));
     // 10 keys each millisecond, each tick's keys from one shard (one batch).
     let per_tick = RATE / 1000;
     let requests = batches(10_000_000..10_000_000 + total, per_tick);
-    let mut client = QueueClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let mut client = client(link, Role::Watcher, addr).await;
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     for request in requests {
@@ -358,15 +468,8 @@ async fn bench_latency() {
     let mut latencies = std::mem::take(&mut *latencies.lock().unwrap());
     latencies.sort_unstable();
     let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
-    println!(
-        "bench queue.lease_latency_p50 {:.3} ms",
-        at(0.50).as_secs_f64() * 1e3
-    );
-    println!(
-        "bench queue.lease_latency_p99 {:.3} ms",
-        at(0.99).as_secs_f64() * 1e3
-    );
     shutdown.trigger();
+    vec![at(0.50).as_secs_f64() * 1e3, at(0.99).as_secs_f64() * 1e3]
 }
 
 fn main() {

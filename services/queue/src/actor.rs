@@ -28,6 +28,12 @@ use crate::metrics::QueueMetrics;
 
 /// Commands handled per wake-up before leases are dispatched, so bursts are batched.
 const COMMAND_BATCH: usize = 1024;
+/// Commands waiting for the actor; senders wait for room (backpressure to the gRPC handlers
+/// and, through HTTP/2 flow control, to their callers).
+const COMMAND_QUEUE: usize = 4096;
+/// Enqueue batches waiting for room in a full queue; beyond it a batch is refused at once
+/// (RESOURCE_EXHAUSTED, nothing of it added) rather than held.
+pub const MAX_BLOCKED_BATCHES: usize = 1024;
 /// How often depth and in-flight gauges are refreshed.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -70,6 +76,9 @@ pub enum ToWorker {
 pub enum EnqueueError {
     #[error("shard {shard} is not served by this replica")]
     NotOwner { shard: u32 },
+    /// The queue is full and as many batches as it holds already wait for room.
+    #[error("the queue is full and {waiting} batches already wait for room; retry later")]
+    Busy { waiting: usize },
 }
 
 type EnqueueReply = oneshot::Sender<Result<Added, EnqueueError>>;
@@ -142,7 +151,7 @@ pub enum Command {
 /// The sending side, cloned into every handler.
 #[derive(Clone, Debug)]
 pub struct Handle {
-    tx: mpsc::UnboundedSender<Command>,
+    tx: mpsc::Sender<Command>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -150,8 +159,9 @@ pub struct Handle {
 pub struct Closed;
 
 impl Handle {
-    pub fn send(&self, command: Command) -> Result<(), Closed> {
-        self.tx.send(command).map_err(|_| Closed)
+    /// Sends `command`, waiting while the actor's queue of commands is full.
+    pub async fn send(&self, command: Command) -> Result<(), Closed> {
+        self.tx.send(command).await.map_err(|_| Closed)
     }
 
     pub async fn enqueue(
@@ -160,7 +170,7 @@ impl Handle {
         adds: Vec<Add>,
     ) -> Result<Result<Added, EnqueueError>, Closed> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Enqueue { shard, adds, reply })?;
+        self.send(Command::Enqueue { shard, adds, reply }).await?;
         rx.await.map_err(|_| Closed)
     }
 
@@ -174,19 +184,20 @@ impl Handle {
             controllers,
             tx,
             reply,
-        })?;
+        })
+        .await?;
         rx.await.map_err(|_| Closed)
     }
 
     pub async fn in_flight(&self, shard: u32) -> Result<usize, Closed> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::InFlight { shard, reply })?;
+        self.send(Command::InFlight { shard, reply }).await?;
         rx.await.map_err(|_| Closed)
     }
 
     pub async fn stats(&self, controller: Option<ControllerId>) -> Result<Vec<ShardStats>, Closed> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Stats { controller, reply })?;
+        self.send(Command::Stats { controller, reply }).await?;
         rx.await.map_err(|_| Closed)
     }
 }
@@ -206,7 +217,7 @@ struct Blocked {
 
 pub struct Actor {
     queue: Queue,
-    rx: mpsc::UnboundedReceiver<Command>,
+    rx: mpsc::Receiver<Command>,
     workers: HashMap<WorkerId, Worker>,
     /// Workers with credit, in turn.
     hungry: VecDeque<WorkerId>,
@@ -233,7 +244,7 @@ fn now() -> Instant {
 
 impl Actor {
     pub fn new(queue: Queue, metrics: QueueMetrics, drain_grace: Duration) -> (Self, Handle) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
         let actor = Self {
             queue,
             rx,
@@ -310,6 +321,11 @@ impl Actor {
                     if let Some(waiting) = self.apply(blocked, now) {
                         self.blocked.push_back(waiting);
                     }
+                } else if self.blocked.len() >= MAX_BLOCKED_BATCHES {
+                    self.metrics.busy();
+                    let _ = blocked.reply.send(Err(EnqueueError::Busy {
+                        waiting: self.blocked.len(),
+                    }));
                 } else {
                     // Earlier senders are waiting for room: keep arrival order.
                     self.blocked.push_back(blocked);
@@ -560,6 +576,7 @@ mod tests {
         let (_shutdown, drain) = drain_channel();
         handle
             .send(Command::Acquire { shard: 3, epoch: 7 })
+            .await
             .expect("actor running");
         drop(handle);
         actor.on_drained(leave).run(drain).await;

@@ -21,7 +21,7 @@ use switchyard_proto::{
 };
 use switchyard_queue_core::{
     Cause, ControllerId, KeyError, KeySpace, Lease, LeaseId, MAX_CREDIT, Outcome, Priority,
-    Refused, ShardStats, ValidKey,
+    ShardStats, ValidKey,
 };
 use switchyard_runtime::trace::{self, TraceFields};
 use switchyard_shards::member::Member;
@@ -136,7 +136,10 @@ impl QueueService {
             .handle
             .enqueue(shard, adds)
             .await?
-            .map_err(|EnqueueError::NotOwner { shard }| self.not_owner(shard))?;
+            .map_err(|error| match error {
+                EnqueueError::NotOwner { shard } => self.not_owner(shard),
+                EnqueueError::Busy { .. } => EdgeError::Busy(error.to_string()),
+            })?;
         Ok(pb::EnqueueResponse {
             batch_id,
             added: added.added,
@@ -268,11 +271,11 @@ impl queue_server::Queue for QueueService {
                     }
                 }
                 let invalid = matches!(command, Command::Invalid { .. });
-                if handle.send(command).is_err() || invalid {
+                if handle.send(command).await.is_err() || invalid {
                     return;
                 }
             };
-            let _ = handle.send(Command::Disconnect { worker, clean });
+            let _ = handle.send(Command::Disconnect { worker, clean }).await;
         });
 
         let names = self.keys.names().clone();
@@ -339,9 +342,9 @@ fn to_response(names: &[Arc<str>], message: ToWorker) -> Result<pb::WorkResponse
                     reason: String::new(),
                 })),
             }),
-            // Another stream's lease: refused on this stream alone, which goes on, as the
-            // holder's lease and stream do.
-            Err(refused @ Refused::ForeignLease) => Ok(pb::WorkResponse {
+            // Refused (the lease expired, its shard moved, or another stream holds it): that
+            // lease alone ends; the stream and its other leases go on.
+            Err(refused) => Ok(pb::WorkResponse {
                 response: Some(WorkReply::LeaseExtended(pb::LeaseExtended {
                     lease_id: lease.to_string(),
                     lease_deadline: None,
@@ -349,7 +352,6 @@ fn to_response(names: &[Arc<str>], message: ToWorker) -> Result<pb::WorkResponse
                     reason: refused.to_string(),
                 })),
             }),
-            Err(refused) => Err(EdgeError::NotExtended { lease, refused }),
         },
         ToWorker::Invalid(reason) => Err(EdgeError::Invalid(reason)),
     }
@@ -600,13 +602,11 @@ pub enum EdgeError {
         owner_address: String,
         epoch: u64,
     },
-    /// A lease could not be extended, its epoch stale or the lease unknown (its outcome would
-    /// be refused too): the stream ends. An extension of another stream's lease is answered
-    /// on the stream instead (`LeaseExtended.applied` false), and the stream goes on.
-    #[error("extend lease {lease}: {refused}")]
-    NotExtended { lease: LeaseId, refused: Refused },
     #[error("the queue is shutting down")]
     ShuttingDown,
+    /// Too many batches wait for room: nothing of this one was added.
+    #[error("{0}")]
+    Busy(String),
 }
 
 fn redirect(owner_address: &str) -> String {
@@ -646,8 +646,8 @@ impl From<EdgeError> for Status {
                     detail.encode_to_vec().into(),
                 )
             }
-            EdgeError::NotExtended { .. } => Status::failed_precondition(message),
             EdgeError::ShuttingDown => Status::unavailable(message),
+            EdgeError::Busy(_) => Status::resource_exhausted(message),
         }
     }
 }
@@ -692,13 +692,6 @@ mod tests {
         );
         for (error, code) in [
             (EdgeError::Invalid("x: bad".into()), Code::InvalidArgument),
-            (
-                EdgeError::NotExtended {
-                    lease: LeaseId::from_u128(7),
-                    refused: Refused::UnknownLease,
-                },
-                Code::FailedPrecondition,
-            ),
             (EdgeError::ShuttingDown, Code::Unavailable),
         ] {
             assert_eq!(Status::from(error).code(), code);

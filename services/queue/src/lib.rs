@@ -9,6 +9,7 @@ pub mod actor;
 pub mod grpc;
 pub mod metrics;
 pub mod ownership;
+mod rate;
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -77,12 +78,17 @@ pub struct QueueArgs {
     /// Longest retry delay of a failed key
     #[arg(long, env = "SWITCHYARD_RETRY_MAX_DELAY", default_value = "1000s")]
     pub retry_max_delay: humantime::Duration,
-    /// Overall retries per second across all keys (0 turns the bucket off)
+    /// Retries per second of each controller's keys, cluster-wide: each replica applies the
+    /// share of its shards (0 turns the buckets off)
     #[arg(long, env = "SWITCHYARD_RETRY_QPS", default_value_t = 10.0)]
     pub retry_qps: f64,
-    /// Retries allowed at once before the overall bucket paces them
+    /// Retries of each controller allowed at once before its bucket paces them, cluster-wide
     #[arg(long, env = "SWITCHYARD_RETRY_BURST", default_value_t = 100)]
     pub retry_burst: u32,
+    /// One controller's retry rate and burst instead of --retry-qps/--retry-burst, as
+    /// CONTROLLER=QPS:BURST (repeatable, or comma-separated)
+    #[arg(long, env = "SWITCHYARD_CONTROLLER_RATE_LIMITS", value_delimiter = ',')]
+    pub controller_rate_limit: Vec<rate::ControllerRateLimit>,
     /// On shutdown, how long in-flight leases may finish before the shards are handed back
     #[arg(long, env = "SWITCHYARD_DRAIN_GRACE", default_value = "10s")]
     pub drain_grace: humantime::Duration,
@@ -125,6 +131,16 @@ impl QueueArgs {
         }
         if self.capacity == 0 {
             return Err(Error::Config("--queue-capacity: must be at least 1".into()));
+        }
+        if let Some(unknown) = self
+            .controller_rate_limit
+            .iter()
+            .find(|l| !self.controllers.contains(&l.controller))
+        {
+            return Err(Error::Config(format!(
+                "--controller-rate-limit: {} is not one of --controllers",
+                unknown.controller
+            )));
         }
         if !(self.retry_qps >= 0.0 && self.retry_qps.is_finite()) {
             return Err(Error::Config(
@@ -170,7 +186,10 @@ impl Args {
         };
         let rt = Runtime::start(SERVICE, runtime).await?;
         let names: Vec<&str> = queue.controllers.iter().map(String::as_str).collect();
-        let core = serving_queue(config, &names, queue.static_shards && !membership);
+        let mut core = serving_queue(config, &names, queue.static_shards && !membership);
+        for limit in &queue.controller_rate_limit {
+            core.set_rate_limit(&limit.controller, limit.limit);
+        }
         let keys = core.key_space().clone();
         let controllers: Vec<Arc<str>> = keys.names().to_vec();
         let metrics = metrics::QueueMetrics::register(rt.metrics(), &controllers);
@@ -182,7 +201,8 @@ impl Args {
             // twice during a graceful handover.
             actor = actor.on_drained(leave);
         }
-        rt.spawn("queue-actor", |drain| actor.run(drain));
+        // The actor holds the queue: nothing can take its place without losing the keys.
+        rt.spawn_essential("queue-actor", |drain| actor.run(drain));
         let mut service = grpc::QueueService::new(handle.clone(), keys);
         // `config` checked that a member has an elector to follow.
         let (directory, peers) = match &queue.elector_addr {
@@ -204,7 +224,7 @@ impl Args {
             external_metrics::Server::bind(&external_metrics, handle.clone(), &controllers, peers)
                 .await?
         {
-            rt.spawn("external-metrics", |drain| server.run(drain));
+            rt.spawn_essential("external-metrics", |drain| server.run(drain));
         }
         let server = GrpcServer::new()
             .add_service(service.into_server())
@@ -266,7 +286,7 @@ fn join(
         .map_err(|e| Error::Config(format!("--member-id: {e}")))?;
     // Tracked, so shutdown waits for the member to leave (its lease revoked); only then
     // does the gRPC port close.
-    rt.spawn("membership", |_| async move {
+    rt.spawn_essential("membership", |_| async move {
         let _ = task.await;
         close_port.trigger();
     });
@@ -285,7 +305,7 @@ fn join(
         drain_grace: queue.drain_grace.into(),
         metrics: ownership::OwnershipMetrics::register(rt.metrics()),
     };
-    rt.spawn("ownership", move |drain| {
+    rt.spawn_essential("ownership", move |drain| {
         ownership.run(handle, lease, directory.map, drain)
     });
     Ok(())
@@ -311,7 +331,7 @@ fn directory(
     let (map_tx, map) = watch::channel(None);
     let (members_tx, members) = watch::channel(None);
     let (peers_tx, peers) = watch::channel(None);
-    rt.spawn("shard-map", move |drain| async move {
+    rt.spawn_essential("shard-map", move |drain| async move {
         let mut snapshots = snapshots;
         tokio::select! {
             () = follow => {}
@@ -395,8 +415,12 @@ mod tests {
 
     use super::*;
 
+    /// The TLS flags every service requires; these tests only parse them (no file is read).
+    const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
+
     fn config_error(flags: &[&str]) -> String {
-        let args = Args::try_parse_from(["switchyard-queue"].iter().chain(flags)).unwrap();
+        let args =
+            Args::try_parse_from(["switchyard-queue"].iter().chain(&TLS).chain(flags)).unwrap();
         match args.queue.config() {
             Err(Error::Config(message)) => message,
             other => panic!("{flags:?}: expected a configuration error, got {other:?}"),
@@ -418,11 +442,10 @@ mod tests {
             let message = config_error(flags);
             assert!(message.starts_with(named), "{flags:?}: {message}");
         }
-        let member = Args::try_parse_from([
-            "switchyard-queue",
-            "--etcd-endpoints=http://127.0.0.1:2379",
+        let member = Args::try_parse_from(["switchyard-queue"].iter().chain(&TLS).chain(&[
+            "--etcd-endpoints=https://127.0.0.1:2379",
             "--elector-addr=127.0.0.1:8443",
-        ])
+        ]))
         .unwrap();
         assert!(member.queue.config().is_ok());
     }

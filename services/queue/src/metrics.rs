@@ -57,6 +57,7 @@ pub struct QueueMetrics {
     unfinished: Family<QueueLabels, FloatGauge>,
     longest_running: Family<QueueLabels, FloatGauge>,
     refused: Family<RefusedLabels, Counter>,
+    busy: Counter,
     handles: HashMap<(ControllerId, u32), Handles>,
 }
 
@@ -80,8 +81,15 @@ impl QueueMetrics {
             unfinished: Family::default(),
             longest_running: Family::default(),
             refused: Family::default(),
+            busy: Counter::default(),
             handles: HashMap::new(),
         };
+        metrics.register(
+            "switchyard_queue_busy_enqueues",
+            "Enqueue batches refused at once because the queue was full and the most batches \
+             it holds already waited for room (RESOURCE_EXHAUSTED; nothing of them was added)",
+            this.busy.clone(),
+        );
         metrics.register(
             "workqueue_depth",
             "Current depth of the work queue",
@@ -183,6 +191,10 @@ impl QueueMetrics {
         if outcome == Outcome::Failed {
             handles.retries.inc();
         }
+    }
+
+    pub fn busy(&self) {
+        self.busy.inc();
     }
 
     pub fn expired(&mut self, controller: ControllerId, shard: u32) {

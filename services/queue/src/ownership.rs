@@ -317,7 +317,7 @@ impl Ownership {
             for effect in step.effects {
                 match effect {
                     Effect::Acquire(epoch) => {
-                        let _ = handle.send(Command::Acquire { shard, epoch });
+                        let _ = handle.send(Command::Acquire { shard, epoch }).await;
                         self.metrics.acquired.inc();
                         self.metrics
                             .epoch
@@ -326,14 +326,14 @@ impl Ownership {
                         info!(shard, epoch, "serving shard");
                     }
                     Effect::Drain(epoch) => {
-                        let _ = handle.send(Command::Drain { shard });
+                        let _ = handle.send(Command::Drain { shard }).await;
                         info!(shard, epoch, "draining shard for handover");
                     }
                     Effect::Stop {
                         reason,
                         drained_for,
                     } => {
-                        let _ = handle.send(Command::Release { shard });
+                        let _ = handle.send(Command::Release { shard }).await;
                         if let Some(drained) = drained_for {
                             self.metrics.drain.observe(drained.as_secs_f64());
                         }

@@ -32,10 +32,11 @@ use switchyard_testenv::ServiceProcess;
 use tonic::Code;
 
 use support::{
-    RS, assert_no_two_owners, cluster, cluster_on, metric, metrics, served, until_all_served,
+    RS, assert_no_two_owners, cluster, cluster_on, metric, metrics, queue_client, served,
+    until_all_served,
 };
 use switchyard_elector::membership::watch_members;
-use switchyard_runtime::drain_channel;
+use switchyard_runtime::{Role, drain_channel};
 use switchyard_testenv::Etcd;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -72,17 +73,15 @@ fn request(name: &str) -> EnqueueRequest {
     }
 }
 
-async fn client(replica: &ServiceProcess) -> QueueClient<tonic::transport::Channel> {
-    QueueClient::connect(format!("http://{}", replica.grpc_addr()))
-        .await
-        .unwrap()
+async fn client(role: Role, replica: &ServiceProcess) -> QueueClient<tonic::transport::Channel> {
+    queue_client(role, replica.grpc_addr()).await.unwrap()
 }
 
 /// Epoch of every shard the replicas serve.
 async fn epochs(replicas: &[&ServiceProcess]) -> HashMap<u32, u64> {
     let mut epochs = HashMap::new();
     for replica in replicas {
-        let stats = client(replica)
+        let stats = client(Role::Observer, replica)
             .await
             .stats(StatsRequest::default())
             .await
@@ -97,7 +96,7 @@ async fn epochs(replicas: &[&ServiceProcess]) -> HashMap<u32, u64> {
 
 /// Enqueues `name` at `replica`, which must refuse it as not the owner.
 async fn assert_refused(replica: &ServiceProcess, name: &str) {
-    let status = client(replica)
+    let status = client(Role::Watcher, replica)
         .await
         .enqueue(request(name))
         .await
@@ -121,7 +120,7 @@ async fn lease_and_complete(replica: &ServiceProcess) -> (String, u64) {
     tx.send(send(work_request::Request::Credit(Credit { items: 1 })))
         .await
         .unwrap();
-    let mut responses = client(replica)
+    let mut responses = client(Role::Reconciler, replica)
         .await
         .work(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
@@ -190,7 +189,7 @@ async fn replicas_stop_serving_while_etcd_is_down_and_serve_again_at_new_epochs(
     let replicas: Vec<&ServiceProcess> = cluster.replicas.iter().flatten().collect();
     let owner = replicas[owners[&shard_of(RS, "default", "before", SHARDS)]];
     assert_eq!(
-        client(owner)
+        client(Role::Watcher, owner)
             .await
             .enqueue(request("before"))
             .await
@@ -310,7 +309,7 @@ async fn replicas_stop_serving_while_etcd_is_down_and_serve_again_at_new_epochs(
     // (the watcher resends it on the new epoch); a new key flows end to end.
     let owner = replicas[owners[&shard_of(RS, "default", "after", SHARDS)]];
     assert_eq!(
-        client(owner)
+        client(Role::Watcher, owner)
             .await
             .enqueue(request("after"))
             .await
@@ -371,22 +370,23 @@ async fn proxy(upstream: String, silent: watch::Receiver<bool>) -> String {
             });
         }
     });
-    format!("http://{addr}")
+    format!("https://{addr}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_etcd_stops_every_replica_before_etcd_expires_its_lease() {
     let etcd = Etcd::start().await.unwrap();
-    let endpoints = vec![etcd.endpoint().to_owned()];
     let (silence, silent) = watch::channel(false);
-    let upstream = etcd.endpoint().trim_start_matches("http://").to_owned();
+    // The proxy passes TLS through: the replicas still check etcd's certificate.
+    let upstream = etcd.endpoint().trim_start_matches("https://").to_owned();
+    let straight = etcd.connection(Role::Elector);
     let via_proxy = proxy(upstream, silent).await;
     let mut cluster = cluster_on(etcd, via_proxy, SHARDS).await;
     let (_, before) = settled(&cluster).await;
     let replicas: Vec<&ServiceProcess> = cluster.replicas.iter().flatten().collect();
     // The members as etcd itself sees them, not through the proxy.
     let (_stop_watch, drain) = drain_channel();
-    let (mut members, _) = watch_members(endpoints, drain);
+    let (mut members, _) = watch_members(straight, drain);
     members
         .wait_for(|m| m.as_ref().is_some_and(|m| m.len() == 3))
         .await

@@ -18,7 +18,8 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::shard::shard_of;
-use switchyard_testenv::{Etcd, ServiceProcess};
+use switchyard_runtime::Role;
+use switchyard_testenv::{Etcd, Pki, ServiceProcess};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -118,6 +119,19 @@ async fn enqueue(client: &mut QueueClient<tonic::transport::Channel>, controller
     }
 }
 
+/// A client of the queue at `address`, as `role`, over mutual TLS.
+async fn queue_client(
+    role: Role,
+    address: impl std::fmt::Display,
+) -> QueueClient<tonic::transport::Channel> {
+    QueueClient::new(
+        Pki::shared()
+            .channel(role, Role::Queue, address)
+            .await
+            .unwrap(),
+    )
+}
+
 fn https_api(port: u16) -> Api {
     Api {
         base: format!("https://127.0.0.1:{port}"),
@@ -133,14 +147,18 @@ fn https_api(port: u16) -> Api {
 #[tokio::test]
 async fn serves_discovery_and_backlog_per_controller_and_refuses_bad_selectors() {
     let port = free_port();
-    let (rt, grpc) = switchyard_queue::Args::try_parse_from([
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        format!("--shard-count={SHARDS}"),
-        format!("--controllers={RS},{DEPLOY}"),
-        format!("--external-metrics-addr=127.0.0.1:{port}"),
-    ])
+    let (rt, grpc) = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--controllers={RS},{DEPLOY}"),
+            format!("--external-metrics-addr=127.0.0.1:{port}"),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue)),
+    )
     .unwrap()
     .start()
     .await
@@ -173,9 +191,8 @@ async fn serves_discovery_and_backlog_per_controller_and_refuses_bad_selectors()
         [(deploy.clone(), "0".into()), (rs.clone(), "0".into())]
     );
 
-    let mut client = QueueClient::connect(format!("http://{grpc}"))
-        .await
-        .unwrap();
+    // A reconciler: it enqueues (as controllers that enqueue do) and leases.
+    let mut client = queue_client(Role::Reconciler, grpc).await;
     enqueue(&mut client, RS, 30).await;
     enqueue(&mut client, DEPLOY, 7).await;
     assert_eq!(
@@ -291,14 +308,18 @@ async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
     let etcd = Etcd::start().await.unwrap();
     let elector = format!("127.0.0.1:{}", free_port());
     let elector_task = tokio::spawn(
-        switchyard_elector::Args::try_parse_from([
-            "switchyard-elector".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            format!("--grpc-addr={elector}"),
-            format!("--etcd-endpoints={}", etcd.endpoint()),
-            format!("--shard-count={SHARDS}"),
-            "--elector-id=e0".into(),
-        ])
+        switchyard_elector::Args::try_parse_from(
+            [
+                "switchyard-elector".to_owned(),
+                "--admin-addr=127.0.0.1:0".into(),
+                format!("--grpc-addr={elector}"),
+                format!("--etcd-endpoints={}", etcd.endpoint()),
+                format!("--shard-count={SHARDS}"),
+                "--elector-id=e0".into(),
+            ]
+            .into_iter()
+            .chain(Pki::shared().flags(Role::Elector)),
+        )
         .unwrap()
         .run(),
     );
@@ -323,11 +344,8 @@ async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
         .await
         .unwrap();
         replica.wait_ready().await.unwrap();
-        clients.push(
-            QueueClient::connect(format!("http://{}", replica.grpc_addr()))
-                .await
-                .unwrap(),
-        );
+        // A watcher: it enqueues, and reads each replica's Stats.
+        clients.push(queue_client(Role::Watcher, replica.grpc_addr()).await);
         replicas.push((replica, port));
     }
     let served = assignment(&mut clients).await;
@@ -411,14 +429,18 @@ async fn with_a_client_ca_only_clients_it_issued_may_call() {
     let ca_path = dir.path().join("front-proxy-ca.crt");
     std::fs::write(&ca_path, ca).unwrap();
     let port = free_port();
-    let (rt, _) = switchyard_queue::Args::try_parse_from([
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        format!("--shard-count={SHARDS}"),
-        format!("--external-metrics-addr=127.0.0.1:{port}"),
-        format!("--external-metrics-client-ca={}", ca_path.display()),
-    ])
+    let (rt, _) = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--external-metrics-addr=127.0.0.1:{port}"),
+            format!("--external-metrics-client-ca={}", ca_path.display()),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue)),
+    )
     .unwrap()
     .start()
     .await

@@ -20,7 +20,8 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::shard::shard_of;
-use switchyard_runtime::ShutdownHandle;
+use switchyard_runtime::{Role, ShutdownHandle};
+use switchyard_testenv::Pki;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Streaming, transport::Channel};
@@ -47,6 +48,7 @@ impl Server {
             "--drain-grace=1s".into(),
         ];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args.extend(Pki::shared().flags(Role::Queue));
         let (rt, addr) = switchyard_queue::Args::try_parse_from(args)
             .unwrap()
             .start()
@@ -74,10 +76,14 @@ impl Server {
         (server, client)
     }
 
+    /// A client as a reconciler: it enqueues (as controllers that enqueue do) and works.
     async fn client(&self) -> QueueClient<Channel> {
-        QueueClient::connect(format!("http://{}", self.addr))
-            .await
-            .unwrap()
+        QueueClient::new(
+            Pki::shared()
+                .channel(Role::Reconciler, Role::Queue, self.addr)
+                .await
+                .unwrap(),
+        )
     }
 
     async fn stop(self) {
@@ -432,6 +438,37 @@ async fn a_lease_is_answered_and_extended_only_on_the_stream_that_received_it() 
     server.stop().await;
 }
 
+/// A refused extension (the lease unknown or expired) ends that lease alone: the stream and
+/// its other leases go on.
+#[tokio::test]
+async fn a_refused_extension_ends_that_lease_only() {
+    let (server, mut client) = Server::seeded(&[], ["kept".to_owned()]).await;
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    worker.credit(1).await;
+    let item = worker.item().await;
+    let gone = LeasedItem {
+        lease_id: "0123456789abcdef0123456789abcdef".into(),
+        ..item.clone()
+    };
+    let refused = worker.extend(&gone, Duration::from_secs(60)).await;
+    assert!(!refused.applied);
+    assert!(
+        refused.reason.starts_with("unknown lease"),
+        "{}",
+        refused.reason
+    );
+    assert_eq!(refused.lease_deadline, None);
+    // The same stream still extends and answers its live lease.
+    let extended = worker.extend(&item, Duration::from_secs(60)).await;
+    assert!(extended.applied, "{}", extended.reason);
+    let (applied, reason) = worker
+        .finish(&item, outcome::Result::Done(Done {}), item.epoch)
+        .await;
+    assert!(applied, "{reason}");
+    assert_eq!(stats_sum(&mut client, |s| s.depth + s.in_flight).await, 0);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn lease_ids_are_128_random_bits_in_hex() {
     let names: Vec<String> = (0..16).map(|i| format!("id-{i}")).collect();
@@ -686,13 +723,13 @@ async fn a_worker_that_sends_outcomes_without_reading_replies_is_held_back_and_l
     let server = Server::start(&[]).await;
     // A small receive window, so that what the transport buffers stays small beside the
     // server's budget.
-    let channel = Channel::from_shared(format!("http://{}", server.addr))
+    let dialer = Pki::shared().dialer(Role::Reconciler);
+    let endpoint = dialer
+        .endpoint(&server.addr.to_string(), Role::Queue)
         .unwrap()
         .initial_stream_window_size(64 * 1024)
-        .initial_connection_window_size(64 * 1024)
-        .connect()
-        .await
-        .unwrap();
+        .initial_connection_window_size(64 * 1024);
+    let channel = dialer.connect(&endpoint, Role::Queue).await.unwrap();
     let mut client = QueueClient::new(channel);
     let mut worker = Worker::connect(&mut client, &[]).await;
     // Outcomes for leases that do not exist: each is refused and acknowledged.

@@ -30,18 +30,21 @@ use std::{
 use prost::Message;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
-    elector::v1::{ShardMap, ShardState, WatchShardMapRequest, elector_client::ElectorClient},
+    elector::v1::{ShardMap, ShardState, WatchShardMapRequest},
     queue::v1::{
         Credit, Done, EnqueueItem, EnqueueRequest, Outcome, WorkRequest, WorkerHello, outcome,
         queue_client::QueueClient, work_request, work_response,
     },
 };
 use switchyard_queue_core::shard::shard_of;
+use switchyard_runtime::Role;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, transport::Channel};
 
-use support::{RS, assert_no_two_owners, cluster, metric, metrics, until_served};
+use support::{
+    RS, assert_no_two_owners, cluster, elector_client, metric, metrics, queue_client, until_served,
+};
 
 const SHARDS: u32 = 16;
 /// New keys per producer tick, and the tick: at most 500 keys/s (the producer's own sends
@@ -102,7 +105,7 @@ fn send(request: work_request::Request) -> WorkRequest {
 
 /// One worker session at `address`, until the replica ends the stream.
 async fn worker(address: String, id: String, book: Shared) {
-    let Ok(mut client) = QueueClient::connect(format!("http://{address}")).await else {
+    let Ok(mut client) = queue_client(Role::Reconciler, &address).await else {
         return;
     };
     let (tx, rx) = mpsc::channel(2 * CREDITS as usize + 2);
@@ -293,7 +296,7 @@ async fn producer(
             let batch: Vec<String> = keys.iter().take(BATCH).cloned().collect();
             let client = match clients.get(&address) {
                 Some(client) => client.clone(),
-                None => match QueueClient::connect(format!("http://{address}")).await {
+                None => match queue_client(Role::Watcher, &address).await {
                     Ok(client) => {
                         clients.insert(address.clone(), client.clone());
                         client
@@ -355,9 +358,7 @@ async fn a_rolling_restart_under_load_loses_no_key_and_leases_none_twice_at_once
     let settled = |owners: &HashMap<u32, usize>| (0..3).all(|i| owners.values().any(|o| *o == i));
     until_served(&cluster, Duration::from_secs(15), settled).await;
 
-    let mut elector = ElectorClient::connect(format!("http://{}", cluster.elector_addr))
-        .await
-        .unwrap();
+    let mut elector = elector_client(cluster.elector_addr).await;
     let mut stream = elector
         .watch_shard_map(WatchShardMapRequest {})
         .await

@@ -15,11 +15,12 @@ use std::{
 use prost::Message;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
-    queue::v1::{EnqueueItem, EnqueueRequest, queue_client::QueueClient},
+    queue::v1::{EnqueueItem, EnqueueRequest},
 };
 use switchyard_queue_core::shard::shard_of;
+use switchyard_runtime::Role;
 
-use support::{RS, assert_no_two_owners, cluster, until_all_served, until_served};
+use support::{RS, assert_no_two_owners, cluster, queue_client, until_all_served, until_served};
 use tonic::Code;
 
 const SHARDS: u32 = 16;
@@ -53,7 +54,7 @@ async fn replicas_split_the_shards_and_redirect_to_the_owner() {
             ..Default::default()
         }],
     };
-    let mut wrong = QueueClient::connect(format!("http://{}", other.grpc_addr()))
+    let mut wrong = queue_client(Role::Watcher, other.grpc_addr())
         .await
         .unwrap();
     let status = wrong.enqueue(request.clone()).await.unwrap_err();
@@ -65,7 +66,7 @@ async fn replicas_split_the_shards_and_redirect_to_the_owner() {
         "{status:?}"
     );
     assert!(detail.epoch > 0);
-    let mut right = QueueClient::connect(format!("http://{}", owner.grpc_addr()))
+    let mut right = queue_client(Role::Watcher, owner.grpc_addr())
         .await
         .unwrap();
     assert_eq!(right.enqueue(request).await.unwrap().into_inner().added, 1);

@@ -57,6 +57,7 @@ async fn worker(handle: &Handle, credits: u32) -> (u64, mpsc::UnboundedReceiver<
             worker: id,
             items: credits,
         })
+        .await
         .unwrap();
     (id, rx)
 }
@@ -124,6 +125,7 @@ async fn failures_back_off_exponentially() {
                 lease: lease.id,
                 outcome: Outcome::Failed,
             })
+            .await
             .unwrap();
     }
     assert_eq!(waits, [0, 1, 2, 4]);

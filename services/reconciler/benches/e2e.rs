@@ -12,7 +12,10 @@
 //! - `e2e.kcm_converge` (s): kube-controller-manager with its deployment and replicaset
 //!   controllers only (5 workers each, its defaults);
 //! - `e2e.sy1_converge`, `e2e.sy2_converge`, `e2e.sy4_converge` (s): Switchyard with 1, 2 and
-//!   4 reconciler processes (a queue and a watcher in this process);
+//!   4 reconciler processes (a queue and a watcher in this process), in plaintext
+//!   (`--insecure-plaintext`) so that they compare with the figures measured before mutual TLS;
+//! - `e2e.sy1_converge_mtls` (s): `sy1_converge` with mutual TLS between the services, the
+//!   shipped default, run right after it; `e2e.sy1_mtls_vs_plaintext` is the ratio of the two;
 //! - `e2e.sy1_converge_slow`, `e2e.sy4_converge_slow` (s): the same with every reconcile
 //!   waiting 20 ms first, as if it called an external system (`--simulated-latency`), and one
 //!   reconcile at a time per replica (`--concurrency=1`);
@@ -59,15 +62,39 @@ const EVENTS_SETTLE: Duration = Duration::from_secs(15);
 #[derive(Clone, Copy, Debug)]
 enum Under {
     ControllerManager,
-    Switchyard { reconcilers: usize, latency_ms: u64 },
+    Switchyard {
+        reconcilers: usize,
+        latency_ms: u64,
+        /// Mutual TLS between the services (the default); plaintext otherwise.
+        mtls: bool,
+    },
 }
 
 impl Under {
+    /// In plaintext, as every figure before mutual TLS was measured, so they compare.
     const fn switchyard(reconcilers: usize, latency_ms: u64) -> Self {
         Self::Switchyard {
             reconcilers,
             latency_ms,
+            mtls: false,
         }
+    }
+
+    const fn switchyard_mtls(reconcilers: usize) -> Self {
+        Self::Switchyard {
+            reconcilers,
+            latency_ms: 0,
+            mtls: true,
+        }
+    }
+}
+
+/// The flags that give a service `role`'s certificate, or plaintext.
+fn security(mtls: bool, role: Role) -> Vec<String> {
+    if mtls {
+        Pki::shared().flags(role)
+    } else {
+        vec!["--insecure-plaintext".to_owned()]
     }
 }
 
@@ -124,9 +151,10 @@ impl Controllers {
             Under::Switchyard {
                 reconcilers,
                 latency_ms,
+                mtls,
             } => {
-                let queue = in_process_queue().await;
-                let watcher = in_process_watcher(plane, queue.grpc()).await;
+                let queue = in_process_queue(mtls).await;
+                let watcher = in_process_watcher(plane, queue.grpc(), mtls).await;
                 watcher.wait_ready(Duration::from_secs(60)).await;
                 let mut started = Vec::new();
                 for i in 0..reconcilers {
@@ -143,6 +171,7 @@ impl Controllers {
                         "--log-format=json".to_owned(),
                     ];
                     args.extend(CLIENT_LIMITS.iter().map(|a| (*a).to_owned()));
+                    args.extend(security(mtls, Role::Reconciler));
                     let args: Vec<&str> = args.iter().map(String::as_str).collect();
                     let mut process = ServiceProcess::start(
                         Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
@@ -194,16 +223,17 @@ impl Controllers {
     }
 }
 
-async fn in_process_queue() -> InProcess {
-    let mut args = vec![
+async fn in_process_queue(mtls: bool) -> InProcess {
+    let args = [
         "switchyard-queue".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
         "--grpc-addr=127.0.0.1:0".into(),
         "--shard-count=256".into(),
         format!("--controllers={CONTROLLERS}"),
         "--log-level=warn".into(),
-    ];
-    args.extend(Pki::shared().flags(Role::Queue));
+    ]
+    .into_iter()
+    .chain(security(mtls, Role::Queue));
     let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
         .unwrap()
         .start()
@@ -212,10 +242,14 @@ async fn in_process_queue() -> InProcess {
     InProcess::spawn(rt, Some(grpc))
 }
 
-async fn in_process_watcher(plane: &ControlPlane, queue: std::net::SocketAddr) -> InProcess {
+async fn in_process_watcher(
+    plane: &ControlPlane,
+    queue: std::net::SocketAddr,
+    mtls: bool,
+) -> InProcess {
     let config = plane.dir().join("watcher-bench.yaml");
     std::fs::write(&config, WATCHER_CONFIG).unwrap();
-    let mut args = vec![
+    let args = vec![
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
         "--grpc-addr=127.0.0.1:0".into(),
@@ -223,8 +257,9 @@ async fn in_process_watcher(plane: &ControlPlane, queue: std::net::SocketAddr) -
         format!("--config={}", config.display()),
         format!("--queue-addr={queue}"),
         "--log-level=warn".into(),
-    ];
-    args.extend(Pki::shared().flags(Role::Watcher));
+    ]
+    .into_iter()
+    .chain(security(mtls, Role::Watcher));
     let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
         .unwrap()
         .start()
@@ -315,9 +350,10 @@ async fn converge(under: Under, count: usize) -> f64 {
 }
 
 /// The measurements, by figure name, in the order they run.
-const RUNS: [(&str, Under); 8] = [
+const RUNS: [(&str, Under); 9] = [
     ("kcm_converge", Under::ControllerManager),
     ("sy1_converge", Under::switchyard(1, 0)),
+    ("sy1_converge_mtls", Under::switchyard_mtls(1)),
     ("sy2_converge", Under::switchyard(2, 0)),
     ("sy4_converge", Under::switchyard(4, 0)),
     ("sy1_converge_slow", Under::switchyard(1, 20)),
@@ -327,8 +363,10 @@ const RUNS: [(&str, Under); 8] = [
 ];
 
 /// The ratios printed when both of their runs ran: (figure, numerator, denominator).
-const RATIOS: [(&str, &str, &str); 3] = [
+const RATIOS: [(&str, &str, &str); 5] = [
     ("sy1_vs_kcm", "sy1_converge", "kcm_converge"),
+    ("sy1_mtls_vs_kcm", "sy1_converge_mtls", "kcm_converge"),
+    ("sy1_mtls_vs_plaintext", "sy1_converge_mtls", "sy1_converge"),
     ("sy4_vs_sy1_slow", "sy1_converge_slow", "sy4_converge_slow"),
     (
         "sy4_vs_sy1_slow50",

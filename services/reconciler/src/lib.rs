@@ -283,7 +283,10 @@ impl Args {
         .per_controller(contexts);
         match route {
             Route::Queue(queue) => {
-                rt.spawn("worker", move |drain| worker.serve(queue.into(), drain));
+                let queue: std::sync::Arc<str> = queue.into();
+                rt.spawn_restarting("worker", move |drain| {
+                    worker.clone().serve(queue.clone(), drain)
+                });
             }
             Route::Elector(elector) => {
                 let (view, follow) = switchyard_shards::follow_elector(
@@ -292,8 +295,10 @@ impl Args {
                     shard_count,
                     rt.drain(),
                 );
-                rt.spawn("shard-map", |_| follow);
-                rt.spawn("worker", move |drain| worker.follow(view, drain));
+                rt.spawn_essential("shard-map", |_| follow);
+                rt.spawn_restarting("worker", move |drain| {
+                    worker.clone().follow(view.clone(), drain)
+                });
             }
         }
         rt.serve_grpc(GrpcServer::new()).await?;
@@ -307,9 +312,12 @@ mod tests {
 
     use super::*;
 
+    /// The TLS flags every service requires; these tests only parse them (no file is read).
+    const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
+
     fn args(flags: &[&str]) -> ReconcilerArgs {
         let required = ["switchyard-reconciler", "--watcher-addr=127.0.0.1:1"];
-        Args::try_parse_from(required.iter().chain(flags))
+        Args::try_parse_from(required.iter().chain(&TLS).chain(flags))
             .unwrap()
             .reconciler
     }

@@ -18,7 +18,7 @@
 //! answers with outcomes, never the protocol's messages.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     convert::Infallible,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -32,7 +32,7 @@ use switchyard_runtime::{
 use switchyard_shards::ShardView;
 use tokio::{
     sync::{Semaphore, watch},
-    task::{JoinHandle, JoinSet},
+    task::{AbortHandle, JoinHandle, JoinSet},
 };
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -212,6 +212,8 @@ impl Session {
         }
 
         let mut running = JoinSet::new();
+        // The reconcile of each lease, so that a lease the queue takes back stops its own.
+        let mut by_lease: HashMap<String, AbortHandle> = HashMap::new();
         let mut drain_deadline: Option<tokio::time::Instant> = None;
         loop {
             if drain_deadline.is_some() && running.is_empty() {
@@ -222,14 +224,30 @@ impl Session {
                     Some(Event::Lease(lease)) => match drain_deadline {
                         None => {
                             let replies = session.replies().clone();
-                            running.spawn(self.reconcile(lease, replies, drain.clone()));
+                            let id = lease.id.clone();
+                            let reconcile = self.reconcile(lease, replies, drain.clone());
+                            let handle = running.spawn({
+                                let id = id.clone();
+                                async move {
+                                    reconcile.await;
+                                    id
+                                }
+                            });
+                            by_lease.insert(id, handle);
                         }
                         // Not started: its lease returns when the stream closes cleanly.
                         Some(_) => debug!(lease_id = %lease.id, "item arrived while draining"),
                     },
-                    Some(Event::Refused { lease_id, reason }) => {
-                        warn!(%lease_id, %reason, "outcome refused by the queue");
-                    }
+                    Some(Event::Refused { lease_id, reason }) => match by_lease.remove(&lease_id) {
+                        // An extension refused (the lease expired or its shard moved): the key
+                        // may be leased to another worker now, so this reconcile stops; the
+                        // stream and its other leases go on.
+                        Some(reconcile) => {
+                            reconcile.abort();
+                            warn!(%lease_id, %reason, "lease taken back by the queue: its reconcile stops");
+                        }
+                        None => warn!(%lease_id, %reason, "outcome refused by the queue"),
+                    },
                     Some(Event::Extended { lease_id, .. }) => {
                         debug!(%lease_id, "lease extended");
                     }
@@ -242,7 +260,11 @@ impl Session {
                         };
                     }
                 },
-                Some(_) = running.join_next(), if !running.is_empty() => {}
+                Some(joined) = running.join_next(), if !running.is_empty() => {
+                    if let Ok(lease_id) = joined {
+                        by_lease.remove(&lease_id);
+                    }
+                }
                 _ = drain.clone().signaled(), if drain_deadline.is_none() => {
                     let budget = settings.drain_timeout.saturating_sub(CLOSE_MARGIN);
                     info!(in_flight = running.len(), ?budget, "draining: finishing in-flight reconciles");

@@ -15,11 +15,10 @@ use switchyard_k8s::{
     Api, Pod, PostParams, ReplicaSet,
     kube::api::{Patch, PatchParams},
 };
-use switchyard_proto::elector::v1::{
-    GetShardMapRequest, ShardMap, ShardState, elector_client::ElectorClient,
-};
+use switchyard_proto::elector::v1::{GetShardMapRequest, ShardMap, ShardState};
 use switchyard_queue_core::shard::shard_of;
-use switchyard_testenv::{ControlPlane, Etcd, TestNamespace};
+use switchyard_runtime::Role;
+use switchyard_testenv::{ControlPlane, Etcd, Pki, TestNamespace};
 
 use support::{RS, SHARDS, WITHIN, converged, replica_set};
 
@@ -35,7 +34,7 @@ fn free_port() -> u16 {
 async fn until_assigned(elector: &str, members: &[&str]) -> ShardMap {
     let start = std::time::Instant::now();
     loop {
-        if let Ok(mut client) = ElectorClient::connect(format!("http://{elector}")).await
+        if let Ok(mut client) = support::elector_client(elector).await
             && let Ok(map) = client.get_shard_map(GetShardMapRequest {}).await
         {
             let map = map.into_inner();
@@ -79,14 +78,18 @@ async fn replica_sets_on_every_queue_replica_converge_and_keep_converging_after_
     let etcd = Etcd::start().await.unwrap();
     let elector = format!("127.0.0.1:{}", free_port());
     let elector_task = tokio::spawn(
-        switchyard_elector::Args::try_parse_from([
-            "switchyard-elector".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            format!("--grpc-addr={elector}"),
-            format!("--etcd-endpoints={}", etcd.endpoint()),
-            format!("--shard-count={SHARDS}"),
-            "--elector-id=e0".into(),
-        ])
+        switchyard_elector::Args::try_parse_from(
+            [
+                "switchyard-elector".to_owned(),
+                "--admin-addr=127.0.0.1:0".into(),
+                format!("--grpc-addr={elector}"),
+                format!("--etcd-endpoints={}", etcd.endpoint()),
+                format!("--shard-count={SHARDS}"),
+                "--elector-id=e0".into(),
+            ]
+            .into_iter()
+            .chain(Pki::shared().flags(Role::Elector)),
+        )
         .unwrap()
         .run(),
     );

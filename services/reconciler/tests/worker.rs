@@ -11,9 +11,10 @@ use std::{net::SocketAddr, time::Duration};
 use futures::future::BoxFuture;
 use switchyard_proto::{
     common::v1::WorkKey,
-    queue::v1::{EnqueueItem, EnqueueRequest, Priority, queue_client::QueueClient},
+    queue::v1::{EnqueueItem, EnqueueRequest, Priority},
 };
 use switchyard_reconciler::sdk::{Action, Context, Controller, Registry, Request, Result};
+use switchyard_runtime::Role;
 use switchyard_testenv::ControlPlane;
 use tokio::sync::mpsc;
 
@@ -64,9 +65,7 @@ impl Scripted {
 }
 
 async fn enqueue(queue: SocketAddr, name: &str) {
-    let mut client = QueueClient::connect(format!("http://{queue}"))
-        .await
-        .unwrap();
+    let mut client = support::queue_client(Role::Watcher, queue).await;
     client
         .enqueue(EnqueueRequest {
             batch_id: 1,

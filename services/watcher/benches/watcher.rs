@@ -45,7 +45,8 @@ use switchyard_proto::queue::v1::{
     Credit, Done, Outcome, WorkRequest, WorkerHello, outcome, queue_client::QueueClient,
     work_request::Request as Msg, work_response::Response as Reply,
 };
-use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, TestNamespace};
+use switchyard_runtime::Role;
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, Pki, TestNamespace};
 use switchyard_watcher::informer::summarize;
 use switchyard_watcher_core::Store;
 use tokio_stream::wrappers::ReceiverStream;
@@ -124,14 +125,18 @@ async fn run() {
 }
 
 async fn queue() -> InProcess {
-    let (rt, grpc) = switchyard_queue::Args::try_parse_from([
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        format!("--shard-count={SHARDS}"),
-        format!("--controllers={CONTROLLER}"),
-        "--log-level=warn".into(),
-    ])
+    let (rt, grpc) = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--controllers={CONTROLLER}"),
+            "--log-level=warn".into(),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue)),
+    )
     .unwrap()
     .start()
     .await
@@ -143,15 +148,19 @@ async fn watcher(plane: &ControlPlane, config: &str, queue: &str) -> InProcess {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
-    let (rt, grpc) = switchyard_watcher::Args::try_parse_from([
-        "switchyard-watcher".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        "--log-level=warn".into(),
-        format!("--kubeconfig={}", plane.kubeconfig().display()),
-        format!("--config={}", path.display()),
-        format!("--queue-addr={queue}"),
-    ])
+    let (rt, grpc) = switchyard_watcher::Args::try_parse_from(
+        [
+            "switchyard-watcher".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            "--log-level=warn".into(),
+            format!("--kubeconfig={}", plane.kubeconfig().display()),
+            format!("--config={}", path.display()),
+            format!("--queue-addr={queue}"),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Watcher)),
+    )
     .unwrap()
     .start()
     .await
@@ -201,9 +210,13 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     // Sent-at time of the latest write to each ConfigMap.
     let sent: Arc<Mutex<HashMap<String, SystemTime>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
-    let mut work = QueueClient::connect(format!("http://{}", queue.grpc()))
-        .await
-        .unwrap();
+    // The bench's worker leases as a reconciler does.
+    let mut work = QueueClient::new(
+        Pki::shared()
+            .channel(Role::Reconciler, Role::Queue, queue.grpc())
+            .await
+            .unwrap(),
+    );
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let msg = |m| WorkRequest { request: Some(m) };
     tx.send(msg(Msg::Hello(WorkerHello {

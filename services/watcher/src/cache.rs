@@ -48,8 +48,9 @@ impl ResourceCache {
         self.resource_version.subscribe()
     }
 
-    pub fn mark_synced(&self) {
-        self.synced.send_replace(true);
+    /// Marks the initial list done; false when it already was (a restarted informer).
+    pub fn mark_synced(&self) -> bool {
+        !self.synced.send_replace(true)
     }
 
     pub fn is_synced(&self) -> bool {

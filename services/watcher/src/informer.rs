@@ -244,8 +244,9 @@ impl Informer {
                         info!(resource = %self.cache.gvk(), deleted = gone.len(), "relist found objects deleted while the watch was away");
                     }
                     if listed_once.insert(stream) && listed_once.len() == scopes.len() {
-                        self.cache.mark_synced();
-                        synced.done();
+                        if self.cache.mark_synced() {
+                            synced.done();
+                        }
                         info!(resource = %self.cache.gvk(), objects = self.cache.read().len(), "initial list done");
                     }
                     Priority::Normal

@@ -194,7 +194,7 @@ impl Args {
                 let gate = rt.readiness().gate("shard-map");
                 let (view, follow) =
                     directory::follow_elector(rt.dialer(), elector, config.shard_count, rt.drain());
-                rt.spawn("shard-map", |_| follow);
+                rt.spawn_essential("shard-map", |_| follow);
                 let mut first = view.clone();
                 rt.spawn("shard-map-ready", move |drain| async move {
                     tokio::select! {
@@ -205,26 +205,38 @@ impl Args {
                 view
             }
         };
-        rt.spawn("enqueuer", {
+        rt.spawn_restarting("enqueuer", {
             let enqueuer = enqueuer.clone();
             let view = view.clone();
-            move |drain| enqueuer.run(view, drain)
+            move |drain| enqueuer.clone().run(view.clone(), drain)
         });
-        rt.spawn("shard-resync", {
+        rt.spawn_restarting("shard-resync", {
             let (caches, enqueuer, metrics) = (caches.clone(), enqueuer.clone(), metrics.clone());
-            move |drain| resync_moved_shards(caches, enqueuer, metrics, view, drain)
+            move |drain| {
+                resync_moved_shards(
+                    caches.clone(),
+                    enqueuer.clone(),
+                    metrics.clone(),
+                    view.clone(),
+                    drain,
+                )
+            }
         });
         if let Some(period) = config.resync_period {
             let (caches, enqueuer, metrics) = (caches.clone(), enqueuer.clone(), metrics.clone());
-            rt.spawn("periodic-resync", move |drain| async move {
-                let mut ticks =
-                    tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-                loop {
-                    tokio::select! {
-                        _ = ticks.tick() => {}
-                        _ = drain.clone().signaled() => return,
+            rt.spawn_restarting("periodic-resync", move |drain| {
+                let (caches, enqueuer, metrics) =
+                    (caches.clone(), enqueuer.clone(), metrics.clone());
+                async move {
+                    let mut ticks =
+                        tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                    loop {
+                        tokio::select! {
+                            _ = ticks.tick() => {}
+                            _ = drain.clone().signaled() => return,
+                        }
+                        grpc::resync(&caches, &enqueuer, &metrics, None, "periodic").await;
                     }
-                    grpc::resync(&caches, &enqueuer, &metrics, None, "periodic").await;
                 }
             });
         }
@@ -240,7 +252,11 @@ impl Args {
                 streaming_lists,
             };
             let synced = synced.clone();
-            rt.spawn("informer", move |drain| informer.run(synced, drain));
+            // The cache outlives a restart: the informer relists into it, and objects deleted
+            // meanwhile are found by the relist.
+            rt.spawn_restarting("informer", move |drain| {
+                informer.clone().run(synced.clone(), drain)
+            });
         }
         info!(
             resources = %caches.watched(),
@@ -296,8 +312,12 @@ mod tests {
 
     use super::*;
 
+    /// The TLS flags every service requires; these tests only parse them (no file is read).
+    const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
+
     fn config(flags: &[&str]) -> Result<Config> {
-        let args = Args::try_parse_from(["switchyard-watcher"].iter().chain(flags)).unwrap();
+        let args =
+            Args::try_parse_from(["switchyard-watcher"].iter().chain(&TLS).chain(flags)).unwrap();
         args.watcher.config()
     }
 

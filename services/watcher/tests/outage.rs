@@ -94,12 +94,7 @@ async fn no_change_is_lost_across_an_apiserver_restart_or_a_410() {
     );
 
     // The cache agrees with the apiserver afterwards.
-    let mut cache = switchyard_proto::watcher::v1::cache_client::CacheClient::connect(format!(
-        "http://{}",
-        watcher.grpc()
-    ))
-    .await
-    .unwrap();
+    let mut cache = cache_client(watcher.grpc()).await;
     let listed = cache
         .list(switchyard_proto::watcher::v1::ListRequest {
             gvk: Some(switchyard_proto::common::v1::GroupVersionKind {

@@ -10,10 +10,9 @@ use std::{collections::HashSet, time::Duration};
 
 use clap::Parser;
 use switchyard_k8s::{Api, PostParams, ReplicaSet};
-use switchyard_proto::elector::v1::{
-    GetShardMapRequest, ShardState, elector_client::ElectorClient,
-};
-use switchyard_testenv::{ControlPlane, Etcd, TestNamespace};
+use switchyard_proto::elector::v1::{GetShardMapRequest, ShardState};
+use switchyard_runtime::Role;
+use switchyard_testenv::{ControlPlane, Etcd, Pki, TestNamespace};
 
 use support::*;
 
@@ -29,7 +28,7 @@ fn free_port() -> u16 {
 async fn until_assigned(elector: &str, members: &[&str]) {
     let start = std::time::Instant::now();
     loop {
-        if let Ok(mut client) = ElectorClient::connect(format!("http://{elector}")).await
+        if let Ok(mut client) = elector_client(elector).await
             && let Ok(map) = client.get_shard_map(GetShardMapRequest {}).await
         {
             let map = map.into_inner();
@@ -73,14 +72,18 @@ async fn a_moved_shard_is_resynced_to_its_new_owner() {
     let ns = ns.name().to_owned();
     let etcd = Etcd::start().await.unwrap();
     let elector = format!("127.0.0.1:{}", free_port());
-    let elector_args = switchyard_elector::Args::try_parse_from([
-        "switchyard-elector".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        format!("--grpc-addr={elector}"),
-        format!("--etcd-endpoints={}", etcd.endpoint()),
-        format!("--shard-count={SHARDS}"),
-        "--elector-id=e0".into(),
-    ])
+    let elector_args = switchyard_elector::Args::try_parse_from(
+        [
+            "switchyard-elector".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            format!("--grpc-addr={elector}"),
+            format!("--etcd-endpoints={}", etcd.endpoint()),
+            format!("--shard-count={SHARDS}"),
+            "--elector-id=e0".into(),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Elector)),
+    )
     .unwrap();
     let elector_task = tokio::spawn(elector_args.run());
     let q0 = member(&etcd, &elector, "q0").await;

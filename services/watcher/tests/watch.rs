@@ -20,7 +20,8 @@ use switchyard_proto::{
     common::v1::GroupVersionKind as ProtoGvk,
     watcher::v1::{Freshness, GetRequest, ListRequest, cache_client::CacheClient},
 };
-use switchyard_testenv::{ControlPlane, TestNamespace};
+use switchyard_runtime::Role;
+use switchyard_testenv::{ControlPlane, Pki, TestNamespace};
 use tonic::Code;
 
 use support::*;
@@ -269,9 +270,7 @@ async fn the_cache_answers_owner_label_and_fresh_reads() {
     )
     .await;
     watcher.wait_ready(WITHIN).await;
-    let mut cache = CacheClient::connect(format!("http://{}", watcher.grpc()))
-        .await
-        .unwrap();
+    let mut cache = cache_client(watcher.grpc()).await;
 
     let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -466,6 +465,7 @@ async fn bad_configuration_and_flags_are_named() {
         if !route.is_empty() {
             args.push(route.to_owned());
         }
+        args.extend(Pki::shared().flags(Role::Watcher));
         switchyard_watcher::Args::try_parse_from(args)
             .unwrap()
             .start()
@@ -495,11 +495,15 @@ async fn bad_configuration_and_flags_are_named() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("--queue-addr"), "{error}");
-    let missing = switchyard_watcher::Args::try_parse_from([
-        "switchyard-watcher",
-        "--config=/nonexistent/watcher.yaml",
-        "--queue-addr=127.0.0.1:1",
-    ])
+    let missing = switchyard_watcher::Args::try_parse_from(
+        [
+            "switchyard-watcher".to_owned(),
+            "--config=/nonexistent/watcher.yaml".into(),
+            "--queue-addr=127.0.0.1:1".into(),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Watcher)),
+    )
     .unwrap()
     .start()
     .await
@@ -542,12 +546,7 @@ async fn two_watchers_run_active_active_and_the_queue_keeps_each_key_once() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut stats = switchyard_proto::queue::v1::queue_client::QueueClient::connect(format!(
-        "http://{}",
-        queue.grpc()
-    ))
-    .await
-    .unwrap();
+    let mut stats = queue_client(Role::Observer, queue.grpc()).await;
     let depth: u64 = stats
         .stats(switchyard_proto::queue::v1::StatsRequest::default())
         .await

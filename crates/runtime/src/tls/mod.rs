@@ -51,7 +51,8 @@ pub struct TlsArgs {
     #[arg(
         long,
         env = "SWITCHYARD_TLS_CERT",
-        requires_all = ["tls_key", "tls_ca"]
+        requires_all = ["tls_key", "tls_ca"],
+        required_unless_present = "insecure_plaintext"
     )]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert
@@ -141,7 +142,7 @@ struct Files {
     ca: PathBuf,
 }
 
-/// The certificate chain, key and CA bundle as read.
+/// The contents of the certificate, key and CA files, PEM, in that order.
 type Contents = (Vec<u8>, Vec<u8>, Vec<u8>);
 
 impl Files {

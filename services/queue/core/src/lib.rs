@@ -35,7 +35,7 @@ pub mod key;
 mod queue;
 pub mod shard;
 
-pub use backoff::{Backoff, BackoffConfig};
+pub use backoff::{Backoff, BackoffConfig, RateLimit};
 pub use key::{
     ControllerId, KeyError, KeySpace, MAX_NAME_LEN, MAX_NAMESPACE_LEN, ValidKey, WorkKey,
 };

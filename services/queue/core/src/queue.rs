@@ -12,7 +12,7 @@ use std::{
 };
 
 use crate::{
-    Backoff, BackoffConfig,
+    Backoff, BackoffConfig, RateLimit,
     key::{ControllerId, KeySpace, ObjectName, ValidKey},
 };
 
@@ -203,7 +203,7 @@ impl Queue {
         lease_ids: impl LeaseIds + 'static,
     ) -> Self {
         Self {
-            backoff: Backoff::new(config.backoff.clone()),
+            backoff: Backoff::new(config.backoff.clone(), controllers.len()),
             keys: KeySpace::new(controllers, config.shard_count),
             config,
             controllers: controllers
@@ -270,6 +270,36 @@ impl Queue {
         }
         self.discard_shard(shard);
         self.shards.insert(shard, ShardState::Active(epoch));
+        self.reshare();
+    }
+
+    /// `controller`'s own retry rate and burst (cluster-wide; this replica applies its share).
+    /// False for a controller this queue does not serve.
+    pub fn set_rate_limit(&mut self, controller: &str, limit: RateLimit) -> bool {
+        match self.keys.controller_id(controller) {
+            Some(id) => {
+                self.backoff.set_limit(id as usize, limit);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `controller`'s retry rate and burst on this replica.
+    pub fn rate_limit(&self, controller: &str) -> Option<RateLimit> {
+        self.backoff
+            .effective(self.keys.controller_id(controller)? as usize)
+    }
+
+    /// This replica's part of every controller's retry rate: the active shards' part of all.
+    fn reshare(&mut self) {
+        let active = self
+            .shards
+            .values()
+            .filter(|s| matches!(s, ShardState::Active(_)))
+            .count();
+        self.backoff
+            .set_share(active as f64 / f64::from(self.config.shard_count.max(1)));
     }
 
     /// Stops leasing `shard` and drops its waiting keys; in-flight leases may still report.
@@ -277,6 +307,7 @@ impl Queue {
         if let Some(state) = self.shards.get(&shard).copied() {
             self.shards
                 .insert(shard, ShardState::Draining(state.epoch()));
+            self.reshare();
             self.drop_waiting(shard);
         }
     }
@@ -432,7 +463,9 @@ impl Queue {
     }
 
     fn discard_shard(&mut self, shard: u32) {
-        self.shards.remove(&shard);
+        if self.shards.remove(&shard).is_some() {
+            self.reshare();
+        }
         self.leases.retain(|_, l| l.key.shard() != shard);
         for queue in &mut self.controllers {
             let before = queue.entries.len();

@@ -227,6 +227,15 @@ mod tests {
 
     const CONTROLLERS: [&str; 2] = ["apps/v1/ReplicaSet", "apps/v1/Deployment"];
 
+    /// Member `q0`'s view of `members`, dialing the others as a queue member does.
+    fn peers_of(members: watch::Receiver<Option<Vec<Peer>>>) -> Peers {
+        Peers {
+            members,
+            me: "q0".into(),
+            dialer: switchyard_testenv::Pki::shared().dialer(switchyard_runtime::Role::Queue),
+        }
+    }
+
     fn state(backlog: Fixed, peers: Option<Peers>) -> ApiState<Fixed> {
         let names: Vec<Arc<str>> = CONTROLLERS.iter().map(|c| Arc::from(*c)).collect();
         ApiState {
@@ -360,11 +369,7 @@ mod tests {
 
         // A member that does not know the members yet cannot answer for the whole queue.
         let (_tx, members) = watch::channel(None);
-        let peers = Peers {
-            members,
-            me: "q0".into(),
-            dialer: switchyard_runtime::Dialer::plaintext(),
-        };
+        let peers = peers_of(members);
         let (code, body) = get(
             state(Fixed(Some(vec![])), Some(peers)),
             "switchyard",
@@ -395,11 +400,7 @@ mod tests {
                 address: gone.to_string(),
             },
         ]));
-        let peers = Peers {
-            members,
-            me: "q0".into(),
-            dialer: switchyard_runtime::Dialer::plaintext(),
-        };
+        let peers = peers_of(members);
         let (code, body) = get(
             state(Fixed(Some(vec![])), Some(peers)),
             "switchyard",
@@ -421,11 +422,7 @@ mod tests {
             id: "q0".into(),
             address: "127.0.0.1:1".into(),
         }]));
-        let peers = Peers {
-            members,
-            me: "q0".into(),
-            dialer: switchyard_runtime::Dialer::plaintext(),
-        };
+        let peers = peers_of(members);
         let (code, body) = get(
             state(Fixed(Some(vec![(1, 4)])), Some(peers)),
             "switchyard",

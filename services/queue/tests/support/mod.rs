@@ -16,17 +16,24 @@ use switchyard_elector::{
     leader::{self, LeaderConfig},
     membership, shardmap,
 };
-use switchyard_proto::queue::v1::{StatsRequest, queue_client::QueueClient};
-use switchyard_runtime::{ShutdownHandle, drain_channel};
-use switchyard_testenv::{Etcd, ServiceProcess};
+use switchyard_proto::{
+    elector::v1::elector_client::ElectorClient,
+    queue::v1::{StatsRequest, queue_client::QueueClient},
+};
+use switchyard_runtime::{
+    AdminArgs, GrpcArgs, GrpcServer, LogArgs, LogFormat, Role, Runtime, RuntimeArgs, ShutdownHandle,
+};
+use switchyard_testenv::{Etcd, Pki, ServiceProcess};
+use tonic::transport::Channel;
 
 pub const RS: &str = "apps/v1/ReplicaSet";
 
 pub struct Cluster {
+    /// Declared first so that it is dropped first: the elector stops before etcd does.
+    _elector: StopOnDrop,
     pub etcd: Etcd,
     /// The elector's count of members it found gone (their port refused connections).
     pub members_found_gone: Counter,
-    _elector: ShutdownHandle,
     /// Where the elector serves `switchyard.elector.v1.Elector`.
     pub elector_addr: SocketAddr,
     /// The etcd URL the replicas are given.
@@ -46,36 +53,30 @@ pub async fn cluster(shard_count: u32) -> Cluster {
 /// Like [`cluster`], with the replicas reaching etcd at `replica_endpoint` (a proxy, say);
 /// the elector talks to etcd directly.
 pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) -> Cluster {
-    let endpoints = vec![etcd.endpoint().to_owned()];
-    let (stop, drain) = drain_channel();
+    let rt = elector_runtime().await;
     let (leading, _) = tokio::sync::watch::channel(false);
     let config = LeaderConfig::new("elector", shard_count);
     let members_found_gone = config.members_found_gone.clone();
-    tokio::spawn(leader::run(
-        endpoints.clone(),
-        config,
-        leading,
-        drain.clone(),
-    ));
+    let store = etcd.connection(Role::Elector);
+    let (leader_store, dialer) = (store.clone(), rt.dialer());
+    rt.spawn("leader", move |drain| {
+        leader::run(leader_store, dialer, config, leading, drain)
+    });
     let service = ElectorService::new(
         shard_count,
-        shardmap::watch(endpoints.clone(), shard_count, drain.clone()).0,
-        membership::watch_members(endpoints, drain.clone()).0,
+        shardmap::watch(store.clone(), shard_count, rt.drain()).0,
+        membership::watch_members(store, rt.drain()).0,
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let elector_addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service.into_server())
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                drain.signaled(),
-            ),
-    );
+    let elector_addr = rt
+        .serve_grpc(GrpcServer::new().add_service(service.into_server()))
+        .await
+        .unwrap();
+    let stop = rt.shutdown_handle();
+    tokio::spawn(rt.run());
     let mut cluster = Cluster {
+        _elector: StopOnDrop(stop),
         etcd,
         members_found_gone,
-        _elector: stop,
         elector_addr,
         replica_endpoint,
         shard_count,
@@ -86,6 +87,59 @@ pub async fn cluster_on(etcd: Etcd, replica_endpoint: String, shard_count: u32) 
         cluster.add_replica().await;
     }
     cluster
+}
+
+/// Shuts the in-process elector down when dropped.
+struct StopOnDrop(ShutdownHandle);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.trigger();
+    }
+}
+
+/// The elector's runtime shell in this process: its gRPC server speaks mutual TLS with the
+/// elector's certificate and authorizes every call as the elector binary does.
+async fn elector_runtime() -> Runtime {
+    let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    let args = RuntimeArgs {
+        admin: AdminArgs {
+            admin_addr: loopback(0),
+            debug_fault_injection: false,
+        },
+        grpc: GrpcArgs {
+            grpc_addr: loopback(0),
+        },
+        tls: Pki::shared().files(Role::Elector).args(),
+        // Errors only: the tests stop etcd under it on purpose, and read the replicas' logs.
+        log: LogArgs {
+            log_level: "error".into(),
+            log_format: LogFormat::Plain,
+        },
+        drain_timeout: Duration::from_secs(5).into(),
+    };
+    Runtime::start("switchyard-elector", args).await.unwrap()
+}
+
+/// A client of the queue replica at `address`, as `role`: a watcher enqueues, a reconciler
+/// works (and may enqueue), an observer reads stats.
+pub async fn queue_client(
+    role: Role,
+    address: impl std::fmt::Display,
+) -> switchyard_testenv::Result<QueueClient<Channel>> {
+    Ok(QueueClient::new(
+        Pki::shared().channel(role, Role::Queue, address).await?,
+    ))
+}
+
+/// A client of the elector at `address`, as an operator's tool that reads the shard map.
+pub async fn elector_client(address: SocketAddr) -> ElectorClient<Channel> {
+    ElectorClient::new(
+        Pki::shared()
+            .channel(Role::Observer, Role::Elector, address)
+            .await
+            .unwrap(),
+    )
 }
 
 impl Cluster {
@@ -129,7 +183,7 @@ impl Cluster {
 }
 
 pub async fn served(replica: &ServiceProcess) -> Vec<u32> {
-    let mut client = QueueClient::connect(format!("http://{}", replica.grpc_addr()))
+    let mut client = queue_client(Role::Observer, replica.grpc_addr())
         .await
         .unwrap();
     let stats = client

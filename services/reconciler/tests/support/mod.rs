@@ -8,6 +8,9 @@ use std::{io::Write, net::SocketAddr, time::Duration};
 use clap::Parser;
 use serde_json::json;
 use switchyard_k8s::{Api, ListParams, Pod, ReplicaSet, await_condition};
+use switchyard_proto::{
+    elector::v1::elector_client::ElectorClient, queue::v1::queue_client::QueueClient,
+};
 use switchyard_reconciler::sdk::Registry;
 use switchyard_reconciler_core::replicaset::{controller_of, is_active};
 use switchyard_runtime::Role;
@@ -37,14 +40,39 @@ pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
         format!("--controllers={}", controllers.join(",")),
         "--drain-grace=1s".into(),
     ];
-    args.extend(Pki::shared().flags(Role::Queue));
     args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args.extend(Pki::shared().flags(Role::Queue));
     let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
         .unwrap()
         .start()
         .await
         .unwrap();
     InProcess::spawn(rt, Some(grpc))
+}
+
+/// A client of the queue at `address`, as `role` (a watcher enqueues, an observer reads
+/// stats), over mutual TLS.
+pub async fn queue_client(
+    role: Role,
+    address: SocketAddr,
+) -> QueueClient<tonic::transport::Channel> {
+    QueueClient::new(
+        Pki::shared()
+            .channel(role, Role::Queue, address)
+            .await
+            .unwrap(),
+    )
+}
+
+/// A client of the elector at `address`, as an operator's tool that reads the shard map.
+pub async fn elector_client(
+    address: &str,
+) -> switchyard_testenv::Result<ElectorClient<tonic::transport::Channel>> {
+    Ok(ElectorClient::new(
+        Pki::shared()
+            .channel(Role::Observer, Role::Elector, address)
+            .await?,
+    ))
 }
 
 /// A watcher with `config` (YAML) against `plane`'s apiserver, sending keys to `queue`.
@@ -108,8 +136,8 @@ pub async fn reconciler_routed(
         route.to_owned(),
         format!("--watcher-addr={watcher}"),
     ];
-    args.extend(Pki::shared().flags(Role::Reconciler));
     args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args.extend(Pki::shared().flags(Role::Reconciler));
     let rt = switchyard_reconciler::Args::try_parse_from(args)
         .unwrap()
         .start(registry)

@@ -6,14 +6,20 @@
 use std::{collections::HashSet, io::Write, net::SocketAddr, time::Duration};
 
 use clap::Parser;
-use switchyard_proto::queue::v1::{
-    Credit, Done, Outcome, WorkRequest, WorkerHello, outcome, queue_client::QueueClient,
-    work_request::Request as Msg, work_response::Response as Reply,
+use switchyard_proto::{
+    elector::v1::elector_client::ElectorClient,
+    queue::v1::{
+        Credit, Done, Outcome, WorkRequest, WorkerHello, outcome, queue_client::QueueClient,
+        work_request::Request as Msg, work_response::Response as Reply,
+    },
+    watcher::v1::cache_client::CacheClient,
 };
-use switchyard_testenv::ControlPlane;
+use switchyard_runtime::Role;
 pub use switchyard_testenv::InProcess;
+use switchyard_testenv::{ControlPlane, Pki};
 use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
 
 pub const RS: &str = "apps/v1/ReplicaSet";
 pub const WIDGET: &str = "example.com/v1/Widget";
@@ -30,6 +36,7 @@ pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
         "--drain-grace=1s".into(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args.extend(Pki::shared().flags(Role::Queue));
     let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
         .unwrap()
         .start()
@@ -44,7 +51,7 @@ pub async fn watcher(plane: &ControlPlane, config: &str, route: &str) -> InProce
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
-    let args = vec![
+    let mut args = vec![
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
         "--grpc-addr=127.0.0.1:0".into(),
@@ -52,12 +59,44 @@ pub async fn watcher(plane: &ControlPlane, config: &str, route: &str) -> InProce
         format!("--config={}", path.display()),
         route.to_owned(),
     ];
+    args.extend(Pki::shared().flags(Role::Watcher));
     let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
         .unwrap()
         .start()
         .await
         .unwrap();
     InProcess::spawn(rt, Some(grpc))
+}
+
+/// A client of the queue at `address`, as `role` (a reconciler works, an observer reads
+/// stats), over mutual TLS.
+pub async fn queue_client(role: Role, address: SocketAddr) -> QueueClient<Channel> {
+    QueueClient::new(
+        Pki::shared()
+            .channel(role, Role::Queue, address)
+            .await
+            .unwrap(),
+    )
+}
+
+/// A client of the watcher's Cache API at `address`, as a reconciler (the role that reads
+/// the cache).
+pub async fn cache_client(address: SocketAddr) -> CacheClient<Channel> {
+    CacheClient::new(
+        Pki::shared()
+            .channel(Role::Reconciler, Role::Watcher, address)
+            .await
+            .unwrap(),
+    )
+}
+
+/// A client of the elector at `address`, as an operator's tool that reads the shard map.
+pub async fn elector_client(address: &str) -> switchyard_testenv::Result<ElectorClient<Channel>> {
+    Ok(ElectorClient::new(
+        Pki::shared()
+            .channel(Role::Observer, Role::Elector, address)
+            .await?,
+    ))
 }
 
 /// A worker that leases every key of a queue, reports it done at once and records it as
@@ -69,9 +108,7 @@ pub struct Worker {
 
 impl Worker {
     pub async fn start(queue: SocketAddr) -> Self {
-        let mut client = QueueClient::connect(format!("http://{queue}"))
-            .await
-            .unwrap();
+        let mut client = queue_client(Role::Reconciler, queue).await;
         let (tx, rx) = mpsc::channel(1024);
         let send = |request| WorkRequest {
             request: Some(request),

@@ -394,7 +394,7 @@ impl Queue {
             }
             Finish::Retry => {
                 entry.failures = entry.failures.saturating_add(1);
-                let delay = self.backoff.delay(entry.failures, now);
+                let delay = self.backoff.delay(controller as usize, entry.failures, now);
                 Some(Due::At(now + delay).merge(pending))
             }
             Finish::Return => Some(Due::Now(Priority::Normal).merge(pending)),

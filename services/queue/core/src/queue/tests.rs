@@ -437,3 +437,53 @@ fn stats_count_depth_in_flight_retries_and_age() {
         Some(Duration::from_secs(2))
     );
 }
+
+#[test]
+fn each_controller_retries_at_the_share_of_its_rate_that_the_served_shards_are() {
+    let mut q = Queue::new(
+        QueueConfig {
+            shard_count: 4,
+            ..QueueConfig::default()
+        },
+        &CONTROLLERS,
+        SequentialLeaseIds::default(),
+    );
+    let full = RateLimit {
+        qps: 10.0,
+        burst: 100,
+    };
+    assert!(q.set_rate_limit(
+        CONTROLLERS[1],
+        RateLimit {
+            qps: 40.0,
+            burst: 8
+        }
+    ));
+    assert!(!q.set_rate_limit("apps/v1/Unknown", full));
+    q.acquire(0, 1);
+    let quarter = |limit: RateLimit| RateLimit {
+        qps: limit.qps / 4.0,
+        burst: limit.burst / 4,
+    };
+    assert_eq!(q.rate_limit(CONTROLLERS[0]), Some(quarter(full)));
+    assert_eq!(
+        q.rate_limit(CONTROLLERS[1]),
+        Some(RateLimit {
+            qps: 10.0,
+            burst: 2
+        })
+    );
+    for shard in 1..4 {
+        q.acquire(shard, 1);
+    }
+    assert_eq!(q.rate_limit(CONTROLLERS[0]), Some(full));
+    q.drain(3);
+    q.release(2);
+    assert_eq!(
+        q.rate_limit(CONTROLLERS[0]),
+        Some(RateLimit {
+            qps: 5.0,
+            burst: 50
+        })
+    );
+}
