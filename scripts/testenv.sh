@@ -199,18 +199,90 @@ fetch_cert_manager_crds() {
   mv "$d/crds.yaml.tmp" "$d/crds.yaml"
 }
 
-# kwok needs Stage objects to act as the kubelet; they ship inside its Go module.
+# A Pod annotated with this is never made Ready: kwok plays a kubelet that cannot pull its
+# image (crates/testenv's KWOK_IMAGE_PULL_FAILS names the same key).
+KWOK_IMAGE_PULL_FAILS=kwok.switchyard.dev/image-pull-fails
+
+# The Stage for those Pods: Pending with an ImagePullBackOff container, as a kubelet reports
+# an image it cannot pull; once (it sets startTime, which its selector wants unset).
+kwok_image_pull_stage() {
+  cat <<STAGE
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-image-pull-fails
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.metadata.annotations["$KWOK_IMAGE_PULL_FAILS"]'
+      operator: 'Exists'
+    - key: '.status.startTime'
+      operator: 'DoesNotExist'
+  next:
+    statusTemplate: |
+      {{ \$now := Now }}
+      conditions:
+      - lastTransitionTime: {{ \$now | Quote }}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{ \$now | Quote }}
+        reason: ContainersNotReady
+        status: "False"
+        type: Ready
+      - lastTransitionTime: {{ \$now | Quote }}
+        reason: ContainersNotReady
+        status: "False"
+        type: ContainersReady
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          waiting:
+            reason: ImagePullBackOff
+      {{ end }}
+      {{ with NodeIPsWith .spec.nodeName }}
+      hostIP: {{ index . 0 | Quote }}
+      {{ end }}
+      phase: Pending
+      startTime: {{ \$now | Quote }}
+STAGE
+}
+
+# kwok needs Stage objects to act as the kubelet; they ship inside its Go module. Its
+# pod-ready Stage is given one more expression so that it leaves the Pods of
+# kwok_image_pull_stage alone.
 write_kwok_stages() {
   local out=$1/kwok-stages.yaml
-  [ -s "$out" ] && return 0
+  [ -s "$out" ] && grep -q 'name: pod-image-pull-fails' "$out" && return 0
   local stages; stages="$(go env GOMODCACHE)/sigs.k8s.io/kwok@v$KWOK_VERSION/kustomize/stage"
   [ -d "$stages" ] || (cd "$(product_dir kwok "$KWOK_VERSION")" && go mod download "sigs.k8s.io/kwok@v$KWOK_VERSION" >/dev/null 2>&1) || true
   [ -d "$stages" ] || die "kwok stage definitions not found under $stages"
+  local ready=$stages/pod/fast/pod-ready.yaml
+  [ "$(grep -c '^    matchExpressions:$' "$ready")" = 1 ] ||
+    die "kwok's pod-ready Stage ($ready) no longer has one matchExpressions list to extend"
   {
     cat "$stages/node/fast/node-initialize.yaml"
     echo "---"; cat "$stages/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml"
+    echo "---"
+    local line
+    while IFS= read -r line; do
+      printf '%s\n' "$line"
+      if [ "$line" = "    matchExpressions:" ]; then
+        printf "    - key: '.metadata.annotations[\"%s\"]'\n      operator: 'DoesNotExist'\n" "$KWOK_IMAGE_PULL_FAILS"
+      fi
+    done <"$ready"
     local f
-    for f in pod-ready pod-complete pod-delete; do echo "---"; cat "$stages/pod/fast/$f.yaml"; done
+    for f in pod-complete pod-delete; do echo "---"; cat "$stages/pod/fast/$f.yaml"; done
+    echo "---"; kwok_image_pull_stage
   } >"$out.tmp"
   mv "$out.tmp" "$out"
 }

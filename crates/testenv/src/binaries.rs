@@ -46,7 +46,8 @@ impl Binaries {
         self.dir.join(name)
     }
 
-    /// The kwok Stage definitions (node initialize and heartbeat, pod ready/complete/delete).
+    /// The kwok Stage definitions (node initialize and heartbeat, pod ready/complete/delete,
+    /// and the Stage that keeps Pods annotated [`crate::KWOK_IMAGE_PULL_FAILS`] from Ready).
     pub fn kwok_stages(&self) -> PathBuf {
         self.dir.join("kwok-stages.yaml")
     }
@@ -76,13 +77,22 @@ impl Binaries {
             "otelcol-switchyard",
             "cert-manager/crds.yaml",
         ];
-        match needed.iter().find(|b| !self.dir.join(b).exists()) {
-            Some(missing) => Err(Error::Build(format!(
+        if let Some(missing) = needed.iter().find(|b| !self.dir.join(b).exists()) {
+            return Err(Error::Build(format!(
                 "{missing} is missing from {}; run `scripts/testenv.sh build`",
                 self.dir.display()
-            ))),
-            None => Ok(()),
+            )));
         }
+        // Stages written by an older scripts/testenv.sh lack the one tests rely on.
+        let stages = std::fs::read_to_string(self.kwok_stages()).unwrap_or_default();
+        if !stages.contains(crate::KWOK_IMAGE_PULL_FAILS) {
+            return Err(Error::Build(format!(
+                "{} has no Stage for {}; run `scripts/testenv.sh build`",
+                self.kwok_stages().display(),
+                crate::KWOK_IMAGE_PULL_FAILS
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -41,6 +41,12 @@ pub use otelcol::{Collector, ExportedSpan};
 pub use service::{ServiceProcess, assert_service_lifecycle, list_services, resident_bytes};
 pub use tls::Pki;
 
+/// A Pod annotated with this key (any value) is never made Ready by the harness's kwok: it
+/// stays Pending with its containers waiting in `ImagePullBackOff`, as a kubelet keeps a Pod
+/// whose image cannot be pulled. Set it on a Pod template to stall a rollout.
+/// (`scripts/testenv.sh` writes the Stage and keeps kwok's pod-ready Stage off such Pods.)
+pub const KWOK_IMAGE_PULL_FAILS: &str = "kwok.switchyard.dev/image-pull-fails";
+
 /// For benchmarks: whether the measurement `name` should run. `SWITCHYARD_BENCH_RUNS`, a
 /// comma-separated list of names, runs only those; unset, everything runs.
 pub fn bench_selected(name: &str) -> bool {

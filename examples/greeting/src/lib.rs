@@ -27,7 +27,6 @@ use switchyard_k8s::{
         api::{Patch, PatchParams},
     },
 };
-use tracing::warn;
 
 use switchyard_reconciler::{
     finalizer::{Step, finalize},
@@ -166,8 +165,7 @@ async fn apply(ctx: &Context, greetings: &Api<Greeting>, greeting: &Greeting) ->
                 greeting,
                 "Created",
                 format!("created ConfigMap {name}"),
-            )
-            .await;
+            );
         }
         Some(current) if current.data != desired.data => {
             let patch = json!({
@@ -181,8 +179,7 @@ async fn apply(ctx: &Context, greetings: &Api<Greeting>, greeting: &Greeting) ->
                 greeting,
                 "Updated",
                 format!("updated ConfigMap {name}"),
-            )
-            .await;
+            );
         }
         Some(_) => {}
     }
@@ -213,8 +210,7 @@ async fn cleanup(ctx: &Context, greeting: &Greeting) -> Result {
                 greeting,
                 "Deleted",
                 format!("deleted ConfigMap {name}"),
-            )
-            .await
+            );
         }
         Err(switchyard_k8s::kube::Error::Api(status)) if status.is_not_found() => {}
         Err(error) => return Err(Error::from(error)),
@@ -222,15 +218,11 @@ async fn cleanup(ctx: &Context, greeting: &Greeting) -> Result {
     Ok(Action::Done)
 }
 
-/// Records a Normal event; an event that cannot be recorded does not fail the reconcile.
-async fn record(ctx: &Context, greeting: &Greeting, reason: &str, note: String) {
-    if let Err(error) = ctx
-        .events
-        .publish(greeting, EventType::Normal, reason, "Reconcile", note)
-        .await
-    {
-        warn!(%error, reason, "could not record an event");
-    }
+/// Records a Normal event; it is written in the background, and one that cannot be recorded
+/// does not fail the reconcile.
+fn record(ctx: &Context, greeting: &Greeting, reason: &str, note: String) {
+    ctx.events
+        .publish(greeting, EventType::Normal, reason, "Reconcile", note);
 }
 
 #[cfg(test)]

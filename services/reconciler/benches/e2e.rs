@@ -38,7 +38,8 @@ use clap::Parser;
 use futures::{StreamExt, stream};
 use serde_json::json;
 use switchyard_k8s::{
-    Api, Deployment, Namespace, PostParams, k8s_openapi::api::core::v1::ServiceAccount,
+    Api, Deployment, Namespace, PostParams,
+    k8s_openapi::api::core::v1::{Event, ServiceAccount},
     kube::api::ListParams,
 };
 use switchyard_runtime::Role;
@@ -54,6 +55,9 @@ const CONVERGE_TIMEOUT: Duration = Duration::from_secs(900);
 /// The shipped watcher configuration: what the built-in controllers watch.
 const WATCHER_CONFIG: &str = include_str!("../../../deploy/kustomize/base/watcher-config.yaml");
 const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment";
+/// How long after convergence the Events are counted: both controllers write them in the
+/// background, kube-controller-manager's a few seconds behind.
+const EVENTS_SETTLE: Duration = Duration::from_secs(15);
 
 #[derive(Clone, Copy, Debug)]
 enum Under {
@@ -245,7 +249,7 @@ async fn in_process_watcher(
 ) -> InProcess {
     let config = plane.dir().join("watcher-bench.yaml");
     std::fs::write(&config, WATCHER_CONFIG).unwrap();
-    let args = [
+    let args = vec![
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
         "--grpc-addr=127.0.0.1:0".into(),
@@ -287,7 +291,7 @@ async fn converge(under: Under, count: usize) -> f64 {
         .await
         .unwrap();
     let controllers = Controllers::start(&plane, under).await;
-    let api: Api<Deployment> = Api::namespaced(client, NAMESPACE);
+    let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
 
     let start = Instant::now();
     stream::iter(0..count)
@@ -323,6 +327,23 @@ async fn converge(under: Under, count: usize) -> f64 {
     }
     let took = start.elapsed().as_secs_f64();
     eprintln!("{under:?}: created in {created:?}, all Available after {took:.1} s");
+    // The controllers' Events, a write each (a repeat of one, a patch): what their apiserver
+    // writes include besides the objects themselves. Read once the writers caught up.
+    tokio::time::sleep(EVENTS_SETTLE).await;
+    let events: Api<Event> = Api::namespaced(client, NAMESPACE);
+    let (mut objects, mut occurrences) = (0, 0);
+    for event in events.list(&ListParams::default()).await.unwrap().items {
+        if matches!(
+            event.involved_object.kind.as_deref(),
+            Some("Deployment" | "ReplicaSet")
+        ) {
+            objects += 1;
+            occurrences += i64::from(event.count.unwrap_or(1).max(1));
+        }
+    }
+    eprintln!(
+        "{under:?}: {objects} controller Events ({occurrences} occurrences) for {count} Deployments"
+    );
     controllers.stop().await;
     plane.stop();
     took

@@ -37,10 +37,15 @@ use tracing::{debug, info, warn};
 
 use crate::{
     cache::ListFilter,
-    sdk::{Action, Context, Error, EventType, Request, Result},
+    sdk::{
+        Action, Context, Error, EventType, Request, Result, is_namespace_terminating,
+        status_message,
+    },
 };
 
 pub const NAME: &str = "apps/v1/Deployment";
+/// kube-controller-manager's Event reason for every change of a ReplicaSet's size.
+const SCALING_REPLICA_SET: &str = "ScalingReplicaSet";
 
 /// kube-controller-manager's Deployment controller.
 #[derive(Debug, Clone, Copy, Default)]
@@ -119,25 +124,18 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// kube-controller-manager's `ScalingReplicaSet` event on the Deployment. An event that
-    /// cannot be recorded is logged, and the reconcile goes on.
-    async fn scaled_event(&self, replica_set: &str, from: i32, to: i32) {
+    /// kube-controller-manager's `ScalingReplicaSet` event on the Deployment: each message an
+    /// Event of its own. It is written in the background; the reconcile goes on.
+    fn scaled_event(&self, replica_set: &str, from: i32, to: i32) {
         let direction = if to > from { "up" } else { "down" };
         let note = format!("Scaled {direction} replica set {replica_set} from {from} to {to}");
-        if let Err(error) = self
-            .ctx
-            .events
-            .publish(
-                &self.d,
-                EventType::Normal,
-                "ScalingReplicaSet",
-                "Scale",
-                note,
-            )
-            .await
-        {
-            warn!(%error, replica_set, "could not record the scaling event");
-        }
+        self.ctx.events.publish(
+            &self.d,
+            EventType::Normal,
+            SCALING_REPLICA_SET,
+            "Scale",
+            note,
+        );
     }
 
     /// Writes the sizes the decision gave, by name, where they differ.
@@ -167,7 +165,7 @@ impl Run<'_> {
                         "scaled"
                     );
                     any = true;
-                    self.scaled_event(rs_name(&rs), *from, replicas(&rs)).await;
+                    self.scaled_event(rs_name(&rs), *from, replicas(&rs));
                     self.keep(rs);
                 }
                 Err(error) => {
@@ -205,7 +203,9 @@ impl Run<'_> {
         match self.rs_api.create(&PostParams::default(), &rs).await {
             Ok(created) => {
                 info!(replica_set = %name, replicas = replicas(&created), "created new replica set");
-                self.scaled_event(&name, 0, replicas(&created)).await;
+                if replicas(&created) > 0 {
+                    self.scaled_event(&name, 0, replicas(&created));
+                }
                 let revision = revision(&created);
                 self.keep(created);
                 core::note_new_replica_set(&mut self.status, spec, &name, true, self.now);
@@ -229,9 +229,20 @@ impl Run<'_> {
                     "replica set {name:?} exists with another template; collision count raised"
                 )))
             }
+            // As kube-controller-manager: in a namespace being deleted every creation fails,
+            // and there is nothing to note; the worker takes the error as done.
+            Err(error) if is_namespace_terminating(&error) => Err(error.into()),
             Err(error) => {
+                let message = status_message(&error);
+                self.ctx.events.publish(
+                    &self.d,
+                    EventType::Warning,
+                    core::FAILED_RS_CREATE,
+                    "Create",
+                    format!("Failed to create new replica set {name:?}: {message}"),
+                );
                 let mut status = self.status.clone();
-                core::note_create_failure(&mut status, spec, &name, &error.to_string(), self.now);
+                core::note_create_failure(&mut status, spec, &name, &message, self.now);
                 if let Err(status_error) = self.write_status(status).await {
                     debug!(error = %status_error, "could not report the failed creation");
                 }
@@ -364,14 +375,13 @@ impl Run<'_> {
         self.clean_up_if_complete(spec).await
     }
 
-    /// The rollout status, after cleaning up the history if the rollout is complete.
-    /// kube-controller-manager looks at the status it had written before; this looks at the
-    /// new one too, because the Deployment's own status writes do not key it again (the
-    /// watcher's predicates), so a rollout completing now is cleaned up now.
+    /// The rollout status, after cleaning up the history if the rollout was complete in the
+    /// status read, as kube-controller-manager checks it. A rollout completing now is cleaned
+    /// up by the next reconcile, which its own status write keys.
     async fn clean_up_if_complete(&mut self, spec: &Spec<'_>) -> Result<DeploymentStatus> {
         let status = self.rollout_status(spec);
         let before = self.d.status.clone().unwrap_or_default();
-        if core::is_complete(spec, &before) || core::is_complete(spec, &status) {
+        if core::is_complete(spec, &before) {
             self.clean_up(spec).await?;
         }
         Ok(status)
@@ -464,6 +474,30 @@ async fn patch_owner(
         .await
 }
 
+/// kube-controller-manager's `canAdopt`: before the first adoption, the Deployment is read
+/// again from the apiserver. One deleted, or deleted and recreated under the same name, since
+/// the cache read adopts nothing.
+pub async fn can_adopt(ctx: &Context, d: &Deployment) -> Result<()> {
+    let namespace = d.metadata.namespace.as_deref().unwrap_or_default();
+    let name = d.metadata.name.as_deref().unwrap_or_default();
+    let fresh = Api::<Deployment>::namespaced(ctx.client.clone(), namespace)
+        .get(name)
+        .await?;
+    if fresh.metadata.uid != d.metadata.uid {
+        return Err(Error::Other(format!(
+            "original deployment {namespace}/{name} is gone: got uid {}, wanted {}",
+            fresh.metadata.uid.unwrap_or_default(),
+            d.metadata.uid.as_deref().unwrap_or_default()
+        )));
+    }
+    if fresh.metadata.deletion_timestamp.is_some() {
+        return Err(Error::Other(format!(
+            "deployment {namespace}/{name} has just been deleted"
+        )));
+    }
+    Ok(())
+}
+
 async fn reconcile(ctx: &Context, request: &Request) -> Result {
     let Some(d) = ctx
         .cache
@@ -484,6 +518,9 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     let rs_api: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), &request.namespace);
     let rss = read_replica_sets(ctx, &spec).await?;
     let claim = core::claim(&spec, &rss);
+    if !claim.adopt.is_empty() {
+        can_adopt(ctx, &d).await?;
+    }
 
     let patched = join_all(
         claim

@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod deployment;
+pub mod events;
 pub mod finalizer;
 pub mod metrics;
 pub mod ratelimit;
@@ -32,7 +33,7 @@ use tracing::info;
 use crate::{
     cache::{CacheClient, CacheError},
     ratelimit::RateLimitLayer,
-    sdk::{Context, Registry},
+    sdk::{Context, Events, Registry},
     worker::{Settings, Worker},
 };
 
@@ -248,10 +249,15 @@ impl Args {
         let ctx = Context::new(client, cache.clone(), &worker_id);
         let mut contexts = BTreeMap::new();
         for name in registry.names() {
-            contexts.insert(
-                name,
-                Context::new(limited_client()?, cache.clone(), &worker_id),
-            );
+            // Events are written in the background through a client and limit of their own:
+            // a burst of them (one per Pod created) never holds back the controller's writes
+            // to the objects it reconciles.
+            let ctx = Context {
+                client: limited_client()?,
+                cache: cache.clone(),
+                events: Events::new(limited_client()?, &worker_id),
+            };
+            contexts.insert(name, ctx);
         }
         let settings = Settings {
             worker_id,

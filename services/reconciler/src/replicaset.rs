@@ -36,8 +36,17 @@ use tracing::{debug, warn};
 
 use crate::{
     cache::ListFilter,
-    sdk::{Action, Context, Controller, Error, Request, Result},
+    sdk::{
+        Action, Context, Controller, Error, EventType, Request, Result, is_namespace_terminating,
+        status_message,
+    },
 };
+
+/// kube-controller-manager's Event reasons for the Pods a ReplicaSet creates and deletes.
+const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
+const FAILED_CREATE: &str = "FailedCreate";
+const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
+const FAILED_DELETE: &str = "FailedDelete";
 
 pub const NAME: &str = "apps/v1/ReplicaSet";
 
@@ -158,6 +167,78 @@ async fn patch_owners(
     .await
 }
 
+/// kube-controller-manager's `canAdopt`: before the first adoption, the ReplicaSet is read
+/// again from the apiserver, not the cache. One deleted (or deleted and recreated under the
+/// same name) since the cache read must not adopt: its Pods would go to an owner that is gone.
+pub async fn can_adopt(ctx: &Context, rs: &ReplicaSet) -> Result<()> {
+    let namespace = rs.metadata.namespace.as_deref().unwrap_or_default();
+    let name = rs.metadata.name.as_deref().unwrap_or_default();
+    let fresh = Api::<ReplicaSet>::namespaced(ctx.client.clone(), namespace)
+        .get(name)
+        .await?;
+    if fresh.metadata.uid != rs.metadata.uid {
+        return Err(Error::Other(format!(
+            "original replica set {namespace}/{name} is gone: got uid {}, wanted {}",
+            fresh.metadata.uid.unwrap_or_default(),
+            rs.metadata.uid.as_deref().unwrap_or_default()
+        )));
+    }
+    if fresh.metadata.deletion_timestamp.is_some() {
+        return Err(Error::Other(format!(
+            "replica set {namespace}/{name} has just been deleted"
+        )));
+    }
+    Ok(())
+}
+
+/// The Pods of every ReplicaSet controlled by this one's controller, this one's included
+/// (`getIndirectlyRelatedPods`): each ReplicaSet's selector, over the namespace. None for a
+/// ReplicaSet without a controller.
+async fn related_pods(ctx: &Context, rs: &ReplicaSet) -> Result<Vec<Pod>> {
+    let Some(owner) = rs
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+    else {
+        return Ok(Vec::new());
+    };
+    let namespace = rs.metadata.namespace.as_deref().unwrap_or_default();
+    let siblings = ctx
+        .cache
+        .list::<ReplicaSet>(
+            namespace,
+            ListFilter {
+                controller_uid: &owner.uid,
+                ..ListFilter::default()
+            },
+        )
+        .await?;
+    let mut by_uid: BTreeMap<String, Pod> = BTreeMap::new();
+    for sibling in &siblings {
+        let Ok(spec) = Spec::new(sibling) else {
+            continue;
+        };
+        let query = spec.selector.to_query();
+        let pods = ctx
+            .cache
+            .list::<Pod>(
+                namespace,
+                ListFilter {
+                    label_selector: &query,
+                    ..ListFilter::default()
+                },
+            )
+            .await?;
+        for pod in pods {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            by_uid.entry(uid).or_insert(pod);
+        }
+    }
+    Ok(by_uid.into_values().collect())
+}
+
 async fn reconcile(ctx: &Context, request: &Request) -> Result {
     let Some(rs) = ctx
         .cache
@@ -182,6 +263,9 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     let mut writes = Writes::default();
     let mut first_error: Option<Error> = None;
 
+    if !claim.adopt.is_empty() {
+        can_adopt(ctx, &rs).await?;
+    }
     let adopted = join_all(claim.adopt.iter().map(|pod| adopt(&pods_api, &spec, pod))).await;
     let released = join_all(
         claim
@@ -218,6 +302,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     owned.extend(adopted_pods.iter().filter(|p| controller_of(p).is_some()));
 
     let mut failure = None;
+    let mut namespace_terminating = false;
     match core::diff(&spec, owned.len()) {
         Diff::Create(count) => {
             let template = pod_from_template(&spec);
@@ -227,31 +312,64 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                     join_all((0..batch).map(|_| pods_api.create(&params, &template))).await;
                 for result in created {
                     match result {
-                        Ok(pod) => writes.saw(&pod),
+                        Ok(pod) => {
+                            writes.saw(&pod);
+                            ctx.events.publish(
+                                &rs,
+                                EventType::Normal,
+                                SUCCESSFUL_CREATE,
+                                "Create",
+                                format!(
+                                    "Created pod: {}",
+                                    pod.metadata.name.as_deref().unwrap_or_default()
+                                ),
+                            );
+                        }
+                        // Every creation fails in a namespace being deleted, and nothing is
+                        // left to do there: as kube-controller-manager, not a failure, and
+                        // no Event.
+                        Err(error) if is_namespace_terminating(&error) => {
+                            namespace_terminating = true;
+                        }
                         Err(error) => {
+                            let message = status_message(&error);
+                            ctx.events.publish(
+                                &rs,
+                                EventType::Warning,
+                                FAILED_CREATE,
+                                "Create",
+                                format!("Error creating: {message}"),
+                            );
                             failure.get_or_insert(ManageFailure {
-                                reason: "FailedCreate",
-                                message: error.to_string(),
+                                reason: FAILED_CREATE,
+                                message,
                             });
                             note(&mut first_error, error);
                         }
                     }
                 }
                 // The rest of the batches are skipped: the template is likely refused again.
-                if failure.is_some() {
+                if failure.is_some() || namespace_terminating {
                     break;
                 }
             }
             debug!(count, failed = failure.is_some(), "created pods");
         }
         Diff::Delete(count) => {
-            let victims = pods_to_delete(&owned, count);
+            let related = if count < owned.len() {
+                related_pods(ctx, &rs).await?
+            } else {
+                Vec::new()
+            };
+            let related: Vec<&Pod> = related.iter().collect();
+            let victims = pods_to_delete(&owned, &related, count, Timestamp::now());
             let params = DeleteParams::default();
             let deleted = join_all(victims.iter().map(|pod| {
                 pods_api.delete(pod.metadata.name.as_deref().unwrap_or_default(), &params)
             }))
             .await;
-            for result in deleted {
+            for (victim, result) in victims.iter().zip(deleted) {
+                let name = victim.metadata.name.as_deref().unwrap_or_default();
                 match result {
                     // Graceful deletion returns the Pod marked for deletion, immediate deletion
                     // the deleted Pod: either carries the write's resourceVersion.
@@ -259,12 +377,27 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                         if let Some(pod) = either.left() {
                             writes.saw(&pod);
                         }
+                        ctx.events.publish(
+                            &rs,
+                            EventType::Normal,
+                            SUCCESSFUL_DELETE,
+                            "Delete",
+                            format!("Deleted pod: {name}"),
+                        );
                     }
                     Err(error) if is_not_found(&error) => {}
                     Err(error) => {
+                        let message = status_message(&error);
+                        ctx.events.publish(
+                            &rs,
+                            EventType::Warning,
+                            FAILED_DELETE,
+                            "Delete",
+                            format!("Error deleting: {message}"),
+                        );
                         failure.get_or_insert(ManageFailure {
-                            reason: "FailedDelete",
-                            message: error.to_string(),
+                            reason: FAILED_DELETE,
+                            message,
                         });
                         note(&mut first_error, error);
                     }
@@ -295,8 +428,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
         // The next reconcile of this key starts after this one's outcome. It compares the
         // status it computes with the cached ReplicaSet's and skips an equal one, so that
         // cache must hold this write: a cache still showing the status from before it would
-        // make an unchanged-looking status skip a needed write, and a status-only update
-        // keys nothing under a `generationChanged` predicate.
+        // make an unchanged-looking status skip a needed write until some later event.
         if let Some(rv) = written.metadata.resource_version.as_deref() {
             ctx.cache
                 .get::<ReplicaSet>(&request.namespace, &request.name, Some(rv))

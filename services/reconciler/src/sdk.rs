@@ -16,16 +16,13 @@
 use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
-pub use switchyard_k8s::kube::runtime::events::EventType;
-use switchyard_k8s::{
-    Client,
-    kube::{
-        self,
-        runtime::events::{Event, Recorder, Reporter},
-    },
-};
+use switchyard_k8s::{Client, kube};
 
-use crate::cache::{CacheClient, CacheError};
+pub use crate::events::EventType;
+use crate::{
+    cache::{CacheClient, CacheError},
+    events::Recorder,
+};
 
 /// What a successful reconcile asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +61,34 @@ impl Error {
     pub fn is_conflict(&self) -> bool {
         matches!(self, Self::Kube(switchyard_k8s::kube::Error::Api(status)) if status.is_conflict())
     }
+
+    /// The apiserver refused a creation because the namespace is being deleted. The worker
+    /// reports such a reconcile as done: no retry, no warning (kube-controller-manager's
+    /// `handleErr` forgets the key the same way).
+    pub fn is_namespace_terminating(&self) -> bool {
+        matches!(self, Self::Kube(error) if is_namespace_terminating(error))
+    }
+}
+
+/// The apiserver's message for a refusal (what client-go's `StatusError.Error()` says), or
+/// the error itself for any other failure: the text kube-controller-manager's Events carry.
+pub fn status_message(error: &switchyard_k8s::kube::Error) -> String {
+    match error {
+        switchyard_k8s::kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The cause the apiserver gives when it refuses a creation in a namespace being deleted.
+pub const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
+
+/// A 403 with the cause `NamespaceTerminating` (`apierrors.HasStatusCause(err,
+/// v1.NamespaceTerminatingCause)`).
+pub fn is_namespace_terminating(error: &switchyard_k8s::kube::Error) -> bool {
+    matches!(error, switchyard_k8s::kube::Error::Api(status)
+    if status.details.as_ref().is_some_and(|d| {
+        d.causes.iter().any(|c| c.reason == NAMESPACE_TERMINATING)
+    }))
 }
 
 pub type Result<T = Action, E = Error> = std::result::Result<T, E>;
@@ -103,52 +128,33 @@ impl Context {
     }
 }
 
-/// Publishes `events.k8s.io/v1` Events, reported by `switchyard-reconciler` and this worker.
-/// Repeats of one event (same object, type, reason, action and note) within six minutes
-/// become one Event with a growing `series.count`, as client-go's recorder does.
-#[derive(Clone)]
+/// Publishes `events.k8s.io/v1` Events, reported by `switchyard-reconciler` and this worker,
+/// correlated as kube-controller-manager's recorder correlates them ([`crate::events`]): each
+/// distinct note is an Event of its own, and its repeats within six minutes raise its
+/// `series.count`.
+#[derive(Clone, Debug)]
 pub struct Events(Recorder);
-
-impl fmt::Debug for Events {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Events").finish_non_exhaustive()
-    }
-}
 
 impl Events {
     pub fn new(client: Client, instance: &str) -> Self {
-        Self(Recorder::new(
-            client,
-            Reporter {
-                controller: crate::SERVICE.to_owned(),
-                instance: Some(instance.to_owned()),
-            },
-        ))
+        Self(Recorder::new(client, crate::SERVICE, instance))
     }
 
     /// Records `reason` (PascalCase, at most 128 characters) for the `action` taken on
-    /// `object`, with a human-readable `note`. A failure to record is an error of the
-    /// reconcile only if the caller makes it one.
-    pub async fn publish<K>(
+    /// `object`, with a human-readable `note`. The Event is written in the background, in
+    /// order; the reconcile does not wait for it, and a failure to write it is logged.
+    pub fn publish<K>(
         &self,
         object: &K,
         type_: EventType,
         reason: &str,
         action: &str,
         note: impl Into<String>,
-    ) -> Result<(), Error>
-    where
+    ) where
         K: kube::Resource<DynamicType = ()>,
     {
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note.into()),
-            action: action.to_owned(),
-            secondary: None,
-        };
-        self.0.publish(&event, &object.object_ref(&())).await?;
-        Ok(())
+        self.0
+            .publish(&object.object_ref(&()), type_, reason, action, &note.into());
     }
 }
 
@@ -229,5 +235,48 @@ impl Controller for WithLatency {
             tokio::time::sleep(self.delay).await;
             self.inner.reconcile(ctx, request).await
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_k8s::kube::core::{
+        Status,
+        response::{StatusCause, StatusDetails},
+    };
+
+    use super::*;
+
+    fn refused(cause: &str) -> Error {
+        let mut status = Status::failure(
+            "pods \"web-x\" is forbidden: unable to create new content in namespace t because it is being terminated",
+            "Forbidden",
+        )
+        .with_code(403);
+        status.details = Some(StatusDetails {
+            name: "web-x".into(),
+            group: String::new(),
+            kind: "pods".into(),
+            uid: String::new(),
+            causes: vec![StatusCause {
+                reason: cause.into(),
+                message: "namespace t is being terminated".into(),
+                field: "metadata.namespace".into(),
+            }],
+            retry_after_seconds: 0,
+        });
+        Error::Kube(switchyard_k8s::kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn a_refusal_in_a_terminating_namespace_is_told_apart_by_its_cause() {
+        assert!(refused(NAMESPACE_TERMINATING).is_namespace_terminating());
+        // Another 403 (RBAC, admission) is a failure like any other.
+        assert!(!refused("FieldValueForbidden").is_namespace_terminating());
+        assert!(!Error::Other("namespace terminating".into()).is_namespace_terminating());
+        let Error::Kube(error) = refused(NAMESPACE_TERMINATING) else {
+            unreachable!()
+        };
+        assert!(status_message(&error).starts_with("pods \"web-x\" is forbidden"));
     }
 }

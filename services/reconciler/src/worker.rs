@@ -330,6 +330,12 @@ impl Session {
                             Ok(Ok(Ok(Action::RequeueAfter(delay)))) => {
                                 (Ended::RequeueAfter, Outcome::RequeueAfter(delay))
                             }
+                            // kube-controller-manager's handleErr: a namespace being
+                            // deleted refuses every creation; nothing is left to do there.
+                            Ok(Ok(Err(error))) if error.is_namespace_terminating() => {
+                                debug!(%error, "namespace terminating, reconcile done");
+                                (Ended::Done, Outcome::Done)
+                            }
                             Ok(Ok(Err(error))) => failed(Ended::Failed, error.to_string()),
                             Ok(Err(join)) if join.is_panic() => failed(
                                 Ended::Panicked,

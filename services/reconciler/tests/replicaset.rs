@@ -370,3 +370,77 @@ async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
     watcher.stop().await;
     queue.stop().await;
 }
+
+/// kube-controller-manager's `canAdopt`: the owner is read again from the apiserver before
+/// adopting. One recreated under the same name (another UID) or being deleted adopts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adoption_rereads_the_owner_and_refuses_one_gone_or_being_deleted() {
+    use switchyard_reconciler::{cache::CacheClient, sdk::Context};
+
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "rs-can-adopt")
+        .await
+        .unwrap();
+    // can_adopt reads the apiserver only: the cache is never dialed.
+    let ctx = Context::new(
+        client.clone(),
+        CacheClient::new(&Pki::shared().dialer(Role::Reconciler), "127.0.0.1:9").unwrap(),
+        "test",
+    );
+    let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    let mut held = replica_set("owner", 0);
+    held.metadata.finalizers = Some(vec!["switchyard.dev/test-hold".into()]);
+    let created = rs_api.create(&PostParams::default(), &held).await.unwrap();
+    switchyard_reconciler::replicaset::can_adopt(&ctx, &created)
+        .await
+        .expect("the owner as read may adopt");
+
+    // The cache's copy of an owner deleted and recreated under the same name.
+    let mut stale = created.clone();
+    stale.metadata.uid = Some("00000000-0000-0000-0000-000000000000".into());
+    let error = switchyard_reconciler::replicaset::can_adopt(&ctx, &stale)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("is gone"), "{error}");
+
+    // Being deleted (a finalizer holds it).
+    rs_api
+        .delete("owner", &DeleteParams::default())
+        .await
+        .unwrap();
+    let error = switchyard_reconciler::replicaset::can_adopt(&ctx, &created)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("has just been deleted"), "{error}");
+    rs_api
+        .patch(
+            "owner",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+
+    // The same check guards the Deployment controller's adoptions.
+    let deployments: Api<switchyard_k8s::Deployment> = Api::namespaced(client.clone(), ns.name());
+    let d = deployments
+        .create(
+            &PostParams::default(),
+            &switchyard_testenv::manifests::deployment("owner", 0, serde_json::Value::Null),
+        )
+        .await
+        .unwrap();
+    switchyard_reconciler::deployment::can_adopt(&ctx, &d)
+        .await
+        .expect("the Deployment as read may adopt");
+    let mut stale = d.clone();
+    stale.metadata.uid = Some("00000000-0000-0000-0000-000000000000".into());
+    let error = switchyard_reconciler::deployment::can_adopt(&ctx, &stale)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("is gone"), "{error}");
+}

@@ -225,35 +225,59 @@ pub fn slow_start_batches(count: usize) -> Vec<usize> {
     batches
 }
 
-/// The `count` Pods to delete, first to go first (`controller.ActivePodsWithRanks`, with
-/// the rank being the number of this ReplicaSet's Pods on the same Node):
-/// unscheduled before scheduled; Pending before Unknown before Running; not ready before
-/// ready; Pods on crowded Nodes first; ready for less time first; more restarts first; newer
-/// before older.
-pub fn pods_to_delete<'p>(owned: &[&'p Pod], count: usize) -> Vec<&'p Pod> {
-    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
-    for pod in owned {
-        if let Some(node) = node_of(pod) {
-            *per_node.entry(node).or_default() += 1;
-        }
-    }
-    let rank = |pod: &Pod| node_of(pod).map_or(0, |n| per_node[n]);
+/// The annotation that tells which Pods a scale-down takes first (lower cost first).
+pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+/// The `count` Pods of `owned` to delete, first to go first (`getPodsToDelete` and
+/// `controller.ActivePodsWithRanks`, with `PodDeletionCost` and `LogarithmicScaleDown` on, as
+/// in kube-controller-manager 1.35):
+///
+/// 1. unscheduled before scheduled;
+/// 2. Pending before Unknown before Running;
+/// 3. not ready before ready;
+/// 4. lower `controller.kubernetes.io/pod-deletion-cost` first;
+/// 5. more active `related` Pods on the same Node first;
+/// 6. both ready: ready more recently first, compared by `log2` of the time ready (a Pod
+///    whose ready time is unknown first); same bucket: by UID;
+/// 7. more container restarts first;
+/// 8. created more recently first, compared by `log2` of the age; same bucket: by UID.
+///
+/// `related` are the Pods of every ReplicaSet with the same controller as this one
+/// (`getIndirectlyRelatedPods`): none for a ReplicaSet without a controller, whose Pods then
+/// all rank alike on step 5.
+pub fn pods_to_delete<'p>(
+    owned: &[&'p Pod],
+    related: &[&Pod],
+    count: usize,
+    now: Timestamp,
+) -> Vec<&'p Pod> {
     let mut ranked = owned.to_vec();
-    ranked.sort_by(|a, b| deletion_order(a, rank(a), b, rank(b)));
+    // kube-controller-manager sorts only when some Pods stay.
+    if count < ranked.len() {
+        let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+        for pod in related.iter().filter(|p| is_active(p)) {
+            *per_node.entry(node_name(pod)).or_default() += 1;
+        }
+        let rank = |pod: &Pod| per_node.get(node_name(pod)).copied().unwrap_or(0);
+        ranked.sort_by(|a, b| deletion_order(a, rank(a), b, rank(b), now));
+    }
     ranked.truncate(count);
     ranked
 }
 
-fn node_of(pod: &Pod) -> Option<&str> {
+fn node_name(pod: &Pod) -> &str {
     pod.spec
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
-        .filter(|n| !n.is_empty())
+        .unwrap_or_default()
+}
+
+fn node_of(pod: &Pod) -> Option<&str> {
+    Some(node_name(pod)).filter(|n| !n.is_empty())
 }
 
 fn phase_rank(pod: &Pod) -> u8 {
     match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
-        Some("Pending") => 0,
         Some("Unknown") => 1,
         Some("Running") => 2,
         _ => 0,
@@ -265,31 +289,78 @@ fn restarts(pod: &Pod) -> i32 {
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
         .map_or(0, |cs| {
-            cs.iter().map(|c| c.restart_count).max().unwrap_or(0)
+            cs.iter().map(|c| c.restart_count).max().unwrap_or(0).max(0)
         })
 }
 
+/// The Pod's deletion cost; unset or not an `int32` counts as 0, as in
+/// kube-controller-manager.
+pub fn deletion_cost(pod: &Pod) -> i32 {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POD_DELETION_COST))
+        .and_then(|v| v.parse::<i32>().ok())
+        .unwrap_or(0)
+}
+
+/// `floor(log2(now - t))` in nanoseconds, or -1 for a time not in the past
+/// (`logarithmicRankDiff`'s rank of one time).
+fn log_bucket(t: Timestamp, now: Timestamp) -> i64 {
+    let nanos = now.as_nanosecond() - t.as_nanosecond();
+    if nanos <= 0 {
+        return -1;
+    }
+    // ilog2 is floor(log2) for a positive integer, what Go's int64(math.Log2(..)) gives.
+    i64::from(nanos.unsigned_abs().ilog2())
+}
+
+/// Later first, an unknown time before any known one (`afterOrZero`), or by logarithmic
+/// bucket and then UID when both are known.
+fn newer_first(
+    a: &Pod,
+    ta: Option<Timestamp>,
+    b: &Pod,
+    tb: Option<Timestamp>,
+    now: Timestamp,
+) -> Ordering {
+    match (ta, tb) {
+        (Some(x), Some(y)) if x == y => Ordering::Equal,
+        (Some(x), Some(y)) => match log_bucket(x, now).cmp(&log_bucket(y, now)) {
+            Ordering::Equal => a.metadata.uid.cmp(&b.metadata.uid),
+            other => other,
+        },
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+    }
+}
+
 /// Less means deleted first.
-fn deletion_order(a: &Pod, rank_a: usize, b: &Pod, rank_b: usize) -> Ordering {
+fn deletion_order(a: &Pod, rank_a: usize, b: &Pod, rank_b: usize, now: Timestamp) -> Ordering {
     let created = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
     node_of(a)
         .is_some()
         .cmp(&node_of(b).is_some())
         .then(phase_rank(a).cmp(&phase_rank(b)))
         .then(is_ready(a).cmp(&is_ready(b)))
+        .then(deletion_cost(a).cmp(&deletion_cost(b)))
         .then(rank_b.cmp(&rank_a))
-        // Ready more recently (a later transition time) goes first; unknown times first.
-        .then_with(
-            || match (ready_since(a).flatten(), ready_since(b).flatten()) {
-                (Some(x), Some(y)) => y.cmp(&x),
-                (x, y) => x.is_some().cmp(&y.is_some()),
-            },
-        )
-        .then(restarts(b).cmp(&restarts(a)))
-        .then_with(|| match (created(a), created(b)) {
-            (Some(x), Some(y)) => y.cmp(&x),
-            (x, y) => x.is_some().cmp(&y.is_some()),
+        .then_with(|| {
+            if is_ready(a) && is_ready(b) {
+                newer_first(
+                    a,
+                    ready_since(a).flatten(),
+                    b,
+                    ready_since(b).flatten(),
+                    now,
+                )
+            } else {
+                Ordering::Equal
+            }
         })
+        .then(restarts(b).cmp(&restarts(a)))
+        .then_with(|| newer_first(a, created(a), b, created(b), now))
         .then_with(|| a.metadata.name.cmp(&b.metadata.name))
 }
 
@@ -407,7 +478,7 @@ pub fn status_changed(rs: &ReplicaSet, new: &ReplicaSetStatus) -> bool {
         || zero(old.fully_labeled_replicas) != zero(new.fully_labeled_replicas)
         || zero(old.ready_replicas) != zero(new.ready_replicas)
         || zero(old.available_replicas) != zero(new.available_replicas)
-        || zero(old.terminating_replicas) != zero(new.terminating_replicas)
+        || old.terminating_replicas != new.terminating_replicas
         || old.observed_generation != new.observed_generation
         || old.conditions.unwrap_or_default() != new.conditions.clone().unwrap_or_default()
 }

@@ -156,7 +156,7 @@ namespaces:
   include: [{namespace}]
 controllers:
   - name: {RS}
-    for: {{apiVersion: apps/v1, kind: ReplicaSet, predicates: [generationChanged, labelsChanged]}}
+    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
     owns:
       - {{apiVersion: v1, kind: Pod}}
 "#
@@ -174,11 +174,11 @@ namespaces:
   include: [{namespace}]
 controllers:
   - name: {RS}
-    for: {{apiVersion: apps/v1, kind: ReplicaSet, predicates: [generationChanged, labelsChanged]}}
+    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
     owns:
       - {{apiVersion: v1, kind: Pod}}
   - name: {DEPLOY}
-    for: {{apiVersion: apps/v1, kind: Deployment, predicates: [generationChanged, labelsChanged, annotationsChanged]}}
+    for: {{apiVersion: apps/v1, kind: Deployment}}
     owns:
       - {{apiVersion: apps/v1, kind: ReplicaSet}}
       - {{apiVersion: v1, kind: Pod, through: {{apiVersion: apps/v1, kind: ReplicaSet}}, predicates: [labelsChanged]}}

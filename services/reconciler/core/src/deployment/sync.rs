@@ -275,6 +275,21 @@ fn fraction(spec: &Spec<'_>, rs: &ReplicaSet) -> i32 {
     rounded - replicas(rs)
 }
 
+/// One ReplicaSet's share of `to_add` when `added` is already given out
+/// (`GetProportion`): its fraction, but never past what is left to give (or to take).
+fn proportion(spec: &Spec<'_>, rs: &ReplicaSet, to_add: i32, added: i32) -> i32 {
+    if replicas(rs) == 0 || to_add == 0 || to_add == added {
+        return 0;
+    }
+    let share = fraction(spec, rs);
+    let left = to_add - added;
+    if to_add > 0 {
+        share.min(left)
+    } else {
+        share.max(left)
+    }
+}
+
 /// The sizes `scale` gives to the ReplicaSets (`DeploymentController.scale`), by name. The
 /// caller writes those that differ with [`scaled`].
 pub fn scale(spec: &Spec<'_>, new: Option<&ReplicaSet>, old: &[&ReplicaSet]) -> Vec<(String, i32)> {
@@ -323,7 +338,7 @@ pub fn scale(spec: &Spec<'_>, new: Option<&ReplicaSet>, old: &[&ReplicaSet]) -> 
     let mut sizes: Vec<(String, i32)> = all
         .iter()
         .map(|rs| {
-            let share = if to_add == 0 { 0 } else { fraction(spec, rs) };
+            let share = proportion(spec, rs, to_add, added);
             added += share;
             (name(rs).to_owned(), replicas(rs) + share)
         })
@@ -397,7 +412,7 @@ pub fn calculate_status(
         unavailable_replicas: Some((total - available).max(0)),
         collision_count: current.collision_count,
         conditions: current.conditions.clone(),
-        terminating_replicas: current.terminating_replicas,
+        terminating_replicas: terminating_replicas(all),
     };
     if available >= spec.replicas - spec.max_unavailable() {
         set_condition(
@@ -425,7 +440,17 @@ pub fn calculate_status(
     status
 }
 
-/// Whether `new` differs from `old` (unset counts as zero), so that a write is needed.
+/// The ReplicaSets' `terminatingReplicas` summed; unknown (`None`) while any ReplicaSet's
+/// controller has not reported it (`GetTerminatingReplicaCountForReplicaSets`).
+pub fn terminating_replicas(all: &[&ReplicaSet]) -> Option<i32> {
+    all.iter().try_fold(0i32, |sum, rs| {
+        let own = rs.status.as_ref()?.terminating_replicas?;
+        Some(sum.saturating_add(own))
+    })
+}
+
+/// Whether `new` differs from `old` (unset counts as zero, except `terminatingReplicas`,
+/// where unset means unknown), so that a write is needed.
 pub fn status_changed(old: &DeploymentStatus, new: &DeploymentStatus) -> bool {
     let z = |v: Option<i32>| v.unwrap_or(0);
     z(old.replicas) != z(new.replicas)
@@ -435,6 +460,7 @@ pub fn status_changed(old: &DeploymentStatus, new: &DeploymentStatus) -> bool {
         || z(old.unavailable_replicas) != z(new.unavailable_replicas)
         || old.observed_generation != new.observed_generation
         || old.collision_count != new.collision_count
+        || old.terminating_replicas != new.terminating_replicas
         || old.conditions.clone().unwrap_or_default() != new.conditions.clone().unwrap_or_default()
 }
 

@@ -364,6 +364,31 @@ fn scaling_mid_rollout_is_proportional_with_the_rest_to_the_biggest() {
 }
 
 #[test]
+fn a_share_never_goes_past_what_is_left_to_give() {
+    // 10 replicas stuck at 7 old and 3 new (maxSurge 0, maxUnavailable 3), scaled to 15:
+    // 7 * 15 / 10 = 10.5 -> 11 (+4) for the biggest first, then 3 * 15 / 10 = 4.5 -> 5 (+2)
+    // capped at the 1 left (`GetProportion`); not +2 with the excess taken off the biggest.
+    let d = mk_deploy(15, "b", rolling(json!(0), json!(3)));
+    let spec = Spec::new(&d).unwrap();
+    let old = annotate(mk_rs("web-old", "a", 0, 7, 7, 1), MAX_REPLICAS, 10);
+    let new = annotate(mk_rs("web-new", "b", 10, 3, 0, 2), MAX_REPLICAS, 10);
+    assert_eq!(
+        sizes(&scale(&spec, Some(&new), &[&old])),
+        [("web-old", 11), ("web-new", 4)]
+    );
+    // Down from 15 (11 old, 4 new) to 6: 11 * 6 / 15 = 4.4 -> 4 (-7), 4 * 6 / 15 = 1.6 -> 2
+    // (-2): exactly the 9 to take.
+    let d = mk_deploy(6, "b", rolling(json!(0), json!(3)));
+    let spec = Spec::new(&d).unwrap();
+    let old = annotate(mk_rs("web-old", "a", 0, 11, 11, 1), MAX_REPLICAS, 15);
+    let new = annotate(mk_rs("web-new", "b", 10, 4, 0, 2), MAX_REPLICAS, 15);
+    assert_eq!(
+        sizes(&scale(&spec, Some(&new), &[&old])),
+        [("web-old", 4), ("web-new", 2)]
+    );
+}
+
+#[test]
 fn scaled_writes_size_and_replicas_annotations_only_when_needed() {
     let d = mk_deploy(4, "a", default_rolling());
     let spec = Spec::new(&d).unwrap();
@@ -468,6 +493,29 @@ fn status_sums_the_replica_sets_and_says_available() {
         ("False", Some(MIN_UNAVAILABLE))
     );
     assert_eq!(unavailable.last_transition_time, Some(Time(at(5))));
+}
+
+#[test]
+fn terminating_replicas_sum_the_replica_sets_or_stay_unknown() {
+    let d = mk_deploy(10, "b", default_rolling());
+    let spec = Spec::new(&d).unwrap();
+    let mut old = mk_rs("web-old", "a", 0, 6, 6, 1);
+    let mut new = mk_rs("web-new", "b", 10, 6, 2, 2);
+    // One ReplicaSet not reported yet: unknown, as kube-controller-manager leaves it.
+    new.status.as_mut().unwrap().terminating_replicas = Some(1);
+    let current = DeploymentStatus::default();
+    let status = calculate_status(&spec, Some(&new), &[&old, &new], &current, at(0));
+    assert_eq!(status.terminating_replicas, None);
+    old.status.as_mut().unwrap().terminating_replicas = Some(3);
+    let status = calculate_status(&spec, Some(&new), &[&old, &new], &current, at(0));
+    assert_eq!(status.terminating_replicas, Some(4));
+    // A change of it alone is a status to write; 0 is not the same as unknown.
+    let mut before = status.clone();
+    before.terminating_replicas = Some(0);
+    assert!(status_changed(&before, &status));
+    before.terminating_replicas = None;
+    assert!(status_changed(&before, &status));
+    assert!(!status_changed(&status, &status.clone()));
 }
 
 #[test]

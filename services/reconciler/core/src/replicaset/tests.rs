@@ -3,6 +3,7 @@ use k8s_openapi::{
     jiff::ToSpan,
 };
 use serde_json::json;
+use std::collections::BTreeMap;
 
 use super::*;
 
@@ -92,6 +93,18 @@ impl PodBuilder {
             restart_count: count,
             ..ContainerStatus::default()
         }]);
+        self
+    }
+    fn uid(mut self, uid: &str) -> Self {
+        self.0.metadata.uid = Some(uid.into());
+        self
+    }
+    fn deletion_cost(mut self, cost: &str) -> Self {
+        self.0
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(POD_DELETION_COST.into(), cost.into());
         self
     }
     fn deleting(mut self) -> Self {
@@ -221,8 +234,10 @@ fn deletion_prefers_unscheduled_pending_not_ready_then_newer() {
             .build(),
     ];
     let refs: Vec<&Pod> = pods.iter().collect();
+    // Ages 50 s and 100 s, ready for 60 s and 90 s: different log2 buckets.
+    let now = at(100);
     assert_eq!(
-        names(&pods_to_delete(&refs, 7)),
+        names(&pods_to_delete(&refs, &refs, 6, now)),
         [
             "unscheduled",
             "pending",
@@ -230,14 +245,16 @@ fn deletion_prefers_unscheduled_pending_not_ready_then_newer() {
             "recently-ready",
             "restarting",
             "new-ready",
-            "old-ready"
         ]
     );
-    assert_eq!(names(&pods_to_delete(&refs, 2)), ["unscheduled", "pending"]);
+    assert_eq!(
+        names(&pods_to_delete(&refs, &refs, 2, now)),
+        ["unscheduled", "pending"]
+    );
 }
 
 #[test]
-fn deletion_prefers_pods_on_crowded_nodes() {
+fn deletion_prefers_pods_on_nodes_crowded_with_related_pods() {
     let pods = [
         mk_pod("alone", &[])
             .node("n1")
@@ -248,7 +265,119 @@ fn deletion_prefers_pods_on_crowded_nodes() {
         mk_pod("crowded-b", &[]).node("n2").ready_since(10).build(),
     ];
     let refs: Vec<&Pod> = pods.iter().collect();
-    assert_eq!(names(&pods_to_delete(&refs, 1)), ["crowded-a"]);
+    let now = at(100);
+    assert_eq!(names(&pods_to_delete(&refs, &refs, 1, now)), ["crowded-a"]);
+
+    // Pods of a sibling ReplicaSet (same Deployment) on n1 make n1 the crowded Node;
+    // a terminating one does not count.
+    let sibling = [
+        mk_pod("other-1", &[]).node("n1").ready_since(10).build(),
+        mk_pod("other-2", &[]).node("n1").ready_since(10).build(),
+        mk_pod("other-3", &[]).node("n2").deleting().build(),
+        mk_pod("other-4", &[]).node("n2").deleting().build(),
+    ];
+    let related: Vec<&Pod> = pods.iter().chain(&sibling).collect();
+    assert_eq!(names(&pods_to_delete(&refs, &related, 1, now)), ["alone"]);
+
+    // A ReplicaSet without a controller has no related Pods: no Node counts as crowded, and
+    // the newer Pod goes first (30 s old against 100 s: another log2 bucket).
+    let older_crowded = [
+        mk_pod("alone", &[])
+            .node("n1")
+            .ready_since(10)
+            .created(70)
+            .build(),
+        mk_pod("crowded-a", &[]).node("n2").ready_since(10).build(),
+        mk_pod("crowded-b", &[]).node("n2").ready_since(10).build(),
+    ];
+    let refs: Vec<&Pod> = older_crowded.iter().collect();
+    assert_eq!(names(&pods_to_delete(&refs, &[], 1, now)), ["alone"]);
+    assert_eq!(names(&pods_to_delete(&refs, &refs, 1, now)), ["crowded-a"]);
+}
+
+#[test]
+fn deletion_cost_comes_after_readiness_and_before_crowding() {
+    let pods = [
+        mk_pod("cheap-not-ready", &[])
+            .node("n1")
+            .deletion_cost("-100")
+            .build(),
+        mk_pod("expensive", &[])
+            .node("n2")
+            .ready_since(10)
+            .deletion_cost("1000")
+            .build(),
+        mk_pod("cheap", &[])
+            .node("n3")
+            .ready_since(10)
+            .deletion_cost("-5")
+            .build(),
+        mk_pod("unset", &[]).node("n2").ready_since(10).build(),
+        mk_pod("garbage", &[])
+            .node("n2")
+            .ready_since(90)
+            .deletion_cost("lots")
+            .build(),
+    ];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    // Not ready first whatever its cost; then by cost (an unparsable cost is 0); the two at
+    // 0 on crowded n2 by how recently they became ready.
+    assert_eq!(
+        names(&pods_to_delete(&refs, &refs, 4, at(100))),
+        ["cheap-not-ready", "cheap", "garbage", "unset"]
+    );
+    assert_eq!(deletion_cost(&pods[4]), 0);
+    assert_eq!(deletion_cost(&pods[2]), -5);
+}
+
+#[test]
+fn ready_times_and_ages_in_one_log2_bucket_are_ordered_by_uid() {
+    // Ready for 10 s and 11 s: both floor(log2(ns)) = 33, so the UID decides, not the time.
+    let pods = [
+        mk_pod("ready-later", &[])
+            .node("n1")
+            .ready_since(90)
+            .uid("b")
+            .build(),
+        mk_pod("ready-earlier", &[])
+            .node("n2")
+            .ready_since(89)
+            .uid("a")
+            .build(),
+    ];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    assert_eq!(
+        names(&pods_to_delete(&refs, &[], 1, at(100))),
+        ["ready-earlier"]
+    );
+    // Ready for 10 s and 100 s: different buckets, the more recent goes first.
+    let pods = [
+        mk_pod("recent", &[])
+            .node("n1")
+            .ready_since(90)
+            .uid("b")
+            .build(),
+        mk_pod("long", &[])
+            .node("n2")
+            .ready_since(0)
+            .uid("a")
+            .build(),
+    ];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    assert_eq!(names(&pods_to_delete(&refs, &[], 1, at(100))), ["recent"]);
+    // Not ready, created 20 s and 21 s ago (bucket 34 both): by UID as well.
+    let pods = [
+        mk_pod("younger", &[])
+            .node("n1")
+            .created(80)
+            .uid("z")
+            .build(),
+        mk_pod("older", &[]).node("n2").created(79).uid("y").build(),
+    ];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    assert_eq!(names(&pods_to_delete(&refs, &[], 1, at(100))), ["older"]);
+    // Deleting every Pod needs no order.
+    assert_eq!(pods_to_delete(&refs, &[], 2, at(100)).len(), 2);
 }
 
 #[test]
@@ -342,4 +471,29 @@ fn a_failed_round_sets_replica_failure_and_keeps_its_transition_time() {
     assert!(!status_changed(&rs, &again));
     let recovered = status(&spec, &Claim::default(), None, at(30));
     assert_eq!(recovered.conditions, None);
+}
+
+#[test]
+fn terminating_replicas_unset_is_rewritten_as_a_count() {
+    let rs = mk_rs(2, 0);
+    let pods = [
+        mk_pod("a", &[("app", "web")]).owned_by(UID).build(),
+        mk_pod("b", &[("app", "web")])
+            .owned_by(UID)
+            .deleting()
+            .build(),
+    ];
+    let spec = Spec::new(&rs).unwrap();
+    let claim = claim(&spec, &pods);
+    let status = status(&spec, &claim, None, at(0));
+    assert_eq!(status.terminating_replicas, Some(1));
+    let mut written = rs.clone();
+    written.status = Some(status.clone());
+    assert!(!status_changed(&written, &status));
+    // A status without the field (written by a controller that does not fill it, or by
+    // hand) is rewritten, even when no Pod is terminating.
+    let mut none = status.clone();
+    none.terminating_replicas = Some(0);
+    written.status.as_mut().unwrap().terminating_replicas = None;
+    assert!(status_changed(&written, &none));
 }
