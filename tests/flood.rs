@@ -298,6 +298,7 @@ async fn drain_all(channel: Channel, leased: Arc<Mutex<Vec<String>>>) {
                 lease_id: item.lease_id,
                 result: Some(outcome::Result::Done(Done {})),
                 duration: None,
+                observed: Default::default(),
             };
             for request in [
                 work_request::Request::Outcome(outcome),

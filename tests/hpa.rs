@@ -177,6 +177,7 @@ async fn drain(client: &mut QueueClient<tonic::transport::Channel>, n: usize) {
                     lease_id: item.lease_id,
                     result: Some(outcome::Result::Done(Done {})),
                     duration: None,
+                    observed: Default::default(),
                 })))
                 .await
                 .unwrap();

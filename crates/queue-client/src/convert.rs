@@ -12,7 +12,7 @@ use switchyard_proto::{
 use switchyard_queue_core::{Priority, WorkKey};
 use switchyard_runtime::trace::TraceFields;
 
-use crate::{Cause, Event, Lease, Outcome};
+use crate::{Cause, Event, Lease, Outcome, Versions};
 
 fn priority(priority: Priority) -> pb::Priority {
     match priority {
@@ -66,7 +66,12 @@ pub(crate) fn credit(items: u32) -> pb::WorkRequest {
     request(Msg::Credit(pb::Credit { items }))
 }
 
-pub(crate) fn outcome(lease: &Lease, outcome: Outcome, took: Duration) -> pb::WorkRequest {
+pub(crate) fn outcome(
+    lease: &Lease,
+    outcome: Outcome,
+    took: Duration,
+    observed: &Versions,
+) -> pb::WorkRequest {
     let result = match outcome {
         Outcome::Done => Verdict::Done(pb::Done {}),
         Outcome::RequeueAfter(delay) => Verdict::RequeueAfter(pb::RequeueAfter {
@@ -81,6 +86,10 @@ pub(crate) fn outcome(lease: &Lease, outcome: Outcome, took: Duration) -> pb::Wo
         lease_id: lease.id.clone(),
         result: Some(result),
         duration: prost_types::Duration::try_from(took).ok(),
+        observed: observed
+            .iter()
+            .map(|(kind, rv)| (kind.clone(), *rv))
+            .collect(),
     }))
 }
 
@@ -116,6 +125,7 @@ fn lease(item: pb::LeasedItem) -> Lease {
         causes: item.causes.into_iter().map(|c| c.fields).collect(),
         causes_dropped: item.causes_dropped,
         trace_context: item.trace_context,
+        read_floor: item.read_floor.into_iter().collect(),
     }
 }
 

@@ -10,7 +10,10 @@
 //! Credits are how many leases the queue may send before the worker grants more; one
 //! message grants at most [`MAX_CREDIT`], so larger grants go as several messages.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
 
 use switchyard_proto::queue::v1::{WorkRequest, WorkResponse, queue_client::QueueClient};
 use switchyard_queue_core::{MAX_CREDIT, WorkKey};
@@ -41,7 +44,13 @@ pub struct Lease {
     pub causes_dropped: u32,
     /// The queue's lease span, the parent of the reconcile's; empty when not traced.
     pub trace_context: TraceFields,
+    /// The shard's read floor: read each kind at least at this cache version.
+    pub read_floor: Versions,
 }
+
+/// Per kind ("group/version/Kind", "v1/Pod" for the core group), a cache resourceVersion:
+/// a lease's read floor, or what a reconcile read at.
+pub type Versions = BTreeMap<String, u64>;
 
 impl Lease {
     /// How long the lease has left, if it has a deadline still ahead.
@@ -98,7 +107,19 @@ impl Replies {
 
     /// Answers a lease; `took` is how long the reconcile ran.
     pub fn complete(&self, lease: &Lease, outcome: Outcome, took: Duration) -> Result<()> {
-        self.send(convert::outcome(lease, outcome, took))
+        self.complete_observed(lease, outcome, took, &Versions::new())
+    }
+
+    /// Answers a lease with the cache versions the reconcile read at, which raise its
+    /// shard's read floor.
+    pub fn complete_observed(
+        &self,
+        lease: &Lease,
+        outcome: Outcome,
+        took: Duration,
+        observed: &Versions,
+    ) -> Result<()> {
+        self.send(convert::outcome(lease, outcome, took, observed))
     }
 
     /// Extends a lease to `by` from now.

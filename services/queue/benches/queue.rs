@@ -312,6 +312,7 @@ async fn worker(
                     lease_id: item.lease_id,
                     result: Some(outcome::Result::Done(Done {})),
                     duration: None,
+                    observed: Default::default(),
                 })),
             })
             .await

@@ -18,7 +18,7 @@ use std::{
 
 use switchyard_queue_core::{
     AddOutcome, Cause, ControllerId, Error as CoreError, Lease, LeaseId, Outcome, Priority, Queue,
-    Refused, ShardStats, ValidKey, WorkerId,
+    ReadFloor, Refused, ShardStats, ValidKey, WorkerId,
 };
 use switchyard_runtime::Drain;
 use tokio::sync::{mpsc, oneshot};
@@ -110,6 +110,8 @@ pub enum Command {
         epoch: u64,
         lease: LeaseId,
         outcome: Outcome,
+        /// What the reconcile read at: raises the shard's read floor once applied.
+        observed: ReadFloor,
     },
     Extend {
         worker: WorkerId,
@@ -362,11 +364,15 @@ impl Actor {
                 epoch,
                 lease,
                 outcome,
+                observed,
             } => {
                 let controller = self.queue.lease_controller(lease);
                 let result = self
                     .queue
                     .complete(worker, shard, epoch, lease, outcome, now);
+                if result.is_ok() {
+                    self.queue.raise_floor(shard, observed.iter());
+                }
                 match (&result, controller) {
                     (Ok(worked), Some(controller)) => {
                         self.metrics.completed(controller, shard, *worked, outcome)

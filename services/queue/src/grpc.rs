@@ -4,6 +4,7 @@
 //! one place a `tonic::Status` is made.
 
 use std::{
+    collections::HashMap,
     pin::Pin,
     sync::Arc,
     time::{Duration, Instant, SystemTime},
@@ -20,8 +21,8 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::{
-    Cause, ControllerId, KeyError, KeySpace, Lease, LeaseId, MAX_CREDIT, Outcome, Priority,
-    ShardStats, ValidKey,
+    Cause, ControllerId, KeyError, KeySpace, Lease, LeaseId, MAX_CREDIT, MAX_FLOOR_KIND_LEN,
+    MAX_FLOOR_KINDS, Outcome, Priority, ReadFloor, ShardStats, ValidKey,
 };
 use switchyard_runtime::trace::{self, TraceFields};
 use switchyard_shards::member::Member;
@@ -481,6 +482,29 @@ fn lease_context(controller: &str, lease: &Lease) -> TraceFields {
     if ours.is_empty() { first } else { ours }
 }
 
+/// What an outcome reports it read at, checked against the floor's bounds.
+fn read_floor(observed: &HashMap<String, u64>) -> Result<ReadFloor, String> {
+    if observed.len() > MAX_FLOOR_KINDS {
+        return Err(format!(
+            "outcome.observed: {} kinds, at most {MAX_FLOOR_KINDS}",
+            observed.len()
+        ));
+    }
+    if let Some(kind) = observed
+        .keys()
+        .find(|kind| kind.is_empty() || kind.len() > MAX_FLOOR_KIND_LEN)
+    {
+        return Err(format!(
+            "outcome.observed: kind {:?} must be 1 to {MAX_FLOOR_KIND_LEN} bytes",
+            kind.chars().take(64).collect::<String>()
+        ));
+    }
+    Ok(observed
+        .iter()
+        .map(|(kind, rv)| (kind.as_str(), *rv))
+        .collect())
+}
+
 /// The lease a message names; an id that does not parse names none, so its outcome or
 /// extension is refused as unknown, as any other lease id never issued is.
 fn lease_id(id: &str) -> LeaseId {
@@ -527,6 +551,7 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
                 epoch: outcome.epoch,
                 lease: lease_id(&outcome.lease_id),
                 outcome: result,
+                observed: read_floor(&outcome.observed)?,
             })
         }
         Some(WorkMessage::Extend(extend)) => {
@@ -570,6 +595,11 @@ fn leased_item(controllers: &[Arc<str>], lease: &Lease) -> pb::LeasedItem {
             .collect(),
         causes_dropped: lease.causes_dropped,
         trace_context: lease_context(controller, lease),
+        read_floor: lease
+            .read_floor
+            .iter()
+            .map(|(kind, rv)| (kind.to_owned(), rv))
+            .collect(),
     }
 }
 

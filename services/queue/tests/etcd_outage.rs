@@ -136,6 +136,7 @@ async fn lease_and_complete(replica: &ServiceProcess) -> (String, u64) {
         lease_id: item.lease_id.clone(),
         result: Some(outcome::Result::Done(Done {})),
         duration: None,
+        observed: Default::default(),
     })))
     .await
     .unwrap();

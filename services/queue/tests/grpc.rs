@@ -201,12 +201,24 @@ impl Worker {
         result: outcome::Result,
         epoch: u64,
     ) -> (bool, String) {
+        self.finish_observed(item, result, epoch, HashMap::new())
+            .await
+    }
+
+    async fn finish_observed(
+        &mut self,
+        item: &LeasedItem,
+        result: outcome::Result,
+        epoch: u64,
+        observed: HashMap<String, u64>,
+    ) -> (bool, String) {
         self.send(Msg::Outcome(Outcome {
             shard: item.shard,
             epoch,
             lease_id: item.lease_id.clone(),
             result: Some(result),
             duration: None,
+            observed,
         }))
         .await;
         loop {
@@ -278,6 +290,7 @@ async fn many_workers_lease_every_key_exactly_once() {
                                 lease_id: item.lease_id,
                                 result: Some(outcome::Result::Done(Done {})),
                                 duration: None,
+                                observed: Default::default(),
                             }))
                             .await;
                         worker.credit(1).await;
@@ -742,6 +755,7 @@ async fn a_worker_that_sends_outcomes_without_reading_replies_is_held_back_and_l
                 lease_id: (1_000_000 + i).to_string(),
                 result: Some(outcome::Result::Done(Done {})),
                 duration: None,
+                observed: Default::default(),
             };
             let request = WorkRequest {
                 request: Some(Msg::Outcome(outcome)),
@@ -862,4 +876,91 @@ async fn shutdown_stops_leasing_but_takes_in_flight_outcomes_within_the_grace() 
     assert!(matches!(end, Ok(None)), "{end:?}");
     assert!(worker.early.is_empty());
     server.running.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn applied_outcomes_raise_the_shards_read_floor_that_leases_carry() {
+    let server = Server::start(&[]).await;
+    let mut client = server.client().await;
+    let shard = shard_of(RS, "default", "first", SHARDS);
+    let same_shard: Vec<String> = (0..)
+        .map(|i| format!("next-{i}"))
+        .filter(|name| shard_of(RS, "default", name, SHARDS) == shard)
+        .take(2)
+        .collect();
+    let mut worker = Worker::connect(&mut client, &[]).await;
+    worker.credit(10).await;
+    let done = || outcome::Result::Done(Done {});
+    let kinds = |pairs: &[(&str, u64)]| -> HashMap<String, u64> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+    };
+
+    client
+        .enqueue(batches(["first".to_owned()]).remove(0))
+        .await
+        .unwrap();
+    let first = worker.item().await;
+    assert!(first.read_floor.is_empty(), "{first:?}");
+    let observed = kinds(&[("v1/Pod", 40), (RS, 12)]);
+    assert!(
+        worker
+            .finish_observed(&first, done(), first.epoch, observed.clone())
+            .await
+            .0
+    );
+
+    client
+        .enqueue(batches([same_shard[0].clone()]).remove(0))
+        .await
+        .unwrap();
+    let second = worker.item().await;
+    assert_eq!(second.read_floor, observed);
+    // A refused outcome (a stale epoch) raises nothing; a lower version lowers nothing.
+    let (applied, _) = worker
+        .finish_observed(&second, done(), second.epoch + 1, kinds(&[("v1/Pod", 99)]))
+        .await;
+    assert!(!applied);
+    assert!(
+        worker
+            .finish_observed(&second, done(), second.epoch, kinds(&[("v1/Pod", 7)]))
+            .await
+            .0
+    );
+    client
+        .enqueue(batches([same_shard[1].clone()]).remove(0))
+        .await
+        .unwrap();
+    let third = worker.item().await;
+    assert_eq!(third.read_floor, observed);
+
+    // Too many kinds is a malformed outcome: the stream ends naming the field.
+    let many: HashMap<String, u64> = (0..65).map(|i| (format!("g/v1/K{i}"), 1)).collect();
+    worker
+        .send(Msg::Outcome(Outcome {
+            shard: third.shard,
+            epoch: third.epoch,
+            lease_id: third.lease_id.clone(),
+            result: Some(done()),
+            duration: None,
+            observed: many,
+        }))
+        .await;
+    let status = loop {
+        match tokio::time::timeout(Duration::from_secs(10), worker.rx.message())
+            .await
+            .expect("an answer in time")
+        {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without an error"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("outcome.observed: 65 kinds, at most 64"),
+        "{status:?}"
+    );
+    server.stop().await;
 }

@@ -158,6 +158,7 @@ async fn worker(address: String, id: String, book: Shared) {
                         lease_id: item.lease_id,
                         result: Some(outcome::Result::Done(Done {})),
                         duration: None,
+                        observed: Default::default(),
                     };
                     let _ = tx.send(send(work_request::Request::Outcome(outcome))).await;
                     let _ = tx

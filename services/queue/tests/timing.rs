@@ -124,6 +124,7 @@ async fn failures_back_off_exponentially() {
                 epoch: lease.epoch,
                 lease: lease.id,
                 outcome: Outcome::Failed,
+                observed: Default::default(),
             })
             .await
             .unwrap();

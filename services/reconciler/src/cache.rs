@@ -3,8 +3,21 @@
 //! A reconcile reads what it needs here, never from the apiserver. After a write it passes the
 //! write's resourceVersion as `min_resource_version`, so the read reflects the write: this
 //! replaces client-go's expectations.
+//!
+//! Several watcher replicas may answer (one address behind a Service, or a list of them read
+//! in turn). Their caches lag one another, so each reconcile reads at a floor: per kind, the
+//! highest cache version read so far, starting from its lease's read floor (what earlier
+//! reconciles of its shard read at) and raised by every answer. A replica behind the floor
+//! waits until it catches up, or the read fails; it never answers older than what the shard
+//! has seen. What the reconcile read at goes back to the queue with its outcome.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use serde::de::DeserializeOwned;
 use switchyard_k8s::Resource;
@@ -12,6 +25,7 @@ use switchyard_proto::{
     common::v1::GroupVersionKind,
     watcher::v1::{Freshness, GetRequest, ListRequest, cache_client::CacheClient as Grpc},
 };
+use switchyard_queue_client::Versions;
 use switchyard_runtime::{Dialer, Role};
 use tonic::transport::Channel;
 
@@ -22,7 +36,7 @@ pub const FRESHNESS_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
-    #[error("invalid watcher address {0:?} (expected host:port)")]
+    #[error("invalid watcher address {0:?} (expected host:port[,host:port...])")]
     Address(String),
     #[error("cache {call} refused ({refusal:?}): {message}")]
     Call {
@@ -81,9 +95,13 @@ pub struct ListFilter<'a> {
     pub min_resource_version: Option<&'a str>,
 }
 
+/// Reads from one or more watcher replicas, in turn; cheap to clone. A clone made by
+/// [`CacheClient::reading_at`] reads at a floor of its own (one reconcile's).
 #[derive(Debug, Clone)]
 pub struct CacheClient {
-    grpc: Grpc<Channel>,
+    replicas: Arc<[Grpc<Channel>]>,
+    next: Arc<AtomicUsize>,
+    floor: Option<Arc<Mutex<Versions>>>,
 }
 
 fn gvk<K: Resource>() -> GroupVersionKind {
@@ -94,9 +112,30 @@ fn gvk<K: Resource>() -> GroupVersionKind {
     }
 }
 
-fn freshness(min_resource_version: Option<&str>) -> Option<Freshness> {
-    min_resource_version.map(|rv| Freshness {
-        min_resource_version: rv.to_owned(),
+/// The kind as the queue's read floor names it: "group/version/Kind", "v1/Pod" for the core
+/// group (the form controller names take).
+pub fn kind_key<K: Resource>() -> String {
+    if K::GROUP.is_empty() {
+        format!("{}/{}", K::VERSION, K::KIND)
+    } else {
+        format!("{}/{}/{}", K::GROUP, K::VERSION, K::KIND)
+    }
+}
+
+/// The later of a read's own minimum (a write of this reconcile) and the floor. A minimum
+/// that is not a number goes as it is, for the watcher to refuse by name.
+fn freshness(min_resource_version: Option<&str>, floor: Option<u64>) -> Option<Freshness> {
+    let wanted = match (min_resource_version, floor) {
+        (None, None) => return None,
+        (Some(rv), None) => rv.to_owned(),
+        (None, Some(floor)) => floor.to_string(),
+        (Some(rv), Some(floor)) => match rv.parse::<u64>() {
+            Ok(own) => own.max(floor).to_string(),
+            Err(_) => rv.to_owned(),
+        },
+    };
+    Some(Freshness {
+        min_resource_version: wanted,
         max_wait: prost_types::Duration::try_from(FRESHNESS_WAIT).ok(),
     })
 }
@@ -109,14 +148,81 @@ fn decode<K: Resource + DeserializeOwned>(json: &[u8]) -> Result<K, CacheError> 
 }
 
 impl CacheClient {
-    /// A client of the watcher at `address` (host:port) through `dialer`; connects lazily.
-    pub fn new(dialer: &Dialer, address: &str) -> Result<Self, CacheError> {
-        let channel = dialer
-            .channel(address, Role::Watcher)
-            .map_err(|_| CacheError::Address(address.to_owned()))?;
+    /// A client of the watchers at `addresses` (`host:port`, several separated by commas)
+    /// through `dialer`; connects lazily.
+    pub fn new(dialer: &Dialer, addresses: &str) -> Result<Self, CacheError> {
+        let replicas = addresses
+            .split(',')
+            .map(str::trim)
+            .map(|address| {
+                dialer
+                    .channel(address, Role::Watcher)
+                    .map(Grpc::new)
+                    .map_err(|_| CacheError::Address(addresses.to_owned()))
+            })
+            .collect::<Result<Arc<[_]>, _>>()?;
         Ok(Self {
-            grpc: Grpc::new(channel),
+            replicas,
+            next: Arc::default(),
+            floor: None,
         })
+    }
+
+    /// A client for one reconcile: every read is at least at `floor` (the lease's), and
+    /// raises it to the version it was answered at.
+    pub fn reading_at(&self, floor: Versions) -> Self {
+        Self {
+            floor: Some(Arc::new(Mutex::new(floor))),
+            ..self.clone()
+        }
+    }
+
+    /// The versions this client's reads were answered at (with the floor it started from).
+    pub fn observed(&self) -> Versions {
+        self.floor
+            .as_ref()
+            .map(|floor| floor.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .unwrap_or_default()
+    }
+
+    fn floor_of(&self, kind: &str) -> Option<u64> {
+        let floor = self
+            .floor
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        floor.get(kind).copied()
+    }
+
+    fn raise(&self, kind: String, answered_at: &str) {
+        let (Some(floor), Ok(rv)) = (&self.floor, answered_at.parse::<u64>()) else {
+            return;
+        };
+        let mut floor = floor.lock().unwrap_or_else(|e| e.into_inner());
+        let at = floor.entry(kind).or_default();
+        *at = (*at).max(rv);
+    }
+
+    /// Calls the replicas in turn, starting with the next one: a replica that is down
+    /// (`UNAVAILABLE`) hands the call to the following one.
+    async fn call<T, F, Fut>(&self, name: &'static str, call: F) -> Result<T, CacheError>
+    where
+        F: Fn(Grpc<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..self.replicas.len() {
+            let replica = self.replicas[(first + i) % self.replicas.len()].clone();
+            match call(replica).await {
+                Ok(answer) => return Ok(answer),
+                Err(status) if status.code() == tonic::Code::Unavailable => last = Some(status),
+                Err(status) => return Err(CacheError::call(name)(status)),
+            }
+        }
+        Err(CacheError::call(name)(last.unwrap_or_else(|| {
+            tonic::Status::unavailable("no watcher address")
+        })))
     }
 
     pub async fn get<K: Resource + DeserializeOwned>(
@@ -125,19 +231,20 @@ impl CacheClient {
         name: &str,
         min_resource_version: Option<&str>,
     ) -> Result<Option<K>, CacheError> {
+        let kind = kind_key::<K>();
         let request = GetRequest {
             gvk: Some(gvk::<K>()),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-            freshness: freshness(min_resource_version),
+            freshness: freshness(min_resource_version, self.floor_of(&kind)),
         };
         let response = self
-            .grpc
-            .clone()
-            .get(request)
-            .await
-            .map_err(CacheError::call("Get"))?
-            .into_inner();
+            .call("Get", |mut grpc| {
+                let request = request.clone();
+                async move { grpc.get(request).await.map(tonic::Response::into_inner) }
+            })
+            .await?;
+        self.raise(kind, &response.cache_resource_version);
         if !response.found {
             return Ok(None);
         }
@@ -149,27 +256,54 @@ impl CacheClient {
         namespace: &str,
         filter: ListFilter<'_>,
     ) -> Result<Vec<K>, CacheError> {
+        let kind = kind_key::<K>();
         let request = ListRequest {
             gvk: Some(gvk::<K>()),
             namespace: namespace.to_owned(),
             label_selector: filter.label_selector.to_owned(),
             controller_uid: filter.controller_uid.to_owned(),
-            freshness: freshness(filter.min_resource_version),
+            freshness: freshness(filter.min_resource_version, self.floor_of(&kind)),
         };
-        let call = CacheError::call("List");
         let mut chunks = self
-            .grpc
-            .clone()
-            .list(request)
-            .await
-            .map_err(&call)?
-            .into_inner();
+            .call("List", |mut grpc| {
+                let request = request.clone();
+                async move { grpc.list(request).await.map(tonic::Response::into_inner) }
+            })
+            .await?;
+        let call = CacheError::call("List");
         let mut objects = Vec::new();
+        let mut answered_at = String::new();
         while let Some(chunk) = chunks.message().await.map_err(&call)? {
             for json in &chunk.objects_json {
                 objects.push(decode(json)?);
             }
+            answered_at = chunk.cache_resource_version;
         }
+        self.raise(kind, &answered_at);
         Ok(objects)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_k8s::{Pod, ReplicaSet};
+
+    use super::*;
+
+    #[test]
+    fn kinds_are_named_as_controllers_are() {
+        assert_eq!(kind_key::<Pod>(), "v1/Pod");
+        assert_eq!(kind_key::<ReplicaSet>(), "apps/v1/ReplicaSet");
+    }
+
+    #[test]
+    fn a_read_waits_for_the_later_of_its_own_minimum_and_the_floor() {
+        let wanted = |own, floor| freshness(own, floor).map(|f| f.min_resource_version);
+        assert_eq!(wanted(None, None), None);
+        assert_eq!(wanted(Some("12"), None).as_deref(), Some("12"));
+        assert_eq!(wanted(None, Some(9)).as_deref(), Some("9"));
+        assert_eq!(wanted(Some("12"), Some(30)).as_deref(), Some("30"));
+        assert_eq!(wanted(Some("42"), Some(30)).as_deref(), Some("42"));
+        assert_eq!(wanted(Some("x"), Some(30)).as_deref(), Some("x"));
     }
 }

@@ -296,12 +296,16 @@ impl Session {
         let metrics = self.worker.metrics.clone();
         let timeout = self.worker.settings.reconcile_timeout;
         let key = lease.key.clone();
-        let ctx = self
+        let mut ctx = self
             .worker
             .contexts
             .get(&*key.controller)
             .unwrap_or(&self.worker.ctx)
             .clone();
+        // Reads at least at the shard's read floor; what they were answered at goes back
+        // with the outcome and raises it.
+        ctx.cache = ctx.cache.reading_at(lease.read_floor.clone());
+        let reads = ctx.cache.clone();
         let span = reconcile_span(&lease);
         async move {
             // The lease is kept from the start, also while waiting for a permit.
@@ -375,7 +379,7 @@ impl Session {
                 _ => debug!(?duration, "reconciled"),
             }
             // A closed stream refuses both: the lease waits out its timeout at the queue.
-            let _ = replies.complete(&lease, verdict, duration);
+            let _ = replies.complete_observed(&lease, verdict, duration, &reads.observed());
             if !drain.is_draining() {
                 let _ = replies.credit(1);
             }

@@ -280,6 +280,7 @@ async fn latency(plane: &ControlPlane, client: &Client) {
                     lease_id: item.lease_id,
                     result: Some(outcome::Result::Done(Done {})),
                     duration: None,
+                    observed: Default::default(),
                 };
                 if tx.send(msg(Msg::Outcome(done))).await.is_err()
                     || tx

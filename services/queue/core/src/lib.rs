@@ -20,6 +20,9 @@
 //! - Each add may carry a cause (opaque here: the service keeps a trace context in it). Causes
 //!   of coalesced adds are kept, the latest [`MAX_CAUSES`] of them, and handed out with the
 //!   next lease; a lease that fails, expires or is returned puts them back for the retry.
+//! - Each shard keeps a read floor: per kind, the highest cache version its reconciles
+//!   reported reading at. Every lease carries it; workers read at least there, so a key's
+//!   next reconcile never sees an older state than its last, whichever cache answers.
 //!
 //! The core does no I/O and reads no clock: every call takes `now`, so tests drive time.
 //!
@@ -41,8 +44,8 @@ pub use key::{
 };
 pub use queue::{
     AddOutcome, Cause, Error, InvalidLeaseId, Lease, LeaseId, LeaseIds, MAX_CAUSES,
-    MAX_LEASE_EXTENSION, Outcome, Priority, Queue, QueueConfig, Refused, Result,
-    SequentialLeaseIds, ShardStats, Totals, WorkerId,
+    MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, MAX_LEASE_EXTENSION, Outcome, Priority, Queue,
+    QueueConfig, ReadFloor, Refused, Result, SequentialLeaseIds, ShardStats, Totals, WorkerId,
 };
 
 /// Credits one message of a work stream may grant: the queue refuses more, and the queue

@@ -3,6 +3,7 @@
 //! - here: configuration, keys' states, ownership of shards, and adds;
 //! - [`lease`]: leases, their deadlines and the outcomes that end them;
 //! - [`causes`]: what caused a key's adds, handed out with its next lease;
+//! - [`floor`]: per shard, the cache versions its reconciles read at, handed out with leases;
 //! - [`stats`]: figures per controller and shard, and running totals.
 
 use std::{
@@ -17,6 +18,7 @@ use crate::{
 };
 
 mod causes;
+mod floor;
 mod lease;
 mod stats;
 #[cfg(test)]
@@ -24,6 +26,7 @@ mod tests;
 
 use causes::Causes;
 pub use causes::{Cause, MAX_CAUSES};
+pub use floor::{MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, ReadFloor};
 pub use lease::{
     InvalidLeaseId, Lease, LeaseId, LeaseIds, MAX_LEASE_EXTENSION, SequentialLeaseIds, WorkerId,
 };
@@ -185,6 +188,8 @@ pub struct Queue {
     keys: KeySpace,
     controllers: Vec<ControllerQueue>,
     shards: HashMap<u32, ShardState>,
+    /// The read floor of each shard served that has one.
+    floors: HashMap<u32, ReadFloor>,
     leases: LeaseMap<LeaseInfo>,
     lease_deadlines: BinaryHeap<Reverse<(Instant, LeaseId)>>,
     delayed: BinaryHeap<Reverse<DelayedItem>>,
@@ -215,6 +220,7 @@ impl Queue {
                 })
                 .collect(),
             shards: HashMap::new(),
+            floors: HashMap::new(),
             leases: LeaseMap::default(),
             lease_deadlines: BinaryHeap::new(),
             delayed: BinaryHeap::new(),
@@ -309,6 +315,18 @@ impl Queue {
                 .insert(shard, ShardState::Draining(state.epoch()));
             self.reshare();
             self.drop_waiting(shard);
+        }
+    }
+
+    /// Raises `shard`'s read floor by what a reconcile of it read at (its applied outcome's
+    /// report). Nothing for a shard this replica does not serve.
+    pub fn raise_floor<'a>(
+        &mut self,
+        shard: u32,
+        observed: impl IntoIterator<Item = (&'a str, u64)>,
+    ) {
+        if self.shards.contains_key(&shard) {
+            self.floors.entry(shard).or_default().raise(observed);
         }
     }
 
@@ -466,6 +484,7 @@ impl Queue {
         if self.shards.remove(&shard).is_some() {
             self.reshare();
         }
+        self.floors.remove(&shard);
         self.leases.retain(|_, l| l.key.shard() != shard);
         for queue in &mut self.controllers {
             let before = queue.entries.len();

@@ -141,6 +141,7 @@ impl Worker {
                     lease_id: item.lease_id,
                     result: Some(outcome::Result::Done(Done {})),
                     duration: None,
+                    observed: Default::default(),
                 };
                 if tx.send(send(Msg::Outcome(done))).await.is_err()
                     || tx

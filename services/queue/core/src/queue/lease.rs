@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{Cause, Causes, Due, Outcome, Priority, Queue, Refused, ShardState, State};
+use super::{Cause, Causes, Due, Outcome, Priority, Queue, ReadFloor, Refused, ShardState, State};
 use crate::key::{ControllerId, ValidKey};
 
 /// Lease extensions longer than this are refused: a reconcile that needs more should extend
@@ -94,6 +94,8 @@ pub struct Lease {
     pub causes: Vec<Cause>,
     /// Causes beyond [`MAX_CAUSES`](super::MAX_CAUSES) that were dropped (the oldest go first).
     pub causes_dropped: u32,
+    /// The shard's read floor when the lease was granted.
+    pub read_floor: ReadFloor,
 }
 
 impl Lease {
@@ -247,6 +249,7 @@ impl Queue {
                 waited: now.saturating_duration_since(entry.ready_since),
                 causes: causes.kept.clone(),
                 causes_dropped: causes.dropped,
+                read_floor: self.floors.get(&entry.shard).cloned().unwrap_or_default(),
             };
             self.leases.insert(
                 id,

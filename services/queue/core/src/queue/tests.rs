@@ -487,3 +487,39 @@ fn each_controller_retries_at_the_share_of_its_rate_that_the_served_shards_are()
         })
     );
 }
+
+#[test]
+fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
+    let (mut q, now) = queue();
+    let a = key("a");
+    q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
+    let first = lease(&mut q, now).unwrap();
+    assert!(first.read_floor.is_empty());
+    q.complete(W, first.shard(), 7, first.id, Outcome::Done, now)
+        .unwrap();
+    q.raise_floor(first.shard(), [("v1/Pod", 40), (RS, 12)]);
+
+    // Another key of the same shard reads at least there too.
+    let b = (0..)
+        .map(|i| key(&format!("b{i}")))
+        .find(|k| k.shard() == a.shard())
+        .unwrap();
+    q.add(&b, Priority::Normal, Duration::ZERO, now).unwrap();
+    let second = lease(&mut q, now).unwrap();
+    assert_eq!(
+        second.read_floor.iter().collect::<Vec<_>>(),
+        [(RS, 12), ("v1/Pod", 40)]
+    );
+    q.complete(W, second.shard(), 7, second.id, Outcome::Done, now)
+        .unwrap();
+
+    // A shard taken at a new epoch starts without a floor; a shard not served takes none.
+    q.acquire(a.shard(), 8);
+    q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
+    assert!(lease(&mut q, now).unwrap().read_floor.is_empty());
+    q.release(a.shard());
+    q.raise_floor(a.shard(), [("v1/Pod", 50)]);
+    q.acquire(a.shard(), 9);
+    q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
+    assert!(lease(&mut q, now).unwrap().read_floor.is_empty());
+}
