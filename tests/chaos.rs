@@ -11,26 +11,22 @@
 #![allow(clippy::unwrap_used)]
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    net::SocketAddr,
-    path::PathBuf,
-    sync::{Arc, Mutex},
+    collections::BTreeMap,
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, stream};
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::SliceRandom};
 use serde_json::json;
 use switchyard_k8s::{
-    Api, Deployment, Pod, PostParams,
-    kube::{
-        Client,
-        api::{ListParams, Patch, PatchParams},
-        runtime::watcher,
-    },
+    Api, Deployment, PostParams,
+    kube::api::{ListParams, Patch, PatchParams},
 };
 use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
-use switchyard_tests::service_binary;
+use switchyard_tests::{
+    fleet::{PodCensus, Spec, rolled_out},
+    service_binary,
+};
 
 const DEPLOYMENTS: usize = 50;
 const REPLICAS: i32 = 4;
@@ -39,118 +35,10 @@ const SHARDS: u32 = 16;
 const CONVERGE: Duration = Duration::from_secs(150);
 const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 
-/// How to start one service again after it was killed.
-struct Spec {
-    name: String,
-    program: PathBuf,
-    args: Vec<String>,
-    envs: Vec<(String, String)>,
-    /// Kept across restarts (the watcher's, which the reconcilers were given).
-    grpc: Option<SocketAddr>,
-}
-
-impl Spec {
-    async fn start(&self) -> ServiceProcess {
-        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        let envs: Vec<(&str, &str)> = self
-            .envs
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let mut process = ServiceProcess::start_with_grpc(&self.program, self.grpc, &args, &envs)
-            .await
-            .unwrap_or_else(|e| panic!("{} starts: {e}", self.name));
-        process
-            .wait_ready()
-            .await
-            .unwrap_or_else(|e| panic!("{} becomes ready: {e}\n{}", self.name, process.log()));
-        process
-    }
-}
-
 fn deployment(name: &str) -> Deployment {
     let strategy = json!({"strategy": {"type": "RollingUpdate",
                            "rollingUpdate": {"maxSurge": MAX_SURGE, "maxUnavailable": 1}}});
     manifests::deployment(name, REPLICAS, strategy)
-}
-
-fn rolled_out(deployment: &Deployment) -> bool {
-    let image = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.image.as_deref());
-    let Some(status) = &deployment.status else {
-        return false;
-    };
-    image == Some("registry.example/app:2")
-        && status.observed_generation >= deployment.metadata.generation
-        && status.updated_replicas == Some(REPLICAS)
-        && status.available_replicas == Some(REPLICAS)
-        && status.replicas == Some(REPLICAS)
-}
-
-/// The most active Pods any one ReplicaSet had at once, from a watch on the Pods: the
-/// largest count seen at any event, and which ReplicaSet.
-#[derive(Default)]
-struct Overshoot {
-    /// Pod uid -> its controller ReplicaSet's name, while active (not terminating).
-    active: HashMap<String, String>,
-    worst: (usize, String),
-}
-
-impl Overshoot {
-    fn saw(&mut self, pod: &Pod) {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let owner = pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.name.clone());
-        let finished = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| p == "Succeeded" || p == "Failed");
-        match owner {
-            Some(owner) if pod.metadata.deletion_timestamp.is_none() && !finished => {
-                self.active.insert(uid, owner.clone());
-                let count = self.active.values().filter(|o| **o == owner).count();
-                if count > self.worst.0 {
-                    self.worst = (count, owner);
-                }
-            }
-            _ => {
-                self.active.remove(&uid);
-            }
-        }
-    }
-
-    fn gone(&mut self, pod: &Pod) {
-        self.active
-            .remove(&pod.metadata.uid.clone().unwrap_or_default());
-    }
-}
-
-fn watch_overshoot(client: Client, namespace: &str) -> Arc<Mutex<Overshoot>> {
-    let overshoot = Arc::new(Mutex::new(Overshoot::default()));
-    let pods: Api<Pod> = Api::namespaced(client, namespace);
-    let seen = overshoot.clone();
-    tokio::spawn(async move {
-        let mut events = watcher(pods, watcher::Config::default()).boxed();
-        while let Ok(Some(event)) = events.try_next().await {
-            let mut seen = seen.lock().unwrap();
-            match event {
-                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => seen.saw(&pod),
-                watcher::Event::Delete(pod) => seen.gone(&pod),
-                watcher::Event::Init | watcher::Event::InitDone => {}
-            }
-        }
-    });
-    overshoot
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,7 +138,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
         specs.insert(name, spec);
     }
 
-    let overshoot = watch_overshoot(client.clone(), ns.name());
+    let census = PodCensus::watch(client.clone(), ns.name());
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
     let names: Vec<String> = (0..DEPLOYMENTS).map(|i| format!("d{i:02}")).collect();
     stream::iter(&names)
@@ -300,7 +188,11 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
     let deadline = Instant::now() + CONVERGE;
     loop {
         let listed = api.list(&ListParams::default()).await.unwrap();
-        let done = listed.items.iter().filter(|d| rolled_out(d)).count();
+        let done = listed
+            .items
+            .iter()
+            .filter(|d| rolled_out(d, "registry.example/app:2", REPLICAS))
+            .count();
         if done == DEPLOYMENTS {
             break;
         }
@@ -316,7 +208,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
     );
     // Let the watch catch up with the last events before reading the bound.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (worst, owner) = overshoot.lock().unwrap().worst.clone();
+    let (worst, owner) = census.lock().unwrap().worst.clone();
     println!("most active Pods of one ReplicaSet at once: {worst} ({owner})");
     assert!(
         worst <= (REPLICAS + MAX_SURGE) as usize,

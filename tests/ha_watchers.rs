@@ -1,0 +1,315 @@
+//! Read-your-writes across watcher replicas, in the `ha` overlay's shape: 3 electors, 3 queue
+//! replicas, 2 watchers and 4 reconcilers, each its own process. Every reconciler reads from
+//! both watchers in turn, so consecutive reconciles of one key are answered by caches that lag
+//! one another. 200 Deployments are created and rolled out twice while one watcher is killed
+//! with SIGKILL and started again every 10 s.
+//!
+//! - No ReplicaSet, and no Deployment's ReplicaSets together, ever have more active Pods than
+//!   `replicas + maxSurge` (a watch on the Pods checks at every event).
+//! - Switchyard creates no more Pods than kube-controller-manager creates for the same script
+//!   (run first, on a namespace of its own, without faults): a reconcile that acted on a cache
+//!   older than its shard's last write would create Pods twice.
+//!
+//! A binary of its own: kube-controller-manager's controllers act on every namespace.
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, stream};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, DeleteParams, Deployment, Pod, PostParams,
+    kube::{
+        Client,
+        api::{ListParams, Patch, PatchParams},
+    },
+};
+use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
+use switchyard_tests::{
+    fleet::{PodCensus, Spec, rolled_out},
+    service_binary,
+};
+use tokio::sync::Mutex;
+
+const DEPLOYMENTS: usize = 200;
+const REPLICAS: i32 = 2;
+const MAX_SURGE: i32 = 1;
+/// The images the script rolls through after the first.
+const ROLLOUTS: [&str; 2] = ["registry.example/ha:2", "registry.example/ha:3"];
+const SHARDS: u32 = 32;
+const KILL_EVERY: Duration = Duration::from_secs(10);
+const CONVERGE: Duration = Duration::from_secs(240);
+const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
+
+fn deployment(name: &str) -> Deployment {
+    let strategy = json!({"strategy": {"type": "RollingUpdate",
+                           "rollingUpdate": {"maxSurge": MAX_SURGE, "maxUnavailable": 0}}});
+    manifests::deployment(name, REPLICAS, strategy)
+}
+
+/// What one run of the script measured.
+#[derive(Debug)]
+struct Run {
+    created: usize,
+    worst: (usize, String),
+    worst_deployment: (usize, String),
+}
+
+/// Creates the Deployments, then rolls them through each image of [`ROLLOUTS`] once the
+/// previous one is done; returns when the last rollout is done.
+async fn script(client: &Client, namespace: &str) -> Run {
+    let started = Instant::now();
+    let census = PodCensus::watch(client.clone(), namespace);
+    let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let names: Vec<String> = (0..DEPLOYMENTS).map(|i| format!("d{i:03}")).collect();
+    stream::iter(&names)
+        .for_each_concurrent(16, |name| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &deployment(name))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    converge(&api, manifests::IMAGE).await;
+    for image in ROLLOUTS {
+        let rollout = json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "c", "image": image}
+        ]}}}});
+        stream::iter(&names)
+            .for_each_concurrent(16, |name| {
+                let api = api.clone();
+                let rollout = rollout.clone();
+                async move {
+                    api.patch(name, &PatchParams::default(), &Patch::Strategic(rollout))
+                        .await
+                        .unwrap();
+                }
+            })
+            .await;
+        converge(&api, image).await;
+        println!(
+            "{:>6.2}s every Deployment runs {image}",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    // Let the watch catch up with the last events before reading it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let census = census.lock().unwrap_or_else(|e| e.into_inner());
+    Run {
+        created: census.created(),
+        worst: census.worst.clone(),
+        worst_deployment: census.worst_deployment.clone(),
+    }
+}
+
+async fn converge(api: &Api<Deployment>, image: &str) {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let listed = api.list(&ListParams::default()).await.unwrap();
+        let done = listed
+            .items
+            .iter()
+            .filter(|d| rolled_out(d, image, REPLICAS))
+            .count();
+        if done == DEPLOYMENTS {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{done} of {DEPLOYMENTS} Deployments run {image} after {CONVERGE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The `ha` shape on `namespace`; the two watchers come first in the returned list.
+async fn start_switchyard(
+    plane: &ControlPlane,
+    namespace: &str,
+    etcd: &Etcd,
+) -> (Vec<Spec>, Vec<ServiceProcess>) {
+    let config_path = plane.dir().join(format!("watcher-{namespace}.yaml"));
+    std::fs::write(
+        &config_path,
+        format!(
+            "{}namespaces:\n  include: [{namespace}]\n",
+            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
+        ),
+    )
+    .unwrap();
+    let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
+    let etcd_env = vec![(
+        "SWITCHYARD_ETCD_ENDPOINTS".to_owned(),
+        etcd.endpoint().to_owned(),
+    )];
+    let shards = format!("--shard-count={SHARDS}");
+
+    let mut electors = Vec::new();
+    for i in 0..3 {
+        let spec = Spec {
+            envs: etcd_env.clone(),
+            ..Spec::new(
+                format!("elector-{i}"),
+                service_binary("switchyard-elector"),
+                vec![shards.clone(), format!("--elector-id=e{i}")],
+            )
+        };
+        electors.push(spec.start().await);
+    }
+    // Each client follows one of the electors, as a Service would spread them.
+    let elector = |i: usize| format!("--elector-addr={}", electors[i % 3].grpc_addr());
+
+    let mut specs = Vec::new();
+    let mut running = Vec::new();
+    for i in 0..2 {
+        let mut spec = Spec::new(
+            format!("watcher-{i}"),
+            service_binary("switchyard-watcher"),
+            vec![
+                kubeconfig.clone(),
+                format!("--config={}", config_path.display()),
+                elector(i),
+            ],
+        );
+        let process = spec.start().await;
+        spec.grpc = Some(process.grpc_addr());
+        specs.push(spec);
+        running.push(process);
+    }
+    let watchers = format!(
+        "--watcher-addr={},{}",
+        running[0].grpc_addr(),
+        running[1].grpc_addr()
+    );
+    for i in 0..3 {
+        let spec = Spec {
+            envs: etcd_env.clone(),
+            ..Spec::new(
+                format!("queue-{i}"),
+                service_binary("switchyard-queue"),
+                vec![format!("--member-id=q{i}"), shards.clone(), elector(i)],
+            )
+        };
+        running.push(spec.start().await);
+        specs.push(spec);
+    }
+    for i in 0..4 {
+        let spec = Spec::new(
+            format!("reconciler-{i}"),
+            service_binary("switchyard-reconciler"),
+            vec![
+                kubeconfig.clone(),
+                elector(i),
+                shards.clone(),
+                watchers.clone(),
+                format!("--worker-id=r{i}"),
+            ],
+        );
+        running.push(spec.start().await);
+        specs.push(spec);
+    }
+    running.extend(electors);
+    (specs, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcilers_reading_from_two_watchers_never_act_on_a_stale_cache() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+
+    let kcm = plane
+        .start_controller_manager(
+            &["deployment-controller", "replicaset-controller"],
+            // Its default 20 requests/s would take minutes over what is a count of Pods.
+            &["--kube-api-qps=500", "--kube-api-burst=1000"],
+        )
+        .await
+        .expect("kube-controller-manager starts");
+    let kcm_ns = TestNamespace::create(plane, &client, "ha-kcm")
+        .await
+        .unwrap();
+    let under_kcm = script(&client, kcm_ns.name()).await;
+    drop(kcm);
+    println!("kube-controller-manager: {under_kcm:?}");
+    // The Nodes hold 750 Pods: make room for the second run.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), kcm_ns.name());
+    pods.delete_collection(
+        &DeleteParams::default().grace_period(0),
+        &ListParams::default(),
+    )
+    .await
+    .unwrap();
+
+    let ns = TestNamespace::create(plane, &client, "ha").await.unwrap();
+    let etcd = Etcd::start().await.unwrap();
+    let (specs, running) = start_switchyard(plane, ns.name(), &etcd).await;
+    let running = Arc::new(Mutex::new(running));
+    let script_done = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let killer = tokio::spawn({
+        let running = running.clone();
+        let done = script_done.clone();
+        async move {
+            let mut kills = 0;
+            while !done.load(Ordering::Relaxed) {
+                tokio::time::sleep(KILL_EVERY).await;
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                let victim = kills % 2;
+                let mut running = running.lock().await;
+                let _ = running.remove(victim).kill();
+                println!(
+                    "{:>6.2}s killed {}",
+                    started.elapsed().as_secs_f64(),
+                    specs[victim].name
+                );
+                running.insert(victim, specs[victim].start().await);
+                kills += 1;
+            }
+            (kills, specs)
+        }
+    });
+    let under_switchyard = script(&client, ns.name()).await;
+    script_done.store(true, Ordering::Relaxed);
+    let (kills, specs) = killer.await.unwrap();
+    println!("switchyard ({kills} watcher kills): {under_switchyard:?}");
+
+    for (what, (worst, owner)) in [
+        ("ReplicaSet", &under_switchyard.worst),
+        ("Deployment", &under_switchyard.worst_deployment),
+    ] {
+        assert!(
+            *worst <= (REPLICAS + MAX_SURGE) as usize,
+            "{what} {owner} had {worst} active Pods at once, above replicas + maxSurge"
+        );
+    }
+    assert!(kills >= 2, "the script outlived only {kills} watcher kills");
+    assert!(
+        under_switchyard.created <= under_kcm.created,
+        "Switchyard created {} Pods, kube-controller-manager {} for the same script",
+        under_switchyard.created,
+        under_kcm.created
+    );
+
+    let mut unclean = Vec::new();
+    let running = std::mem::take(&mut *running.lock().await);
+    for (process, spec) in running.into_iter().zip(specs.iter().map(|s| s.name.clone()).chain(
+        (0..3).map(|i| format!("elector-{i}")),
+    )) {
+        let (status, log) = process.terminate().await.unwrap();
+        if !status.success() {
+            unclean.push(format!("{spec}: {status}\n{log}"));
+        }
+    }
+    assert!(unclean.is_empty(), "{}", unclean.join("\n"));
+}
