@@ -4,8 +4,11 @@
 //! one another. 200 Deployments are created and rolled out twice while one watcher is killed
 //! with SIGKILL and started again every 10 s.
 //!
-//! - No ReplicaSet, and no Deployment's ReplicaSets together, ever have more active Pods than
-//!   `replicas + maxSurge` (a watch on the Pods checks at every event).
+//! - No ReplicaSet ever has more active Pods than `replicas + maxSurge` (a watch on the Pods
+//!   checks at every event). The most active Pods of one Deployment's ReplicaSets together is
+//!   printed beside kube-controller-manager's, not bounded: both controllers bound the sum of
+//!   the ReplicaSets' `spec.replicas`, and an old ReplicaSet's Pod may still be deleting when
+//!   the new one scales up.
 //! - Switchyard creates no more Pods than kube-controller-manager creates for the same script
 //!   (run first, on a namespace of its own, without faults): a reconcile that acted on a cache
 //!   older than its shard's last write would create Pods twice.
@@ -284,15 +287,11 @@ async fn reconcilers_reading_from_two_watchers_never_act_on_a_stale_cache() {
     let (kills, specs) = killer.await.unwrap();
     println!("switchyard ({kills} watcher kills): {under_switchyard:?}");
 
-    for (what, (worst, owner)) in [
-        ("ReplicaSet", &under_switchyard.worst),
-        ("Deployment", &under_switchyard.worst_deployment),
-    ] {
-        assert!(
-            *worst <= (REPLICAS + MAX_SURGE) as usize,
-            "{what} {owner} had {worst} active Pods at once, above replicas + maxSurge"
-        );
-    }
+    let (worst, owner) = &under_switchyard.worst;
+    assert!(
+        *worst <= (REPLICAS + MAX_SURGE) as usize,
+        "ReplicaSet {owner} had {worst} active Pods at once, above replicas + maxSurge"
+    );
     assert!(kills >= 2, "the script outlived only {kills} watcher kills");
     assert!(
         under_switchyard.created <= under_kcm.created,
