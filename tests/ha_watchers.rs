@@ -302,9 +302,12 @@ async fn reconcilers_reading_from_two_watchers_never_act_on_a_stale_cache() {
 
     let mut unclean = Vec::new();
     let running = std::mem::take(&mut *running.lock().await);
-    for (process, spec) in running.into_iter().zip(specs.iter().map(|s| s.name.clone()).chain(
-        (0..3).map(|i| format!("elector-{i}")),
-    )) {
+    for (process, spec) in running.into_iter().zip(
+        specs
+            .iter()
+            .map(|s| s.name.clone())
+            .chain((0..3).map(|i| format!("elector-{i}"))),
+    ) {
         let (status, log) = process.terminate().await.unwrap();
         if !status.success() {
             unclean.push(format!("{spec}: {status}\n{log}"));

@@ -203,8 +203,9 @@ impl CacheClient {
         *at = (*at).max(rv);
     }
 
-    /// Calls the replicas in turn, starting with the next one: a replica that is down
-    /// (`UNAVAILABLE`) hands the call to the following one.
+    /// Calls the replicas in turn, starting with the next one: a replica that is down or not
+    /// synced (`UNAVAILABLE`), or did not reach the floor in time (`DEADLINE_EXCEEDED`),
+    /// hands the call to the following one.
     async fn call<T, F, Fut>(&self, name: &'static str, call: F) -> Result<T, CacheError>
     where
         F: Fn(Grpc<Channel>) -> Fut,
@@ -216,7 +217,14 @@ impl CacheClient {
             let replica = self.replicas[(first + i) % self.replicas.len()].clone();
             match call(replica).await {
                 Ok(answer) => return Ok(answer),
-                Err(status) if status.code() == tonic::Code::Unavailable => last = Some(status),
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                    ) =>
+                {
+                    last = Some(status)
+                }
                 Err(status) => return Err(CacheError::call(name)(status)),
             }
         }

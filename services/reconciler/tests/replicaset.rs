@@ -321,15 +321,17 @@ async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
     let queue = support::queue(&[RS], &[]).await;
     let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
     watcher.wait_ready(WITHIN).await;
-    let ctx = Context::new(
+    // Two watcher addresses, one of them down: every read it gets goes on to the other.
+    let mut ctx = Context::new(
         client.clone(),
         CacheClient::new(
             &Pki::shared().dialer(Role::Reconciler),
-            &watcher.grpc().to_string(),
+            &format!("127.0.0.1:9,{}", watcher.grpc()),
         )
         .unwrap(),
         "test",
     );
+    ctx.cache = ctx.cache.reading_at(Default::default());
     let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
     let created = rs_api
@@ -366,6 +368,12 @@ async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
         let active = support::active_pods(&pods, "").await.len();
         assert_eq!(active, 5, "a reconcile right after another adds no Pod");
     }
+    // What the reads were answered at, for the shard's read floor: at least the writes.
+    let observed = ctx.cache.observed();
+    let written = rs_api.get("own").await.unwrap().metadata.resource_version;
+    let written: u64 = written.unwrap().parse().unwrap();
+    assert!(observed["apps/v1/ReplicaSet"] >= written, "{observed:?}");
+    assert!(observed["v1/Pod"] > 0, "{observed:?}");
 
     watcher.stop().await;
     queue.stop().await;
