@@ -58,7 +58,6 @@ fn deployment(name: &str) -> Deployment {
 }
 
 /// What one run of the script measured.
-#[derive(Debug)]
 struct Run {
     created: usize,
     worst: (usize, String),
@@ -111,6 +110,20 @@ async fn script(client: &Client, namespace: &str) -> Run {
         created: census.created(),
         worst: census.worst.clone(),
         worst_deployment: census.worst_deployment.clone(),
+    }
+}
+
+impl Run {
+    fn print(&self, under: &str) {
+        println!(
+            "{under}: {} Pods created; at most {} active Pods of one ReplicaSet ({}), {} of one \
+             Deployment ({})",
+            self.created,
+            self.worst.0,
+            self.worst.1,
+            self.worst_deployment.0,
+            self.worst_deployment.1
+        );
     }
 }
 
@@ -242,7 +255,7 @@ async fn reconcilers_reading_from_two_watchers_never_act_on_a_stale_cache() {
         .unwrap();
     let under_kcm = script(&client, kcm_ns.name()).await;
     drop(kcm);
-    println!("kube-controller-manager: {under_kcm:?}");
+    under_kcm.print("kube-controller-manager");
     // The Nodes hold 750 Pods: make room for the second run.
     let pods: Api<Pod> = Api::namespaced(client.clone(), kcm_ns.name());
     pods.delete_collection(
@@ -285,7 +298,7 @@ async fn reconcilers_reading_from_two_watchers_never_act_on_a_stale_cache() {
     let under_switchyard = script(&client, ns.name()).await;
     script_done.store(true, Ordering::Relaxed);
     let (kills, specs) = killer.await.unwrap();
-    println!("switchyard ({kills} watcher kills): {under_switchyard:?}");
+    under_switchyard.print(&format!("switchyard, {kills} watcher kills"));
 
     let (worst, owner) = &under_switchyard.worst;
     assert!(
