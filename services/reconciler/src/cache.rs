@@ -6,10 +6,10 @@
 //!
 //! Several watcher replicas may answer (one address behind a Service, or a list of them read
 //! in turn). Their caches lag one another, so each reconcile reads at a floor: per kind, the
-//! highest cache version read so far, starting from its lease's read floor (what earlier
-//! reconciles of its shard read at) and raised by every answer. A replica behind the floor
-//! waits until it catches up, or the read fails; it never answers older than what the shard
-//! has seen. What the reconcile read at goes back to the queue with its outcome.
+//! newest version of an object read so far (or written and read back), starting from its
+//! lease's read floor (what earlier reconciles of its shard read) and raised by every answer.
+//! A replica behind the floor waits until it catches up, or the read fails; it never answers
+//! older than what the shard has seen. The floor goes back to the queue with the outcome.
 
 use std::{
     sync::{
@@ -20,7 +20,7 @@ use std::{
 };
 
 use serde::de::DeserializeOwned;
-use switchyard_k8s::Resource;
+use switchyard_k8s::{Metadata, ObjectMeta, Resource};
 use switchyard_proto::{
     common::v1::GroupVersionKind,
     watcher::v1::{Freshness, GetRequest, ListRequest, cache_client::CacheClient as Grpc},
@@ -169,7 +169,7 @@ impl CacheClient {
     }
 
     /// A client for one reconcile: every read is at least at `floor` (the lease's), and
-    /// raises it to the version it was answered at.
+    /// raises it to the newest object version it returned.
     pub fn reading_at(&self, floor: Versions) -> Self {
         Self {
             floor: Some(Arc::new(Mutex::new(floor))),
@@ -177,7 +177,8 @@ impl CacheClient {
         }
     }
 
-    /// The versions this client's reads were answered at (with the floor it started from).
+    /// Per kind, the newest object version this client's reads returned or waited for (with
+    /// the floor it started from).
     pub fn observed(&self) -> Versions {
         self.floor
             .as_ref()
@@ -194,13 +195,26 @@ impl CacheClient {
         floor.get(kind).copied()
     }
 
-    fn raise(&self, kind: String, answered_at: &str) {
-        let (Some(floor), Ok(rv)) = (&self.floor, answered_at.parse::<u64>()) else {
+    /// Raises the floor of `kind` to the newest of the objects read and the read's own
+    /// minimum: each is the version of a change to an object of that kind, which every
+    /// watcher's stream of the kind carries, so another watcher reaches it as soon as it has
+    /// that change. (The cache's own version may be a relist's, which a watcher that lists no
+    /// later reaches only at the kind's next change.)
+    fn raise<K: Metadata<Ty = ObjectMeta>>(&self, kind: String, own: Option<&str>, read: &[K]) {
+        let Some(floor) = &self.floor else {
             return;
         };
-        let mut floor = floor.lock().unwrap_or_else(|e| e.into_inner());
-        let at = floor.entry(kind).or_default();
-        *at = (*at).max(rv);
+        let newest = read
+            .iter()
+            .filter_map(|object| object.metadata().resource_version.as_deref())
+            .chain(own)
+            .filter_map(|rv| rv.parse::<u64>().ok())
+            .max();
+        if let Some(rv) = newest {
+            let mut floor = floor.lock().unwrap_or_else(|e| e.into_inner());
+            let at = floor.entry(kind).or_default();
+            *at = (*at).max(rv);
+        }
     }
 
     /// Calls the replicas in turn, starting with the next one: a replica that is down or not
@@ -233,7 +247,7 @@ impl CacheClient {
         })))
     }
 
-    pub async fn get<K: Resource + DeserializeOwned>(
+    pub async fn get<K: Resource + Metadata<Ty = ObjectMeta> + DeserializeOwned>(
         &self,
         namespace: &str,
         name: &str,
@@ -252,14 +266,16 @@ impl CacheClient {
                 async move { grpc.get(request).await.map(tonic::Response::into_inner) }
             })
             .await?;
-        self.raise(kind, &response.cache_resource_version);
-        if !response.found {
-            return Ok(None);
-        }
-        decode(&response.object_json).map(Some)
+        let object: Option<K> = if response.found {
+            Some(decode(&response.object_json)?)
+        } else {
+            None
+        };
+        self.raise(kind, min_resource_version, object.as_slice());
+        Ok(object)
     }
 
-    pub async fn list<K: Resource + DeserializeOwned>(
+    pub async fn list<K: Resource + Metadata<Ty = ObjectMeta> + DeserializeOwned>(
         &self,
         namespace: &str,
         filter: ListFilter<'_>,
@@ -280,14 +296,12 @@ impl CacheClient {
             .await?;
         let call = CacheError::call("List");
         let mut objects = Vec::new();
-        let mut answered_at = String::new();
         while let Some(chunk) = chunks.message().await.map_err(&call)? {
             for json in &chunk.objects_json {
                 objects.push(decode(json)?);
             }
-            answered_at = chunk.cache_resource_version;
         }
-        self.raise(kind, &answered_at);
+        self.raise(kind, filter.min_resource_version, &objects);
         Ok(objects)
     }
 }
