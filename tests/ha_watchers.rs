@@ -48,7 +48,7 @@ const MAX_SURGE: i32 = 1;
 const ROLLOUTS: [&str; 2] = ["registry.example/ha:2", "registry.example/ha:3"];
 const SHARDS: u32 = 32;
 const KILL_EVERY: Duration = Duration::from_secs(10);
-const CONVERGE: Duration = Duration::from_secs(240);
+const CONVERGE: Duration = Duration::from_secs(420);
 const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 
 fn deployment(name: &str) -> Deployment {
