@@ -50,9 +50,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, HashMap},
     net::{SocketAddr, TcpListener},
-    path::PathBuf,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -60,7 +59,6 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use futures::StreamExt;
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom, seq::SliceRandom};
 use serde_json::json;
 use switchyard_k8s::{
@@ -68,15 +66,21 @@ use switchyard_k8s::{
     kube::{
         Client,
         api::{Patch, PatchParams},
-        runtime::{WatchStreamExt, watcher},
     },
 };
-use switchyard_proto::queue::v1::{StatsRequest, queue_client::QueueClient};
-use switchyard_runtime::Role;
-use switchyard_testenv::{
-    ControlPlane, Etcd, NetNs, Pki, ServiceProcess, TestNamespace, manifests,
-};
+use switchyard_testenv::{ControlPlane, Etcd, NetNs, TestNamespace, manifests};
 use switchyard_tests::service_binary;
+
+#[path = "soak/fleet.rs"]
+mod fleet;
+#[path = "soak/invariants.rs"]
+mod invariants;
+#[path = "soak/serving.rs"]
+mod serving;
+
+use fleet::{Fleet, Spec, served};
+use invariants::{Invariants, watch_invariants};
+use serving::{Overlaps, double_served};
 
 const SHARDS: u32 = 16;
 const MAX_SURGE: i32 = 1;
@@ -107,8 +111,6 @@ const RECOVERY_BOUND: Duration = Duration::from_secs(60);
 /// default backoff, 0.8 s doubling to 30 s) reset their backoff only after 120 s of health,
 /// so restarts closer together are a flapping apiserver, another fault than a restart.
 const APISERVER_SPACING: Duration = Duration::from_secs(120);
-/// Log timestamps are taken just after a shard is acquired and just after it is released.
-const CLOCK_MARGIN: Duration = Duration::from_millis(5);
 const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -186,185 +188,6 @@ impl Fault {
     }
 }
 
-/// How to start one service again after it was killed.
-struct Spec {
-    program: PathBuf,
-    args: Vec<String>,
-    envs: Vec<(String, String)>,
-    /// Kept across restarts (where the clients were told to find it).
-    grpc: Option<SocketAddr>,
-    in_netns: bool,
-}
-
-impl Spec {
-    async fn start(&self, name: &str, netns: &NetNs) -> ServiceProcess {
-        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        let envs: Vec<(&str, &str)> = self
-            .envs
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let started = if self.in_netns {
-            ServiceProcess::start_in_netns(netns, &self.program, &args, &envs).await
-        } else {
-            ServiceProcess::start_with_grpc(&self.program, self.grpc, &args, &envs).await
-        };
-        let mut process = started.unwrap_or_else(|e| panic!("{name} starts: {e}"));
-        process
-            .wait_ready()
-            .await
-            .unwrap_or_else(|e| panic!("{name} becomes ready: {e}\n{}", process.log()));
-        process
-    }
-}
-
-/// A queue replica's log once it ended, with the windows in which it was frozen (a frozen
-/// process runs no code, so it serves nothing whatever its log says).
-struct ServeLog {
-    log: String,
-    end: SystemTime,
-    frozen: Vec<(SystemTime, SystemTime)>,
-}
-
-/// Every service process, by name, and what the queues left behind.
-struct Fleet {
-    specs: BTreeMap<String, Spec>,
-    running: BTreeMap<String, ServiceProcess>,
-    netns: NetNs,
-    serve_logs: Vec<ServeLog>,
-    frozen: HashMap<String, Vec<(SystemTime, SystemTime)>>,
-    /// `workqueue_adds_total` of each running queue at its last scrape, and of ended ones.
-    adds: HashMap<String, f64>,
-    adds_ended: f64,
-}
-
-impl Fleet {
-    async fn start(&mut self, name: &str) {
-        let process = self.specs[name].start(name, &self.netns).await;
-        self.running.insert(name.to_owned(), process);
-    }
-
-    fn names(&self, prefix: &str) -> Vec<String> {
-        self.specs
-            .keys()
-            .filter(|n| n.starts_with(prefix))
-            .cloned()
-            .collect()
-    }
-
-    async fn scrape_adds(&mut self, name: &str) {
-        let Some(process) = self.running.get(name) else {
-            return;
-        };
-        if let Ok((200, text)) = process.admin_get("/metrics").await {
-            let adds = sum_of(&text, "workqueue_adds_total");
-            self.adds.insert(name.to_owned(), adds);
-        }
-    }
-
-    /// SIGKILL; a queue's log is kept for the double-serving check.
-    async fn kill(&mut self, name: &str) {
-        if name.starts_with("queue") {
-            self.scrape_adds(name).await;
-        }
-        let process = self.running.remove(name).unwrap();
-        // The signal goes out first thing: a process killed serves nothing after it, and
-        // waiting for its exit would stretch its intervals past the others' takeover.
-        let end = SystemTime::now();
-        let log = process.kill();
-        self.ended(name, log, end);
-    }
-
-    fn ended(&mut self, name: &str, log: String, end: SystemTime) {
-        if name.starts_with("queue") {
-            self.adds_ended += self.adds.remove(name).unwrap_or(0.0);
-            self.serve_logs.push(ServeLog {
-                log,
-                end,
-                frozen: self.frozen.remove(name).unwrap_or_default(),
-            });
-        }
-    }
-
-    /// The last warnings and errors in every running process's log.
-    fn warnings(&self) -> String {
-        let mut out = String::new();
-        for (name, process) in &self.running {
-            let log = process.log();
-            let lines: Vec<&str> = log
-                .lines()
-                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-                .collect();
-            let tail = &lines[lines.len().saturating_sub(8)..];
-            out += &format!("--- {name}\n{}\n", tail.join("\n"));
-        }
-        out
-    }
-
-    /// Whether the queue replicas (but `skip`) together serve every shard exactly once.
-    async fn all_served(&self, skip: Option<&str>) -> bool {
-        let mut owners: HashMap<u32, usize> = HashMap::new();
-        for (name, process) in &self.running {
-            if !name.starts_with("queue") || Some(name.as_str()) == skip {
-                continue;
-            }
-            let Some(shards) = served(process).await else {
-                return false;
-            };
-            for shard in shards {
-                *owners.entry(shard).or_default() += 1;
-            }
-        }
-        owners.len() == SHARDS as usize && owners.values().all(|n| *n == 1)
-    }
-
-    async fn an_elector_leads(&self) -> bool {
-        for (name, process) in &self.running {
-            if name.starts_with("elector")
-                && let Ok((200, text)) = process.admin_get("/metrics").await
-                && sum_of(&text, "switchyard_elector_leader") == 1.0
-            {
-                return true;
-            }
-        }
-        false
-    }
-}
-
-/// The shards a queue replica serves, from its Stats; `None` if it does not answer at once.
-async fn served(process: &ServiceProcess) -> Option<BTreeSet<u32>> {
-    let ask = async {
-        let channel = Pki::shared()
-            .channel(Role::Observer, Role::Queue, process.grpc_addr())
-            .await
-            .ok()?;
-        let stats = QueueClient::new(channel)
-            .stats(StatsRequest::default())
-            .await
-            .ok()?
-            .into_inner();
-        // One entry per shard and controller.
-        let shards: BTreeSet<u32> = stats.shards.iter().map(|s| s.shard).collect();
-        Some(shards)
-    };
-    tokio::time::timeout(Duration::from_secs(1), ask)
-        .await
-        .ok()
-        .flatten()
-}
-
-/// The sum of every sample of `family` in an exposition.
-fn sum_of(exposition: &str, family: &str) -> f64 {
-    exposition
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
 /// Polls `done` every 100 ms until it holds; how long that took, or `None` after `bound`.
 async fn until<F, Fut>(bound: Duration, mut done: F) -> Option<Duration>
 where
@@ -379,293 +202,6 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     None
-}
-
-// ---------------------------------------------------------------------------------------
-// Invariants on the Pods, from a watch.
-
-/// What the workload last asked of one Deployment.
-#[derive(Clone, Copy, Debug)]
-struct Tracked {
-    replicas: i32,
-    /// Replicas the surge bound allows for: after a scale-down, the old count until the
-    /// Deployment settles at the new one (Pods of the old size may still be made meanwhile,
-    /// before the controllers see the write).
-    allowance: i32,
-    /// Whether the Deployment settled at its size since the last scale (a scale-down in
-    /// flight may take a Deployment scaled up again below the bound: that is no rollout).
-    armed: bool,
-}
-
-#[derive(Clone, Debug)]
-struct PodState {
-    app: String,
-    /// Its controller ReplicaSet.
-    owner: String,
-    ready: bool,
-}
-
-struct Invariants {
-    begin: Instant,
-    deployments: HashMap<String, Tracked>,
-    /// Active Pods (not terminating, not finished) by uid.
-    pods: HashMap<String, PodState>,
-    relist: Option<HashMap<String, PodState>>,
-    /// `spec.replicas` of every ReplicaSet, by uid, with its Deployment's name.
-    sets: HashMap<String, (String, i32)>,
-    sets_relist: Option<HashMap<String, (String, i32)>>,
-    samples: u64,
-    /// ReplicaSets of one Deployment sized above its replicas + maxSurge together: what the
-    /// Deployment controller promises (kube-controller-manager sizes them so).
-    surge_violations: u64,
-    /// Active Pods of one Deployment above its replicas + maxSurge: transient under
-    /// kube-controller-manager too (a scaled-down ReplicaSet's Pods go after the other's
-    /// are made), so counted, not asserted.
-    pod_surge_samples: u64,
-    unavailable_violations: u64,
-    first_violations: Vec<String>,
-    /// What the workload did to each Deployment, and when: printed beside a violation.
-    history: HashMap<String, Vec<String>>,
-}
-
-impl Invariants {
-    fn note(&mut self, name: &str, what: &str) {
-        let at = self.begin.elapsed().as_secs_f64();
-        self.history
-            .entry(name.to_owned())
-            .or_default()
-            .push(format!("{at:.2}s {what}"));
-    }
-
-    /// The workload is about to set `name`'s replicas (a new Deployment too).
-    fn scaling(&mut self, name: &str, replicas: i32) {
-        let tracked = self.deployments.entry(name.to_owned()).or_insert(Tracked {
-            replicas,
-            allowance: replicas,
-            armed: false,
-        });
-        tracked.armed = false;
-        tracked.allowance = tracked.allowance.max(replicas);
-        tracked.replicas = replicas;
-    }
-
-    fn forget(&mut self, name: &str) {
-        self.deployments.remove(name);
-    }
-
-    fn apply(&mut self, pod: &Pod) {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let app = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("app"))
-            .cloned()
-            .unwrap_or_default();
-        let status = pod.status.as_ref();
-        let finished = status
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| p == "Succeeded" || p == "Failed");
-        let ready = status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        let owner = pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.name.clone())
-            .unwrap_or_default();
-        let pods = self.relist.as_mut().unwrap_or(&mut self.pods);
-        if pod.metadata.deletion_timestamp.is_none() && !finished {
-            pods.insert(uid, PodState { app, owner, ready });
-        } else {
-            pods.remove(&uid);
-        }
-    }
-
-    /// A Deployment whose status shows it done at its current size arms the maxUnavailable
-    /// bound and drops the surge allowance to its size.
-    fn deployment(&mut self, deployment: &Deployment) {
-        let Some(tracked) = deployment
-            .metadata
-            .name
-            .as_ref()
-            .and_then(|n| self.deployments.get_mut(n))
-        else {
-            return;
-        };
-        let want = deployment.spec.as_ref().and_then(|s| s.replicas);
-        let status = deployment.status.clone().unwrap_or_default();
-        if want == Some(tracked.replicas)
-            && status.observed_generation >= deployment.metadata.generation
-            && status.updated_replicas == want
-            && status.available_replicas == want
-            && status.replicas == want
-        {
-            tracked.armed = true;
-            tracked.allowance = tracked.replicas;
-        }
-    }
-
-    fn check(&mut self, app: &str) {
-        let Some(tracked) = self.deployments.get_mut(app) else {
-            return;
-        };
-        let (mut active, mut ready) = (0, 0);
-        for pod in self.pods.values().filter(|p| p.app == app) {
-            active += 1;
-            ready += i32::from(pod.ready);
-        }
-        self.samples += 1;
-        let sized: i32 = self
-            .sets
-            .values()
-            .filter(|(owner, _)| owner == app)
-            .map(|(_, replicas)| replicas)
-            .sum();
-        let mut violation = None;
-        if sized > tracked.allowance + MAX_SURGE {
-            self.surge_violations += 1;
-            violation = Some("surge");
-        }
-        if active > tracked.allowance + MAX_SURGE {
-            self.pod_surge_samples += 1;
-            violation = violation.or(Some("pod surge"));
-        }
-        if tracked.armed && ready < tracked.replicas - MAX_UNAVAILABLE {
-            self.unavailable_violations += 1;
-            violation = Some("unavailable");
-        }
-        if let Some(kind) = violation
-            && self.first_violations.len() < 10
-        {
-            let mut owners: BTreeMap<&str, usize> = BTreeMap::new();
-            for pod in self.pods.values().filter(|p| p.app == app) {
-                *owners.entry(pod.owner.as_str()).or_default() += 1;
-            }
-            self.first_violations.push(format!(
-                "{:.2}s {kind}: {app} had ReplicaSets of {sized}, {active} active, {ready} ready Pods {owners:?} with {tracked:?}; {:?}",
-                self.begin.elapsed().as_secs_f64(),
-                self.history.get(app)
-            ));
-        }
-    }
-
-    fn replica_set(&mut self, rs: &ReplicaSet) {
-        let owner = rs
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.name.clone())
-            .unwrap_or_default();
-        let replicas = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-        let sets = self.sets_relist.as_mut().unwrap_or(&mut self.sets);
-        sets.insert(
-            rs.metadata.uid.clone().unwrap_or_default(),
-            (owner.clone(), replicas),
-        );
-        if self.sets_relist.is_none() {
-            self.check(&owner);
-        }
-    }
-
-    fn check_all(&mut self) {
-        let apps: Vec<String> = self.deployments.keys().cloned().collect();
-        for app in apps {
-            self.check(&app);
-        }
-    }
-}
-
-fn watch_invariants(client: Client, namespace: &str, begin: Instant) -> Arc<Mutex<Invariants>> {
-    let invariants = Arc::new(Mutex::new(Invariants {
-        begin,
-        deployments: HashMap::new(),
-        pods: HashMap::new(),
-        relist: None,
-        sets: HashMap::new(),
-        sets_relist: None,
-        samples: 0,
-        surge_violations: 0,
-        pod_surge_samples: 0,
-        unavailable_violations: 0,
-        first_violations: Vec::new(),
-        history: HashMap::new(),
-    }));
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), namespace);
-    let deployments: Api<Deployment> = Api::namespaced(client, namespace);
-    let seen = invariants.clone();
-    tokio::spawn(async move {
-        // Errors (the apiserver restarting) are retried with backoff; the streams never end.
-        let pods = watcher(pods, watcher::Config::default())
-            .default_backoff()
-            .map(|e| e.map(Seen::Pod));
-        let deployments = watcher(deployments, watcher::Config::default())
-            .default_backoff()
-            .map(|e| e.map(Seen::Deployment));
-        let sets = watcher(sets, watcher::Config::default())
-            .default_backoff()
-            .map(|e| e.map(Seen::ReplicaSet));
-        let mut events =
-            futures::stream::select(pods, futures::stream::select(deployments, sets)).boxed();
-        while let Some(event) = events.next().await {
-            let Ok(event) = event else { continue };
-            let mut seen = seen.lock().unwrap();
-            match event {
-                Seen::Deployment(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => {
-                    seen.deployment(&d)
-                }
-                Seen::Deployment(_) => {}
-                Seen::ReplicaSet(watcher::Event::Init) => seen.sets_relist = Some(HashMap::new()),
-                Seen::ReplicaSet(watcher::Event::InitApply(rs) | watcher::Event::Apply(rs)) => {
-                    seen.replica_set(&rs);
-                }
-                Seen::ReplicaSet(watcher::Event::InitDone) => {
-                    if let Some(sets) = seen.sets_relist.take() {
-                        seen.sets = sets;
-                    }
-                    seen.check_all();
-                }
-                Seen::ReplicaSet(watcher::Event::Delete(rs)) => {
-                    seen.sets
-                        .remove(&rs.metadata.uid.clone().unwrap_or_default());
-                }
-                Seen::Pod(watcher::Event::Init) => seen.relist = Some(HashMap::new()),
-                Seen::Pod(watcher::Event::InitApply(pod)) => seen.apply(&pod),
-                Seen::Pod(watcher::Event::InitDone) => {
-                    if let Some(pods) = seen.relist.take() {
-                        seen.pods = pods;
-                    }
-                    seen.check_all();
-                }
-                Seen::Pod(watcher::Event::Apply(pod)) => {
-                    seen.apply(&pod);
-                    if let Some(app) = pod.metadata.labels.as_ref().and_then(|l| l.get("app")) {
-                        seen.check(&app.clone());
-                    }
-                }
-                Seen::Pod(watcher::Event::Delete(pod)) => {
-                    seen.pods
-                        .remove(&pod.metadata.uid.clone().unwrap_or_default());
-                    if let Some(app) = pod.metadata.labels.as_ref().and_then(|l| l.get("app")) {
-                        seen.check(&app.clone());
-                    }
-                }
-            }
-        }
-    });
-    invariants
-}
-
-enum Seen {
-    Pod(watcher::Event<Pod>),
-    Deployment(watcher::Event<Deployment>),
-    ReplicaSet(watcher::Event<ReplicaSet>),
 }
 
 // ---------------------------------------------------------------------------------------
@@ -832,110 +368,6 @@ async fn canary(api: &Api<Deployment>, replicas: i32) -> bool {
     })
     .await
     .is_some()
-}
-
-// ---------------------------------------------------------------------------------------
-// Double serving, from the queues' logs.
-
-/// A replica's serve intervals per shard, from its JSON log, with the frozen windows taken
-/// out; a shard still served is open until `end`.
-fn intervals(log: &ServeLog) -> HashMap<u32, Vec<(SystemTime, SystemTime)>> {
-    let mut open: HashMap<u32, SystemTime> = HashMap::new();
-    let mut done: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
-    for line in log.log.lines() {
-        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let Some(at) = entry["timestamp"]
-            .as_str()
-            .and_then(|t| humantime::parse_rfc3339(t).ok())
-        else {
-            continue;
-        };
-        let shard = entry["shard"].as_u64().map(|s| s as u32);
-        match (entry["message"].as_str(), shard) {
-            (Some("serving shard"), Some(shard)) => {
-                open.entry(shard).or_insert(at);
-            }
-            (Some("stopped serving shard"), Some(shard)) => {
-                if let Some(start) = open.remove(&shard) {
-                    done.entry(shard).or_default().push((start, at));
-                }
-            }
-            (Some("shards released"), None) => {
-                for (shard, start) in open.drain() {
-                    done.entry(shard).or_default().push((start, at));
-                }
-            }
-            _ => {}
-        }
-    }
-    for (shard, start) in open {
-        done.entry(shard).or_default().push((start, log.end));
-    }
-    for spans in done.values_mut() {
-        for &(from, to) in &log.frozen {
-            *spans = spans
-                .iter()
-                .flat_map(|&(start, end)| {
-                    let before = (start, end.min(from));
-                    let after = (start.max(to), end);
-                    [before, after].into_iter().filter(|(s, e)| s < e)
-                })
-                .collect();
-        }
-    }
-    done
-}
-
-/// How long, summed over shards, two replicas served one shard at once (overlaps within the
-/// log clock margin aside), and the first overlaps seen.
-fn double_served(logs: &[ServeLog]) -> Overlaps {
-    let mut by_shard: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
-    for log in logs {
-        for (shard, spans) in intervals(log) {
-            by_shard.entry(shard).or_default().extend(spans);
-        }
-    }
-    let resumed: Vec<SystemTime> = logs
-        .iter()
-        .flat_map(|l| l.frozen.iter().map(|(_, to)| *to))
-        .collect();
-    let mut overlaps = Overlaps::default();
-    for (shard, spans) in &mut by_shard {
-        spans.sort();
-        let mut reach = SystemTime::UNIX_EPOCH;
-        for &(start, end) in spans.iter() {
-            let overlap = end.min(reach).duration_since(start).unwrap_or_default();
-            if resumed.contains(&start) {
-                overlaps.after_resume = overlaps.after_resume.max(overlap);
-            } else if overlap > CLOCK_MARGIN {
-                overlaps.total += overlap;
-                if overlaps.first.len() < 10 {
-                    overlaps
-                        .first
-                        .push(format!("shard {shard}: {overlap:?} from {start:?}"));
-                }
-            } else {
-                overlaps.within_margin = overlaps.within_margin.max(overlap);
-            }
-            reach = reach.max(end);
-        }
-    }
-    overlaps
-}
-
-#[derive(Default)]
-struct Overlaps {
-    /// Two replicas serving one shard at once, summed over shards.
-    total: Duration,
-    /// The longest overlap no longer than the log clock margin (not counted).
-    within_margin: Duration,
-    /// The longest a replica, just woken from SIGSTOP, logged a shard as still served while
-    /// another served it: an upper bound (the log line is written once the woken process
-    /// gets to it), counted apart.
-    after_resume: Duration,
-    first: Vec<String>,
 }
 
 fn median_max(values: &mut [Duration]) -> (Duration, Duration) {
