@@ -14,7 +14,7 @@ TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 help:
 	@echo "make run           start a local control plane and every service against it"
 	@echo "make test          lint (fmt, clippy) and every test, against the real control plane"
-	@echo "make soak          30 minutes of rollouts and faults, then the same with kube-controller-manager (needs root)"
+	@echo "make soak          23 minutes of rollouts under faults, then 5 under kube-controller-manager (needs root)"
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
