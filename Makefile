@@ -9,11 +9,12 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help run test lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e
+.PHONY: help run test soak lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e
 
 help:
 	@echo "make run           start a local control plane and every service against it"
 	@echo "make test          lint (fmt, clippy) and every test, against the real control plane"
+	@echo "make soak          23 minutes of rollouts under faults, then 5 under kube-controller-manager (needs root)"
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
@@ -35,6 +36,19 @@ test: lint testenv
 	@# The smoke run uses its own control plane, never the cluster KUBECONFIG may name.
 	env -u KUBECONFIG SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run --exit-when-ready
 	scripts/check-no-orphans.sh
+
+# The soak (tests/soak.rs) runs 5 minutes inside `make test`; here 23 minutes under Switchyard,
+# then 5 minutes of the same workload under kube-controller-manager for its figures beside ours.
+SOAK_SECONDS ?= 1380
+SOAK_PEER_SECONDS ?= 300
+
+soak: testenv
+	$(CARGO) build --locked --workspace --bins
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) SWITCHYARD_SOAK_SECONDS=$(SOAK_SECONDS) \
+		$(CARGO) test --locked -p switchyard-tests --test soak -- --nocapture
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) SWITCHYARD_SOAK_SECONDS=$(SOAK_PEER_SECONDS) \
+		SWITCHYARD_SOAK_PEER=kube-controller-manager \
+		$(CARGO) test --locked -p switchyard-tests --test soak -- --nocapture
 
 run: testenv build
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run

@@ -300,6 +300,21 @@ link_bin_dir() {
   write_kwok_stages "$bin"
 }
 
+# The soak test runs a queue replica in a network namespace (`ip netns`, `ip link ... veth`)
+# and cuts it from etcd with a blackhole route: iproute2 is all it needs. Installed from the
+# distribution when missing and this runs as root; otherwise the soak names what is missing.
+ensure_iproute2() {
+  command -v ip >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "testenv: installing iproute2 (ip) for the soak's network namespace" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends iproute2 >/dev/null ||
+      { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends iproute2 >/dev/null; } ||
+      echo "testenv: could not install iproute2; the soak test will fail" >&2
+  else
+    echo "testenv: ip (iproute2) not found; the soak test needs it and root" >&2
+  fi
+}
+
 cmd=${1:-build}
 case "$cmd" in
   versions)
@@ -319,6 +334,7 @@ case "$cmd" in
     build_kubernetes
     build_otelcol
     fetch_cert_manager_crds
+    ensure_iproute2
     link_bin_dir
     bin_dir ;;
   *) die "unknown command '$cmd' (expected build, bin-dir or versions)" ;;

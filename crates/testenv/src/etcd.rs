@@ -2,6 +2,7 @@
 //! in an installation) or under the apiserver (plaintext, the apiserver's own business).
 
 use std::{
+    net::IpAddr,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -22,6 +23,8 @@ pub struct Etcd {
     endpoint: String,
     /// Serving certificate, and the CA client certificates must chain to.
     tls: Option<crate::tls::Files>,
+    /// Another address the client port listens on, besides 127.0.0.1.
+    also_on: Option<IpAddr>,
     process: Option<ManagedProcess>,
     _temp: Option<tempfile::TempDir>,
 }
@@ -30,23 +33,35 @@ impl Etcd {
     /// Starts etcd in a temporary directory of its own, serving TLS with the shared test
     /// PKI's etcd certificate and requiring client certificates from its CA.
     pub async fn start() -> Result<Self> {
+        Self::start_tls(None).await
+    }
+
+    /// Like [`Self::start`], with the client port also listening on `ip` (the root end of a
+    /// [`crate::NetNs`], say): see [`Self::endpoint_at`].
+    pub async fn start_also_on(ip: IpAddr) -> Result<Self> {
+        Self::start_tls(Some(ip)).await
+    }
+
+    async fn start_tls(also_on: Option<IpAddr>) -> Result<Self> {
         let temp = tempfile::Builder::new()
             .prefix("switchyard-etcd-")
             .tempdir()?;
         let tls = crate::Pki::shared().files_of(crate::tls::ETCD_ACCOUNT);
-        let mut etcd = Self::start_with(&Binaries::locate()?, temp.path(), Some(tls)).await?;
+        let mut etcd =
+            Self::start_with(&Binaries::locate()?, temp.path(), Some(tls), also_on).await?;
         etcd._temp = Some(temp);
         Ok(etcd)
     }
 
     pub(crate) async fn start_in(binaries: &Binaries, dir: &Path) -> Result<Self> {
-        Self::start_with(binaries, dir, None).await
+        Self::start_with(binaries, dir, None, None).await
     }
 
     async fn start_with(
         binaries: &Binaries,
         dir: &Path,
         tls: Option<crate::tls::Files>,
+        also_on: Option<IpAddr>,
     ) -> Result<Self> {
         let _ = std::fs::remove_dir_all(dir.join("etcd-data"));
         start_on_free_ports("etcd", || async {
@@ -61,6 +76,7 @@ impl Etcd {
                     ports.0
                 ),
                 tls: tls.clone(),
+                also_on,
                 process: None,
                 _temp: None,
             };
@@ -73,6 +89,13 @@ impl Etcd {
     /// The client URL, `https://127.0.0.1:<port>` (`http://` under the apiserver).
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The client URL with `host` in place of 127.0.0.1: `https://localhost:<port>` reaches
+    /// the address `localhost` names where the client runs, and the certificate is valid
+    /// for that name.
+    pub fn endpoint_at(&self, host: &str) -> String {
+        self.endpoint.replacen("127.0.0.1", host, 1)
     }
 
     /// How a client reaches this etcd, presenting `role`'s certificate when it serves TLS.
@@ -117,10 +140,14 @@ impl Etcd {
     async fn run(&mut self) -> Result<()> {
         let client_url = self.endpoint.clone();
         let peer_url = format!("http://127.0.0.1:{}", self.ports.1);
+        let listen_urls = match self.also_on {
+            Some(ip) => format!("{client_url},{}", self.endpoint_at(&ip.to_string())),
+            None => client_url.clone(),
+        };
         let mut args = vec![
             "--name=switchyard-testenv".to_owned(),
             format!("--data-dir={}", self.dir.join("etcd-data").display()),
-            format!("--listen-client-urls={client_url}"),
+            format!("--listen-client-urls={listen_urls}"),
             format!("--advertise-client-urls={client_url}"),
             format!("--listen-peer-urls={peer_url}"),
             format!("--initial-advertise-peer-urls={peer_url}"),

@@ -2,7 +2,7 @@
 //! health, readiness, metrics, gRPC health and reflection, and a clean SIGTERM shutdown.
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
     process::ExitStatus,
     time::{Duration, Instant},
@@ -19,7 +19,7 @@ use tonic_reflection::pb::v1::{
 use switchyard_runtime::Role;
 
 use crate::{
-    Error, Pki, Result,
+    Error, NetNs, Pki, Result,
     ports::free_port,
     process::{ManagedProcess, start_on_free_ports, wait_healthy},
 };
@@ -54,6 +54,27 @@ impl ServiceProcess {
         args: &[&str],
         envs: &[(&str, &str)],
     ) -> Result<Self> {
+        Self::launch(program, None, grpc, args, envs).await
+    }
+
+    /// Like [`Self::start`], inside `netns`: the admin and gRPC ports listen on the
+    /// namespace's end of its veth ([`NetNs::inner`]).
+    pub async fn start_in_netns(
+        netns: &NetNs,
+        program: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<Self> {
+        Self::launch(program, Some(netns), None, args, envs).await
+    }
+
+    async fn launch(
+        program: &Path,
+        netns: Option<&NetNs>,
+        grpc: Option<SocketAddr>,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Result<Self> {
         let name = program
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -62,11 +83,12 @@ impl ServiceProcess {
             .prefix("switchyard-service-")
             .tempdir()?;
         let http = reqwest::Client::new();
+        let host: IpAddr = netns.map_or(Ipv4Addr::LOCALHOST, NetNs::inner).into();
         let (process, admin, grpc) = start_on_free_ports(&name, || async {
-            let admin: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
-            let grpc: SocketAddr = match grpc {
+            let admin = SocketAddr::new(host, free_port()?);
+            let grpc = match grpc {
                 Some(grpc) => grpc,
-                None => ([127, 0, 0, 1], free_port()?).into(),
+                None => SocketAddr::new(host, free_port()?),
             };
             let mut all_args = vec![
                 format!("--admin-addr={admin}"),
@@ -82,13 +104,16 @@ impl ServiceProcess {
             if let Some(role) = crate::tls::role_of_program(program).filter(|_| !own_tls) {
                 all_args.extend(Pki::shared().flags(role));
             }
-            let mut process = ManagedProcess::spawn(
-                &name,
-                program,
-                &all_args,
-                envs,
-                &logs.path().join(format!("{name}.log")),
-            )?;
+            let log = logs.path().join(format!("{name}.log"));
+            let mut process = match netns {
+                None => ManagedProcess::spawn(&name, program, &all_args, envs, &log)?,
+                Some(netns) => {
+                    let mut wrapped = netns.wrap();
+                    wrapped.push(program.display().to_string());
+                    wrapped.extend(all_args);
+                    ManagedProcess::spawn(&name, Path::new("ip"), &wrapped, envs, &log)?
+                }
+            };
             let url = format!("http://{admin}/livez");
             wait_healthy(&mut process, SERVICE_TIMEOUT, || async {
                 http.get(&url)
