@@ -15,16 +15,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, stream};
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::SliceRandom};
 use serde_json::json;
-use switchyard_k8s::{
-    Api, Deployment, PostParams,
-    kube::api::{ListParams, Patch, PatchParams},
-};
+use switchyard_k8s::{Api, Deployment, kube::api::ListParams};
 use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
 use switchyard_tests::{
-    fleet::{PodCensus, Spec, rolled_out},
+    fleet::{PodCensus, Spec, create_all, rolled_out, set_image_all},
     service_binary,
 };
 
@@ -79,6 +75,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
         args: vec![shards.clone()],
         envs: etcd_env.clone(),
         grpc: None,
+        in_netns: false,
     }
     .start()
     .await;
@@ -97,6 +94,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
                 ],
                 envs: etcd_env.clone(),
                 grpc: None,
+                in_netns: false,
             },
         );
     }
@@ -114,6 +112,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
         ],
         envs: Vec::new(),
         grpc: None,
+        in_netns: false,
     };
     let watcher = watcher_spec.start().await;
     watcher_spec.grpc = Some(watcher.grpc_addr());
@@ -132,6 +131,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
             ],
             envs: Vec::new(),
             grpc: None,
+            in_netns: false,
         };
         let name = ["reconciler-0", "reconciler-1"][i];
         running.insert(name, spec.start().await);
@@ -141,32 +141,10 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
     let census = PodCensus::watch(client.clone(), ns.name());
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
     let names: Vec<String> = (0..DEPLOYMENTS).map(|i| format!("d{i:02}")).collect();
-    stream::iter(&names)
-        .for_each_concurrent(8, |name| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &deployment(name))
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
+    create_all(&api, names.iter().map(|n| deployment(n)).collect(), 8).await;
     // Roll every Deployment out to a new image once the first ReplicaSets are being made.
     tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
-    let rollout = json!({"spec": {"template": {"spec": {"containers": [
-        {"name": "c", "image": "registry.example/app:2"}
-    ]}}}});
-    stream::iter(&names)
-        .for_each_concurrent(8, |name| {
-            let api = api.clone();
-            let rollout = rollout.clone();
-            async move {
-                api.patch(name, &PatchParams::default(), &Patch::Strategic(rollout))
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
+    set_image_all(&api, &names, "registry.example/app:2", 8).await;
 
     // One kill -9 of each, in a random order at random moments, each started again.
     let mut victims = ["reconciler-0", "queue-1", "watcher"];

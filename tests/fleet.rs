@@ -8,12 +8,17 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt, stream};
+use serde_json::json;
 use switchyard_k8s::{
-    Api, Deployment, Pod,
-    kube::{Client, runtime::watcher},
+    Api, Deployment, ObjectMeta, Pod, PostParams,
+    kube::{
+        Client,
+        api::{Patch, PatchParams},
+        runtime::watcher,
+    },
 };
-use switchyard_testenv::ServiceProcess;
+use switchyard_testenv::{NetNs, ServiceProcess};
 
 /// How to start one service again after it was killed.
 #[derive(Debug)]
@@ -24,6 +29,8 @@ pub struct Spec {
     pub envs: Vec<(String, String)>,
     /// Kept across restarts (a watcher's, which the reconcilers were given).
     pub grpc: Option<SocketAddr>,
+    /// Started inside the network namespace given to [`Spec::start_in`].
+    pub in_netns: bool,
 }
 
 impl Spec {
@@ -35,26 +42,69 @@ impl Spec {
             args,
             envs: Vec::new(),
             grpc: None,
+            in_netns: false,
         }
     }
 
     /// Starts the service and waits until it is ready; panics with its log otherwise.
     pub async fn start(&self) -> ServiceProcess {
+        self.start_in(None).await
+    }
+
+    /// [`Spec::start`], inside `netns` when the spec says so.
+    pub async fn start_in(&self, netns: Option<&NetNs>) -> ServiceProcess {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         let envs: Vec<(&str, &str)> = self
             .envs
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let mut process = ServiceProcess::start_with_grpc(&self.program, self.grpc, &args, &envs)
-            .await
-            .unwrap_or_else(|e| panic!("{} starts: {e}", self.name));
+        let started = match netns {
+            Some(netns) if self.in_netns => {
+                ServiceProcess::start_in_netns(netns, &self.program, &args, &envs).await
+            }
+            _ => ServiceProcess::start_with_grpc(&self.program, self.grpc, &args, &envs).await,
+        };
+        let mut process = started.unwrap_or_else(|e| panic!("{} starts: {e}", self.name));
         process
             .wait_ready()
             .await
             .unwrap_or_else(|e| panic!("{} becomes ready: {e}\n{}", self.name, process.log()));
         process
     }
+}
+
+/// Creates `deployments`, `concurrency` at a time.
+pub async fn create_all(api: &Api<Deployment>, deployments: Vec<Deployment>, concurrency: usize) {
+    stream::iter(deployments)
+        .for_each_concurrent(concurrency, |deployment| async move {
+            api.create(&PostParams::default(), &deployment)
+                .await
+                .unwrap_or_else(|e| panic!("create {:?}: {e}", deployment.metadata.name));
+        })
+        .await;
+}
+
+/// Sets the image of the first container of each named Deployment (a rollout).
+pub async fn set_image_all(
+    api: &Api<Deployment>,
+    names: &[String],
+    image: &str,
+    concurrency: usize,
+) {
+    let rollout = Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+        {"name": "c", "image": image}
+    ]}}}}));
+    stream::iter(names)
+        .for_each_concurrent(concurrency, |name| {
+            let rollout = &rollout;
+            async move {
+                api.patch(name, &PatchParams::default(), rollout)
+                    .await
+                    .unwrap_or_else(|e| panic!("roll {name} out: {e}"));
+            }
+        })
+        .await;
 }
 
 /// True once `deployment` runs `replicas` available Pods of `image`, all updated, and its
@@ -74,6 +124,25 @@ pub fn rolled_out(deployment: &Deployment, image: &str, replicas: i32) -> bool {
         && status.updated_replicas == Some(replicas)
         && status.available_replicas == Some(replicas)
         && status.replicas == Some(replicas)
+}
+
+/// The name of the controller owner reference in `meta`, if it has one.
+pub fn controller_name(meta: &ObjectMeta) -> Option<String> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.name.clone())
+}
+
+/// Not being deleted, and not Succeeded or Failed: a Pod its ReplicaSet counts.
+pub fn is_active(pod: &Pod) -> bool {
+    let finished = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+    pod.metadata.deletion_timestamp.is_none() && !finished
 }
 
 /// What a watch on a namespace's Pods saw: every Pod created, and the most active Pods any
@@ -99,20 +168,8 @@ impl PodCensus {
     fn saw(&mut self, pod: &Pod) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         self.created.insert(uid.clone());
-        let owner = pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.name.clone());
-        let finished = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| p == "Succeeded" || p == "Failed");
-        match owner {
-            Some(owner) if pod.metadata.deletion_timestamp.is_none() && !finished => {
+        match controller_name(&pod.metadata) {
+            Some(owner) if is_active(pod) => {
                 self.active.insert(uid, owner.clone());
                 let count = self.active.values().filter(|o| **o == owner).count();
                 let deployment = owner.rsplit_once('-').map_or(owner.as_str(), |(d, _)| d);

@@ -25,18 +25,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, stream};
 use serde_json::json;
 use switchyard_k8s::{
-    Api, DeleteParams, Deployment, Pod, PostParams,
-    kube::{
-        Client,
-        api::{ListParams, Patch, PatchParams},
-    },
+    Api, DeleteParams, Deployment, Pod,
+    kube::{Client, api::ListParams},
 };
 use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
 use switchyard_tests::{
-    fleet::{PodCensus, Spec, rolled_out},
+    fleet::{PodCensus, Spec, create_all, rolled_out, set_image_all},
     service_binary,
 };
 use tokio::sync::Mutex;
@@ -71,32 +67,10 @@ async fn script(client: &Client, namespace: &str) -> Run {
     let census = PodCensus::watch(client.clone(), namespace);
     let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
     let names: Vec<String> = (0..DEPLOYMENTS).map(|i| format!("d{i:03}")).collect();
-    stream::iter(&names)
-        .for_each_concurrent(16, |name| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &deployment(name))
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
+    create_all(&api, names.iter().map(|n| deployment(n)).collect(), 16).await;
     converge(&api, manifests::IMAGE).await;
     for image in ROLLOUTS {
-        let rollout = json!({"spec": {"template": {"spec": {"containers": [
-            {"name": "c", "image": image}
-        ]}}}});
-        stream::iter(&names)
-            .for_each_concurrent(16, |name| {
-                let api = api.clone();
-                let rollout = rollout.clone();
-                async move {
-                    api.patch(name, &PatchParams::default(), &Patch::Strategic(rollout))
-                        .await
-                        .unwrap();
-                }
-            })
-            .await;
+        set_image_all(&api, &names, image, 16).await;
         converge(&api, image).await;
         println!(
             "{:>6.2}s every Deployment runs {image}",

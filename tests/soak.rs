@@ -411,11 +411,13 @@ async fn start_switchyard(plane: &ControlPlane, namespace: &str) -> (Fleet, Etcd
         specs.insert(
             format!("elector-{i}"),
             Spec {
-                program: service_binary("switchyard-elector"),
-                args: vec![shards.clone()],
                 envs: etcd_env(etcd.endpoint().to_owned()),
                 grpc: (i == 0).then_some(elector_grpc),
-                in_netns: false,
+                ..Spec::new(
+                    format!("elector-{i}"),
+                    service_binary("switchyard-elector"),
+                    vec![shards.clone()],
+                )
             },
         );
     }
@@ -429,16 +431,18 @@ async fn start_switchyard(plane: &ControlPlane, namespace: &str) -> (Fleet, Etcd
         specs.insert(
             format!("queue-{i}"),
             Spec {
-                program: service_binary("switchyard-queue"),
-                args: vec![
-                    format!("--member-id=q{i}"),
-                    shards.clone(),
-                    elector_addr.clone(),
-                    "--log-format=json".into(),
-                ],
                 envs: etcd_env(endpoint),
-                grpc: None,
                 in_netns,
+                ..Spec::new(
+                    format!("queue-{i}"),
+                    service_binary("switchyard-queue"),
+                    vec![
+                        format!("--member-id=q{i}"),
+                        shards.clone(),
+                        elector_addr.clone(),
+                        "--log-format=json".into(),
+                    ],
+                )
             },
         );
     }
@@ -453,33 +457,32 @@ async fn start_switchyard(plane: &ControlPlane, namespace: &str) -> (Fleet, Etcd
     specs.insert(
         "watcher".into(),
         Spec {
-            program: service_binary("switchyard-watcher"),
-            args: vec![
-                kubeconfig.clone(),
-                format!("--config={}", config_path.display()),
-                elector_addr.clone(),
-            ],
-            envs: Vec::new(),
             grpc: Some(watcher_grpc),
-            in_netns: false,
+            ..Spec::new(
+                "watcher",
+                service_binary("switchyard-watcher"),
+                vec![
+                    kubeconfig.clone(),
+                    format!("--config={}", config_path.display()),
+                    elector_addr.clone(),
+                ],
+            )
         },
     );
     for i in 0..2 {
         specs.insert(
             format!("reconciler-{i}"),
-            Spec {
-                program: service_binary("switchyard-reconciler"),
-                args: vec![
+            Spec::new(
+                format!("reconciler-{i}"),
+                service_binary("switchyard-reconciler"),
+                vec![
                     kubeconfig.clone(),
                     elector_addr.clone(),
                     shards.clone(),
                     format!("--watcher-addr={watcher_grpc}"),
                     format!("--worker-id=r{i}"),
                 ],
-                envs: Vec::new(),
-                grpc: None,
-                in_netns: false,
-            },
+            ),
         );
     }
     let mut fleet = Fleet {

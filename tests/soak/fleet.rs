@@ -3,48 +3,15 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    net::SocketAddr,
-    path::PathBuf,
     time::{Duration, SystemTime},
 };
 
 use switchyard_proto::queue::v1::{StatsRequest, queue_client::QueueClient};
 use switchyard_runtime::Role;
 use switchyard_testenv::{NetNs, Pki, ServiceProcess};
+pub(crate) use switchyard_tests::fleet::Spec;
 
 use super::{SHARDS, serving::ServeLog};
-
-/// How to start one service again after it was killed.
-pub(crate) struct Spec {
-    pub(crate) program: PathBuf,
-    pub(crate) args: Vec<String>,
-    pub(crate) envs: Vec<(String, String)>,
-    /// Kept across restarts (where the clients were told to find it).
-    pub(crate) grpc: Option<SocketAddr>,
-    pub(crate) in_netns: bool,
-}
-
-impl Spec {
-    pub(crate) async fn start(&self, name: &str, netns: &NetNs) -> ServiceProcess {
-        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        let envs: Vec<(&str, &str)> = self
-            .envs
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let started = if self.in_netns {
-            ServiceProcess::start_in_netns(netns, &self.program, &args, &envs).await
-        } else {
-            ServiceProcess::start_with_grpc(&self.program, self.grpc, &args, &envs).await
-        };
-        let mut process = started.unwrap_or_else(|e| panic!("{name} starts: {e}"));
-        process
-            .wait_ready()
-            .await
-            .unwrap_or_else(|e| panic!("{name} becomes ready: {e}\n{}", process.log()));
-        process
-    }
-}
 
 /// Every service process, by name, and what the queues left behind.
 pub(crate) struct Fleet {
@@ -60,7 +27,7 @@ pub(crate) struct Fleet {
 
 impl Fleet {
     pub(crate) async fn start(&mut self, name: &str) {
-        let process = self.specs[name].start(name, &self.netns).await;
+        let process = self.specs[name].start_in(Some(&self.netns)).await;
         self.running.insert(name.to_owned(), process);
     }
 

@@ -17,6 +17,8 @@ use switchyard_k8s::{
     },
 };
 
+use switchyard_tests::fleet::{controller_name, is_active};
+
 use super::{MAX_SURGE, MAX_UNAVAILABLE};
 
 /// What the workload last asked of one Deployment.
@@ -97,23 +99,14 @@ impl Invariants {
             .and_then(|l| l.get("app"))
             .cloned()
             .unwrap_or_default();
-        let status = pod.status.as_ref();
-        let finished = status
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| p == "Succeeded" || p == "Failed");
-        let ready = status
+        let ready = pod
+            .status
+            .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        let owner = pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.name.clone())
-            .unwrap_or_default();
+        let owner = controller_name(&pod.metadata).unwrap_or_default();
         let pods = self.relist.as_mut().unwrap_or(&mut self.pods);
-        if pod.metadata.deletion_timestamp.is_none() && !finished {
+        if is_active(pod) {
             pods.insert(uid, PodState { app, owner, ready });
         } else {
             pods.remove(&uid);
@@ -189,14 +182,7 @@ impl Invariants {
     }
 
     pub(crate) fn replica_set(&mut self, rs: &ReplicaSet) {
-        let owner = rs
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.name.clone())
-            .unwrap_or_default();
+        let owner = controller_name(&rs.metadata).unwrap_or_default();
         let replicas = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let sets = self.sets_relist.as_mut().unwrap_or(&mut self.sets);
         sets.insert(
