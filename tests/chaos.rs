@@ -17,10 +17,10 @@ use std::{
 
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::SliceRandom};
 use serde_json::json;
-use switchyard_k8s::{Api, Deployment, kube::api::ListParams};
+use switchyard_k8s::{Api, Deployment};
 use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
 use switchyard_tests::{
-    fleet::{PodCensus, Spec, create_all, rolled_out, set_image_all},
+    fleet::{PodCensus, Spec, await_rolled_out, create_all, set_image_all},
     service_binary,
 };
 
@@ -163,22 +163,9 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
         );
     }
 
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        let listed = api.list(&ListParams::default()).await.unwrap();
-        let done = listed
-            .items
-            .iter()
-            .filter(|d| rolled_out(d, "registry.example/app:2", REPLICAS))
-            .count();
-        if done == DEPLOYMENTS {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{done} of {DEPLOYMENTS} Deployments rolled out within {CONVERGE:?} (seed {seed})"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let image = "registry.example/app:2";
+    if let Err(done) = await_rolled_out(&api, image, REPLICAS, DEPLOYMENTS, CONVERGE).await {
+        panic!("{done} of {DEPLOYMENTS} Deployments rolled out within {CONVERGE:?} (seed {seed})");
     }
     println!(
         "{:>6.2}s every Deployment rolled out",

@@ -6,6 +6,7 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use futures::{StreamExt, TryStreamExt, stream};
@@ -14,7 +15,7 @@ use switchyard_k8s::{
     Api, Deployment, ObjectMeta, Pod, PostParams,
     kube::{
         Client,
-        api::{Patch, PatchParams},
+        api::{ListParams, Patch, PatchParams},
         runtime::watcher,
     },
 };
@@ -105,6 +106,36 @@ pub async fn set_image_all(
             }
         })
         .await;
+}
+
+/// Waits until `expected` Deployments of `api` have rolled out to `image` at `replicas`
+/// ([`rolled_out`]), checking every 500 ms; how many had when `within` ran out otherwise.
+pub async fn await_rolled_out(
+    api: &Api<Deployment>,
+    image: &str,
+    replicas: i32,
+    expected: usize,
+    within: Duration,
+) -> Result<(), usize> {
+    let deadline = Instant::now() + within;
+    loop {
+        let listed = api
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("list Deployments: {e}"));
+        let done = listed
+            .items
+            .iter()
+            .filter(|d| rolled_out(d, image, replicas))
+            .count();
+        if done == expected {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(done);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// True once `deployment` runs `replicas` available Pods of `image`, all updated, and its

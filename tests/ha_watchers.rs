@@ -32,7 +32,7 @@ use switchyard_k8s::{
 };
 use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
 use switchyard_tests::{
-    fleet::{PodCensus, Spec, create_all, rolled_out, set_image_all},
+    fleet::{PodCensus, Spec, await_rolled_out, create_all, set_image_all},
     service_binary,
 };
 use tokio::sync::Mutex;
@@ -102,22 +102,8 @@ impl Run {
 }
 
 async fn converge(api: &Api<Deployment>, image: &str) {
-    let deadline = Instant::now() + CONVERGE;
-    loop {
-        let listed = api.list(&ListParams::default()).await.unwrap();
-        let done = listed
-            .items
-            .iter()
-            .filter(|d| rolled_out(d, image, REPLICAS))
-            .count();
-        if done == DEPLOYMENTS {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{done} of {DEPLOYMENTS} Deployments run {image} after {CONVERGE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    if let Err(done) = await_rolled_out(api, image, REPLICAS, DEPLOYMENTS, CONVERGE).await {
+        panic!("{done} of {DEPLOYMENTS} Deployments run {image} after {CONVERGE:?}");
     }
 }
 

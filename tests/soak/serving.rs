@@ -6,6 +6,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use switchyard_testenv::serve_intervals;
+
 /// Log timestamps are taken just after a shard is acquired and just after it is released.
 pub(crate) const CLOCK_MARGIN: Duration = Duration::from_millis(5);
 
@@ -20,39 +22,7 @@ pub(crate) struct ServeLog {
 /// A replica's serve intervals per shard, from its JSON log, with the frozen windows taken
 /// out; a shard still served is open until `end`.
 pub(crate) fn intervals(log: &ServeLog) -> HashMap<u32, Vec<(SystemTime, SystemTime)>> {
-    let mut open: HashMap<u32, SystemTime> = HashMap::new();
-    let mut done: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
-    for line in log.log.lines() {
-        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let Some(at) = entry["timestamp"]
-            .as_str()
-            .and_then(|t| humantime::parse_rfc3339(t).ok())
-        else {
-            continue;
-        };
-        let shard = entry["shard"].as_u64().map(|s| s as u32);
-        match (entry["message"].as_str(), shard) {
-            (Some("serving shard"), Some(shard)) => {
-                open.entry(shard).or_insert(at);
-            }
-            (Some("stopped serving shard"), Some(shard)) => {
-                if let Some(start) = open.remove(&shard) {
-                    done.entry(shard).or_default().push((start, at));
-                }
-            }
-            (Some("shards released"), None) => {
-                for (shard, start) in open.drain() {
-                    done.entry(shard).or_default().push((start, at));
-                }
-            }
-            _ => {}
-        }
-    }
-    for (shard, start) in open {
-        done.entry(shard).or_default().push((start, log.end));
-    }
+    let mut done = serve_intervals(&log.log, log.end);
     for spans in done.values_mut() {
         for &(from, to) in &log.frozen {
             *spans = spans

@@ -29,6 +29,7 @@ mod otelcol;
 mod pki;
 mod ports;
 mod process;
+mod serve_log;
 mod service;
 pub mod tls;
 
@@ -40,6 +41,7 @@ pub use in_process::InProcess;
 pub use namespace::TestNamespace;
 pub use netns::NetNs;
 pub use otelcol::{Collector, ExportedSpan};
+pub use serve_log::serve_intervals;
 pub use service::{ServiceProcess, assert_service_lifecycle, list_services, resident_bytes};
 pub use tls::Pki;
 

@@ -23,7 +23,7 @@ use switchyard_proto::{
 use switchyard_runtime::{
     AdminArgs, GrpcArgs, GrpcServer, LogArgs, LogFormat, Role, Runtime, RuntimeArgs, ShutdownHandle,
 };
-use switchyard_testenv::{Etcd, Pki, ServiceProcess};
+use switchyard_testenv::{Etcd, Pki, ServiceProcess, serve_intervals};
 use tonic::transport::Channel;
 
 pub const RS: &str = "apps/v1/ReplicaSet";
@@ -232,46 +232,6 @@ pub async fn until_served(
     }
 }
 
-/// A replica's serve intervals per shard, from its JSON log; a shard still served is open
-/// until `end`.
-pub fn intervals(log: &str, end: SystemTime) -> HashMap<u32, Vec<(SystemTime, SystemTime)>> {
-    let mut open: HashMap<u32, SystemTime> = HashMap::new();
-    let mut done: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
-    for line in log.lines() {
-        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let Some(at) = entry["timestamp"]
-            .as_str()
-            .and_then(|t| humantime::parse_rfc3339(t).ok())
-        else {
-            continue;
-        };
-        let shard = entry["shard"].as_u64().map(|s| s as u32);
-        match (entry["message"].as_str(), shard) {
-            (Some("serving shard"), Some(shard)) => {
-                open.insert(shard, at);
-            }
-            (Some("stopped serving shard"), Some(shard)) => {
-                if let Some(start) = open.remove(&shard) {
-                    done.entry(shard).or_default().push((start, at));
-                }
-            }
-            // Shutdown hands every shard back at once.
-            (Some("shards released"), None) => {
-                for (shard, start) in open.drain() {
-                    done.entry(shard).or_default().push((start, at));
-                }
-            }
-            _ => {}
-        }
-    }
-    for (shard, start) in open {
-        done.entry(shard).or_default().push((start, end));
-    }
-    done
-}
-
 /// Log timestamps are taken just after a shard is acquired and just after it is released;
 /// this allows for the gap.
 pub const CLOCK_MARGIN: Duration = Duration::from_millis(5);
@@ -281,7 +241,7 @@ pub const CLOCK_MARGIN: Duration = Duration::from_millis(5);
 pub fn assert_no_two_owners(logs: &[(String, SystemTime)]) -> usize {
     let mut by_shard: HashMap<u32, Vec<(SystemTime, SystemTime)>> = HashMap::new();
     for (log, end) in logs {
-        for (shard, spans) in intervals(log, *end) {
+        for (shard, spans) in serve_intervals(log, *end) {
             by_shard.entry(shard).or_default().extend(spans);
         }
     }
