@@ -15,3 +15,5 @@ pub use kube::{
     api::{DeleteParams, ListParams, PostParams},
     runtime::{wait::await_condition, watcher},
 };
+
+pub mod discovery;

@@ -10,6 +10,7 @@
 //! ```
 
 pub mod config;
+pub mod graph;
 pub mod mapping;
 pub mod store;
 
