@@ -74,6 +74,10 @@ pub const TABLE: &[(&str, Access)] = &[
         Access::Roles(&[Role::Reconciler]),
     ),
     (
+        "/switchyard.watcher.v1.Cache/GetGraphNode",
+        Access::Roles(&[Role::Reconciler]),
+    ),
+    (
         "/switchyard.watcher.v1.Resync/ResyncShard",
         Access::Roles(&[Role::Queue, Role::Elector]),
     ),

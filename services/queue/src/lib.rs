@@ -48,12 +48,13 @@ pub struct Args {
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct QueueArgs {
-    /// Controllers (key spaces) this queue serves, for example apps/v1/ReplicaSet
+    /// Controllers (key spaces) this queue serves, for example apps/v1/ReplicaSet; by default
+    /// every controller built into the reconciler
     #[arg(
         long,
         env = "SWITCHYARD_CONTROLLERS",
         value_delimiter = ',',
-        default_value = "apps/v1/ReplicaSet,apps/v1/Deployment"
+        default_value = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector"
     )]
     pub controllers: Vec<String>,
     /// Number of virtual shards; fixed per installation

@@ -23,7 +23,10 @@ use serde::de::DeserializeOwned;
 use switchyard_k8s::{Metadata, ObjectMeta, Resource};
 use switchyard_proto::{
     common::v1::GroupVersionKind,
-    watcher::v1::{Freshness, GetRequest, ListRequest, cache_client::CacheClient as Grpc},
+    watcher::v1::{
+        Freshness, GetGraphNodeRequest, GetGraphNodeResponse, GetRequest, ListRequest,
+        cache_client::CacheClient as Grpc,
+    },
 };
 use switchyard_queue_client::Versions;
 use switchyard_runtime::{Dialer, Role};
@@ -303,6 +306,26 @@ impl CacheClient {
         }
         self.raise(kind, filter.min_resource_version, &objects);
         Ok(objects)
+    }
+}
+
+impl CacheClient {
+    /// The garbage collector's view of the object with this UID: the object, the owners the
+    /// graph holds, and its dependents. Graph reads carry no floor: the collector confirms
+    /// with the apiserver before it deletes or unblocks anything.
+    pub async fn graph_node(&self, uid: &str) -> Result<GetGraphNodeResponse, CacheError> {
+        let request = GetGraphNodeRequest {
+            uid: uid.to_owned(),
+        };
+        self.call("GetGraphNode", |mut grpc| {
+            let request = request.clone();
+            async move {
+                grpc.get_graph_node(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
+        })
+        .await
     }
 }
 

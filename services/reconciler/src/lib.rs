@@ -7,12 +7,14 @@
 //!                                                   └─ writes: apiserver, behind a QPS/burst limit ([`ratelimit`])
 //! ```
 //!
-//! Built-in controllers: ReplicaSet ([`replicaset`]) and Deployment ([`deployment`]).
+//! Built-in controllers: ReplicaSet ([`replicaset`]), Deployment ([`deployment`]) and the
+//! garbage collector ([`gc`]).
 
 pub mod cache;
 pub mod deployment;
 pub mod events;
 pub mod finalizer;
+pub mod gc;
 pub mod metrics;
 pub mod ratelimit;
 pub mod replicaset;
@@ -188,11 +190,16 @@ impl ReconcilerArgs {
     }
 }
 
+/// The names of the controllers built into the reconciler: what a queue serving this
+/// reconciler's defaults must serve (the queue's own default `--controllers`).
+pub const BUILTIN: &[&str] = &[replicaset::NAME, deployment::NAME, gc::NAME];
+
 /// The controllers built into the reconciler.
 pub fn builtin_controllers() -> Registry {
     let mut registry = Registry::default();
     registry.register(replicaset::ReplicaSetController);
     registry.register(deployment::DeploymentController);
+    registry.register(gc::GarbageCollector::default());
     registry
 }
 

@@ -156,6 +156,20 @@ impl Events {
         self.0
             .publish(&object.object_ref(&()), type_, reason, action, &note.into());
     }
+
+    /// [`Events::publish`] about an object named by reference (one of any kind, as the
+    /// garbage collector sees them).
+    pub fn publish_reference(
+        &self,
+        regarding: &switchyard_k8s::k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) {
+        self.0
+            .publish(regarding, type_, reason, action, &note.into());
+    }
 }
 
 impl fmt::Debug for Context {

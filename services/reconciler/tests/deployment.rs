@@ -31,7 +31,7 @@ use switchyard_reconciler_core::{
 use switchyard_testenv::{ControlPlane, InProcess, TestNamespace, manifests};
 use tokio::task::JoinHandle;
 
-use support::{DEPLOY, RS, WITHIN};
+use support::WITHIN;
 
 /// How long a rollout may take here: 10 Pods on kwok converge in seconds; this bounds a
 /// broken controller's test.
@@ -48,7 +48,7 @@ struct Stack {
 
 impl Stack {
     async fn start(plane: &ControlPlane, namespace: &str) -> Self {
-        let queue = support::queue(&[RS, DEPLOY], &[]).await;
+        let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
         let watcher =
             support::watcher(plane, &support::deploy_config(namespace), queue.grpc()).await;
         watcher.wait_ready(WITHIN).await;

@@ -25,7 +25,7 @@ use switchyard_reconciler_core::{
 };
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
-use support::{DEPLOY, RS, WITHIN};
+use support::WITHIN;
 
 /// How long one step of the scenario may take.
 const STEP: Duration = Duration::from_secs(60);
@@ -319,7 +319,7 @@ async fn the_same_scenario_ends_the_same_under_kube_controller_manager_and_switc
     let ns = TestNamespace::create(plane, &client, "cmp-sy")
         .await
         .unwrap();
-    let queue = support::queue(&[RS, DEPLOY], &[]).await;
+    let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
     let watcher = support::watcher(plane, &support::deploy_config(ns.name()), queue.grpc()).await;
     watcher.wait_ready(WITHIN).await;
     let reconciler = support::reconciler(

@@ -756,7 +756,7 @@ async fn level_triggered_scenarios_end_the_same_under_kube_controller_manager_an
 
     let started = Instant::now();
     let ns = Namespaces::create(plane, &client, "sy").await;
-    let queue = support::queue(&[RS, DEPLOY], &[]).await;
+    let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
     let watcher = support::watcher(plane, &watcher_config(&ns.names()), queue.grpc()).await;
     watcher.wait_ready(WITHIN).await;
     // A process of its own, so that its log can be read.

@@ -10,7 +10,7 @@ async fn starts_reports_ready_and_stops_cleanly_on_sigterm() {
     let plane = ControlPlane::shared().expect("control plane");
     let kubeconfig = plane.kubeconfig().display().to_string();
     // The binary runs every built-in controller; the queue serves them all.
-    let queue = support::queue(&[support::RS, support::DEPLOY], &[]).await;
+    let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
     let queue_addr = queue.grpc().to_string();
     switchyard_testenv::assert_service_lifecycle(
         std::path::Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),

@@ -106,7 +106,7 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
         &dir.join("switchyard-queue"),
         &[
             &format!("--shard-count={SHARDS}"),
-            &format!("--controllers={RS},{DEPLOY}"),
+            &format!("--controllers={}", switchyard_reconciler::BUILTIN.join(",")),
         ],
         &as_refs(&queue_env),
     )
@@ -127,7 +127,7 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
     )
     .await;
     let reconciler_env = otel("reconciler");
-    // Every built-in controller: ReplicaSet and Deployment.
+    // Every built-in controller.
     let reconciler = start(
         Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
         &[

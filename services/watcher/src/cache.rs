@@ -12,6 +12,8 @@ use switchyard_watcher_core::{
 };
 use tokio::sync::watch;
 
+use crate::graph::GraphCache;
+
 /// One resource's cache.
 #[derive(Debug)]
 pub struct ResourceCache {
@@ -69,6 +71,8 @@ pub struct Caches {
     pub mapper: Mapper,
     pub namespaces: Namespaces,
     pub shard_count: u32,
+    /// The garbage collector's graph, when configured.
+    pub graph: Option<Arc<GraphCache>>,
 }
 
 impl Caches {
@@ -92,6 +96,10 @@ impl Caches {
             mapper: Mapper::new(config),
             namespaces: config.namespaces.clone(),
             shard_count: config.shard_count,
+            graph: config
+                .collector
+                .clone()
+                .map(|c| Arc::new(GraphCache::new(c, config.namespaces.clone()))),
         }
     }
 
@@ -130,6 +138,11 @@ impl Caches {
                         .filter(|k| shards.is_none_or(|s| s.contains(&k.shard(self.shard_count)))),
                 );
             }
+        }
+        if let Some(graph) = &self.graph {
+            keys.extend(
+                graph.keys(|k| shards.is_none_or(|s| s.contains(&k.shard(self.shard_count)))),
+            );
         }
         keys.sort_unstable();
         keys.dedup();

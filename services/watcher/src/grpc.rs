@@ -7,18 +7,20 @@ use futures::Stream;
 use switchyard_proto::{
     common::v1::GroupVersionKind,
     watcher::v1::{
-        Freshness, GetRequest, GetResponse, ListRequest, ListResponse, ResyncShardRequest,
-        ResyncShardResponse, cache_server, resync_server,
+        Freshness, GetGraphNodeRequest, GetGraphNodeResponse, GetRequest, GetResponse, GraphNode,
+        ListRequest, ListResponse, OwnerReference, ResyncShardRequest, ResyncShardResponse,
+        cache_server, resync_server,
     },
 };
 use switchyard_queue_client::{Enqueuer, Priority};
 use switchyard_selector::Selector;
-use switchyard_watcher_core::Gvk;
+use switchyard_watcher_core::{Gvk, graph::Node};
 use tonic::{Request, Response, Status};
 use tracing::info;
 
 use crate::{
     cache::{Caches, ResourceCache},
+    graph::GraphCache,
     metrics::{ResyncLabels, WatcherMetrics},
 };
 
@@ -29,6 +31,8 @@ const LIST_CHUNK: usize = 200;
 const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 /// The longest a read may wait for its minimum resourceVersion.
 const MAX_WAIT: Duration = Duration::from_secs(30);
+/// Longer than any UID the apiserver hands out (36 characters), short enough to refuse junk.
+const MAX_UID_LEN: usize = 128;
 
 /// Why a request was not answered; [`Status`] is made from it in one place.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +43,12 @@ pub enum ApiError {
     NotWatched { gvk: Gvk, watched: String },
     #[error("the cache of {0} has not finished its initial list")]
     NotSynced(Gvk),
+    #[error(
+        "this watcher keeps no garbage collector graph (its configuration has no garbageCollector)"
+    )]
+    NoGraph,
+    #[error("the garbage collector graph has not finished its initial lists")]
+    GraphNotSynced,
     #[error(
         "the cache of {gvk} is at resourceVersion {at}, not yet {wanted}, after waiting {waited:?}"
     )]
@@ -55,8 +65,8 @@ impl From<ApiError> for Status {
         let message = error.to_string();
         match error {
             ApiError::Invalid { .. } => Status::invalid_argument(message),
-            ApiError::NotWatched { .. } => Status::not_found(message),
-            ApiError::NotSynced(_) => Status::unavailable(message),
+            ApiError::NotWatched { .. } | ApiError::NoGraph => Status::not_found(message),
+            ApiError::NotSynced(_) | ApiError::GraphNotSynced => Status::unavailable(message),
             ApiError::NotFresh { .. } => Status::deadline_exceeded(message),
         }
     }
@@ -216,6 +226,76 @@ impl cache_server::Cache for CacheService {
         }
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
+
+    async fn get_graph_node(
+        &self,
+        request: Request<GetGraphNodeRequest>,
+    ) -> Result<Response<GetGraphNodeResponse>, Status> {
+        let GetGraphNodeRequest { uid } = request.into_inner();
+        if uid.is_empty() {
+            return Err(invalid("uid", "required").into());
+        }
+        if uid.len() > MAX_UID_LEN {
+            return Err(invalid(
+                "uid",
+                format!("{} characters, at most {MAX_UID_LEN}", uid.len()),
+            )
+            .into());
+        }
+        let cache = self.caches.graph.as_ref().ok_or(ApiError::NoGraph)?;
+        if !cache.is_synced() {
+            return Err(ApiError::GraphNotSynced.into());
+        }
+        let graph = cache.read();
+        let to_proto = |node: &Node| graph_node(cache, node);
+        let node = graph.node(&uid);
+        let owners = node
+            .into_iter()
+            .flat_map(|n| n.owners.iter())
+            .filter_map(|o| graph.node(&o.uid))
+            .filter_map(to_proto)
+            .collect();
+        let dependents = graph.dependents(&uid).filter_map(to_proto).collect();
+        Ok(Response::new(GetGraphNodeResponse {
+            node: node.and_then(to_proto),
+            owners,
+            dependents,
+        }))
+    }
+}
+
+/// A node as the Cache API gives it; `None` for a node of a resource no longer known.
+fn graph_node(cache: &GraphCache, node: &Node) -> Option<GraphNode> {
+    let served = cache.resource(node.resource)?;
+    let resource = &served.resource;
+    Some(GraphNode {
+        gvk: Some(GroupVersionKind {
+            group: resource.group.clone(),
+            version: resource.version.clone(),
+            kind: resource.kind.clone(),
+        }),
+        resource: resource.plural.clone(),
+        namespaced: served.namespaced,
+        namespace: node.namespace.to_string(),
+        name: node.name.to_string(),
+        uid: node.uid.to_string(),
+        resource_version: node.resource_version.to_string(),
+        owner_references: node
+            .owners
+            .iter()
+            .map(|o| OwnerReference {
+                api_version: o.api_version.to_string(),
+                kind: o.kind.to_string(),
+                name: o.name.to_string(),
+                uid: o.uid.to_string(),
+                controller: o.controller,
+                block_owner_deletion: o.block_owner_deletion,
+            })
+            .collect(),
+        deleting: node.deleting,
+        foreground_deletion: node.foreground,
+        orphan: node.orphan,
+    })
 }
 
 #[derive(Clone, Debug)]

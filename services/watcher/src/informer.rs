@@ -69,7 +69,7 @@ impl SyncBarrier {
         barrier
     }
 
-    fn done(&self) {
+    pub fn done(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.open();
         }
@@ -123,6 +123,8 @@ impl Informer {
             config = config.fields(&selector.join(","));
         }
         info!(resource = %self.cache.gvk(), plural = %resource.plural, ?scopes, metadata_only = self.cache.resource.metadata_only, "watching");
+        // kube's `Api<PartialObjectMeta<_>>` lists and watches through the metadata API
+        // (`as=PartialObjectMetadata`): only metadata crosses the wire.
         if self.cache.resource.metadata_only {
             self.watch::<PartialObjectMeta<DynamicObject>>(&resource, scopes, config, synced, drain)
                 .await

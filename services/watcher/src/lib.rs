@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod directory;
+pub mod graph;
 pub mod grpc;
 pub mod informer;
 pub mod metrics;
@@ -32,6 +33,7 @@ use tracing::info;
 use crate::{
     cache::Caches,
     directory::ShardView,
+    graph::GraphInformers,
     informer::{Informer, SyncBarrier},
     metrics::WatcherMetrics,
 };
@@ -241,7 +243,22 @@ impl Args {
             });
         }
 
-        let synced = SyncBarrier::new(caches.resources.len(), rt.readiness().gate("initial-lists"));
+        let synced = SyncBarrier::new(
+            caches.resources.len() + usize::from(caches.graph.is_some()),
+            rt.readiness().gate("initial-lists"),
+        );
+        if let Some(graph) = &caches.graph {
+            let informers = GraphInformers {
+                client: client.clone(),
+                cache: graph.clone(),
+                enqueuer: enqueuer.clone(),
+                metrics: metrics.clone(),
+            };
+            let synced = synced.clone();
+            rt.spawn_restarting("collector-graph", move |drain| {
+                informers.clone().run(synced.clone(), drain)
+            });
+        }
         for cache in &caches.resources {
             let informer = Informer {
                 client: client.clone(),

@@ -26,6 +26,12 @@ pub struct ResyncLabels {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupVersionLabels {
+    /// `apps/v1`, or `v1` for the core group.
+    pub group_version: String,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct WatcherMetrics {
     pub watch_events: Family<EventLabels, Counter>,
@@ -36,6 +42,9 @@ pub struct WatcherMetrics {
     pub keys_dropped: Counter,
     pub enqueue_retries: Counter,
     pub pending_keys: Gauge,
+    pub graph_objects: Gauge,
+    pub graph_resources: Gauge,
+    pub discovery_failures: Family<GroupVersionLabels, Counter>,
 }
 
 impl WatcherMetrics {
@@ -80,6 +89,21 @@ impl WatcherMetrics {
             "switchyard_watcher_pending_keys",
             "Keys waiting to be sent to the queue",
             this.pending_keys.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_graph_objects",
+            "Objects in the garbage collector's graph (every deletable resource, metadata only)",
+            this.graph_objects.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_graph_resources",
+            "Resources the garbage collector's graph watches",
+            this.graph_resources.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_discovery_failures",
+            "Group versions whose discovery failed (stale aggregated APIs), by group version",
+            this.discovery_failures.clone(),
         );
         this
     }

@@ -24,6 +24,20 @@
 //!       - {apiVersion: v1, kind: Pod, through: {apiVersion: apps/v1, kind: ReplicaSet}}
 //! ```
 //!
+//!
+//! The garbage collector's graph is configured apart: every resource discovery lists with
+//! `list`, `watch` and `delete`, metadata only, minus an ignore list (kube-controller-manager's
+//! by default), rediscovered while the watcher runs:
+//!
+//! ```yaml
+//! garbageCollector:
+//!   controller: garbage-collector       # the name its keys carry (the default)
+//!   ignoredResources:                   # the default: events, in both groups
+//!     - {group: "", resource: events}
+//!     - {group: events.k8s.io, resource: events}
+//!   rediscoveryPeriod: 30s              # the default; CRD and APIService changes also rediscover
+//! ```
+//!
 //! Every error names the field that is wrong (`controllers[1].owns[0].kind: ...`).
 
 use std::{collections::BTreeMap, fmt, time::Duration};
@@ -129,6 +143,69 @@ struct RawConfig {
     resources: Vec<RawResource>,
     #[serde(default)]
     controllers: Vec<RawController>,
+    #[serde(default)]
+    garbage_collector: Option<RawCollector>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawCollector {
+    #[serde(default)]
+    controller: Option<String>,
+    #[serde(default)]
+    ignored_resources: Option<Vec<GroupResource>>,
+    #[serde(default)]
+    rediscovery_period: Option<String>,
+}
+
+/// A resource by group and plural name, as kube-controller-manager's ignore lists name them.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupResource {
+    #[serde(default)]
+    pub group: String,
+    pub resource: String,
+}
+
+impl GroupResource {
+    fn new(group: &str, resource: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+        }
+    }
+}
+
+/// The name the garbage collector's keys carry unless the configuration says otherwise.
+pub const DEFAULT_COLLECTOR: &str = "garbage-collector";
+/// kube-controller-manager rediscovers deletable resources every 30 s.
+const DEFAULT_REDISCOVERY: Duration = Duration::from_secs(30);
+
+/// The garbage collector's graph: which resources it holds and what its keys carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectorConfig {
+    /// The controller name of its keys.
+    pub controller: String,
+    /// Resources never held, whatever discovery says.
+    pub ignored: Vec<GroupResource>,
+    pub rediscovery_period: Duration,
+}
+
+impl CollectorConfig {
+    /// kube-controller-manager's `DefaultIgnoredResources`: Events, which have no owners
+    /// worth collecting and change too often to be worth watching.
+    pub fn default_ignored() -> Vec<GroupResource> {
+        vec![
+            GroupResource::new("", "events"),
+            GroupResource::new("events.k8s.io", "events"),
+        ]
+    }
+
+    pub fn ignores(&self, group: &str, resource: &str) -> bool {
+        self.ignored
+            .iter()
+            .any(|r| r.group == group && r.resource == resource)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -250,6 +327,8 @@ pub struct Config {
     /// Every resource to watch, once each, in the order first named.
     pub resources: Vec<ResourceConfig>,
     pub rules: Vec<Rule>,
+    /// The garbage collector's graph, when configured.
+    pub collector: Option<CollectorConfig>,
 }
 
 impl Config {
@@ -263,6 +342,7 @@ impl Config {
     pub fn controllers(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.rules.iter().map(|r| r.controller.as_str()).collect();
         names.dedup();
+        names.extend(self.collector.as_ref().map(|c| c.controller.as_str()));
         names
     }
 
@@ -273,6 +353,7 @@ impl Config {
             namespaces,
             resources: raw_resources,
             controllers,
+            garbage_collector,
         } = raw;
         let shard_count = shard_count.unwrap_or(DEFAULT_SHARD_COUNT);
         if shard_count == 0 {
@@ -418,10 +499,13 @@ impl Config {
                 });
             }
         }
-        if resources.is_empty() {
+        let collector = garbage_collector
+            .map(|raw| validate_collector(raw, &names))
+            .transpose()?;
+        if resources.is_empty() && collector.is_none() {
             return Err(invalid(
                 "controllers",
-                "nothing to watch: name at least one controller or resource",
+                "nothing to watch: name at least one controller or resource, or the garbageCollector",
             ));
         }
         Ok(Self {
@@ -430,8 +514,62 @@ impl Config {
             namespaces,
             resources,
             rules,
+            collector,
         })
     }
+}
+
+fn validate_collector(
+    raw: RawCollector,
+    controllers: &BTreeMap<String, usize>,
+) -> Result<CollectorConfig> {
+    let RawCollector {
+        controller,
+        ignored_resources,
+        rediscovery_period,
+    } = raw;
+    let controller = controller.unwrap_or_else(|| DEFAULT_COLLECTOR.to_owned());
+    if controller.trim().is_empty() || controller.len() > MAX_CONTROLLER_NAME {
+        return Err(invalid(
+            "garbageCollector.controller",
+            format!("must be 1 to {MAX_CONTROLLER_NAME} characters"),
+        ));
+    }
+    if let Some(c) = controllers.get(&controller) {
+        return Err(invalid(
+            "garbageCollector.controller",
+            format!("{controller:?} is already used by controllers[{c}]"),
+        ));
+    }
+    let ignored = ignored_resources.unwrap_or_else(CollectorConfig::default_ignored);
+    for (i, r) in ignored.iter().enumerate() {
+        if r.resource.is_empty() || r.resource.contains('/') {
+            return Err(invalid(
+                format!("garbageCollector.ignoredResources[{i}].resource"),
+                format!(
+                    "{:?} is not a resource's plural name such as events",
+                    r.resource
+                ),
+            ));
+        }
+    }
+    let rediscovery_period = match rediscovery_period {
+        None => DEFAULT_REDISCOVERY,
+        Some(text) => humantime::parse_duration(&text)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                invalid(
+                    "garbageCollector.rediscoveryPeriod",
+                    format!("{text:?} is not a positive duration such as 30s"),
+                )
+            })?,
+    };
+    Ok(CollectorConfig {
+        controller,
+        ignored,
+        rediscovery_period,
+    })
 }
 
 fn validate_namespaces(raw: RawNamespaces) -> Result<Namespaces> {
@@ -647,5 +785,52 @@ controllers:
         assert!(ns.admits("a"));
         assert!(!ns.admits("b"));
         assert!(ns.admits(""));
+    }
+
+    #[test]
+    fn the_garbage_collector_alone_is_a_configuration_with_kcm_defaults() {
+        let config = Config::from_yaml("garbageCollector: {}\n").unwrap();
+        let collector = config.collector.as_ref().unwrap();
+        assert_eq!(collector.controller, DEFAULT_COLLECTOR);
+        assert_eq!(collector.rediscovery_period, Duration::from_secs(30));
+        assert!(collector.ignores("", "events"));
+        assert!(collector.ignores("events.k8s.io", "events"));
+        assert!(!collector.ignores("", "pods"));
+        assert_eq!(config.controllers(), [DEFAULT_COLLECTOR]);
+        let config = Config::from_yaml(
+            "garbageCollector: {controller: gc, ignoredResources: [], rediscoveryPeriod: 1m}\n",
+        )
+        .unwrap();
+        let collector = config.collector.unwrap();
+        assert!(collector.ignored.is_empty());
+        assert_eq!(collector.rediscovery_period, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn garbage_collector_errors_name_the_field() {
+        for (text, field) in [
+            (
+                "garbageCollector: {rediscoveryPeriod: 0s}",
+                "garbageCollector.rediscoveryPeriod",
+            ),
+            (
+                "garbageCollector: {rediscoveryPeriod: soon}",
+                "garbageCollector.rediscoveryPeriod",
+            ),
+            (
+                "garbageCollector: {controller: \"\"}",
+                "garbageCollector.controller",
+            ),
+            (
+                "garbageCollector: {ignoredResources: [{group: apps, resource: \"a/b\"}]}",
+                "garbageCollector.ignoredResources[0].resource",
+            ),
+            (
+                "controllers: [{name: gc, for: {apiVersion: v1, kind: Pod}}]\ngarbageCollector: {controller: gc}",
+                "garbageCollector.controller",
+            ),
+        ] {
+            assert!(error(text).starts_with(field), "{text}: {}", error(text));
+        }
     }
 }

@@ -359,7 +359,7 @@ mod tests {
         // Indexed although rs2 itself is not in the graph.
         assert_eq!(uids(&graph, "rs2"), ["p2"]);
         graph.delete("p1");
-        assert!(graph.dependents.get("rs1").is_none());
+        assert!(!graph.dependents.contains_key("rs1"));
         assert_eq!(graph.len(), 2);
     }
 

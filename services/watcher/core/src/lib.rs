@@ -14,6 +14,8 @@ pub mod graph;
 pub mod mapping;
 pub mod store;
 
-pub use config::{Config, ConfigError, Gvk, Predicate, ResourceConfig};
+pub use config::{
+    CollectorConfig, Config, ConfigError, GroupResource, Gvk, Predicate, ResourceConfig,
+};
 pub use mapping::{EventKind, Mapper, NoOwners, Owners, WorkKey};
 pub use store::{ControllerRef, Store, Summary};

@@ -1,0 +1,400 @@
+//! The garbage collector: kube-controller-manager's `garbagecollector` controller, keyed per
+//! object by UID and sharded like every controller. The watcher keeps the graph (every
+//! deletable resource, metadata only) and keys the objects a change concerns; a reconcile
+//! reads one object with its owners and dependents from the watcher, decides as
+//! [`switchyard_reconciler_core::gc`] says, and confirms with the apiserver before it acts:
+//!
+//! - an owner missing from the graph is read from the apiserver (not found, or found with
+//!   another UID: dangling);
+//! - every delete carries the object's UID as a precondition, and every patch its UID and
+//!   resourceVersion, so a stale decision fails instead of touching a newer object.
+//!
+//! ```text
+//!  key (garbage-collector, namespace, uid) ─► Cache.GetGraphNode ─► decide ─► delete / patch
+//! ```
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, PoisonError},
+};
+
+use futures::future::BoxFuture;
+use serde_json::json;
+use switchyard_k8s::{
+    Api, Client,
+    k8s_openapi::api::core::v1::ObjectReference,
+    kube::{
+        self,
+        api::{
+            ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+            Preconditions, PropagationPolicy,
+        },
+        discovery::{self, Scope},
+    },
+};
+use switchyard_proto::watcher::v1::{GraphNode, OwnerReference};
+use switchyard_reconciler_core::gc::{
+    self as core, Decision, OwnerState, Propagation, existing_owner, invalid_namespace_note,
+};
+use tracing::{debug, info};
+
+use crate::sdk::{Action, Context, Controller, Error, EventType, Request, Result};
+
+/// The name the collector's keys carry (the watcher's `garbageCollector.controller`).
+pub const NAME: &str = "garbage-collector";
+
+const FOREGROUND: &str = "foregroundDeletion";
+const ORPHAN: &str = "orphan";
+
+/// The garbage collector.
+#[derive(Debug, Default)]
+pub struct GarbageCollector {
+    mapper: RestMapper,
+}
+
+impl Controller for GarbageCollector {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
+        Box::pin(self.collect(ctx, &request.name))
+    }
+}
+
+impl GarbageCollector {
+    async fn collect(&self, ctx: &Context, uid: &str) -> Result {
+        let view = ctx.cache.graph_node(uid).await?;
+        let Some(node) = view.node else {
+            // Gone: its dependents were keyed when it went.
+            return Ok(Action::Done);
+        };
+        if node.deleting {
+            if node.orphan {
+                return self.orphan_dependents(ctx, &node, &view.dependents).await;
+            }
+            if node.foreground_deletion {
+                return self.finish_foreground(ctx, &node, &view.dependents).await;
+            }
+            // Its deletion finishes without the collector.
+            return Ok(Action::Done);
+        }
+        let mut states = Vec::with_capacity(node.owner_references.len());
+        for reference in &node.owner_references {
+            match self.classify(ctx, &node, reference, &view.owners).await? {
+                Some(state) => states.push((reference.uid.clone(), state)),
+                // An unresolvable reference: kube-controller-manager leaves the object alone.
+                None => return Ok(Action::Done),
+            }
+        }
+        match core::decide(&states, node.orphan, node.foreground_deletion) {
+            Decision::Keep => Ok(Action::Done),
+            Decision::DropReferences(uids) => {
+                info!(object = %describe(&node), owners = ?uids, "dropping references to dangling or waiting owners");
+                self.drop_references(ctx, &node, &uids).await?;
+                Ok(Action::Done)
+            }
+            Decision::Delete(propagation) => {
+                info!(object = %describe(&node), ?propagation, "deleting: no owner remains");
+                delete(ctx, &node, propagation).await?;
+                Ok(Action::Done)
+            }
+        }
+    }
+
+    /// The state of one owner reference; `None` when it can never resolve (a cluster-scoped
+    /// object naming a namespaced owner).
+    async fn classify(
+        &self,
+        ctx: &Context,
+        node: &GraphNode,
+        reference: &OwnerReference,
+        owners: &[GraphNode],
+    ) -> Result<Option<OwnerState>> {
+        if let Some(owner) = owners.iter().find(|o| o.uid == reference.uid) {
+            if !owner.namespaced || owner.namespace == node.namespace {
+                return Ok(Some(existing_owner(
+                    owner.deleting,
+                    owner.foreground_deletion,
+                    reference.block_owner_deletion,
+                )));
+            }
+            // An owner of this UID lives in another namespace: the reference resolves only
+            // in the object's own namespace.
+            invalid_namespace(ctx, node, reference);
+        }
+        let (resource, namespaced) = self
+            .mapper
+            .resolve(&ctx.client, &reference.api_version, &reference.kind)
+            .await?;
+        if namespaced && node.namespace.is_empty() {
+            invalid_namespace(ctx, node, reference);
+            return Ok(None);
+        }
+        let api: Api<DynamicObject> = if namespaced {
+            Api::namespaced_with(ctx.client.clone(), &node.namespace, &resource)
+        } else {
+            Api::all_with(ctx.client.clone(), &resource)
+        };
+        let state = match api.get_metadata_opt(&reference.name).await? {
+            Some(owner) if owner.metadata.uid.as_deref() == Some(reference.uid.as_str()) => {
+                let finalizers = owner.metadata.finalizers.unwrap_or_default();
+                existing_owner(
+                    owner.metadata.deletion_timestamp.is_some(),
+                    finalizers.iter().any(|f| f == FOREGROUND),
+                    reference.block_owner_deletion,
+                )
+            }
+            _ => OwnerState::Dangling,
+        };
+        debug!(object = %describe(node), owner = %reference.name, ?state, "owner read from the apiserver");
+        Ok(Some(state))
+    }
+
+    async fn drop_references(
+        &self,
+        ctx: &Context,
+        node: &GraphNode,
+        uids: &[String],
+    ) -> Result<()> {
+        let api = api_of(ctx, node);
+        let Some(live) = api.get_metadata_opt(&node.name).await? else {
+            return Ok(());
+        };
+        if live.metadata.uid.as_deref() != Some(node.uid.as_str()) {
+            return Ok(());
+        }
+        let remaining: Vec<_> = live
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| !uids.contains(&r.uid))
+            .collect();
+        let patch = json!({"metadata": {
+            "uid": node.uid,
+            "resourceVersion": live.metadata.resource_version,
+            "ownerReferences": remaining,
+        }});
+        gone_is_done(
+            api.patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(drop),
+        )
+    }
+
+    /// The owner is deleting in the foreground: once no dependent blocks it, its finalizer
+    /// goes and the apiserver finishes the deletion. Until then its blocking dependents are
+    /// keyed by the watcher (they go first) and each one's removal keys the owner again.
+    async fn finish_foreground(
+        &self,
+        ctx: &Context,
+        node: &GraphNode,
+        dependents: &[GraphNode],
+    ) -> Result {
+        let blocking = dependents
+            .iter()
+            .filter(|d| {
+                d.owner_references
+                    .iter()
+                    .any(|r| r.uid == node.uid && r.block_owner_deletion)
+            })
+            .count();
+        if blocking > 0 {
+            debug!(object = %describe(node), blocking, "waiting for blocking dependents");
+            return Ok(Action::Done);
+        }
+        info!(object = %describe(node), "no dependent blocks the foreground deletion; removing its finalizer");
+        remove_finalizer(ctx, node, FOREGROUND).await?;
+        Ok(Action::Done)
+    }
+
+    /// The owner is deleted with `propagationPolicy: Orphan`: every dependent loses its
+    /// reference to it, then the owner its finalizer.
+    async fn orphan_dependents(
+        &self,
+        ctx: &Context,
+        node: &GraphNode,
+        dependents: &[GraphNode],
+    ) -> Result {
+        for dependent in dependents {
+            self.drop_references(ctx, dependent, std::slice::from_ref(&node.uid))
+                .await?;
+        }
+        info!(object = %describe(node), dependents = dependents.len(), "dependents orphaned; removing the orphan finalizer");
+        remove_finalizer(ctx, node, ORPHAN).await?;
+        Ok(Action::Done)
+    }
+}
+
+fn describe(node: &GraphNode) -> String {
+    let kind = node
+        .gvk
+        .as_ref()
+        .map(|g| g.kind.as_str())
+        .unwrap_or_default();
+    if node.namespace.is_empty() {
+        format!("{kind}/{}", node.name)
+    } else {
+        format!("{kind} {}/{}", node.namespace, node.name)
+    }
+}
+
+fn resource_of(node: &GraphNode) -> ApiResource {
+    let gvk = node.gvk.clone().unwrap_or_default();
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&gvk.group, &gvk.version, &gvk.kind),
+        &node.resource,
+    )
+}
+
+fn api_of(ctx: &Context, node: &GraphNode) -> Api<DynamicObject> {
+    let resource = resource_of(node);
+    if node.namespaced {
+        Api::namespaced_with(ctx.client.clone(), &node.namespace, &resource)
+    } else {
+        Api::all_with(ctx.client.clone(), &resource)
+    }
+}
+
+/// Deletes the object of this UID (a precondition: a newer object of the same name stays).
+async fn delete(ctx: &Context, node: &GraphNode, propagation: Propagation) -> Result<()> {
+    let params = DeleteParams {
+        propagation_policy: Some(match propagation {
+            Propagation::Orphan => PropagationPolicy::Orphan,
+            Propagation::Foreground => PropagationPolicy::Foreground,
+            Propagation::Background => PropagationPolicy::Background,
+        }),
+        preconditions: Some(Preconditions {
+            uid: Some(node.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    gone_is_done(
+        api_of(ctx, node)
+            .delete(&node.name, &params)
+            .await
+            .map(drop),
+    )
+}
+
+/// Removes one finalizer from the object, read fresh, unless it changed meanwhile.
+async fn remove_finalizer(ctx: &Context, node: &GraphNode, finalizer: &str) -> Result<()> {
+    let api = api_of(ctx, node);
+    let Some(live) = api.get_metadata_opt(&node.name).await? else {
+        return Ok(());
+    };
+    if live.metadata.uid.as_deref() != Some(node.uid.as_str()) {
+        return Ok(());
+    }
+    let finalizers = live.metadata.finalizers.unwrap_or_default();
+    if !finalizers.iter().any(|f| f == finalizer) {
+        return Ok(());
+    }
+    let remaining: Vec<&String> = finalizers.iter().filter(|f| *f != finalizer).collect();
+    let patch = json!({"metadata": {
+        "uid": node.uid,
+        "resourceVersion": live.metadata.resource_version,
+        "finalizers": remaining,
+    }});
+    gone_is_done(
+        api.patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop),
+    )
+}
+
+/// A delete or patch of an object that is gone, or was replaced by another of the same name
+/// (a UID precondition that failed), has nothing left to do.
+fn gone_is_done(result: kube::Result<()>) -> Result<()> {
+    match result {
+        Err(kube::Error::Api(status))
+            if status.is_not_found()
+                || (status.is_conflict() && status.message.contains("Precondition failed")) =>
+        {
+            Ok(())
+        }
+        other => Ok(other?),
+    }
+}
+
+fn invalid_namespace(ctx: &Context, node: &GraphNode, reference: &OwnerReference) {
+    let gvk = node.gvk.clone().unwrap_or_default();
+    let api_version = if gvk.group.is_empty() {
+        gvk.version.clone()
+    } else {
+        format!("{}/{}", gvk.group, gvk.version)
+    };
+    let regarding = ObjectReference {
+        api_version: Some(api_version),
+        kind: Some(gvk.kind),
+        namespace: (!node.namespace.is_empty()).then(|| node.namespace.clone()),
+        name: Some(node.name.clone()),
+        uid: Some(node.uid.clone()),
+        ..ObjectReference::default()
+    };
+    ctx.events.publish_reference(
+        &regarding,
+        EventType::Warning,
+        "OwnerRefInvalidNamespace",
+        "GarbageCollect",
+        invalid_namespace_note(
+            &reference.api_version,
+            &reference.kind,
+            &node.namespace,
+            &reference.name,
+            &reference.uid,
+        ),
+    );
+}
+
+/// An owner reference's kind to its resource, from discovery, remembered: kinds rarely
+/// change their resource. A kind discovery does not know is an error (the key is retried
+/// with backoff, as kube-controller-manager retries a REST mapping failure).
+#[derive(Debug, Default)]
+struct RestMapper {
+    /// By apiVersion and kind: the resource, and whether it is namespaced.
+    known: Mutex<HashMap<(String, String), Mapping>>,
+}
+
+type Mapping = (ApiResource, bool);
+
+impl RestMapper {
+    async fn resolve(
+        &self,
+        client: &Client,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<Mapping> {
+        let key = (api_version.to_owned(), kind.to_owned());
+        if let Some(found) = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+        {
+            return Ok(found.clone());
+        }
+        let (group, version) = match api_version.split_once('/') {
+            Some((group, version)) => (group, version),
+            None => ("", api_version),
+        };
+        let (resource, capabilities) = discovery::pinned_kind(
+            client,
+            &GroupVersionKind::gvk(group, version, kind),
+        )
+        .await
+        .map_err(|e| {
+            Error::Other(format!(
+                "owner reference to {api_version}/{kind}: the apiserver serves no such kind ({e})"
+            ))
+        })?;
+        let found = (resource, capabilities.scope == Scope::Namespaced);
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, found.clone());
+        Ok(found)
+    }
+}
