@@ -95,7 +95,7 @@ impl GarbageCollector {
                 Ok(Action::Done)
             }
             Decision::Delete(propagation) => {
-                info!(object = %describe(&node), ?propagation, "deleting: no owner remains");
+                info!(object = %describe(&node), ?propagation, "deleting: every owner is gone, or waits for it to go first");
                 delete(ctx, &node, propagation).await?;
                 Ok(Action::Done)
             }
@@ -361,12 +361,7 @@ struct RestMapper {
 type Mapping = (ApiResource, bool);
 
 impl RestMapper {
-    async fn resolve(
-        &self,
-        client: &Client,
-        api_version: &str,
-        kind: &str,
-    ) -> Result<Mapping> {
+    async fn resolve(&self, client: &Client, api_version: &str, kind: &str) -> Result<Mapping> {
         let key = (api_version.to_owned(), kind.to_owned());
         if let Some(found) = self
             .known
