@@ -15,8 +15,8 @@
 //!
 //! Every Switchyard service runs as its own process over mutual TLS, with a real etcd for
 //! the elector and the queues, on this test binary's own control plane (it restarts the
-//! apiserver). kube-controller-manager runs only its garbage collector, which Switchyard does
-//! not replace: it deletes the ReplicaSets and Pods of deleted Deployments.
+//! apiserver). No kube-controller-manager runs: Switchyard's own garbage collector deletes the
+//! ReplicaSets and Pods of deleted Deployments.
 //!
 //! queue-2 runs inside a network namespace joined to the root one by a veth pair
 //! (`switchyard_testenv::NetNs`): it reaches the elector at the veth's root end and etcd at a
@@ -129,8 +129,7 @@ enum Fault {
 
 /// The faults of the run with kube-controller-manager in Switchyard's place.
 const PEER_FAULTS: [Fault; 2] = [Fault::ApiserverRestart, Fault::ControllerManagerRestart];
-/// What kube-controller-manager runs when it is the peer (the garbage collector beside
-/// Switchyard otherwise).
+/// What kube-controller-manager runs when it is the peer.
 const KCM_CONTROLLERS: &[&str] = &[
     "deployment-controller",
     "replicaset-controller",
@@ -559,13 +558,8 @@ async fn soak(total: Duration) {
             .expect("kube-controller-manager");
         (None, None, Some(kcm))
     } else {
-        // kube-controller-manager's garbage collector deletes what deleted Deployments owned.
-        let gc = plane
-            .start_controller_manager(&["garbage-collector-controller"], &[])
-            .await
-            .expect("kube-controller-manager's garbage collector");
         let (fleet, etcd) = start_switchyard(plane, ns.name()).await;
-        (Some(fleet), Some(etcd), Some(gc))
+        (Some(fleet), Some(etcd), None)
     };
     println!("{} every service ready", at());
 
