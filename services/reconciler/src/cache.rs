@@ -311,8 +311,9 @@ impl CacheClient {
 
 impl CacheClient {
     /// The garbage collector's view of the object with this UID: the object, the owners the
-    /// graph holds, and its dependents. Graph reads carry no floor: the collector confirms
-    /// with the apiserver before it deletes or unblocks anything.
+    /// graph holds, and its dependents. Graph reads carry no floor: the collector reads an
+    /// owner missing from the graph from the apiserver, and every write it makes carries the
+    /// object's UID as a precondition.
     pub async fn graph_node(&self, uid: &str) -> Result<GetGraphNodeResponse, CacheError> {
         let request = GetGraphNodeRequest {
             uid: uid.to_owned(),

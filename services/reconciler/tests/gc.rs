@@ -7,25 +7,26 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod gc_scenarios;
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use gc_scenarios::{
+    Background, COLLECTED_WITHIN, Foreground, Orphaned, create_cm, eventually, exists, owner_ref,
+};
 use serde_json::{Value, json};
 use switchyard_k8s::{
-    Api, DeleteParams, Deployment, ListParams, Pod, PostParams, ReplicaSet,
+    Api, DeleteParams, ListParams, PostParams,
     k8s_openapi::{
-        api::{core::v1::ConfigMap, events::v1::Event, rbac::v1::ClusterRole},
+        api::core::v1::ConfigMap,
         apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     },
     kube::api::{ApiResource, DynamicObject, GroupVersionKind},
 };
-use switchyard_reconciler_core::replicaset::{controller_of, is_active};
-use switchyard_testenv::{ControlPlane, InProcess, ServiceProcess, TestNamespace, manifests};
+use switchyard_testenv::{ControlPlane, InProcess, ServiceProcess, TestNamespace};
 
-use support::{DEPLOY, RS, SHARDS, WITHIN, converged, replica_set};
-
-const COLLECTED_WITHIN: Duration = Duration::from_secs(30);
+use support::{DEPLOY, RS, SHARDS, WITHIN};
 
 /// A queue, a watcher with the graph and the workload rules for `namespaces`, and a
 /// reconciler with every built-in controller.
@@ -89,47 +90,6 @@ controllers:
     }
 }
 
-fn config_map(name: &str, owners: Value) -> ConfigMap {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "ownerReferences": owners},
-        "data": {"k": "v"},
-    }))
-    .unwrap()
-}
-
-fn owner_ref(api_version: &str, kind: &str, name: &str, uid: &str, block: bool) -> Value {
-    json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid,
-           "blockOwnerDeletion": block})
-}
-
-async fn create_cm(api: &Api<ConfigMap>, name: &str, owners: Value) -> String {
-    let cm = api
-        .create(&PostParams::default(), &config_map(name, owners))
-        .await
-        .unwrap();
-    cm.metadata.uid.unwrap()
-}
-
-/// Polls `check` every 100 ms until it holds, or fails naming `what`.
-async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn exists<K>(api: &Api<K>, name: &str) -> bool
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + switchyard_k8s::kube::Resource,
-{
-    api.get_metadata_opt(name).await.unwrap().is_some()
-}
-
 #[tokio::test]
 async fn dependents_of_a_deleted_owner_are_collected_and_dangling_references_resolved() {
     let plane = ControlPlane::shared().expect("control plane");
@@ -141,159 +101,8 @@ async fn dependents_of_a_deleted_owner_are_collected_and_dangling_references_res
         .await
         .unwrap();
     let stack = Stack::start(plane, &[ns.name(), other.name()]).await;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
-    let other_cms: Api<ConfigMap> = Api::namespaced(client.clone(), other.name());
-
-    // Background: the owner goes, its three dependents follow; a dependent with a second,
-    // live owner only loses the reference to the one that went.
-    let owner = create_cm(&cms, "owner", json!([])).await;
-    let keeper = create_cm(&cms, "keeper", json!([])).await;
-    for i in 0..3 {
-        let refs = json!([owner_ref("v1", "ConfigMap", "owner", &owner, false)]);
-        create_cm(&cms, &format!("dep-{i}"), refs).await;
-    }
-    let shared = json!([
-        owner_ref("v1", "ConfigMap", "owner", &owner, false),
-        owner_ref("v1", "ConfigMap", "keeper", &keeper, false)
-    ]);
-    create_cm(&cms, "shared", shared).await;
-    // A reference to an owner that never existed, and one to a kind the apiserver does not
-    // serve (never resolvable: kept, retried, and nothing else is held up by it).
-    create_cm(
-        &cms,
-        "dangling",
-        json!([owner_ref(
-            "v1",
-            "ConfigMap",
-            "ghost",
-            "00000000-0000-0000-0000-000000000001",
-            false
-        )]),
-    )
-    .await;
-    create_cm(
-        &cms,
-        "unknown-kind",
-        json!([owner_ref(
-            "nothing.example.com/v1",
-            "Nothing",
-            "n",
-            "00000000-0000-0000-0000-000000000002",
-            false
-        )]),
-    )
-    .await;
-    // A cluster-scoped owner of a namespaced dependent.
-    let roles: Api<ClusterRole> = Api::all(client.clone());
-    let role_name = format!("{}-owner", ns.name());
-    let role: ClusterRole =
-        serde_json::from_value(json!({"metadata": {"name": role_name}})).unwrap();
-    let role_uid = roles
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap();
-    create_cm(
-        &cms,
-        "of-cluster-owner",
-        json!([owner_ref(
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRole",
-            &role_name,
-            &role_uid,
-            false
-        )]),
-    )
-    .await;
-    // A reference across namespaces: the owner exists, but in another namespace, so the
-    // reference resolves nowhere: collected, with kube-controller-manager's warning.
-    create_cm(
-        &other_cms,
-        "cross-namespace",
-        json!([owner_ref("v1", "ConfigMap", "keeper", &keeper, false)]),
-    )
-    .await;
-
-    eventually("the dangling reference collected", COLLECTED_WITHIN, || {
-        let cms = cms.clone();
-        async move { !exists(&cms, "dangling").await }
-    })
-    .await;
-    eventually(
-        "the cross-namespace dependent collected",
-        COLLECTED_WITHIN,
-        || {
-            let api = other_cms.clone();
-            async move { !exists(&api, "cross-namespace").await }
-        },
-    )
-    .await;
-    let events: Api<Event> = Api::namespaced(client.clone(), other.name());
-    eventually(
-        "an OwnerRefInvalidNamespace event",
-        COLLECTED_WITHIN,
-        || {
-            let events = events.clone();
-            async move {
-                events
-                    .list(&ListParams::default())
-                    .await
-                    .unwrap()
-                    .items
-                    .iter()
-                    .any(|e| {
-                        e.reason.as_deref() == Some("OwnerRefInvalidNamespace")
-                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                                == Some("cross-namespace")
-                    })
-            }
-        },
-    )
-    .await;
-    // Nothing with a live owner was touched so far.
-    for name in ["dep-0", "dep-1", "dep-2", "shared", "of-cluster-owner"] {
-        assert!(exists(&cms, name).await, "{name} was collected too early");
-    }
-
-    cms.delete("owner", &DeleteParams::background())
-        .await
-        .unwrap();
-    roles
-        .delete(&role_name, &DeleteParams::default())
-        .await
-        .unwrap();
-    for name in ["dep-0", "dep-1", "dep-2", "of-cluster-owner"] {
-        eventually(&format!("{name} collected"), COLLECTED_WITHIN, || {
-            let cms = cms.clone();
-            async move { !exists(&cms, name).await }
-        })
-        .await;
-    }
-    eventually(
-        "the shared dependent keeps only its live owner",
-        COLLECTED_WITHIN,
-        || {
-            let cms = cms.clone();
-            async move {
-                let cm = cms.get("shared").await.unwrap();
-                let owners: Vec<String> = cm
-                    .metadata
-                    .owner_references
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|o| o.name)
-                    .collect();
-                owners == ["keeper"]
-            }
-        },
-    )
-    .await;
-    assert!(
-        exists(&cms, "unknown-kind").await,
-        "an unresolvable reference keeps the object"
-    );
+    let seen = gc_scenarios::background(&client, ns.name(), other.name()).await;
+    assert_eq!(seen, Background::expected());
     stack.stop().await;
 }
 
@@ -305,178 +114,15 @@ async fn foreground_deletion_takes_the_dependents_first_and_orphaning_leaves_the
         .await
         .unwrap();
     let stack = Stack::start(plane, &[ns.name()]).await;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
-    let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
-
-    // Foreground: Deployment -> ReplicaSet -> Pods. The Deployment stays (with its
-    // finalizer) until its ReplicaSet is gone, which stays until its Pods are.
-    let web: Deployment =
-        serde_json::from_value(manifests::workload("Deployment", "web", 3, Value::Null)).unwrap();
-    deployments
-        .create(&PostParams::default(), &web)
-        .await
-        .unwrap();
-    eventually("web rolled out", Duration::from_secs(60), || {
-        let pods = pods.clone();
-        async move { active(&pods, "app=web").await == 3 }
-    })
-    .await;
-    deployments
-        .delete("web", &DeleteParams::foreground())
-        .await
-        .unwrap();
-    let mut saw_waiting = false;
-    let deadline = Instant::now() + COLLECTED_WITHIN;
-    loop {
-        let deployment = deployments.get_metadata_opt("web").await.unwrap();
-        let rs_left = replica_sets
-            .list_metadata(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len();
-        let pods_left = pods
-            .list_metadata(&ListParams::default().labels("app=web"))
-            .await
-            .unwrap()
-            .items
-            .len();
-        match deployment {
-            Some(d) => {
-                let finalizers = d.metadata.finalizers.unwrap_or_default();
-                saw_waiting |= finalizers.iter().any(|f| f == "foregroundDeletion");
-            }
-            None => {
-                assert_eq!(
-                    (rs_left, pods_left),
-                    (0, 0),
-                    "the Deployment went before its dependents"
-                );
-                break;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "foreground deletion of web: not within {COLLECTED_WITHIN:?} ({rs_left} ReplicaSets, {pods_left} Pods left)"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        saw_waiting,
-        "the Deployment waited with the foregroundDeletion finalizer"
+    assert_eq!(
+        gc_scenarios::foreground(&client, ns.name()).await,
+        Foreground::expected()
     );
-
-    // Orphan: the ReplicaSet goes, its Pods stay without the reference, and a new
-    // ReplicaSet with the same selector adopts them instead of creating Pods.
-    replica_sets
-        .create(&PostParams::default(), &replica_set("lone", 2))
-        .await
-        .unwrap();
-    let before = converged(&replica_sets, &pods, "lone", 2).await;
-    replica_sets
-        .delete("lone", &DeleteParams::orphan())
-        .await
-        .unwrap();
-    eventually("lone deleted", COLLECTED_WITHIN, || {
-        let api = replica_sets.clone();
-        async move { !exists(&api, "lone").await }
-    })
-    .await;
-    let orphans: Vec<Pod> = pods
-        .list(&ListParams::default().labels("app=lone"))
-        .await
-        .unwrap()
-        .items;
-    assert_eq!(orphans.len(), 2, "the Pods stay");
-    for pod in &orphans {
-        assert!(
-            pod.metadata
-                .owner_references
-                .clone()
-                .unwrap_or_default()
-                .is_empty(),
-            "{:?} still references its owner",
-            pod.metadata.name
-        );
-    }
-    let mut adopter = replica_set("adopter", 2);
-    adopter.spec.as_mut().unwrap().selector = before_selector("lone");
-    adopter
-        .spec
-        .as_mut()
-        .unwrap()
-        .template
-        .as_mut()
-        .unwrap()
-        .metadata
-        .as_mut()
-        .unwrap()
-        .labels = Some(
-        [
-            ("app".to_owned(), "lone".to_owned()),
-            ("tier".to_owned(), "web".to_owned()),
-        ]
-        .into(),
+    assert_eq!(
+        gc_scenarios::orphan(&client, ns.name()).await,
+        Orphaned::expected()
     );
-    replica_sets
-        .create(&PostParams::default(), &adopter)
-        .await
-        .unwrap();
-    let adopter_uid = replica_sets
-        .get("adopter")
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap();
-    eventually("the orphans adopted", COLLECTED_WITHIN, || {
-        let pods = pods.clone();
-        let uid = adopter_uid.clone();
-        async move {
-            let list = pods
-                .list(&ListParams::default().labels("app=lone"))
-                .await
-                .unwrap()
-                .items;
-            list.len() == 2
-                && list
-                    .iter()
-                    .all(|p| controller_of(p).is_some_and(|o| o.uid == uid))
-        }
-    })
-    .await;
-    let names = |pods: &[Pod]| {
-        let mut n: Vec<String> = pods
-            .iter()
-            .filter_map(|p| p.metadata.name.clone())
-            .collect();
-        n.sort();
-        n
-    };
-    let after = pods
-        .list(&ListParams::default().labels("app=lone"))
-        .await
-        .unwrap()
-        .items;
-    assert_eq!(names(&before), names(&after), "adopted, not replaced");
     stack.stop().await;
-}
-
-fn before_selector(
-    app: &str,
-) -> switchyard_k8s::k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
-    serde_json::from_value(json!({"matchLabels": {"app": app}})).unwrap()
-}
-
-async fn active(pods: &Api<Pod>, labels: &str) -> usize {
-    pods.list(&ListParams::default().labels(labels))
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|p| is_active(p))
-        .count()
 }
 
 #[tokio::test]

@@ -1,0 +1,127 @@
+//! The garbage collector's scenarios run under kube-controller-manager (its
+//! garbage-collector, deployment and replicaset controllers) and then under Switchyard, on
+//! fresh namespaces of one control plane, and compared: each collector must end in the same
+//! state, and that state must be the one the scenario expects.
+//!
+//! A binary of its own: kube-controller-manager's controllers act on every namespace, so no
+//! other test may run controllers on this control plane while it runs.
+
+#![allow(clippy::unwrap_used)]
+
+mod gc_scenarios;
+mod support;
+
+use std::time::Instant;
+
+use gc_scenarios::{Background, Foreground, Orphaned};
+use switchyard_k8s::Client;
+use switchyard_testenv::{ControlPlane, TestNamespace};
+
+use support::{DEPLOY, RS, SHARDS, WITHIN};
+
+#[derive(Debug, PartialEq, Eq)]
+struct Ends {
+    background: Background,
+    foreground: Foreground,
+    orphan: Orphaned,
+}
+
+/// Three namespaces: the background scenario's pair, and one for the workloads.
+async fn namespaces(plane: &ControlPlane, client: &Client, prefix: &str) -> [TestNamespace; 3] {
+    let mut made = Vec::new();
+    for suffix in ["", "-other", "-fg"] {
+        made.push(
+            TestNamespace::create(plane, client, &format!("{prefix}{suffix}"))
+                .await
+                .unwrap(),
+        );
+    }
+    made.try_into().ok().unwrap()
+}
+
+async fn run(client: &Client, [ns, other, fg]: &[TestNamespace; 3]) -> Ends {
+    Ends {
+        background: gc_scenarios::background(client, ns.name(), other.name()).await,
+        foreground: gc_scenarios::foreground(client, fg.name()).await,
+        orphan: gc_scenarios::orphan(client, fg.name()).await,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_collection_ends_the_same_under_kube_controller_manager_and_switchyard() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+
+    let started = Instant::now();
+    let kcm = plane
+        .start_controller_manager(
+            &[
+                "garbage-collector-controller",
+                "deployment-controller",
+                "replicaset-controller",
+            ],
+            &[],
+        )
+        .await
+        .expect("kube-controller-manager starts");
+    let kcm_namespaces = namespaces(plane, &client, "gc-kcm").await;
+    let under_kcm = run(&client, &kcm_namespaces).await;
+    drop(kcm);
+    eprintln!(
+        "kube-controller-manager: {:?}, {under_kcm:?}",
+        started.elapsed()
+    );
+
+    let started = Instant::now();
+    // The watcher admits the scenario's namespaces only.
+    let sy_namespaces = namespaces(plane, &client, "gc-sy").await;
+    let names: Vec<&str> = sy_namespaces.iter().map(TestNamespace::name).collect();
+    let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
+    let config = format!(
+        r#"
+shardCount: {SHARDS}
+namespaces:
+  include: [{}]
+garbageCollector: {{}}
+controllers:
+  - name: {RS}
+    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
+    owns:
+      - {{apiVersion: v1, kind: Pod}}
+  - name: {DEPLOY}
+    for: {{apiVersion: apps/v1, kind: Deployment}}
+    owns:
+      - {{apiVersion: apps/v1, kind: ReplicaSet}}
+"#,
+        names.join(", ")
+    );
+    let watcher = support::watcher(plane, &config, queue.grpc()).await;
+    watcher.wait_ready(WITHIN).await;
+    let reconciler = support::reconciler(
+        plane,
+        switchyard_reconciler::builtin_controllers(),
+        queue.grpc(),
+        watcher.grpc(),
+        &[],
+    )
+    .await;
+    reconciler.wait_ready(WITHIN).await;
+    let under_switchyard = run(&client, &sy_namespaces).await;
+    eprintln!("switchyard: {:?}, {under_switchyard:?}", started.elapsed());
+    reconciler.stop().await;
+    watcher.stop().await;
+    queue.stop().await;
+
+    assert_eq!(
+        under_kcm, under_switchyard,
+        "kube-controller-manager vs Switchyard"
+    );
+    assert_eq!(
+        under_switchyard,
+        Ends {
+            background: Background::expected(),
+            foreground: Foreground::expected(),
+            orphan: Orphaned::expected(),
+        }
+    );
+}
