@@ -5,7 +5,7 @@
 //! [`switchyard_reconciler_core::gc`] says, and confirms with the apiserver before it acts:
 //!
 //! - an owner missing from the graph is read from the apiserver (not found, or found with
-//!   another UID: dangling);
+//!   another UID: dangling; remembered, since a UID is never reused);
 //! - every delete carries the object's UID as a precondition, and every patch its UID and
 //!   resourceVersion, so a stale decision fails instead of touching a newer object.
 //!
@@ -14,7 +14,7 @@
 //! ```
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet, VecDeque},
     sync::{Mutex, PoisonError},
 };
 
@@ -46,10 +46,41 @@ pub const NAME: &str = "garbage-collector";
 const FOREGROUND: &str = "foregroundDeletion";
 const ORPHAN: &str = "orphan";
 
+/// Owner UIDs confirmed absent, remembered: a UID is never reused, so one found absent stays
+/// absent, and the dependents of one deleted owner cost one read of it, not one each
+/// (kube-controller-manager's `absentOwnerCache`, also bounded).
+const ABSENT_OWNERS: usize = 4096;
+
 /// The garbage collector.
 #[derive(Debug, Default)]
 pub struct GarbageCollector {
     mapper: RestMapper,
+    absent: Mutex<AbsentOwners>,
+}
+
+/// A bounded set of owner UIDs, the oldest forgotten first.
+#[derive(Debug, Default)]
+struct AbsentOwners {
+    uids: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl AbsentOwners {
+    fn contains(&self, uid: &str) -> bool {
+        self.uids.contains(uid)
+    }
+
+    fn insert(&mut self, uid: &str) {
+        if !self.uids.insert(uid.to_owned()) {
+            return;
+        }
+        self.order.push_back(uid.to_owned());
+        if self.order.len() > ABSENT_OWNERS
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.uids.remove(&oldest);
+        }
+    }
 }
 
 impl Controller for GarbageCollector {
@@ -123,6 +154,9 @@ impl GarbageCollector {
             // in the object's own namespace.
             invalid_namespace(ctx, node, reference);
         }
+        if self.absent().contains(&reference.uid) {
+            return Ok(Some(OwnerState::Dangling));
+        }
         let (resource, namespaced) = self
             .mapper
             .resolve(&ctx.client, &reference.api_version, &reference.kind)
@@ -145,10 +179,17 @@ impl GarbageCollector {
                     reference.block_owner_deletion,
                 )
             }
-            _ => OwnerState::Dangling,
+            _ => {
+                self.absent().insert(&reference.uid);
+                OwnerState::Dangling
+            }
         };
         debug!(object = %describe(node), owner = %reference.name, ?state, "owner read from the apiserver");
         Ok(Some(state))
+    }
+
+    fn absent(&self) -> std::sync::MutexGuard<'_, AbsentOwners> {
+        self.absent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     async fn drop_references(
@@ -391,5 +432,24 @@ impl RestMapper {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(key, found.clone());
         Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_owners_are_bounded_and_forget_the_oldest_first() {
+        let mut absent = AbsentOwners::default();
+        for i in 0..=ABSENT_OWNERS {
+            absent.insert(&format!("u{i}"));
+        }
+        absent.insert("u5");
+        assert!(!absent.contains("u0"));
+        assert!(absent.contains("u1"));
+        assert!(absent.contains(&format!("u{ABSENT_OWNERS}")));
+        assert_eq!(absent.uids.len(), ABSENT_OWNERS);
+        assert_eq!(absent.order.len(), ABSENT_OWNERS);
     }
 }
