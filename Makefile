@@ -9,7 +9,7 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help run test soak lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e
+.PHONY: help run test soak lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc
 
 help:
 	@echo "make run           start a local control plane and every service against it"
@@ -18,7 +18,7 @@ help:
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
-	@echo "make bench         run every benchmark; make bench-<area> one area (queue, elector, watcher, e2e)"
+	@echo "make bench         run every benchmark; make bench-<area> one area (queue, elector, watcher, e2e, gc)"
 
 testenv:
 	@scripts/testenv.sh build >/dev/null
@@ -63,7 +63,7 @@ cluster-down:
 
 # Each benchmark prints `bench <area>.<figure> <value> <unit>` lines; results are recorded
 # in docs/benchmarks.md.
-bench: bench-queue bench-elector bench-watcher bench-e2e
+bench: bench-queue bench-elector bench-watcher bench-e2e bench-gc
 
 bench-queue:
 	$(CARGO) bench --locked -p switchyard-queue --bench queue
@@ -77,3 +77,9 @@ bench-watcher: testenv
 # Deployments converged under kube-controller-manager and under Switchyard (about 15 minutes).
 bench-e2e: testenv
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench e2e
+
+# The garbage collector beside kube-controller-manager's: a 10,000-Pod cascade and memory per
+# object (the watcher runs as a process of its own, built first).
+bench-gc: testenv
+	$(CARGO) build --locked --release -p switchyard-watcher --bins
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench gc

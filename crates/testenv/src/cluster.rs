@@ -94,6 +94,11 @@ impl ControllerManager {
     pub fn log(&self) -> &Path {
         self.process.log()
     }
+
+    /// The process id, for resident-set readings.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
 }
 
 impl ControlPlane {
