@@ -395,8 +395,9 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
     let rbac = rbac_only(&base);
     assert_eq!(
         rbac.matches("kind: ClusterRoleBinding").count(),
-        2,
-        "only the watcher and the reconciler are bound to roles:\n{rbac}"
+        4,
+        "only the watcher and the reconciler are bound to roles (their own and the garbage \
+         collector's):\n{rbac}"
     );
     apply_cleanly(plane, "base RBAC", &rbac).await;
 
@@ -424,6 +425,17 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["create", "patch"],
             &["events.events.k8s.io"],
         ),
+        // The garbage collector's graph and its deletions, on any resource.
+        (
+            "watcher",
+            &["list", "watch"],
+            &["secrets", "configmaps", "nodes"],
+        ),
+        (
+            "reconciler",
+            &["get", "patch", "delete"],
+            &["configmaps", "nodes"],
+        ),
     ];
     for (service, verbs, resources) in allowed {
         for verb in *verbs {
@@ -443,20 +455,20 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["create", "update", "patch", "delete"],
             &["pods", "replicasets.apps", "deployments.apps"],
         ),
-        (
-            "watcher",
-            &["get", "list"],
-            &["secrets", "configmaps", "nodes"],
-        ),
-        // The reconcilers read pods through the watcher's cache; no secrets, no RBAC.
+        // The graph is metadata from lists and watches: no single object is read.
+        ("watcher", &["get"], &["secrets", "configmaps", "nodes"]),
+        // The reconcilers read pods through the watcher's cache and list nothing.
         ("reconciler", &["list", "watch", "update"], &["pods"]),
-        ("reconciler", &["get", "list"], &["secrets", "configmaps"]),
+        (
+            "reconciler",
+            &["list", "update"],
+            &["secrets", "configmaps"],
+        ),
         (
             "reconciler",
             &["create"],
             &["events", "clusterroles.rbac.authorization.k8s.io"],
         ),
-        ("reconciler", &["delete"], &["nodes", "namespaces"]),
         // The queue and the elector need no Kubernetes access at all.
         (
             "queue",

@@ -296,7 +296,11 @@ async fn cascade(reconcilers: usize, count: usize) -> f64 {
 /// One object of five kinds in turn, half of them owned by `root`.
 async fn create_mixed(client: &Client, i: usize, root: &Value) {
     let name = format!("o{i:06}");
-    let owners = if i.is_multiple_of(2) { json!([root]) } else { json!([]) };
+    let owners = if i.is_multiple_of(2) {
+        json!([root])
+    } else {
+        json!([])
+    };
     let metadata = json!({"name": name, "labels": {"app": "bench", "n": (i % 100).to_string()},
                           "ownerReferences": owners});
     let post = PostParams::default();
