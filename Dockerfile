@@ -21,10 +21,11 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
       --bin switchyard-watcher --bin switchyard-queue \
-      --bin switchyard-reconciler --bin switchyard-elector \
+      --bin switchyard-reconciler --bin switchyard-elector --bin switchyard-etcd-access \
  && mkdir -p /out \
  && cp target/release/switchyard-watcher target/release/switchyard-queue \
-       target/release/switchyard-reconciler target/release/switchyard-elector /out/
+       target/release/switchyard-reconciler target/release/switchyard-elector \
+       target/release/switchyard-etcd-access /out/
 
 # glibc and libgcc only, no shell, no package manager; runs as uid 65532.
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
@@ -47,4 +48,6 @@ ENTRYPOINT ["/usr/local/bin/switchyard-reconciler"]
 
 FROM runtime AS elector
 COPY --from=build /out/switchyard-elector /usr/local/bin/switchyard-elector
+# components/etcd's Job runs it (etcd's users and roles) from this image.
+COPY --from=build /out/switchyard-etcd-access /usr/local/bin/switchyard-etcd-access
 ENTRYPOINT ["/usr/local/bin/switchyard-elector"]

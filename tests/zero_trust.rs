@@ -480,15 +480,22 @@ async fn every_certificate_and_the_ca_rotate_while_deployments_roll_out() {
         .unwrap();
     let etcd = Etcd::start().await.unwrap();
     // The services' certificates come from a CA of this test's own, rotated below; etcd
-    // keeps the shared one (the etcd client certificate is read at each connection).
+    // keeps the shared CA, and its serving certificate and the elector's and the queue's
+    // etcd client certificates (files of this test's own, each role's CN for etcd's RBAC)
+    // are replaced by new ones of that CA.
     let old = Pki::temporary("switchyard rotation CA 1").unwrap();
     let new = Pki::temporary("switchyard rotation CA 2").unwrap();
-    let etcd_files = Pki::shared().files(Role::Queue);
-    let etcd_flags = [
-        format!("--etcd-tls-cert={}", etcd_files.cert.display()),
-        format!("--etcd-tls-key={}", etcd_files.key.display()),
-        format!("--etcd-tls-ca={}", etcd_files.ca.display()),
-    ];
+    let etcd_client_name = |role: Role| format!("rotation-etcd-{}", role.service_account());
+    let etcd_flags = |role: Role| {
+        let files = Pki::shared()
+            .issue_as(&etcd_client_name(role), role.service_account())
+            .unwrap();
+        vec![
+            format!("--etcd-tls-cert={}", files.cert.display()),
+            format!("--etcd-tls-key={}", files.key.display()),
+            format!("--etcd-tls-ca={}", files.ca.display()),
+        ]
+    };
     let flags = |role: Role, extra: &[String]| -> Vec<String> {
         let mut flags = old.flags(role);
         flags.push("--tls-reload-interval=200ms".into());
@@ -513,7 +520,11 @@ async fn every_certificate_and_the_ca_rotate_while_deployments_roll_out() {
         "switchyard-elector",
         flags(
             Role::Elector,
-            &[&["--shard-count=4".to_owned()][..], &etcd_flags].concat(),
+            &[
+                &["--shard-count=4".to_owned()][..],
+                &etcd_flags(Role::Elector),
+            ]
+            .concat(),
         ),
         etcd_env.clone(),
     )
@@ -530,7 +541,7 @@ async fn every_certificate_and_the_ca_rotate_while_deployments_roll_out() {
                     elector_addr.clone(),
                     "--member-id=q0".into(),
                 ][..],
-                &etcd_flags,
+                &etcd_flags(Role::Queue),
             ]
             .concat(),
         ),
@@ -617,6 +628,7 @@ async fn every_certificate_and_the_ca_rotate_while_deployments_roll_out() {
         replace(&old.files(role).ca, &bundle);
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
+    let rotated_at = SystemTime::now();
     for (role, _) in services {
         let (target, source) = (old.files(role), new.files(role));
         // Key first: until the certificate follows, the pair does not match and the
@@ -624,7 +636,44 @@ async fn every_certificate_and_the_ca_rotate_while_deployments_roll_out() {
         replace(&target.key, &std::fs::read(&source.key).unwrap());
         replace(&target.cert, &std::fs::read(&source.cert).unwrap());
     }
+    // etcd's serving certificate (etcd reads it at every handshake) and the etcd client
+    // certificates (read at every connection) are replaced too.
+    let etcd_served = Pki::shared()
+        .issue_as(
+            switchyard_testenv::tls::ETCD_ACCOUNT,
+            switchyard_testenv::tls::ETCD_ACCOUNT,
+        )
+        .unwrap();
+    for role in [Role::Elector, Role::Queue] {
+        Pki::shared()
+            .issue_as(&etcd_client_name(role), role.service_account())
+            .unwrap();
+    }
     tokio::time::sleep(Duration::from_millis(1000)).await;
+    // A new etcd connection with the rotated files is served the new certificate and
+    // authorized by its CN, as the queue's and the elector's next reconnects will be.
+    let mut rotated = etcd
+        .connection_as(&etcd_client_name(Role::Queue))
+        .connect()
+        .await
+        .unwrap();
+    rotated
+        .get(
+            switchyard_shards::store::SHARDS_PREFIX,
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("the queue's rotated etcd certificate reads the shard map");
+    let unwrapped = |pem: Vec<u8>| -> Vec<u8> {
+        pem.into_iter()
+            .filter(|b| !b.is_ascii_whitespace())
+            .collect()
+    };
+    assert_eq!(
+        unwrapped(etcd_serving_certificate(etcd.endpoint()).await),
+        unwrapped(std::fs::read(&etcd_served.cert).unwrap()),
+        "etcd serves its rotated certificate to new connections"
+    );
     // New connections present the new certificates: a client that trusts only the new CA
     // (and holds the new CA's observer certificate) is served by every service.
     for (role, process) in services {
@@ -642,7 +691,11 @@ async fn every_certificate_and_the_ca_rotate_while_deployments_roll_out() {
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
     for (role, process) in services {
-        let ok = metric(process, "switchyard_tls_reloads_total{result=\"ok\"}").await;
+        let ok = metric(
+            process,
+            "switchyard_tls_reloads_total{certificate=\"service\",result=\"ok\"}",
+        )
+        .await;
         assert!(
             ok >= 3.0,
             "the {role} reloaded the bundle, its certificate and the CA: {ok}"
@@ -700,8 +753,136 @@ async fn every_certificate_and_the_ca_rotate_while_deployments_roll_out() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // Streams went on or came back within a second: every Work stream the reconciler saw
+    // fail during or after the rotation was open again within STREAM_GAP, and the watcher's
+    // enqueues never failed for longer than that (each failure is logged, retried, and the
+    // keys kept).
+    let reconciler_log = reconciler.log();
+    let opened = logged_at(&reconciler_log, "work stream open");
+    assert!(
+        !opened.is_empty(),
+        "the reconciler logs its Work streams: {reconciler_log}"
+    );
+    for failed in logged_at(&reconciler_log, "work stream failed") {
+        if failed < rotated_at {
+            continue;
+        }
+        let back = opened
+            .iter()
+            .find(|open| **open >= failed)
+            .map(|open| open.duration_since(failed).unwrap());
+        assert!(
+            back.is_some_and(|gap| gap <= STREAM_GAP),
+            "a Work stream that failed during the rotation was open again after {back:?}: \
+             {reconciler_log}"
+        );
+    }
+    let watcher_log = watcher.log();
+    let failures = logged_at(&watcher_log, "enqueue failed; keys kept for retry");
+    let longest = failure_spans(&failures, STREAM_GAP).into_iter().max();
+    assert!(
+        longest.is_none_or(|span| span <= STREAM_GAP),
+        "enqueues failed for {longest:?} in a row: {watcher_log}"
+    );
     for process in [reconciler, watcher, queue, elector] {
         let (status, log) = process.terminate().await.unwrap();
         assert!(status.success(), "{log}");
     }
+}
+
+/// How long a stream may be down while certificates rotate (issue #14: "streams go on or
+/// reconnect within a second").
+const STREAM_GAP: Duration = Duration::from_secs(1);
+
+/// When each line of `log` (the services' plain format: an RFC 3339 timestamp first) that
+/// holds `message` was written.
+fn logged_at(log: &str, message: &str) -> Vec<SystemTime> {
+    log.lines()
+        .filter(|line| line.contains(message))
+        .filter_map(|line| humantime::parse_rfc3339(line.split_whitespace().next()?).ok())
+        .collect()
+}
+
+/// The lengths of the runs of `failures` (sorted times) whose consecutive failures are less
+/// than `apart` from each other: how long a failing path stayed failing.
+fn failure_spans(failures: &[SystemTime], apart: Duration) -> Vec<Duration> {
+    let mut spans = Vec::new();
+    let mut run: Option<(SystemTime, SystemTime)> = None;
+    for at in failures {
+        run = match run {
+            Some((first, last)) if at.duration_since(last).unwrap_or_default() < apart => {
+                Some((first, *at))
+            }
+            Some((first, last)) => {
+                spans.push(last.duration_since(first).unwrap_or_default());
+                Some((*at, *at))
+            }
+            None => Some((*at, *at)),
+        };
+    }
+    spans.extend(run.map(|(first, last)| last.duration_since(first).unwrap_or_default()));
+    spans
+}
+
+/// The certificate (PEM file contents are compared as DER) etcd serves a new connection at
+/// `endpoint`, presenting the shared PKI's queue certificate.
+async fn etcd_serving_certificate(endpoint: &str) -> Vec<u8> {
+    let files = Pki::shared().files(Role::Queue);
+    let identity = [
+        std::fs::read(&files.cert).unwrap(),
+        std::fs::read(&files.key).unwrap(),
+    ]
+    .concat();
+    let http = reqwest::Client::builder()
+        .tls_info(true)
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(&files.ca).unwrap()).unwrap(),
+        )
+        .identity(reqwest::Identity::from_pem(&identity).unwrap())
+        .build()
+        .unwrap();
+    let response = http
+        .get(format!("{endpoint}/health"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap();
+    let der = response
+        .extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .and_then(|info| info.peer_certificate())
+        .expect("etcd's certificate")
+        .to_vec();
+    pem_of(&der)
+}
+
+/// `der` as the PEM `switchyard-certs` writes.
+fn pem_of(der: &[u8]) -> Vec<u8> {
+    use base64::Engine;
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let lines: Vec<&str> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        lines.join("\n")
+    )
+    .into_bytes()
+}
+
+#[test]
+fn failure_runs_are_measured_from_first_to_last() {
+    let t = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+    assert_eq!(
+        failure_spans(&[t(0), t(300), t(600), t(5000), t(5100)], STREAM_GAP),
+        [Duration::from_millis(600), Duration::from_millis(100)]
+    );
+    assert!(failure_spans(&[], STREAM_GAP).is_empty());
+    let log = "2026-01-02T03:04:05.250000Z  WARN x: work stream failed error=e\nnoise\n";
+    assert_eq!(
+        logged_at(log, "work stream failed"),
+        [humantime::parse_rfc3339("2026-01-02T03:04:05.250Z").unwrap()]
+    );
 }

@@ -1,8 +1,11 @@
 //! components/etcd's TLS settings with the certificates switchyard-certs writes, on the
 //! harness's etcd (the version the component runs): every `ETCD_*` variable of the built
 //! StatefulSet is passed as it is, only the addresses moved to loopback and the Secret's mount
-//! to a temporary directory. The queue's and the elector's certificates are accepted; no
-//! certificate, or one from another CA, is refused.
+//! to a temporary directory. The component's Job then applies etcd's access table as it does
+//! in a cluster (etcd's own certificate, the endpoints of the ConfigMap): the queue's and the
+//! elector's certificates reach Switchyard's keys; the watcher's, the reconciler's and the
+//! observer's are refused by etcd's RBAC; no certificate, or one from another CA, is refused
+//! by TLS.
 
 #![allow(clippy::unwrap_used)]
 
@@ -74,6 +77,39 @@ fn etcdctl(binaries: &Binaries, endpoint: &str, tls: &[(&str, &Path)], args: &[&
         command.arg(format!("--{flag}={}", path.display()));
     }
     command.args(args).env_clear().output().unwrap()
+}
+
+/// The arguments of the component's Job that applies etcd's access table.
+fn access_job(objects: &[Value]) -> Vec<String> {
+    let job = find(objects, "Job", "switchyard-etcd-access");
+    let pod = &job["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "tls")
+        .unwrap();
+    assert_eq!(
+        volume["secret"]["secretName"], "switchyard-etcd-tls",
+        "the Job administers with etcd's certificate"
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["command"][0], "/usr/local/bin/switchyard-etcd-access",
+        "{container:?}"
+    );
+    assert_eq!(
+        container["envFrom"][0]["configMapRef"]["name"]
+            .as_str()
+            .map(|n| n.starts_with("switchyard-etcd-endpoints")),
+        Some(true)
+    );
+    container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
 }
 
 #[test]
@@ -173,45 +209,92 @@ fn the_etcd_component_serves_mutual_tls_to_switchyard_identities_only() {
     let _etcd = Etcd(command.spawn().unwrap());
 
     let endpoint = format!("https://localhost:{client}");
-    let queue = certs.join("switchyard-queue");
-    let as_queue = [
-        ("cacert", certs.join("ca.crt")),
-        ("cert", queue.join("tls.crt")),
-        ("key", queue.join("tls.key")),
-    ];
-    let as_queue: Vec<_> = as_queue.iter().map(|(f, p)| (*f, p.as_path())).collect();
+    let file = |identity: &str, name: &str| certs.join(identity).join(name);
+    let as_identity = |identity: &str| {
+        vec![
+            ("cacert", certs.join("ca.crt")),
+            ("cert", file(identity, "tls.crt")),
+            ("key", file(identity, "tls.key")),
+        ]
+    };
+    let run = |tls: &[(&str, std::path::PathBuf)], args: &[&str]| {
+        let tls: Vec<_> = tls.iter().map(|(f, p)| (*f, p.as_path())).collect();
+        etcdctl(&binaries, &endpoint, &tls, args)
+    };
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
-        let out = etcdctl(
-            &binaries,
-            &endpoint,
-            &as_queue,
-            &["put", "switchyard/k", "v"],
-        );
+        let out = run(&as_identity("switchyard-etcd"), &["endpoint", "health"]);
         if out.status.success() {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "etcd with the component's settings accepts the queue's certificate: {}\n{}",
+            "etcd with the component's settings answers its own certificate: {}\n{}",
             String::from_utf8_lossy(&out.stderr),
             std::fs::read_to_string(tmp.path().join("etcd.log")).unwrap()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    let elector = certs.join("switchyard-elector");
-    let as_elector = [
-        ("cacert", certs.join("ca.crt")),
-        ("cert", elector.join("tls.crt")),
-        ("key", elector.join("tls.key")),
-    ];
-    let as_elector: Vec<_> = as_elector.iter().map(|(f, p)| (*f, p.as_path())).collect();
-    let read = etcdctl(
-        &binaries,
-        &endpoint,
-        &as_elector,
-        &["get", "switchyard/k", "--print-value-only"],
+    // What the Job does in a cluster: its flags, with the Secret's mount moved here.
+    let job_args = access_job(&objects);
+    let mut etcd_tls = switchyard_shards::EtcdTlsArgs::default();
+    for arg in &job_args {
+        let (flag, value) = arg.split_once('=').unwrap();
+        let value = value.strip_prefix(MOUNT).unwrap();
+        let path = Some(file("switchyard-etcd", value));
+        match flag {
+            "--etcd-tls-cert" => etcd_tls.etcd_tls_cert = path,
+            "--etcd-tls-key" => etcd_tls.etcd_tls_key = path,
+            "--etcd-tls-ca" => etcd_tls.etcd_tls_ca = path,
+            other => panic!("unexpected Job flag {other}"),
+        }
+    }
+    let admin = switchyard_shards::Etcd::from_args(
+        std::slice::from_ref(&endpoint),
+        &etcd_tls,
+        &switchyard_runtime::TlsArgs::plaintext(),
+    )
+    .unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut client = admin.connect().await.unwrap();
+        for _ in 0..2 {
+            switchyard_shards::access::apply(&mut client, &[switchyard_shards::access::ADMIN])
+                .await
+                .unwrap();
+        }
+    });
+
+    let shard = "/switchyard/shards/00000";
+    let put = run(&as_identity("switchyard-queue"), &["put", shard, "v"]);
+    assert!(
+        put.status.success(),
+        "the queue writes a shard: {}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let read = run(
+        &as_identity("switchyard-elector"),
+        &["get", shard, "--print-value-only"],
+    );
+    assert_eq!(String::from_utf8_lossy(&read.stdout).trim(), "v");
+    for identity in [
+        "switchyard-watcher",
+        "switchyard-reconciler",
+        "switchyard-observer",
+    ] {
+        for args in [&["get", shard][..], &["put", shard, "forged"]] {
+            let out = run(&as_identity(identity), args);
+            assert!(
+                !out.status.success()
+                    && String::from_utf8_lossy(&out.stderr).contains("permission denied"),
+                "{identity} {args:?}: refused by etcd's RBAC: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let read = run(
+        &as_identity("switchyard-etcd"),
+        &["get", shard, "--print-value-only"],
     );
     assert_eq!(String::from_utf8_lossy(&read.stdout).trim(), "v");
 
@@ -230,7 +313,7 @@ fn the_etcd_component_serves_mutual_tls_to_switchyard_identities_only() {
         ),
     ];
     for (what, tls) in refused {
-        let out = etcdctl(&binaries, &endpoint, &tls, &["get", "switchyard/k"]);
+        let out = etcdctl(&binaries, &endpoint, &tls, &["get", shard]);
         assert!(!out.status.success(), "{what}: refused");
     }
 }

@@ -45,7 +45,7 @@ pub use kube_client::{KubeArgs, KubeError, await_apiserver};
 pub use metrics::Metrics;
 pub use shutdown::{Drain, ShutdownHandle, drain_channel};
 pub use supervise::panic_message;
-pub use tls::{Identity, Role, Tls, TlsArgs, TlsError};
+pub use tls::{Identity, Role, ServingKey, Tls, TlsArgs, TlsError};
 
 /// Errors of the runtime shell.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +84,7 @@ const FAILED_DRAIN: Duration = Duration::from_secs(5);
 pub struct Runtime {
     grpc: GrpcArgs,
     tls: Option<Tls>,
+    tls_reload: (Duration, tls::ReloadMetrics),
     drain_timeout: Duration,
     readiness: Readiness,
     metrics: Metrics,
@@ -107,6 +108,10 @@ impl Runtime {
         } = args;
         let telemetry = telemetry::init(service, &log)?;
         let metrics = Metrics::new(service);
+        let tls_reload = (
+            tls.tls_reload_interval.into(),
+            tls::ReloadMetrics::register(&metrics),
+        );
         let tls = Tls::load(&tls)?;
         let readiness = Readiness::default();
         // Closed until run(): services register their own gates before that.
@@ -153,15 +158,21 @@ impl Runtime {
         if let Some(tls) = &tls {
             shutdown.spawn(
                 "tls-reload",
-                tls.clone()
-                    .watch(metrics.clone(), shutdown.drain())
-                    .instrument(info_span!("task", name = "tls-reload")),
+                tls::watch(
+                    tls.clone(),
+                    "service",
+                    tls.interval(),
+                    tls_reload.1.clone(),
+                    shutdown.drain(),
+                )
+                .instrument(info_span!("task", name = "tls-reload")),
             );
         }
 
         Ok(Self {
             grpc,
             tls,
+            tls_reload,
             drain_timeout: drain_timeout.into(),
             readiness,
             metrics,
@@ -182,6 +193,31 @@ impl Runtime {
     /// How this service dials the others (mutual TLS with its identity, or plaintext).
     pub fn dialer(&self) -> Dialer {
         Dialer::new(self.tls.clone())
+    }
+
+    /// A serving certificate of this service other than its identity (`certificate` names
+    /// it in `switchyard_tls_reloads_total` and the expiry gauge), reloaded from `cert` and
+    /// `key` every `--tls-reload-interval` as the service's own is, until shutdown.
+    pub fn serving_key(
+        &self,
+        certificate: &'static str,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<ServingKey, TlsError> {
+        let serving = ServingKey::load(cert, key)?;
+        let (interval, metrics) = self.tls_reload.clone();
+        self.shutdown.spawn(
+            "tls-reload",
+            tls::watch(
+                serving.clone(),
+                certificate,
+                interval,
+                metrics,
+                self.shutdown.drain(),
+            )
+            .instrument(info_span!("task", name = "tls-reload", certificate)),
+        );
+        Ok(serving)
     }
 
     pub fn readiness(&self) -> &Readiness {

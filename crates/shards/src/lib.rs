@@ -17,6 +17,7 @@
 //!   static queue that serves every shard without an elector;
 //! - [`follow`]: the one follower of the elector's `WatchShardMap` stream;
 //! - [`route`]: where a client of the queue finds it (`--queue-addr` or `--elector-addr`);
+//! - [`access`]: etcd's users and roles: who may read and write which of these prefixes;
 //! - [`member`]: a queue replica's registration under its own etcd lease;
 //! - [`store`]: the map's layout in etcd and the two writes a member makes itself: the fenced
 //!   release of a drained shard and the renewal of an epoch from an earlier registration.
@@ -24,6 +25,7 @@
 //! The shard states and the rules for both sides (the leader's plan, a member's step) are pure
 //! code in `switchyard-elector-core`, re-exported here.
 
+pub mod access;
 pub mod etcd;
 pub mod follow;
 pub mod member;

@@ -1,5 +1,6 @@
-//! etcd on loopback, on its own (the elector's store, over TLS with client certificates as
-//! in an installation) or under the apiserver (plaintext, the apiserver's own business).
+//! etcd on loopback, on its own (the elector's store, over TLS with client certificates and
+//! etcd's RBAC as in an installation: `switchyard_shards::access`) or under the apiserver
+//! (plaintext, the apiserver's own business).
 
 use std::{
     net::IpAddr,
@@ -50,6 +51,12 @@ impl Etcd {
         let mut etcd =
             Self::start_with(&Binaries::locate()?, temp.path(), Some(tls), also_on).await?;
         etcd._temp = Some(temp);
+        // Only the queue and the elector have a user, each with its role; etcd's own
+        // certificate administers.
+        let mut admin = etcd.client().await?;
+        switchyard_shards::access::apply(&mut admin, &[switchyard_shards::access::ADMIN])
+            .await
+            .map_err(|e| crate::Error::Setup(format!("enabling etcd auth: {e}")))?;
         Ok(etcd)
     }
 
@@ -98,21 +105,28 @@ impl Etcd {
         self.endpoint.replacen("127.0.0.1", host, 1)
     }
 
-    /// How a client reaches this etcd, presenting `role`'s certificate when it serves TLS.
+    /// How a client reaches this etcd, presenting `role`'s certificate when it serves TLS
+    /// (etcd grants it what `switchyard_shards::access` gives its role, if anything).
     pub fn connection(&self, role: switchyard_runtime::Role) -> switchyard_shards::Etcd {
+        self.connection_as(role.service_account())
+    }
+
+    /// Like [`Self::connection`], with the certificate the shared test PKI holds under `name`.
+    pub fn connection_as(&self, name: &str) -> switchyard_shards::Etcd {
         let endpoints = vec![self.endpoint.clone()];
         match &self.tls {
             None => switchyard_shards::Etcd::plaintext(endpoints),
             Some(_) => {
-                let files = crate::Pki::shared().files(role);
+                let files = crate::Pki::shared().files_of(name);
                 switchyard_shards::Etcd::with_tls(endpoints, &files.cert, &files.key, &files.ca)
             }
         }
     }
 
-    /// A client of this etcd, as a queue member would connect.
+    /// A client of this etcd with etcd's own certificate, an administrator: for tests that
+    /// arrange or inspect any key.
     pub async fn client(&self) -> Result<etcd_client::Client> {
-        self.connection(switchyard_runtime::Role::Queue)
+        self.connection_as(crate::tls::ETCD_ACCOUNT)
             .connect()
             .await
             .map_err(|e| crate::Error::Setup(format!("connecting to etcd: {e}")))

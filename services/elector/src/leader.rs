@@ -24,8 +24,8 @@ use tracing::{debug, info, warn};
 
 use crate::{liveness, membership, shardmap};
 
-/// The etcd election the elector replicas campaign in.
-pub const ELECTION: &str = "/switchyard/elector";
+/// The etcd election the elector replicas campaign in (its keys are in etcd's access table).
+pub use switchyard_shards::access::ELECTION;
 /// How often the leader re-checks the map even without a change notification.
 const RESYNC: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_millis(500);

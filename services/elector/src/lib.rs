@@ -53,12 +53,13 @@ pub struct Args {
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct ElectorArgs {
-    /// etcd client URLs, comma-separated
+    /// etcd client URLs, comma-separated: https:// (TLS with this service's certificate, or
+    /// --etcd-tls-*), or http:// only with --etcd-insecure-plaintext
     #[arg(
         long,
         env = "SWITCHYARD_ETCD_ENDPOINTS",
         value_delimiter = ',',
-        default_value = "http://127.0.0.1:2379"
+        default_value = "https://127.0.0.1:2379"
     )]
     pub etcd_endpoints: Vec<String>,
     /// This elector's id in the election (default: the host name, which is the pod name)
@@ -159,6 +160,7 @@ impl Args {
             member_probe,
         } = elector.config()?;
         let rt = Runtime::start(SERVICE, runtime).await?;
+        etcd.announce();
 
         let leader_gauge = Gauge::<i64>::default();
         rt.metrics().register(

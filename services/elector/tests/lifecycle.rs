@@ -41,3 +41,44 @@ async fn is_not_ready_while_etcd_is_unreachable() {
     assert!(status.success(), "{log}");
     assert!(log.contains("etcd unreachable"), "{log}");
 }
+
+/// etcd follows the gRPC rule: an `http://` endpoint is refused at start unless plaintext was
+/// asked for with `--etcd-insecure-plaintext`, and then the start says so in a warning.
+#[tokio::test]
+async fn plaintext_etcd_is_refused_unless_asked_for_and_then_warned_about() {
+    let program = std::path::Path::new(env!("CARGO_BIN_EXE_switchyard-elector"));
+    let pki = switchyard_testenv::Pki::shared();
+    let refused = std::process::Command::new(program)
+        .args(pki.flags(switchyard_runtime::Role::Elector))
+        .args([
+            "--admin-addr=127.0.0.1:0",
+            "--grpc-addr=127.0.0.1:0",
+            "--etcd-endpoints=http://127.0.0.1:1",
+        ])
+        .env_remove("SWITCHYARD_ETCD_INSECURE_PLAINTEXT")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("http://127.0.0.1:1 is plaintext")
+            && stderr.contains("--etcd-insecure-plaintext"),
+        "the error names the endpoint and the flag: {stderr}"
+    );
+
+    let process = switchyard_testenv::ServiceProcess::start(
+        program,
+        &["--etcd-insecure-plaintext"],
+        &[("SWITCHYARD_ETCD_ENDPOINTS", "http://127.0.0.1:1")],
+    )
+    .await
+    .expect("starts with the flag");
+    let (status, log) = process.terminate().await.expect("exits");
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains(
+            "--etcd-insecure-plaintext: etcd is reached neither encrypted nor authenticated"
+        ),
+        "{log}"
+    );
+}

@@ -94,7 +94,8 @@ pub struct QueueArgs {
     #[arg(long, env = "SWITCHYARD_DRAIN_GRACE", default_value = "10s")]
     pub drain_grace: humantime::Duration,
     /// etcd client URLs, comma-separated: join as a member and serve the shards the elector
-    /// assigns (instead of --static-shards)
+    /// assigns (instead of --static-shards). https:// (TLS with this service's certificate,
+    /// or --etcd-tls-*), or http:// only with --etcd-insecure-plaintext
     #[arg(long, env = "SWITCHYARD_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
     /// As a member (required with --etcd-endpoints): the elector's gRPC address, whose
@@ -186,6 +187,9 @@ impl Args {
             switchyard_shards::Etcd::plaintext(Vec::new())
         };
         let rt = Runtime::start(SERVICE, runtime).await?;
+        if membership {
+            etcd.announce();
+        }
         let names: Vec<&str> = queue.controllers.iter().map(String::as_str).collect();
         let mut core = serving_queue(config, &names, queue.static_shards && !membership);
         for limit in &queue.controller_rate_limit {
@@ -221,9 +225,14 @@ impl Args {
         if let Some(directory) = &directory {
             service = service.with_directory(directory.clone());
         }
-        if let Some(server) =
-            external_metrics::Server::bind(&external_metrics, handle.clone(), &controllers, peers)
-                .await?
+        if let Some(server) = external_metrics::Server::bind(
+            &external_metrics,
+            &rt,
+            handle.clone(),
+            &controllers,
+            peers,
+        )
+        .await?
         {
             rt.spawn_essential("external-metrics", |drain| server.run(drain));
         }
@@ -436,7 +445,7 @@ mod tests {
             (&["--retry-qps=-1"], "--retry-qps"),
             (&["--controllers= "], "--controllers"),
             (
-                &["--etcd-endpoints=http://127.0.0.1:2379"],
+                &["--etcd-endpoints=https://127.0.0.1:2379"],
                 "--elector-addr: required with --etcd-endpoints",
             ),
         ] {

@@ -480,3 +480,112 @@ async fn with_a_client_ca_only_clients_it_issued_may_call() {
     shutdown.trigger();
     running.await.unwrap().unwrap();
 }
+
+/// The certificate a new connection to `url` is served (DER), with a client that trusts the
+/// test CA only; and the client, whose pooled connection keeps that certificate.
+async fn served_certificate(url: &str, http: &reqwest::Client) -> Vec<u8> {
+    let response = http
+        .get(url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    response
+        .extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .and_then(|info| info.peer_certificate())
+        .expect("the TLS session's peer certificate")
+        .to_vec()
+}
+
+fn trusting_the_test_ca() -> reqwest::Client {
+    let ca = std::fs::read(Pki::shared().ca_path()).unwrap();
+    reqwest::Client::builder()
+        .tls_info(true)
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap()
+}
+
+fn der_of(path: &Path) -> Vec<u8> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    CertificateDer::from_pem_file(path).unwrap().to_vec()
+}
+
+/// The API's certificate is reloaded when its files change, as the gRPC certificates are: new
+/// connections get the new one without a restart, a connection made before keeps serving.
+#[tokio::test]
+async fn a_rotated_certificate_serves_new_connections_without_a_restart() {
+    const NAME: &str = "external-metrics-rotation";
+    let pki = Pki::shared();
+    let before = pki.issue_as(NAME, "switchyard-queue").unwrap();
+    let first = der_of(&before.cert);
+    let port = free_port();
+    let (rt, _) = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--shard-count={SHARDS}"),
+            format!("--external-metrics-addr=127.0.0.1:{port}"),
+            format!("--external-metrics-tls-cert={}", before.cert.display()),
+            format!("--external-metrics-tls-key={}", before.key.display()),
+            "--tls-reload-interval=100ms".into(),
+        ]
+        .into_iter()
+        .chain(pki.flags(Role::Queue)),
+    )
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    let admin = rt.admin_addr();
+    let shutdown = rt.shutdown_handle();
+    let running = tokio::spawn(rt.run());
+    // The API serves once the queue's start has bound it.
+    let url = format!("https://localhost:{port}/apis/external.metrics.k8s.io/v1beta1");
+    let established = trusting_the_test_ca();
+    assert_eq!(served_certificate(&url, &established).await, first);
+
+    let after = pki.issue_as(NAME, "switchyard-queue").unwrap();
+    let second = der_of(&after.cert);
+    assert_ne!(first, second);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if served_certificate(&url, &trusting_the_test_ca()).await == second {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a new connection got the rotated certificate within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        served_certificate(&url, &established).await,
+        first,
+        "the connection made before the rotation goes on with its certificate"
+    );
+    let metrics = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "switchyard_tls_reloads_total{certificate=\"external-metrics\",result=\"ok\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "switchyard_tls_certificate_expiry_timestamp_seconds{certificate=\"external-metrics\"}"
+        ),
+        "{metrics}"
+    );
+
+    shutdown.trigger();
+    running.await.unwrap().unwrap();
+}

@@ -237,56 +237,9 @@ impl Tls {
         Ok(true)
     }
 
-    /// Watches the files until `drain`, counting reloads and exposing the certificate's
-    /// expiry.
-    pub(crate) async fn watch(self, metrics: Metrics, drain: Drain) {
-        let reloads = Family::<ReloadLabels, Counter>::default();
-        metrics.register(
-            "switchyard_tls_reloads",
-            "Reloads of the TLS certificate, key and CA files, by result",
-            reloads.clone(),
-        );
-        let expiry = Gauge::<i64>::default();
-        metrics.register_with_unit(
-            "switchyard_tls_certificate_expiry_timestamp",
-            "When this service's certificate expires, since the Unix epoch",
-            Unit::Seconds,
-            expiry.clone(),
-        );
-        let show_expiry = |tls: &Tls| {
-            if let Some(not_after) = tls.current().not_after {
-                expiry.set(not_after);
-            }
-        };
-        show_expiry(&self);
-        let mut tick = tokio::time::interval(self.inner.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut failing = false;
-        let stop = drain.signaled();
-        tokio::pin!(stop);
-        loop {
-            tokio::select! {
-                () = &mut stop => return,
-                _ = tick.tick() => {}
-            }
-            match self.reload() {
-                Ok(false) => failing = false,
-                Ok(true) => {
-                    failing = false;
-                    reloads.get_or_create(&ReloadLabels::ok()).inc();
-                    show_expiry(&self);
-                    info!(identity = %self.identity(), "tls material reloaded");
-                }
-                Err(error) => {
-                    reloads.get_or_create(&ReloadLabels::error()).inc();
-                    // Files are often written one at a time: the next tick sees them whole.
-                    if !failing {
-                        warn!(%error, "tls material not reloaded; keeping the current one");
-                    }
-                    failing = true;
-                }
-            }
-        }
+    /// How often the files are checked (`--tls-reload-interval`).
+    pub(crate) fn interval(&self) -> Duration {
+        self.inner.interval
     }
 
     /// The gRPC server's configuration: this service's certificate, client certificates
@@ -319,18 +272,287 @@ impl Tls {
     }
 }
 
+impl Watched for Tls {
+    fn reload(&self) -> Result<bool, TlsError> {
+        Tls::reload(self)
+    }
+
+    fn not_after(&self) -> Option<i64> {
+        self.current().not_after
+    }
+
+    fn describe(&self) -> String {
+        format!("identity {}", self.identity())
+    }
+}
+
+/// Files reloaded when they change: this service's own material ([`Tls`]) and any serving
+/// certificate of its own ([`ServingKey`]).
+pub(crate) trait Watched: Send + Sync + 'static {
+    /// Rereads the files: `Ok(true)` when they changed and now serve, `Ok(false)` when they
+    /// are unchanged; an error keeps the current material.
+    fn reload(&self) -> Result<bool, TlsError>;
+    /// When the current certificate expires, since the Unix epoch.
+    fn not_after(&self) -> Option<i64>;
+    /// What is served now, for the log.
+    fn describe(&self) -> String;
+}
+
+/// The reload and expiry metrics of every certificate a service loads from files, by
+/// `certificate` (`service`: its own identity; `external-metrics`: the queue's metrics API).
+#[derive(Clone, Debug)]
+pub(crate) struct ReloadMetrics {
+    reloads: Family<ReloadLabels, Counter>,
+    expiry: Family<CertificateLabels, Gauge>,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
+    certificate: &'static str,
     result: &'static str,
 }
 
-impl ReloadLabels {
-    fn ok() -> Self {
-        Self { result: "ok" }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabels {
+    certificate: &'static str,
+}
+
+impl ReloadMetrics {
+    pub(crate) fn register(metrics: &Metrics) -> Self {
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        metrics.register(
+            "switchyard_tls_reloads",
+            "Reloads of TLS certificate, key and CA files, by certificate and result",
+            reloads.clone(),
+        );
+        let expiry = Family::<CertificateLabels, Gauge>::default();
+        metrics.register_with_unit(
+            "switchyard_tls_certificate_expiry_timestamp",
+            "When each certificate this service presents expires, since the Unix epoch",
+            Unit::Seconds,
+            expiry.clone(),
+        );
+        Self { reloads, expiry }
     }
-    fn error() -> Self {
-        Self { result: "error" }
+}
+
+/// Polls `watched`'s files every `interval` until `drain`, counting reloads and exposing
+/// the certificate's expiry under `certificate`.
+pub(crate) async fn watch(
+    watched: impl Watched,
+    certificate: &'static str,
+    interval: Duration,
+    metrics: ReloadMetrics,
+    drain: Drain,
+) {
+    let expiry = metrics
+        .expiry
+        .get_or_create(&CertificateLabels { certificate })
+        .clone();
+    let count = |result| {
+        metrics
+            .reloads
+            .get_or_create(&ReloadLabels {
+                certificate,
+                result,
+            })
+            .inc();
+    };
+    let show_expiry = |watched: &dyn Watched| {
+        if let Some(not_after) = watched.not_after() {
+            expiry.set(not_after);
+        }
+    };
+    show_expiry(&watched);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    let stop = drain.signaled();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            _ = tick.tick() => {}
+        }
+        match watched.reload() {
+            Ok(false) => failing = false,
+            Ok(true) => {
+                failing = false;
+                count("ok");
+                show_expiry(&watched);
+                info!(certificate, serving = %watched.describe(), "tls material reloaded");
+            }
+            Err(error) => {
+                count("error");
+                // Files are often written one at a time: the next tick sees them whole.
+                if !failing {
+                    warn!(certificate, %error, "tls material not reloaded; keeping the current one");
+                }
+                failing = true;
+            }
+        }
     }
+}
+
+/// A serving certificate and key from files, reloaded when they change, for a server that
+/// presents a certificate but is no Switchyard identity (the queue's external metrics API,
+/// whose certificate names the Service the APIService points at). New handshakes get the
+/// current certificate; established connections keep theirs.
+#[derive(Clone, Debug)]
+pub struct ServingKey {
+    inner: Arc<ServingInner>,
+}
+
+#[derive(Debug)]
+struct ServingInner {
+    cert: PathBuf,
+    key: PathBuf,
+    provider: Arc<CryptoProvider>,
+    current: RwLock<Arc<Served>>,
+}
+
+#[derive(Debug)]
+struct Served {
+    key: Arc<CertifiedKey>,
+    not_after: Option<i64>,
+    subject: String,
+    files: Vec<u8>,
+}
+
+impl ServingKey {
+    /// Loads `cert` (a PEM chain) and `key` (its PEM private key), checking they match.
+    pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let inner = ServingInner {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            current: RwLock::new(Arc::new(Served::parse(
+                cert,
+                key,
+                Served::read(cert, key)?,
+                &provider,
+            )?)),
+            provider,
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    fn current(&self) -> Arc<Served> {
+        self.inner
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Served {
+    /// The files' contents, PEM: certificate, key.
+    fn read(cert: &Path, key: &Path) -> Result<Vec<u8>, TlsError> {
+        let read = |what, path: &Path| {
+            std::fs::read(path).map_err(|e| TlsError::Read {
+                what,
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })
+        };
+        Ok([read("TLS certificate", cert)?, read("TLS key", key)?].join(&0u8))
+    }
+
+    fn parse(
+        cert: &Path,
+        key: &Path,
+        files: Vec<u8>,
+        provider: &Arc<CryptoProvider>,
+    ) -> Result<Self, TlsError> {
+        let split = files.iter().position(|b| *b == 0).unwrap_or(files.len());
+        let (cert_pem, key_pem) = (&files[..split], files.get(split + 1..).unwrap_or(&[]));
+        let (certified, not_after) = certified_key((cert, key), cert_pem, key_pem, provider)?;
+        let subject = certified
+            .end_entity_cert()
+            .ok()
+            .and_then(|leaf| x509_parser::parse_x509_certificate(leaf.as_ref()).ok())
+            .map(|(_, parsed)| parsed.subject().to_string())
+            .unwrap_or_default();
+        Ok(Self {
+            key: Arc::new(certified),
+            not_after,
+            subject,
+            files,
+        })
+    }
+}
+
+impl Watched for ServingKey {
+    fn reload(&self) -> Result<bool, TlsError> {
+        let inner = &self.inner;
+        let files = Served::read(&inner.cert, &inner.key)?;
+        if files == self.current().files {
+            return Ok(false);
+        }
+        let served = Served::parse(&inner.cert, &inner.key, files, &inner.provider)?;
+        *inner
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(served);
+        Ok(true)
+    }
+
+    fn not_after(&self) -> Option<i64> {
+        self.current().not_after
+    }
+
+    fn describe(&self) -> String {
+        self.current().subject.clone()
+    }
+}
+
+impl rustls::server::ResolvesServerCert for ServingKey {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current().key.clone())
+    }
+}
+
+/// The certificate chain and key in `cert_pem` and `key_pem`, checked to match, and when the
+/// leaf expires; `files` name them in errors.
+fn certified_key(
+    (cert, key): (&Path, &Path),
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    provider: &Arc<CryptoProvider>,
+) -> Result<(CertifiedKey, Option<i64>), TlsError> {
+    let pem_error = |what, path: &Path| {
+        let path = path.to_owned();
+        move |e: rustls::pki_types::pem::Error| TlsError::Read {
+            what,
+            path,
+            reason: e.to_string(),
+        }
+    };
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(pem_error("TLS certificate", cert))?;
+    let Some(leaf) = chain.first() else {
+        return Err(TlsError::Empty {
+            what: "certificate",
+            path: cert.to_owned(),
+        });
+    };
+    let not_after = x509_parser::parse_x509_certificate(leaf.as_ref())
+        .ok()
+        .map(|(_, cert)| cert.validity().not_after.timestamp());
+    let private = PrivateKeyDer::from_pem_slice(key_pem).map_err(pem_error("TLS key", key))?;
+    let signing = provider
+        .key_provider
+        .load_private_key(private)
+        .map_err(|e| TlsError::Invalid(format!("{}: {e}", key.display())))?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified
+        .keys_match()
+        .map_err(|e| TlsError::Invalid(format!("{} and {}: {e}", cert.display(), key.display())))?;
+    Ok((certified, not_after))
 }
 
 /// The material in `contents`, as read from `files` (named in errors).
@@ -348,34 +570,13 @@ fn parse(
             reason: e.to_string(),
         }
     };
-    let chain = CertificateDer::pem_slice_iter(&cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(pem_error("TLS certificate", &files.cert))?;
-    let Some(leaf) = chain.first() else {
-        return Err(TlsError::Empty {
-            what: "certificate",
-            path: files.cert.clone(),
-        });
-    };
+    let (key, not_after) = certified_key((&files.cert, &files.key), &cert_pem, &key_pem, provider)?;
+    let leaf = key
+        .end_entity_cert()
+        .map_err(|e| TlsError::Invalid(e.to_string()))?;
     let identity = Identity::of_certificate(leaf).map_err(|source| TlsError::Identity {
         path: files.cert.clone(),
         source,
-    })?;
-    let not_after = x509_parser::parse_x509_certificate(leaf.as_ref())
-        .ok()
-        .map(|(_, cert)| cert.validity().not_after.timestamp());
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(pem_error("TLS key", &files.key))?;
-    let signing = provider
-        .key_provider
-        .load_private_key(key)
-        .map_err(|e| TlsError::Invalid(format!("{}: {e}", files.key.display())))?;
-    let key = CertifiedKey::new(chain, signing);
-    key.keys_match().map_err(|e| {
-        TlsError::Invalid(format!(
-            "{} and {}: {e}",
-            files.cert.display(),
-            files.key.display()
-        ))
     })?;
 
     let mut roots = RootCertStore::empty();

@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, sync::Arc};
 
-use switchyard_runtime::Drain;
+use switchyard_runtime::{Drain, Runtime};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
@@ -13,6 +13,9 @@ use crate::{
     routes::{self, ApiState},
     tls,
 };
+
+/// Names the API's certificate in `switchyard_tls_reloads_total` and the expiry gauge.
+const CERTIFICATE: &str = "external-metrics";
 
 /// A bound external metrics server, not yet serving.
 pub struct Server<B> {
@@ -35,6 +38,7 @@ impl<B: Backlog> Server<B> {
     /// are the queue's controller names, indexed as [`Backlog::backlog`] reports them.
     pub async fn bind(
         args: &ExternalMetricsArgs,
+        rt: &Runtime,
         backlog: B,
         controllers: &[Arc<str>],
         peers: Option<Peers>,
@@ -48,12 +52,17 @@ impl<B: Backlog> Server<B> {
         let Some(addr) = *external_metrics_addr else {
             return Ok(None);
         };
-        let tls = tls::config(
-            external_metrics_tls_cert
-                .as_deref()
-                .zip(external_metrics_tls_key.as_deref()),
-            external_metrics_client_ca.as_deref(),
-        )?;
+        let serving = match external_metrics_tls_cert
+            .as_deref()
+            .zip(external_metrics_tls_key.as_deref())
+        {
+            Some((cert, key)) => Some(
+                rt.serving_key(CERTIFICATE, cert, key)
+                    .map_err(tls::Error::from)?,
+            ),
+            None => None,
+        };
+        let tls = tls::config(serving, external_metrics_client_ca.as_deref())?;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Bind { addr, source })?;

@@ -1,6 +1,7 @@
-//! HTTPS for the external metrics API: the server's certificate (given, or self-signed at
-//! start), the optional client CA that only the aggregation layer's certificate chains to,
-//! and the runtime's accept loop, which runs each TLS handshake on its own task.
+//! HTTPS for the external metrics API: the server's certificate (given, and then reloaded by
+//! the runtime when its files change, as the gRPC certificates are; or self-signed at start),
+//! the optional client CA that only the aggregation layer's certificate chains to, and the
+//! runtime's accept loop, which runs each TLS handshake on its own task.
 //!
 //! ```text
 //!  TcpListener ─► runtime accept loop (a task per handshake) ─► mpsc ─► TlsListener ─► axum
@@ -8,13 +9,15 @@
 
 use std::{net::SocketAddr, path::Path, path::PathBuf, sync::Arc};
 
+use rustls::server::ResolvesServerCert;
+
 use prometheus_client::metrics::counter::Counter;
 use rustls::{
     RootCertStore, ServerConfig,
     pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
     server::WebPkiClientVerifier,
 };
-use switchyard_runtime::tls::Handshakes;
+use switchyard_runtime::{ServingKey, tls::Handshakes};
 use tokio::{
     net::{TcpListener, TcpStream},
     sync::mpsc,
@@ -29,25 +32,24 @@ pub enum Error {
         path: PathBuf,
         reason: String,
     },
+    #[error("the external metrics API's certificate: {0}")]
+    Certificate(#[from] switchyard_runtime::TlsError),
     #[error("failed to make a self-signed certificate: {0}")]
     SelfSigned(#[from] rcgen::Error),
     #[error("invalid TLS configuration of the external metrics API: {0}")]
     Tls(String),
 }
 
-/// The server's TLS configuration: `cert_and_key` (PEM files) or a self-signed certificate
-/// for `localhost`, and, with `client_ca`, client certificates required to chain to it.
+/// The server's TLS configuration: `serving` (the certificate from its files, current at
+/// every handshake) or a self-signed certificate for `localhost`, and, with `client_ca`,
+/// client certificates required to chain to it.
 pub fn config(
-    cert_and_key: Option<(&Path, &Path)>,
+    serving: Option<ServingKey>,
     client_ca: Option<&Path>,
 ) -> Result<ServerConfig, Error> {
-    let (certs, key) = match cert_and_key {
-        Some((cert, key)) => (
-            CertificateDer::pem_file_iter(cert)
-                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| read_error("TLS certificate", cert, e))?,
-            PrivateKeyDer::from_pem_file(key).map_err(|e| read_error("TLS key", key, e))?,
-        ),
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let serving: Arc<dyn ResolvesServerCert> = match serving {
+        Some(serving) => Arc::new(serving),
         None => {
             let made = rcgen::generate_simple_self_signed(vec![
                 "localhost".to_owned(),
@@ -55,10 +57,15 @@ pub fn config(
             ])?;
             let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
                 .map_err(|e| Error::Tls(e.to_owned()))?;
-            (vec![made.cert.der().clone()], key)
+            let signing = provider
+                .key_provider
+                .load_private_key(key)
+                .map_err(|e| Error::Tls(e.to_string()))?;
+            Arc::new(rustls::sign::SingleCertAndKey::from(
+                rustls::sign::CertifiedKey::new(vec![made.cert.der().clone()], signing),
+            ))
         }
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::Tls(e.to_string()))?;
@@ -79,9 +86,7 @@ pub fn config(
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| Error::Tls(e.to_string()))?;
+    let mut config = builder.with_cert_resolver(serving);
     // The HTTP server speaks HTTP/1.1 only.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
@@ -146,12 +151,6 @@ mod tests {
     fn self_signed_without_a_certificate_and_files_named_when_unreadable() {
         let made = config(None, None).unwrap();
         assert_eq!(made.alpn_protocols, [b"http/1.1".to_vec()]);
-        let missing = Path::new("/nonexistent/tls.crt");
-        let error = config(Some((missing, missing)), None).unwrap_err();
-        assert!(
-            matches!(&error, Error::Read { what: "TLS certificate", path, .. } if path == missing),
-            "{error}"
-        );
         let error = config(None, Some(Path::new("/nonexistent/ca.crt"))).unwrap_err();
         assert!(
             error
