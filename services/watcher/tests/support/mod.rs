@@ -194,6 +194,7 @@ impl Worker {
     }
 }
 
+#[allow(unused_imports)] // not every test binary uses it
 pub use switchyard_testenv::manifests::replica_set;
 
 /// A pod with `labels`, controlled by `owner` (`(kind, apiVersion, name, uid)`) if given.
