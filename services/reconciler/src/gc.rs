@@ -152,7 +152,9 @@ impl GarbageCollector {
             }
             // An owner of this UID lives in another namespace: the reference resolves only
             // in the object's own namespace.
-            invalid_namespace(ctx, node, reference);
+            if !node.namespace.is_empty() {
+                invalid_namespace(ctx, node, reference);
+            }
         }
         if self.absent().contains(&reference.uid) {
             return Ok(Some(OwnerState::Dangling));
