@@ -147,7 +147,13 @@ async fn custom_resources_of_a_crd_created_while_running_are_collected() {
         }
     }))
     .unwrap();
+    let before = graph_resources(&stack.watcher).await;
     crds.create(&PostParams::default(), &crd).await.unwrap();
+    // Picked up without a restart: a CRD event rediscovers at once.
+    eventually("the new resource watched", COLLECTED_WITHIN, || async {
+        graph_resources(&stack.watcher).await > before
+    })
+    .await;
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(&group, "v1", "Widget"),
         "widgets",
@@ -178,8 +184,6 @@ async fn custom_resources_of_a_crd_created_while_running_are_collected() {
         )]),
     )
     .await;
-    // Give the graph time to pick the new resource up (a CRD event rediscovers at once).
-    tokio::time::sleep(Duration::from_secs(3)).await;
     widgets
         .delete("owner", &DeleteParams::background())
         .await
@@ -199,7 +203,18 @@ async fn custom_resources_of_a_crd_created_while_running_are_collected() {
     crds.delete(&format!("widgets.{group}"), &DeleteParams::default())
         .await
         .unwrap();
+    // And dropped without a restart once the apiserver no longer serves it.
+    eventually(
+        "the resource no longer watched",
+        COLLECTED_WITHIN,
+        || async { graph_resources(&stack.watcher).await == before },
+    )
+    .await;
     stack.stop().await;
+}
+
+async fn graph_resources(watcher: &InProcess) -> f64 {
+    watcher.metric("switchyard_watcher_graph_resources").await
 }
 
 async fn create_widget(
