@@ -524,6 +524,14 @@ async fn a_namespace_of_1000_objects_ends_the_same_under_kube_controller_manager
         );
     }
     eprintln!("{under_switchyard:#?}");
+    // What the namespace controller asked of the apiserver, by verb and code.
+    let (_, metrics) = reconciler.admin_get("/metrics").await;
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("switchyard_apiserver_requests_total{"))
+    {
+        eprintln!("{line}");
+    }
     reconciler.stop().await;
     watcher.stop().await;
     queue.stop().await;
