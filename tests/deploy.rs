@@ -404,7 +404,7 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
         (
             "watcher",
             &["get", "list", "watch"],
-            &["pods", "replicasets.apps", "deployments.apps"],
+            &["pods", "namespaces", "replicasets.apps", "deployments.apps"],
         ),
         ("reconciler", &["create", "delete", "patch"], &["pods"]),
         (
@@ -423,6 +423,18 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             "reconciler",
             &["create", "patch"],
             &["events.events.k8s.io"],
+        ),
+        // The namespace controller: the namespace being deleted, and everything in it.
+        ("reconciler", &["get"], &["namespaces"]),
+        (
+            "reconciler",
+            &["update"],
+            &["namespaces/status", "namespaces/finalize"],
+        ),
+        (
+            "reconciler",
+            &["list", "delete", "deletecollection"],
+            &["pods", "secrets", "configmaps", "deployments.apps"],
         ),
     ];
     for (service, verbs, resources) in allowed {
@@ -443,20 +455,28 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["create", "update", "patch", "delete"],
             &["pods", "replicasets.apps", "deployments.apps"],
         ),
+        // The garbage collector's graph lists the metadata of everything; nothing is read
+        // by name but what is watched.
+        ("watcher", &["get"], &["secrets", "configmaps", "nodes"]),
+        // The reconcilers read through the watcher's cache: no watch of their own. The
+        // namespace controller lists and deletes anything, but updates no content, creates
+        // no namespace and changes no RBAC.
+        ("reconciler", &["watch", "update"], &["pods"]),
         (
-            "watcher",
-            &["get", "list"],
-            &["secrets", "configmaps", "nodes"],
+            "reconciler",
+            &["watch", "create", "update"],
+            &["secrets", "configmaps"],
         ),
-        // The reconcilers read pods through the watcher's cache; no secrets, no RBAC.
-        ("reconciler", &["list", "watch", "update"], &["pods"]),
-        ("reconciler", &["get", "list"], &["secrets", "configmaps"]),
         (
             "reconciler",
             &["create"],
             &["events", "clusterroles.rbac.authorization.k8s.io"],
         ),
-        ("reconciler", &["delete"], &["nodes", "namespaces"]),
+        (
+            "reconciler",
+            &["create", "update"],
+            &["nodes", "namespaces"],
+        ),
         // The queue and the elector need no Kubernetes access at all.
         (
             "queue",
