@@ -395,9 +395,9 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
     let rbac = rbac_only(&base);
     assert_eq!(
         rbac.matches("kind: ClusterRoleBinding").count(),
-        4,
-        "only the watcher and the reconciler are bound to roles (their own and the garbage \
-         collector's):\n{rbac}"
+        5,
+        "only the watcher and the reconciler are bound to roles (their own, the garbage \
+         collector's and the namespace controller's):\n{rbac}"
     );
     apply_cleanly(plane, "base RBAC", &rbac).await;
 
@@ -405,7 +405,7 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
         (
             "watcher",
             &["get", "list", "watch"],
-            &["pods", "replicasets.apps", "deployments.apps"],
+            &["pods", "namespaces", "replicasets.apps", "deployments.apps"],
         ),
         ("reconciler", &["create", "delete", "patch"], &["pods"]),
         (
@@ -436,6 +436,18 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["get", "patch", "delete"],
             &["configmaps", "nodes"],
         ),
+        // The namespace controller: the namespace being deleted, and everything in it.
+        ("reconciler", &["get"], &["namespaces"]),
+        (
+            "reconciler",
+            &["update"],
+            &["namespaces/status", "namespaces/finalize"],
+        ),
+        (
+            "reconciler",
+            &["list", "delete", "deletecollection"],
+            &["pods", "secrets", "configmaps", "deployments.apps"],
+        ),
     ];
     for (service, verbs, resources) in allowed {
         for verb in *verbs {
@@ -455,19 +467,27 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["create", "update", "patch", "delete"],
             &["pods", "replicasets.apps", "deployments.apps"],
         ),
-        // The graph is metadata from lists and watches: no single object is read.
+        // The garbage collector's graph lists the metadata of everything; nothing is read
+        // by name but what is watched.
         ("watcher", &["get"], &["secrets", "configmaps", "nodes"]),
-        // The reconcilers read pods through the watcher's cache and list nothing.
-        ("reconciler", &["list", "watch", "update"], &["pods"]),
+        // The reconcilers read through the watcher's cache: no watch of their own. The
+        // namespace controller lists and deletes anything, but updates no content, creates
+        // no namespace and changes no RBAC.
+        ("reconciler", &["watch", "update"], &["pods"]),
         (
             "reconciler",
-            &["list", "update"],
+            &["watch", "create", "update"],
             &["secrets", "configmaps"],
         ),
         (
             "reconciler",
             &["create"],
             &["events", "clusterroles.rbac.authorization.k8s.io"],
+        ),
+        (
+            "reconciler",
+            &["create", "update"],
+            &["nodes", "namespaces"],
         ),
         // The queue and the elector need no Kubernetes access at all.
         (

@@ -54,7 +54,7 @@ const CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=100", "--kube-api-burst=200"];
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(900);
 /// The shipped watcher configuration: what the built-in controllers watch.
 const WATCHER_CONFIG: &str = include_str!("../../../deploy/kustomize/base/watcher-config.yaml");
-const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector";
+const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace";
 /// How long after convergence the Events are counted: both controllers write them in the
 /// background, kube-controller-manager's a few seconds behind.
 const EVENTS_SETTLE: Duration = Duration::from_secs(15);

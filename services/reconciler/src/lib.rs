@@ -7,8 +7,8 @@
 //!                                                   └─ writes: apiserver, behind a QPS/burst limit ([`ratelimit`])
 //! ```
 //!
-//! Built-in controllers: ReplicaSet ([`replicaset`]), Deployment ([`deployment`]) and the
-//! garbage collector ([`gc`]).
+//! Built-in controllers: ReplicaSet ([`replicaset`]), Deployment ([`deployment`]), the garbage
+//! collector ([`gc`]) and Namespace ([`namespace`]).
 
 pub mod cache;
 pub mod deployment;
@@ -16,6 +16,7 @@ pub mod events;
 pub mod finalizer;
 pub mod gc;
 pub mod metrics;
+pub mod namespace;
 pub mod ratelimit;
 pub mod replicaset;
 pub mod sdk;
@@ -192,7 +193,12 @@ impl ReconcilerArgs {
 
 /// The names of the controllers built into the reconciler: what a queue serving this
 /// reconciler's defaults must serve (the queue's own default `--controllers`).
-pub const BUILTIN: &[&str] = &[replicaset::NAME, deployment::NAME, gc::NAME];
+pub const BUILTIN: &[&str] = &[
+    replicaset::NAME,
+    deployment::NAME,
+    gc::NAME,
+    namespace::NAME,
+];
 
 /// The controllers built into the reconciler.
 pub fn builtin_controllers() -> Registry {
@@ -200,6 +206,7 @@ pub fn builtin_controllers() -> Registry {
     registry.register(replicaset::ReplicaSetController);
     registry.register(deployment::DeploymentController);
     registry.register(gc::GarbageCollector::default());
+    registry.register(namespace::NamespaceController);
     registry
 }
 

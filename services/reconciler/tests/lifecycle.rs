@@ -25,3 +25,19 @@ async fn starts_reports_ready_and_stops_cleanly_on_sigterm() {
     .await;
     queue.stop().await;
 }
+
+/// A queue started with its defaults serves every controller the reconciler runs by default:
+/// a queue that does not know one of them refuses the reconciler's work stream, and the
+/// watcher's keys for it (`make run`, the kustomize base, the services started by the tests).
+#[test]
+fn a_queue_with_its_defaults_serves_every_built_in_controller() {
+    use clap::Parser;
+    let args = switchyard_queue::Args::try_parse_from([
+        "switchyard-queue",
+        "--tls-cert=tls.crt",
+        "--tls-key=tls.key",
+        "--tls-ca=ca.crt",
+    ])
+    .unwrap();
+    assert_eq!(args.queue.controllers, switchyard_reconciler::BUILTIN);
+}

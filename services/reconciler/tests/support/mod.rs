@@ -19,6 +19,7 @@ use switchyard_testenv::{ControlPlane, Pki, manifests};
 
 pub const RS: &str = "apps/v1/ReplicaSet";
 pub const DEPLOY: &str = "apps/v1/Deployment";
+pub const NS: &str = switchyard_reconciler::namespace::NAME;
 pub const SHARDS: u32 = 16;
 pub const WITHIN: Duration = Duration::from_secs(30);
 
@@ -27,6 +28,13 @@ pub const WITHIN: Duration = Duration::from_secs(30);
 pub fn replica_set_controller() -> Registry {
     let mut registry = Registry::default();
     registry.register(switchyard_reconciler::replicaset::ReplicaSetController);
+    registry
+}
+
+/// The namespace controller alone.
+pub fn namespace_controller() -> Registry {
+    let mut registry = Registry::default();
+    registry.register(switchyard_reconciler::namespace::NamespaceController);
     registry
 }
 
@@ -182,6 +190,19 @@ controllers:
     owns:
       - {{apiVersion: apps/v1, kind: ReplicaSet}}
       - {{apiVersion: v1, kind: Pod, through: {{apiVersion: apps/v1, kind: ReplicaSet}}, predicates: [labelsChanged]}}
+"#
+    )
+}
+
+/// The namespace controller's watcher configuration: every Namespace (cluster-scoped, so no
+/// namespace selection applies) keys itself.
+pub fn namespace_config() -> String {
+    format!(
+        r#"
+shardCount: {SHARDS}
+controllers:
+  - name: {NS}
+    for: {{apiVersion: v1, kind: Namespace}}
 "#
     )
 }

@@ -762,7 +762,12 @@ controllers:
         let config = Config::from_yaml(shipped).unwrap();
         assert_eq!(
             config.controllers(),
-            ["apps/v1/ReplicaSet", "apps/v1/Deployment"]
+            [
+                "apps/v1/ReplicaSet",
+                "apps/v1/Deployment",
+                "v1/Namespace",
+                DEFAULT_COLLECTOR
+            ]
         );
         let rs = config
             .resources
