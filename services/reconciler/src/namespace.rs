@@ -33,15 +33,11 @@ use switchyard_k8s::{
     k8s_openapi::{api::core::v1::NamespaceSpec, jiff::Timestamp},
     kube::{
         self,
-        core::{
-            ApiResource, DynamicObject,
-            discovery::v2::{APIGroupDiscovery, APIGroupDiscoveryList},
-        },
+        core::{ApiResource, DynamicObject},
     },
 };
 use switchyard_reconciler_core::namespace::{
-    self as core, Deletable, GroupDiscovery, Pass, Remaining, ResourceDiscovery, Verdict,
-    VersionDiscovery,
+    self as core, Deletable, Pass, Remaining, Served, Verdict,
 };
 use tracing::{debug, info, warn};
 
@@ -268,43 +264,31 @@ async fn empty(client: &Client, namespace: &str, deleted_at: Timestamp) -> Pass 
 /// The namespaced resources to empty, from aggregated discovery of the core group (`/api`)
 /// and of every other group (`/apis`).
 async fn discover(client: &Client) -> kube::Result<core::Discovery> {
-    let (legacy, groups) = futures::try_join!(
-        client.list_core_api_versions_aggregated(),
-        client.list_api_groups_aggregated()
-    )?;
-    let groups: Vec<GroupDiscovery> = [legacy, groups]
-        .into_iter()
-        .flat_map(|list: APIGroupDiscoveryList| list.items)
-        .map(group_of)
-        .collect();
-    Ok(core::discover(&groups))
+    Ok(resources_to_empty(
+        switchyard_k8s::discovery::preferred_resources(client).await?,
+    ))
 }
 
-fn group_of(group: APIGroupDiscovery) -> GroupDiscovery {
-    GroupDiscovery {
-        group: group.metadata.and_then(|m| m.name).unwrap_or_default(),
-        versions: group
-            .versions
-            .into_iter()
-            .map(|version| VersionDiscovery {
-                version: version.version.unwrap_or_default(),
-                stale: version.freshness.as_deref() == Some("Stale"),
-                resources: version
-                    .resources
-                    .into_iter()
-                    .map(|resource| ResourceDiscovery {
-                        kind: resource
-                            .response_kind
-                            .and_then(|k| k.kind)
-                            .unwrap_or_default(),
-                        resource: resource.resource.unwrap_or_default(),
-                        namespaced: resource.scope.as_deref() == Some("Namespaced"),
-                        verbs: resource.verbs,
-                    })
-                    .collect(),
-            })
-            .collect(),
-    }
+/// What discovery found, in the terms of the namespace deleter.
+fn resources_to_empty(found: switchyard_k8s::discovery::Discovered) -> core::Discovery {
+    let served: Vec<Served> = found
+        .resources
+        .into_iter()
+        .map(|r| Served {
+            group: r.resource.group,
+            version: r.resource.version,
+            resource: r.resource.plural,
+            kind: r.resource.kind,
+            namespaced: r.namespaced,
+            verbs: r.verbs,
+        })
+        .collect();
+    let failed = found
+        .failures
+        .into_iter()
+        .map(|f| (f.group_version, f.reason))
+        .collect();
+    core::discover(&served, failed)
 }
 
 /// The contents of one namespace, one resource at a time.
@@ -512,11 +496,10 @@ mod tests {
 
     #[test]
     fn aggregated_discovery_becomes_the_resources_to_empty() {
-        let list: APIGroupDiscoveryList = serde_json::from_str(APIS).unwrap();
-        let groups: Vec<GroupDiscovery> = list.items.into_iter().map(group_of).collect();
+        let list = switchyard_k8s::discovery::parse(APIS.as_bytes()).unwrap();
         let Discovery {
             resources, failed, ..
-        } = core::discover(&groups);
+        } = resources_to_empty(switchyard_k8s::discovery::preferred(&list.items));
         let found: Vec<(String, &str, bool, bool)> = resources
             .iter()
             .map(|r| {

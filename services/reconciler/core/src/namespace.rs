@@ -123,28 +123,15 @@ pub fn finalizers_after(namespace: &Namespace) -> Vec<String> {
 
 // --- discovery ----------------------------------------------------------------------------
 
-/// One API group as aggregated discovery (`apidiscovery.k8s.io/v2`) lists it, versions in
-/// order of preference.
+/// One resource as discovery serves it at its preferred version (the service crate's
+/// discovery, client-go's `ServerPreferredResources`, gives these).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GroupDiscovery {
+pub struct Served {
     /// Empty for the core group.
     pub group: String,
-    pub versions: Vec<VersionDiscovery>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VersionDiscovery {
     pub version: String,
-    /// The apiserver could not reach the server of this version (freshness `Stale`).
-    pub stale: bool,
-    pub resources: Vec<ResourceDiscovery>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResourceDiscovery {
     /// The plural name, for example `configmaps`.
     pub resource: String,
-    /// The kind of the response; empty when discovery gave none.
     pub kind: String,
     pub namespaced: bool,
     pub verbs: Vec<String>,
@@ -245,48 +232,24 @@ impl Discovery {
     }
 }
 
-/// The resources kube-controller-manager empties a namespace of, from aggregated discovery
-/// (client-go's `ServerPreferredNamespacedResources`, then those with the `delete` verb):
-/// per group and resource, the first version that is not stale and serves it; namespaced;
-/// subresources and resources discovery names no kind for left out.
-pub fn discover(groups: &[GroupDiscovery]) -> Discovery {
-    let mut failed = BTreeMap::new();
-    let mut chosen: BTreeMap<(&str, &str), (&str, &ResourceDiscovery)> = BTreeMap::new();
-    for group in groups {
-        for version in &group.versions {
-            let gv = group_version(&group.group, &version.version);
-            if version.stale {
-                failed.insert(gv.clone(), format!("stale GroupVersion discovery: {gv}"));
-                continue;
-            }
-            for resource in &version.resources {
-                if resource.resource.is_empty()
-                    || resource.resource.contains('/')
-                    || resource.kind.is_empty()
-                {
-                    continue;
-                }
-                // Versions come in order of preference: the first that serves a resource wins.
-                chosen
-                    .entry((&group.group, &resource.resource))
-                    .or_insert((&version.version, resource));
-            }
-        }
-    }
+/// The resources kube-controller-manager empties a namespace of, from the preferred
+/// resources (`ServerPreferredNamespacedResources`, then those with the `delete` verb) and
+/// the group versions whose discovery `failed` (`group/version` → why).
+pub fn discover(served: &[Served], failed: BTreeMap<String, String>) -> Discovery {
     let mut resources = Vec::new();
     let mut parse_error = None;
-    for ((group, _), (version, resource)) in chosen {
+    for resource in served {
         if !resource.namespaced || !has_verb(resource, "delete") {
             continue;
         }
         // client-go parses every group version again; one with a stray '/' fails them all.
-        let gv = group_version(group, version);
+        let gv = group_version(&resource.group, &resource.version);
         if gv.matches('/').count() > 1 {
             parse_error.get_or_insert(format!("unexpected GroupVersion string: {gv}"));
             continue;
         }
         resources.push(Deletable {
-            gvr: Gvr::new(group, version, &resource.resource),
+            gvr: Gvr::new(&resource.group, &resource.version, &resource.resource),
             kind: resource.kind.clone(),
             delete_collection: has_verb(resource, "deletecollection"),
             list: has_verb(resource, "list"),
@@ -295,6 +258,7 @@ pub fn discover(groups: &[GroupDiscovery]) -> Discovery {
     if parse_error.is_some() {
         resources.clear();
     }
+    resources.sort_by(|a, b| a.gvr.cmp(&b.gvr));
     Discovery {
         resources,
         failed,
@@ -302,7 +266,7 @@ pub fn discover(groups: &[GroupDiscovery]) -> Discovery {
     }
 }
 
-fn has_verb(resource: &ResourceDiscovery, verb: &str) -> bool {
+fn has_verb(resource: &Served, verb: &str) -> bool {
     resource.verbs.iter().any(|v| v == verb)
 }
 
@@ -663,8 +627,11 @@ mod tests {
         }
     }
 
-    fn res(resource: &str, kind: &str, namespaced: bool, verbs: &[&str]) -> ResourceDiscovery {
-        ResourceDiscovery {
+    fn res(gv: &str, resource: &str, kind: &str, namespaced: bool, verbs: &[&str]) -> Served {
+        let (group, version) = gv.split_once('/').unwrap_or(("", gv));
+        Served {
+            group: group.into(),
+            version: version.into(),
             resource: resource.into(),
             kind: kind.into(),
             namespaced,
@@ -672,12 +639,15 @@ mod tests {
         }
     }
 
-    fn version(version: &str, stale: bool, resources: Vec<ResourceDiscovery>) -> VersionDiscovery {
-        VersionDiscovery {
-            version: version.into(),
-            stale,
-            resources,
-        }
+    fn stale(gvs: &[&str]) -> BTreeMap<String, String> {
+        gvs.iter()
+            .map(|gv| {
+                (
+                    (*gv).to_owned(),
+                    format!("stale GroupVersion discovery: {gv}"),
+                )
+            })
+            .collect()
     }
 
     const ALL: [&str; 8] = [
@@ -734,72 +704,29 @@ mod tests {
 
     #[test]
     fn discovery_keeps_the_preferred_namespaced_deletable_resources() {
-        let groups = vec![
-            GroupDiscovery {
-                group: String::new(),
-                versions: vec![version(
-                    "v1",
-                    false,
-                    vec![
-                        res("configmaps", "ConfigMap", true, &ALL),
-                        res("pods", "Pod", true, &ALL),
-                        res("pods/status", "Pod", true, &["get", "patch", "update"]),
-                        res("nodes", "Node", false, &ALL),
-                        res("bindings", "Binding", true, &["create"]),
-                        res("events", "Event", true, &ALL),
-                    ],
-                )],
-            },
-            GroupDiscovery {
-                group: "autoscaling".into(),
-                versions: vec![
-                    version(
-                        "v2",
-                        false,
-                        vec![res(
-                            "horizontalpodautoscalers",
-                            "HorizontalPodAutoscaler",
-                            true,
-                            &ALL,
-                        )],
-                    ),
-                    version(
-                        "v1",
-                        false,
-                        vec![res(
-                            "horizontalpodautoscalers",
-                            "HorizontalPodAutoscaler",
-                            true,
-                            &ALL,
-                        )],
-                    ),
-                ],
-            },
-            GroupDiscovery {
-                group: "example.com".into(),
-                versions: vec![
-                    // The preferred version is stale: the next one serves what it can.
-                    version("v2", true, Vec::new()),
-                    version(
-                        "v1",
-                        false,
-                        vec![
-                            res("widgets", "Widget", true, &["delete", "get", "list"]),
-                            res("gadgets", "", true, &ALL),
-                        ],
-                    ),
-                ],
-            },
-            GroupDiscovery {
-                group: "events.k8s.io".into(),
-                versions: vec![version(
-                    "v1",
-                    false,
-                    vec![res("events", "Event", true, &ALL)],
-                )],
-            },
+        let served = vec![
+            res("v1", "pods", "Pod", true, &ALL),
+            res("v1", "configmaps", "ConfigMap", true, &ALL),
+            res("v1", "nodes", "Node", false, &ALL),
+            res("v1", "bindings", "Binding", true, &["create"]),
+            res("v1", "events", "Event", true, &ALL),
+            res(
+                "autoscaling/v2",
+                "horizontalpodautoscalers",
+                "HorizontalPodAutoscaler",
+                true,
+                &ALL,
+            ),
+            res(
+                "example.com/v1",
+                "widgets",
+                "Widget",
+                true,
+                &["delete", "get", "list"],
+            ),
+            res("events.k8s.io/v1", "events", "Event", true, &ALL),
         ];
-        let discovery = discover(&groups);
+        let discovery = discover(&served, stale(&["example.com/v2"]));
         let found: Vec<(String, bool, bool)> = discovery
             .resources
             .iter()
@@ -821,13 +748,6 @@ mod tests {
                 ("example.com/v1, Resource=widgets".to_owned(), false, true),
             ]
         );
-        assert_eq!(
-            discovery.failed,
-            BTreeMap::from([(
-                "example.com/v2".to_owned(),
-                "stale GroupVersion discovery: example.com/v2".to_owned()
-            )])
-        );
         assert_eq!(discovery.parse_error, None);
         assert_eq!(
             discovery.failure_message().as_deref(),
@@ -840,14 +760,7 @@ mod tests {
 
     #[test]
     fn several_failed_group_versions_are_listed_sorted() {
-        let groups: Vec<GroupDiscovery> = ["b.example", "a.example"]
-            .iter()
-            .map(|g| GroupDiscovery {
-                group: (*g).into(),
-                versions: vec![version("v1", true, Vec::new())],
-            })
-            .collect();
-        let discovery = discover(&groups);
+        let discovery = discover(&[], stale(&["b.example/v1", "a.example/v1"]));
         assert!(discovery.resources.is_empty());
         assert_eq!(
             discovery.failure_message().as_deref(),
@@ -857,26 +770,16 @@ mod tests {
                  b.example/v1: stale GroupVersion discovery: b.example/v1"
             )
         );
-        assert_eq!(discover(&[]).failure_message(), None);
+        assert_eq!(discover(&[], BTreeMap::new()).failure_message(), None);
     }
 
     #[test]
     fn a_group_version_that_does_not_parse_stops_every_deletion() {
-        let groups = vec![
-            GroupDiscovery {
-                group: String::new(),
-                versions: vec![version("v1", false, vec![res("pods", "Pod", true, &ALL)])],
-            },
-            GroupDiscovery {
-                group: "bad.example".into(),
-                versions: vec![version(
-                    "v1/x",
-                    false,
-                    vec![res("things", "Thing", true, &ALL)],
-                )],
-            },
+        let served = vec![
+            res("v1", "pods", "Pod", true, &ALL),
+            res("bad.example/v1/x", "things", "Thing", true, &ALL),
         ];
-        let discovery = discover(&groups);
+        let discovery = discover(&served, BTreeMap::new());
         assert!(discovery.resources.is_empty());
         assert_eq!(
             discovery.parse_error.as_deref(),
