@@ -13,7 +13,8 @@ mod support;
 use std::time::Duration;
 
 use gc_scenarios::{
-    Background, COLLECTED_WITHIN, Foreground, Orphaned, create_cm, eventually, exists, owner_ref,
+    Background, COLLECTED_WITHIN, Foreground, Orphaned, Stack, create_cm, eventually, exists,
+    owner_ref,
 };
 use serde_json::{Value, json};
 use switchyard_k8s::{
@@ -25,70 +26,6 @@ use switchyard_k8s::{
     kube::api::{ApiResource, DynamicObject, GroupVersionKind},
 };
 use switchyard_testenv::{ControlPlane, InProcess, ServiceProcess, TestNamespace};
-
-use support::{DEPLOY, RS, SHARDS, WITHIN};
-
-/// A queue, a watcher with the graph and the workload rules for `namespaces`, and a
-/// reconciler with every built-in controller.
-struct Stack {
-    queue: InProcess,
-    watcher: InProcess,
-    reconciler: Option<InProcess>,
-}
-
-impl Stack {
-    async fn start(plane: &ControlPlane, namespaces: &[&str]) -> Self {
-        let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
-        let config = format!(
-            r#"
-shardCount: {SHARDS}
-namespaces:
-  include: [{}]
-garbageCollector: {{rediscoveryPeriod: 30s}}
-controllers:
-  - name: {RS}
-    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
-    owns:
-      - {{apiVersion: v1, kind: Pod}}
-  - name: {DEPLOY}
-    for: {{apiVersion: apps/v1, kind: Deployment}}
-    owns:
-      - {{apiVersion: apps/v1, kind: ReplicaSet}}
-"#,
-            namespaces.join(", ")
-        );
-        let watcher = support::watcher(plane, &config, queue.grpc()).await;
-        watcher.wait_ready(Duration::from_secs(60)).await;
-        let mut stack = Self {
-            queue,
-            watcher,
-            reconciler: None,
-        };
-        stack.start_reconciler(plane).await;
-        stack
-    }
-
-    async fn start_reconciler(&mut self, plane: &ControlPlane) {
-        let reconciler = support::reconciler(
-            plane,
-            switchyard_reconciler::builtin_controllers(),
-            self.queue.grpc(),
-            self.watcher.grpc(),
-            &[],
-        )
-        .await;
-        reconciler.wait_ready(WITHIN).await;
-        self.reconciler = Some(reconciler);
-    }
-
-    async fn stop(self) {
-        if let Some(reconciler) = self.reconciler {
-            reconciler.stop().await;
-        }
-        self.watcher.stop().await;
-        self.queue.stop().await;
-    }
-}
 
 #[tokio::test]
 async fn dependents_of_a_deleted_owner_are_collected_and_dangling_references_resolved() {

@@ -13,11 +13,9 @@ mod support;
 
 use std::time::Instant;
 
-use gc_scenarios::{Background, Foreground, Orphaned};
+use gc_scenarios::{Background, Foreground, Orphaned, Stack};
 use switchyard_k8s::Client;
 use switchyard_testenv::{ControlPlane, TestNamespace};
-
-use support::{DEPLOY, RS, SHARDS, WITHIN};
 
 #[derive(Debug, PartialEq, Eq)]
 struct Ends {
@@ -76,41 +74,10 @@ async fn garbage_collection_ends_the_same_under_kube_controller_manager_and_swit
     // The watcher admits the scenario's namespaces only.
     let sy_namespaces = namespaces(plane, &client, "gc-sy").await;
     let names: Vec<&str> = sy_namespaces.iter().map(TestNamespace::name).collect();
-    let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
-    let config = format!(
-        r#"
-shardCount: {SHARDS}
-namespaces:
-  include: [{}]
-garbageCollector: {{}}
-controllers:
-  - name: {RS}
-    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
-    owns:
-      - {{apiVersion: v1, kind: Pod}}
-  - name: {DEPLOY}
-    for: {{apiVersion: apps/v1, kind: Deployment}}
-    owns:
-      - {{apiVersion: apps/v1, kind: ReplicaSet}}
-"#,
-        names.join(", ")
-    );
-    let watcher = support::watcher(plane, &config, queue.grpc()).await;
-    watcher.wait_ready(WITHIN).await;
-    let reconciler = support::reconciler(
-        plane,
-        switchyard_reconciler::builtin_controllers(),
-        queue.grpc(),
-        watcher.grpc(),
-        &[],
-    )
-    .await;
-    reconciler.wait_ready(WITHIN).await;
+    let stack = Stack::start(plane, &names).await;
     let under_switchyard = run(&client, &sy_namespaces).await;
     eprintln!("switchyard: {:?}, {under_switchyard:?}", started.elapsed());
-    reconciler.stop().await;
-    watcher.stop().await;
-    queue.stop().await;
+    stack.stop().await;
 
     assert_eq!(
         under_kcm, under_switchyard,

@@ -13,7 +13,9 @@ use switchyard_k8s::{
     k8s_openapi::api::{core::v1::ConfigMap, events::v1::Event, rbac::v1::ClusterRole},
 };
 use switchyard_reconciler_core::replicaset::{controller_of, is_active};
-use switchyard_testenv::manifests;
+use switchyard_testenv::{ControlPlane, InProcess, manifests};
+
+use crate::support::{self, DEPLOY, RS, SHARDS, WITHIN};
 
 /// How long a collector may take to reach a scenario's end state.
 pub const COLLECTED_WITHIN: Duration = Duration::from_secs(30);
@@ -88,6 +90,68 @@ where
         .collect();
     names.sort();
     names
+}
+
+/// A queue, a watcher with the graph and the workload rules for `namespaces`, and a
+/// reconciler with every built-in controller.
+pub struct Stack {
+    pub queue: InProcess,
+    pub watcher: InProcess,
+    pub reconciler: Option<InProcess>,
+}
+
+impl Stack {
+    pub async fn start(plane: &ControlPlane, namespaces: &[&str]) -> Self {
+        let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
+        let config = format!(
+            r#"
+shardCount: {SHARDS}
+namespaces:
+  include: [{}]
+garbageCollector: {{}}
+controllers:
+  - name: {RS}
+    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
+    owns:
+      - {{apiVersion: v1, kind: Pod}}
+  - name: {DEPLOY}
+    for: {{apiVersion: apps/v1, kind: Deployment}}
+    owns:
+      - {{apiVersion: apps/v1, kind: ReplicaSet}}
+"#,
+            namespaces.join(", ")
+        );
+        let watcher = support::watcher(plane, &config, queue.grpc()).await;
+        watcher.wait_ready(Duration::from_secs(60)).await;
+        let mut stack = Self {
+            queue,
+            watcher,
+            reconciler: None,
+        };
+        stack.start_reconciler(plane).await;
+        stack
+    }
+
+    pub async fn start_reconciler(&mut self, plane: &ControlPlane) {
+        let reconciler = support::reconciler(
+            plane,
+            switchyard_reconciler::builtin_controllers(),
+            self.queue.grpc(),
+            self.watcher.grpc(),
+            &[],
+        )
+        .await;
+        reconciler.wait_ready(WITHIN).await;
+        self.reconciler = Some(reconciler);
+    }
+
+    pub async fn stop(self) {
+        if let Some(reconciler) = self.reconciler {
+            reconciler.stop().await;
+        }
+        self.watcher.stop().await;
+        self.queue.stop().await;
+    }
 }
 
 /// What the background scenario ends with.
