@@ -54,7 +54,7 @@ pub struct QueueArgs {
         long,
         env = "SWITCHYARD_CONTROLLERS",
         value_delimiter = ',',
-        default_value = "apps/v1/ReplicaSet,apps/v1/Deployment,v1/Namespace,garbage-collector"
+        default_value = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace"
     )]
     pub controllers: Vec<String>,
     /// Number of virtual shards; fixed per installation
