@@ -63,7 +63,7 @@ async fn foreground_deletion_takes_the_dependents_first_and_orphaning_leaves_the
 }
 
 #[tokio::test]
-async fn custom_resources_of_a_crd_created_while_running_are_collected() {
+async fn custom_resources_of_a_crd_created_while_running_are_collected_in_every_mode() {
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
     let ns = TestNamespace::create(plane, &client, "gc-crd")
@@ -137,6 +137,47 @@ async fn custom_resources_of_a_crd_created_while_running_are_collected() {
         async move { !exists(&cms, "widget-config").await }
     })
     .await;
+
+    // Foreground: a custom resource owner waits for its blocking custom dependent.
+    let api_version = format!("{group}/v1");
+    let front = create_widget(&widgets, &resource, "front", json!([])).await;
+    let blocking = json!([owner_ref(&api_version, "Widget", "front", &front, true)]);
+    create_widget(&widgets, &resource, "front-part", blocking).await;
+    widgets
+        .delete("front", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + COLLECTED_WITHIN;
+    while exists(&widgets, "front").await {
+        assert!(std::time::Instant::now() < deadline, "front not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !exists(&widgets, "front-part").await,
+        "the owner went before its blocking dependent"
+    );
+
+    // Orphan: the owner goes, its custom dependent stays without the reference.
+    let keep = create_widget(&widgets, &resource, "keep", json!([])).await;
+    let refs = json!([owner_ref(&api_version, "Widget", "keep", &keep, true)]);
+    create_widget(&widgets, &resource, "kept-part", refs).await;
+    widgets
+        .delete("keep", &DeleteParams::orphan())
+        .await
+        .unwrap();
+    eventually("keep deleted", COLLECTED_WITHIN, || {
+        let widgets = widgets.clone();
+        async move { !exists(&widgets, "keep").await }
+    })
+    .await;
+    let kept = widgets.get("kept-part").await.unwrap();
+    assert!(
+        kept.metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty(),
+        "the orphaned dependent still references its owner"
+    );
     crds.delete(&format!("widgets.{group}"), &DeleteParams::default())
         .await
         .unwrap();
