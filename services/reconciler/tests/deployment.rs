@@ -243,24 +243,63 @@ async fn kubectl_rollout_status(plane: &ControlPlane, namespace: &str, name: &st
     assert!(stdout.contains("successfully rolled out"), "{stdout}");
 }
 
-/// Watches the namespace's Pods and runs `check` on every state after the initial list; a
-/// message it returns is a violation.
+/// Aborts a task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Watches the namespace's Pods (and its ReplicaSets' sizes) and runs `check` on every Pod
+/// state after the initial list; a message it returns is a violation.
 struct PodWatch {
     violations: Arc<Mutex<Vec<String>>>,
     images_together: Arc<Mutex<BTreeSet<usize>>>,
     task: JoinHandle<()>,
 }
 
-type Check = Box<dyn Fn(&BTreeMap<String, Pod>) -> Option<String> + Send>;
+/// The check sees the Pods and each ReplicaSet's `spec.replicas` by UID (as last watched).
+type Check = Box<dyn Fn(&BTreeMap<String, Pod>, &BTreeMap<String, i32>) -> Option<String> + Send>;
 
 impl PodWatch {
-    async fn start(api: Api<Pod>, check: Check) -> Self {
+    async fn start(api: Api<Pod>, sets: Api<ReplicaSet>, check: Check) -> Self {
         let violations = Arc::new(Mutex::new(Vec::new()));
         let images_together = Arc::new(Mutex::new(BTreeSet::new()));
+        let specs: Arc<Mutex<BTreeMap<String, i32>>> = Arc::default();
         let (synced_tx, synced) = tokio::sync::oneshot::channel();
+        let (sets_synced_tx, sets_synced) = tokio::sync::oneshot::channel();
+        let sets_task = tokio::spawn({
+            let specs = specs.clone();
+            async move {
+                let mut synced_tx = Some(sets_synced_tx);
+                let mut events = watcher(sets, watcher::Config::default()).boxed();
+                while let Some(event) = events.try_next().await.unwrap() {
+                    let mut specs = specs.lock().unwrap();
+                    match event {
+                        watcher::Event::Apply(rs) | watcher::Event::InitApply(rs) => {
+                            let replicas = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                            specs.insert(rs.metadata.uid.clone().unwrap(), replicas);
+                        }
+                        watcher::Event::Delete(rs) => {
+                            specs.remove(rs.metadata.uid.as_deref().unwrap());
+                        }
+                        watcher::Event::Init => specs.clear(),
+                        watcher::Event::InitDone => {
+                            if let Some(tx) = synced_tx.take() {
+                                let _ = tx.send(());
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        sets_synced.await.unwrap();
         let task = tokio::spawn({
             let (violations, images_together) = (violations.clone(), images_together.clone());
             async move {
+                let _sets = AbortOnDrop(sets_task);
                 let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
                 let mut synced_tx = Some(synced_tx);
                 let mut events = watcher(api, watcher::Config::default()).boxed();
@@ -284,7 +323,8 @@ impl PodWatch {
                     }
                     let images: BTreeSet<String> = pods.values().map(image_of).collect();
                     images_together.lock().unwrap().insert(images.len());
-                    if let Some(violation) = check(&pods) {
+                    let specs = specs.lock().unwrap().clone();
+                    if let Some(violation) = check(&pods, &specs) {
                         violations.lock().unwrap().push(violation);
                     }
                 }
@@ -465,19 +505,37 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
     )
     .await;
 
-    let check: Check = Box::new(move |pods: &BTreeMap<String, Pod>| {
+    // The surge bound holds for the ReplicaSets' sizes (kube-controller-manager's, too): a
+    // Pod of a ReplicaSet just scaled down stays active until its ReplicaSet deletes it, so
+    // each ReplicaSet's active Pods count up to its size. Readiness is checked on every Pod.
+    let check: Check = Box::new(move |pods: &BTreeMap<String, Pod>, specs| {
         let active: Vec<&Pod> = pods.values().filter(|p| is_active(p)).collect();
         let ready = active.iter().filter(|p| is_ready(p)).count();
+        let mut per_set: BTreeMap<String, usize> = BTreeMap::new();
+        for pod in &active {
+            let owner = controller_of(&pod.metadata)
+                .map(|o| o.uid.clone())
+                .unwrap_or_default();
+            *per_set.entry(owner).or_default() += 1;
+        }
+        let counted: usize = per_set
+            .iter()
+            .map(|(uid, n)| match specs.get(uid) {
+                Some(spec) => (*n).min(usize::try_from(*spec).unwrap_or(0)),
+                None => *n,
+            })
+            .sum();
         let max = usize::try_from(replicas + surge).unwrap();
         let min = usize::try_from(replicas - unavailable).unwrap();
-        (active.len() > max || ready < min).then(|| {
+        (counted > max || ready < min).then(|| {
             format!(
-                "{} active (at most {max}), {ready} ready (at least {min})",
+                "{counted} active within their ReplicaSets' sizes ({} in all; at most {max}), \
+                 {ready} ready (at least {min})",
                 active.len()
             )
         })
     });
-    let watch = PodWatch::start(pods.clone(), check).await;
+    let watch = PodWatch::start(pods.clone(), rss.clone(), check).await;
 
     set_image(&deployments, "roll", "registry.example/roll:b").await;
     let d = complete(
@@ -613,11 +671,12 @@ async fn recreate_never_runs_old_and_new_pods_together() {
 
     // Every Pod still there counts, terminating or not: Recreate waits until the old ones
     // are gone.
-    let check: Check = Box::new(|pods: &BTreeMap<String, Pod>| {
+    let check: Check = Box::new(|pods: &BTreeMap<String, Pod>, _| {
         let images: BTreeSet<String> = pods.values().map(image_of).collect();
         (images.len() > 1).then(|| format!("old and new Pods at once: {images:?}"))
     });
-    let watch = PodWatch::start(pods.clone(), check).await;
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    let watch = PodWatch::start(pods.clone(), sets, check).await;
     // A finalizer holds the old Pods while they terminate.
     let old: Vec<String> = active_pods(&pods, "once")
         .await
