@@ -78,6 +78,10 @@ pub const TABLE: &[(&str, Access)] = &[
         Access::Roles(&[Role::Reconciler]),
     ),
     (
+        "/switchyard.watcher.v1.Watches/Register",
+        Access::Roles(&[Role::Reconciler]),
+    ),
+    (
         "/switchyard.watcher.v1.Resync/ResyncShard",
         Access::Roles(&[Role::Queue, Role::Elector]),
     ),
