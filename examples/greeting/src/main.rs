@@ -3,9 +3,12 @@ use switchyard_reconciler::sdk::Registry;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut registry = Registry::default();
-    registry.register(switchyard_example_greeting::GreetingController);
-    let rt = switchyard_reconciler::Args::parse().start(registry).await?;
-    rt.run().await?;
+    let mut controllers = Registry::default();
+    controllers.register(switchyard_example_greeting::controller());
+    switchyard_reconciler::Args::parse()
+        .start(controllers)
+        .await?
+        .run()
+        .await?;
     Ok(())
 }

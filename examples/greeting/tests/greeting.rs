@@ -1,184 +1,44 @@
 //! The example controller end to end on the harness's real control plane: a queue, a watcher
-//! (configured as in `watcher-config.yaml`, for one namespace) and a reconciler running only
-//! the Greeting controller. A Greeting gets its ConfigMap, an event and its status; a new
-//! message updates the ConfigMap; a deleted Greeting has its ConfigMap deleted by the
-//! finalizer before it goes.
+//! whose configuration names no controller (the reconciler registers the Greeting
+//! controller's watches when it starts) and a reconciler running only that controller.
 
 #![allow(clippy::unwrap_used)]
 
+mod scenario;
 #[path = "../../../services/reconciler/tests/support/mod.rs"]
 mod support;
 
 use std::time::Duration;
 
-use serde_json::json;
-use switchyard_example_greeting::{FINALIZER, Greeting, GreetingController, NAME};
-use switchyard_k8s::{
-    Api, DeleteParams, PostParams,
-    k8s_openapi::{
-        api::{core::v1::ConfigMap, events::v1::Event},
-        apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    },
-    kube::{
-        ResourceExt,
-        api::{ListParams, Patch, PatchParams},
-    },
-};
-use switchyard_reconciler::sdk::Registry;
+use switchyard_example_greeting::Greeting;
+use switchyard_reconciler::sdk::{Registry, default_name};
 use switchyard_testenv::{ControlPlane, TestNamespace};
-
-const WITHIN: Duration = Duration::from_secs(30);
-
-fn watcher_config(namespace: &str) -> String {
-    let shipped = include_str!("../watcher-config.yaml");
-    format!(
-        "{}namespaces:\n  include: [{namespace}]\n",
-        shipped.replace(
-            "shardCount: 256",
-            &format!("shardCount: {}", support::SHARDS)
-        )
-    )
-}
-
-/// Polls `check` until it returns `Some`, for at most [`WITHIN`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what} within {WITHIN:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_greeting_gets_its_config_map_and_the_finalizer_cleans_it_up() {
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd: CustomResourceDefinition =
-        serde_yaml::from_str(include_str!("../crd.yaml")).expect("crd.yaml");
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(switchyard_k8s::kube::Error::Api(status)) if status.code == 409 => {}
-        Err(error) => panic!("creating the CRD: {error}"),
-    }
+    scenario::install_crd(&client).await;
     let ns = TestNamespace::create(plane, &client, "greeting")
         .await
         .unwrap();
 
-    let queue = support::queue(&[NAME], &[]).await;
-    let watcher = support::watcher(plane, &watcher_config(ns.name()), queue.grpc()).await;
+    let name = default_name::<Greeting>();
+    assert_eq!(name, "example.switchyard.io/v1/Greeting");
+    let queue = support::queue(&[&name], &[]).await;
+    let config = format!(
+        "shardCount: {}\nnamespaces:\n  include: [{}]\n",
+        support::SHARDS,
+        ns.name()
+    );
+    let watcher = support::watcher(plane, &config, queue.grpc()).await;
     watcher.wait_ready(Duration::from_secs(60)).await;
     let mut registry = Registry::default();
-    registry.register(GreetingController);
+    registry.register(switchyard_example_greeting::controller());
+    // Returns once the watcher has listed what the controller's watches need.
     let reconciler = support::reconciler(plane, registry, queue.grpc(), watcher.grpc(), &[]).await;
 
-    let greetings: Api<Greeting> = Api::namespaced(client.clone(), ns.name());
-    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
-    let greeting: Greeting = serde_json::from_value(json!({
-        "apiVersion": "example.switchyard.io/v1",
-        "kind": "Greeting",
-        "metadata": {"name": "hi"},
-        "spec": {"message": "hello"}
-    }))
-    .unwrap();
-    let created = greetings
-        .create(&PostParams::default(), &greeting)
-        .await
-        .unwrap();
-
-    let map = eventually("the ConfigMap is created", || async {
-        maps.get_opt("greeting-hi").await.unwrap()
-    })
-    .await;
-    assert_eq!(map.data.as_ref().unwrap()["message"], "hello");
-    let owner = &map.owner_references()[0];
-    assert_eq!(
-        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
-        ("Greeting", created.uid().unwrap().as_str(), Some(true))
-    );
-    let status = eventually("the status is written", || async {
-        let g = greetings.get("hi").await.unwrap();
-        g.status.filter(|s| s.observed_generation == Some(1))
-    })
-    .await;
-    assert_eq!(status.config_map.as_deref(), Some("greeting-hi"));
-    assert!(
-        greetings
-            .get("hi")
-            .await
-            .unwrap()
-            .finalizers()
-            .contains(&FINALIZER.to_owned())
-    );
-    let events: Api<Event> = Api::namespaced(client.clone(), ns.name());
-    let event = eventually("the Created event is recorded", || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("Created"))
-    })
-    .await;
-    let regarding = event.regarding.unwrap();
-    assert_eq!(
-        (regarding.kind.as_deref(), regarding.name.as_deref()),
-        (Some("Greeting"), Some("hi"))
-    );
-    assert_eq!(
-        event.reporting_controller.as_deref(),
-        Some("switchyard-reconciler")
-    );
-
-    greetings
-        .patch(
-            "hi",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"message": "bonjour"}})),
-        )
-        .await
-        .unwrap();
-    eventually("the ConfigMap follows the new message", || async {
-        let map = maps.get("greeting-hi").await.unwrap();
-        (map.data.unwrap()["message"] == "bonjour").then_some(())
-    })
-    .await;
-    eventually("the status follows generation 2", || async {
-        let g = greetings.get("hi").await.unwrap();
-        g.status
-            .filter(|s| s.observed_generation == Some(2))
-            .map(|_| ())
-    })
-    .await;
-
-    greetings
-        .delete("hi", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("the Greeting is gone once its finalizer ran", || async {
-        greetings
-            .get_opt("hi")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
-    assert!(
-        maps.get_opt("greeting-hi").await.unwrap().is_none(),
-        "the finalizer deleted the ConfigMap"
-    );
+    scenario::greeting_lifecycle(&client, ns.name(), "switchyard-reconciler").await;
 
     reconciler.stop().await;
     watcher.stop().await;

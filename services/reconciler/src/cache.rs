@@ -20,7 +20,7 @@ use std::{
 };
 
 use serde::de::DeserializeOwned;
-use switchyard_k8s::{Metadata, ObjectMeta, Resource};
+use switchyard_k8s::kube::Resource;
 use switchyard_proto::{
     common::v1::GroupVersionKind,
     watcher::v1::{
@@ -49,7 +49,7 @@ pub enum CacheError {
     },
     #[error("cache returned an undecodable {kind}: {source}")]
     Decode {
-        kind: &'static str,
+        kind: String,
         source: serde_json::Error,
     },
 }
@@ -107,21 +107,22 @@ pub struct CacheClient {
     floor: Option<Arc<Mutex<Versions>>>,
 }
 
-fn gvk<K: Resource>() -> GroupVersionKind {
+fn gvk<K: Resource<DynamicType = ()>>() -> GroupVersionKind {
     GroupVersionKind {
-        group: K::GROUP.to_owned(),
-        version: K::VERSION.to_owned(),
-        kind: K::KIND.to_owned(),
+        group: K::group(&()).into_owned(),
+        version: K::version(&()).into_owned(),
+        kind: K::kind(&()).into_owned(),
     }
 }
 
 /// The kind as the queue's read floor names it: "group/version/Kind", "v1/Pod" for the core
 /// group (the form controller names take).
-pub fn kind_key<K: Resource>() -> String {
-    if K::GROUP.is_empty() {
-        format!("{}/{}", K::VERSION, K::KIND)
+pub fn kind_key<K: Resource<DynamicType = ()>>() -> String {
+    let (group, version, kind) = (K::group(&()), K::version(&()), K::kind(&()));
+    if group.is_empty() {
+        format!("{version}/{kind}")
     } else {
-        format!("{}/{}/{}", K::GROUP, K::VERSION, K::KIND)
+        format!("{group}/{version}/{kind}")
     }
 }
 
@@ -143,9 +144,9 @@ fn freshness(min_resource_version: Option<&str>, floor: Option<u64>) -> Option<F
     })
 }
 
-fn decode<K: Resource + DeserializeOwned>(json: &[u8]) -> Result<K, CacheError> {
+fn decode<K: Resource<DynamicType = ()> + DeserializeOwned>(json: &[u8]) -> Result<K, CacheError> {
     serde_json::from_slice(json).map_err(|source| CacheError::Decode {
-        kind: K::KIND,
+        kind: K::kind(&()).into_owned(),
         source,
     })
 }
@@ -203,13 +204,13 @@ impl CacheClient {
     /// watcher's stream of the kind carries, so another watcher reaches it as soon as it has
     /// that change. (The cache's own version may be a relist's, which a watcher that lists no
     /// later reaches only at the kind's next change.)
-    fn raise<K: Metadata<Ty = ObjectMeta>>(&self, kind: String, own: Option<&str>, read: &[K]) {
+    fn raise<K: Resource>(&self, kind: String, own: Option<&str>, read: &[K]) {
         let Some(floor) = &self.floor else {
             return;
         };
         let newest = read
             .iter()
-            .filter_map(|object| object.metadata().resource_version.as_deref())
+            .filter_map(|object| object.meta().resource_version.as_deref())
             .chain(own)
             .filter_map(|rv| rv.parse::<u64>().ok())
             .max();
@@ -250,7 +251,7 @@ impl CacheClient {
         })))
     }
 
-    pub async fn get<K: Resource + Metadata<Ty = ObjectMeta> + DeserializeOwned>(
+    pub async fn get<K: Resource<DynamicType = ()> + DeserializeOwned>(
         &self,
         namespace: &str,
         name: &str,
@@ -278,7 +279,7 @@ impl CacheClient {
         Ok(object)
     }
 
-    pub async fn list<K: Resource + Metadata<Ty = ObjectMeta> + DeserializeOwned>(
+    pub async fn list<K: Resource<DynamicType = ()> + DeserializeOwned>(
         &self,
         namespace: &str,
         filter: ListFilter<'_>,

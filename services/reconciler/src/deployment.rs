@@ -19,7 +19,6 @@
 
 use std::collections::BTreeMap;
 
-use futures::future::BoxFuture;
 use futures::future::join_all;
 use serde_json::json;
 use switchyard_k8s::{
@@ -56,8 +55,8 @@ impl crate::sdk::Controller for DeploymentController {
         NAME
     }
 
-    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
-        Box::pin(reconcile(ctx, request))
+    async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
+        reconcile(ctx, request).await
     }
 }
 

@@ -18,7 +18,6 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
-use futures::future::BoxFuture;
 use serde_json::json;
 use switchyard_k8s::{
     Api, Client,
@@ -88,8 +87,8 @@ impl Controller for GarbageCollector {
         NAME
     }
 
-    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
-        Box::pin(self.collect(ctx, &request.name))
+    async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
+        self.collect(ctx, &request.name).await
     }
 }
 

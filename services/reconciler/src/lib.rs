@@ -18,6 +18,7 @@ pub mod gc;
 pub mod metrics;
 pub mod namespace;
 pub mod ratelimit;
+pub mod registration;
 pub mod replicaset;
 pub mod sdk;
 pub mod worker;
@@ -36,6 +37,7 @@ use tracing::info;
 use crate::{
     cache::{CacheClient, CacheError},
     ratelimit::RateLimitLayer,
+    registration::{Registration, RegistrationError},
     sdk::{Context, Events, Registry},
     worker::{Settings, Worker},
 };
@@ -52,6 +54,8 @@ pub enum Error {
     Kube(#[from] switchyard_runtime::KubeError),
     #[error(transparent)]
     Cache(#[from] CacheError),
+    #[error(transparent)]
+    Registration(#[from] RegistrationError),
     #[error("invalid flags: {0}")]
     Args(String),
 }
@@ -260,6 +264,18 @@ impl Args {
             move |drain| await_apiserver(client, gate, drain)
         });
         let cache = CacheClient::new(&rt.dialer(), &watcher_addr)?;
+        // Watches declared in code are registered, and their informers listed, before any
+        // key is leased (controller-runtime's cache sync); a refused registration (a kind the
+        // apiserver does not serve) fails the start, naming it.
+        let declared = registry.watches();
+        if !declared.is_empty() {
+            let registration =
+                Registration::new(&rt.dialer(), &watcher_addr, &worker_id, &declared)?;
+            let held = registration.register(&rt.drain()).await?;
+            rt.spawn_essential("watch-registration", move |drain| {
+                registration.hold(held, drain)
+            });
+        }
         let ctx = Context::new(client, cache.clone(), &worker_id);
         let mut contexts = BTreeMap::new();
         for name in registry.names() {

@@ -38,6 +38,8 @@ fn duration_histogram() -> Histogram {
 pub enum Ended {
     Done,
     RequeueAfter,
+    /// Dropped without a retry ([`crate::sdk::Action::Forget`]).
+    Forgotten,
     Failed,
     Panicked,
     TimedOut,
@@ -47,7 +49,7 @@ impl Ended {
     /// The `result` label: controller-runtime's values.
     pub fn result(self) -> &'static str {
         match self {
-            Self::Done => "success",
+            Self::Done | Self::Forgotten => "success",
             Self::RequeueAfter => "requeue_after",
             Self::Failed | Self::Panicked | Self::TimedOut => "error",
         }
@@ -58,6 +60,7 @@ impl Ended {
         match self {
             Self::Done => "done",
             Self::RequeueAfter => "requeue_after",
+            Self::Forgotten => "forgotten",
             Self::Failed => "failed",
             Self::Panicked => "panicked",
             Self::TimedOut => "timed_out",
@@ -131,7 +134,7 @@ impl ReconcilerMetrics {
             })
             .inc();
         match ended {
-            Ended::Done | Ended::RequeueAfter => {}
+            Ended::Done | Ended::RequeueAfter | Ended::Forgotten => {}
             Ended::Failed => {
                 self.errors.get_or_create(&labels).inc();
             }

@@ -25,7 +25,6 @@
 
 use futures::{
     FutureExt, StreamExt, TryStreamExt,
-    future::BoxFuture,
     stream::{self},
 };
 use switchyard_k8s::{
@@ -68,8 +67,8 @@ impl Controller for NamespaceController {
         NAME
     }
 
-    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
-        Box::pin(reconcile(ctx, request))
+    async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
+        reconcile(ctx, request).await
     }
 }
 

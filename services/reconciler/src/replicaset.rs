@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use futures::future::{BoxFuture, join_all};
+use futures::future::join_all;
 use serde_json::json;
 use switchyard_k8s::{
     Api, DeleteParams, Pod, PostParams, ReplicaSet,
@@ -59,8 +59,8 @@ impl Controller for ReplicaSetController {
         NAME
     }
 
-    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
-        Box::pin(reconcile(ctx, request))
+    async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
+        reconcile(ctx, request).await
     }
 }
 

@@ -326,21 +326,26 @@ impl Session {
                             attempt: lease.attempt,
                         };
                         let task = AbortOnDrop(tokio::spawn(
-                            async move { controller.reconcile(&ctx, &request).await }
-                                .instrument(tracing::Span::current()),
+                            async move {
+                                match controller.reconcile(&ctx, &request).await {
+                                    Ok(action) => Ok(action),
+                                    Err(error) => {
+                                        let action = controller.error_policy(&error, &request);
+                                        Err((error, action))
+                                    }
+                                }
+                            }
+                            .instrument(tracing::Span::current()),
                         ));
                         match tokio::time::timeout(timeout, task).await {
-                            Ok(Ok(Ok(Action::Done))) => (Ended::Done, Outcome::Done),
-                            Ok(Ok(Ok(Action::RequeueAfter(delay)))) => {
-                                (Ended::RequeueAfter, Outcome::RequeueAfter(delay))
-                            }
+                            Ok(Ok(Ok(action))) => outcome(action, None),
                             // kube-controller-manager's handleErr: a namespace being
                             // deleted refuses every creation; nothing is left to do there.
-                            Ok(Ok(Err(error))) if error.is_namespace_terminating() => {
+                            Ok(Ok(Err((error, _)))) if error.is_namespace_terminating() => {
                                 debug!(%error, "namespace terminating, reconcile done");
                                 (Ended::Done, Outcome::Done)
                             }
-                            Ok(Ok(Err(error))) => failed(Ended::Failed, error.to_string()),
+                            Ok(Ok(Err((error, action)))) => outcome(action, Some(error)),
                             Ok(Err(join)) if join.is_panic() => failed(
                                 Ended::Panicked,
                                 format!("reconcile panicked: {}", panic_message(join.into_panic())),
@@ -385,6 +390,28 @@ impl Session {
             }
         }
         .instrument(span)
+    }
+}
+
+/// The outcome an action asks for; `error` when it is the error policy's answer to one.
+fn outcome(action: Action, error: Option<crate::sdk::Error>) -> (Ended, Outcome) {
+    let ended = |ok| if error.is_some() { Ended::Failed } else { ok };
+    match action {
+        Action::Done => (ended(Ended::Done), Outcome::Done),
+        Action::RequeueAfter(delay) => (ended(Ended::RequeueAfter), Outcome::RequeueAfter(delay)),
+        Action::Forget => {
+            if let Some(error) = &error {
+                warn!(%error, "reconcile failed; the error policy forgets the key");
+            }
+            (ended(Ended::Forgotten), Outcome::Forget)
+        }
+        Action::Backoff => failed(
+            Ended::Failed,
+            error.map_or_else(
+                || "the reconcile asked for a retry with backoff".to_owned(),
+                |e| e.to_string(),
+            ),
+        ),
     }
 }
 

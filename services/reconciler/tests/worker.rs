@@ -8,7 +8,6 @@ mod support;
 
 use std::{net::SocketAddr, time::Duration};
 
-use futures::future::BoxFuture;
 use switchyard_proto::{
     common::v1::WorkKey,
     queue::v1::{EnqueueItem, EnqueueRequest, Priority},
@@ -29,8 +28,8 @@ impl Controller for Scripted {
         SCRIPTED
     }
 
-    fn reconcile<'a>(&'a self, _ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
-        Box::pin(async move {
+    async fn reconcile(&self, _ctx: &Context, request: &Request) -> Result {
+        {
             let name = request.name.as_str();
             let _ = self.0.send(format!("{name}#{}", request.attempt));
             let first = request.attempt == 1;
@@ -52,7 +51,7 @@ impl Controller for Scripted {
             };
             let _ = self.0.send(format!("{name} finished"));
             Ok(action)
-        })
+        }
     }
 }
 

@@ -5,32 +5,68 @@
 //!                                                                   │ reads: ctx.cache (watcher)
 //!                                                                   │ writes: ctx.client (apiserver, rate-limited)
 //!                                                                   ▼
-//!                                    Done | RequeueAfter(d) | Err (backoff) ─► outcome to the queue
+//!        Ok(Action) ─► done | requeue after | forget | backoff          ─► outcome to the queue
+//!        Err(error) ─► Controller::error_policy(error) ─► an Action (backoff by default)
 //! ```
 //!
-//! A controller is registered under the name its keys carry (`apps/v1/ReplicaSet`); the
-//! watcher's configuration maps events to keys of that name. A reconcile reads fresh state
-//! (a key is not a snapshot), may be run on any worker, is never run twice at once for one
-//! key, and is bounded by the worker's reconcile timeout.
+//! A controller is registered under the name its keys carry (`apps/v1/ReplicaSet`). What it
+//! watches is declared in code ([`Builder`], registered with the watcher at start) or named
+//! in the watcher's configuration file (the built-in controllers). A reconcile reads fresh
+//! state (a key is not a snapshot), may be run on any worker, is never run twice at once for
+//! one key, and is bounded by the worker's reconcile timeout.
 
-use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
+mod builder;
+mod controller;
+mod watches;
 
-use futures::future::BoxFuture;
+use std::{fmt, time::Duration};
+
 use switchyard_k8s::{Client, kube};
 
+pub use self::{
+    builder::{Builder, Built, Map, Object, Policy, backoff},
+    controller::{Controller, Registered, Registry},
+    watches::{Options, Predicate, Watch, Watches, default_name, gvk_of},
+};
 pub use crate::events::EventType;
 use crate::{
     cache::{CacheClient, CacheError},
     events::Recorder,
 };
 
-/// What a successful reconcile asks for next.
+/// What a reconcile asks for next: the queue's outcomes, in kube-rs's and client-go's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Reconciled; the key's failures are forgotten.
+    /// Reconciled; the key's failures are forgotten and nothing happens until its next
+    /// change (kube-rs's `await_change`).
     Done,
-    /// Reconciled; look again after the delay (for example when something becomes due).
+    /// Look again after the delay (for example when something becomes due); kube-rs's
+    /// `requeue`, controller-runtime's `RequeueAfter`.
     RequeueAfter(Duration),
+    /// Drop the key and its failure count without retrying, even after an error
+    /// (client-go's `Forget`, controller-runtime's `TerminalError`): for an error no retry
+    /// can fix. A later change keys it again.
+    Forget,
+    /// Retry with the queue's per-key exponential backoff (client-go's `AddRateLimited`):
+    /// what an error asks for unless the controller's error policy says otherwise.
+    Backoff,
+}
+
+impl Action {
+    /// [`Action::Done`].
+    pub fn await_change() -> Self {
+        Self::Done
+    }
+
+    /// [`Action::RequeueAfter`].
+    pub fn requeue(after: Duration) -> Self {
+        Self::RequeueAfter(after)
+    }
+
+    /// [`Action::Forget`].
+    pub fn forget() -> Self {
+        Self::Forget
+    }
 }
 
 /// A failed reconcile: the queue retries the key with per-key exponential backoff.
@@ -172,83 +208,23 @@ impl Events {
     }
 }
 
+impl Context {
+    /// An `Api` for the namespaced `K` objects of `namespace`, through this controller's
+    /// rate-limited client.
+    pub fn api<K>(&self, namespace: &str) -> kube::Api<K>
+    where
+        K: kube::Resource<
+                DynamicType = (),
+                Scope = switchyard_k8s::k8s_openapi::NamespaceResourceScope,
+            >,
+    {
+        kube::Api::namespaced(self.client.clone(), namespace)
+    }
+}
+
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context").finish_non_exhaustive()
-    }
-}
-
-/// A controller. Implement `reconcile` with `Box::pin(async move { ... })`.
-pub trait Controller: Send + Sync + 'static {
-    /// The name the keys carry, for example `apps/v1/ReplicaSet`.
-    fn name(&self) -> &str;
-
-    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result>;
-}
-
-/// The controllers a worker runs, by name.
-#[derive(Clone, Default)]
-pub struct Registry(BTreeMap<String, Arc<dyn Controller>>);
-
-impl fmt::Debug for Registry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set().entries(self.0.keys()).finish()
-    }
-}
-
-impl Registry {
-    /// Adds a controller; a second one with the same name replaces the first.
-    pub fn register(&mut self, controller: impl Controller) -> &mut Self {
-        self.0
-            .insert(controller.name().to_owned(), Arc::new(controller));
-        self
-    }
-
-    pub fn get(&self, name: &str) -> Option<Arc<dyn Controller>> {
-        self.0.get(name).cloned()
-    }
-
-    pub fn names(&self) -> Vec<String> {
-        self.0.keys().cloned().collect()
-    }
-
-    /// Makes every reconcile first wait `delay`, as if each called a slow external system
-    /// (`--simulated-latency`, for benchmarks).
-    pub fn add_latency(&mut self, delay: Duration) {
-        for controller in self.0.values_mut() {
-            *controller = Arc::new(WithLatency {
-                inner: controller.clone(),
-                delay,
-            });
-        }
-    }
-
-    /// Keeps only the named controllers; an unknown name is returned as the error.
-    pub fn retain(&mut self, names: &[String]) -> std::result::Result<(), String> {
-        if let Some(unknown) = names.iter().find(|n| !self.0.contains_key(n.as_str())) {
-            return Err(unknown.clone());
-        }
-        self.0.retain(|name, _| names.contains(name));
-        Ok(())
-    }
-}
-
-/// A controller whose reconciles start with a wait.
-struct WithLatency {
-    inner: Arc<dyn Controller>,
-    delay: Duration,
-}
-
-impl Controller for WithLatency {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
-        Box::pin(async move {
-            tokio::time::sleep(self.delay).await;
-            self.inner.reconcile(ctx, request).await
-        })
     }
 }
 

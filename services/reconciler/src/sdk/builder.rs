@@ -1,0 +1,301 @@
+//! A controller from a typed reconcile function and its watches, in controller-runtime's
+//! words:
+//!
+//! ```ignore
+//! Builder::for_::<Greeting>()            // a change to a Greeting keys it
+//!     .owns::<ConfigMap>()               // a change to a ConfigMap it controls keys it
+//!     .reconcile(reconcile)              // async fn(Arc<Greeting>, Context) -> Result
+//!     .error_policy(error_policy)        // optional: fn(&Error, &Request) -> Action
+//! ```
+//!
+//! The worker leases a key, the controller reads the object from the watcher's cache and
+//! calls the function with it; an object gone from the cache is done (its deletion's
+//! effects belong to a finalizer or the garbage collector). The watches are registered with
+//! the watcher when the reconciler starts ([`super::Controller::watches`]).
+
+use std::{fmt, future::Future, marker::PhantomData, sync::Arc};
+
+use serde::de::DeserializeOwned;
+use switchyard_k8s::kube::Resource;
+
+use super::{
+    Action, Context, Controller, Error, Request, Result,
+    watches::{Options, Watch, Watches, default_name},
+};
+
+/// A kind a controller reconciles: any `kube::Resource` of a static type that the cache can
+/// decode (k8s-openapi's types, and `#[derive(CustomResource)]` ones).
+pub trait Object:
+    Resource<DynamicType = ()> + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Object for K where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static
+{
+}
+
+/// How a change of a watched kind maps to the controller's keys (`Builder::watches`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Map {
+    /// The object of the reconciled kind, in the same namespace, that this label's value
+    /// names (controller-runtime's `EnqueueRequestsFromMapFunc` for the common case). The
+    /// watcher evaluates it, so no user code runs there.
+    Label(String),
+}
+
+impl Map {
+    pub fn label(label: impl Into<String>) -> Self {
+        Self::Label(label.into())
+    }
+}
+
+/// Declares a controller: the kind it reconciles, what else it watches, then its reconcile.
+pub struct Builder<K = ()> {
+    name: Option<String>,
+    watches: Watches,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl Builder {
+    /// A controller of `K`: a change to a `K` keys that object.
+    pub fn for_<K: Object>() -> Builder<K> {
+        Self::for_with::<K>(Options::default())
+    }
+
+    /// [`Builder::for_`] with predicates or metadata only.
+    pub fn for_with<K: Object>(options: Options) -> Builder<K> {
+        Builder {
+            name: None,
+            watches: Watches {
+                reconciles: Watch::of::<K>(options),
+                owns: Vec::new(),
+                by_label: Vec::new(),
+            },
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K: Object> Builder<K> {
+    /// The name the controller's keys carry; by default `group/version/Kind` of `K`.
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// A change to a `U` whose controller owner is a `K` keys that owner.
+    pub fn owns<U: Resource<DynamicType = ()>>(self) -> Self {
+        self.owns_with::<U>(Options::default())
+    }
+
+    pub fn owns_with<U: Resource<DynamicType = ()>>(mut self, options: Options) -> Self {
+        self.watches.owns.push(Watch::of::<U>(options));
+        self
+    }
+
+    /// A change to a `U` controlled by a `Between` that a `K` controls keys that `K` (a Pod
+    /// keys the Deployment of its ReplicaSet). The watcher caches `Between` to look it up.
+    pub fn owns_through<U, Between>(mut self, options: Options) -> Self
+    where
+        U: Resource<DynamicType = ()>,
+        Between: Resource<DynamicType = ()>,
+    {
+        let mut watch = Watch::of::<U>(options);
+        watch.through = Some(super::watches::gvk_of::<Between>());
+        self.watches.owns.push(watch);
+        self
+    }
+
+    /// A change to a `V` keys the object of kind `K` that `map` names.
+    pub fn watches<V: Resource<DynamicType = ()>>(self, map: Map) -> Self {
+        self.watches_with::<V>(map, Options::default())
+    }
+
+    pub fn watches_with<V: Resource<DynamicType = ()>>(
+        mut self,
+        map: Map,
+        options: Options,
+    ) -> Self {
+        let mut watch = Watch::of::<V>(options);
+        match map {
+            Map::Label(label) => {
+                watch.label = Some(label);
+                self.watches.by_label.push(watch);
+            }
+        }
+        self
+    }
+
+    /// The controller, reconciling with `reconcile(object, ctx)`; a failure is retried with
+    /// the queue's backoff unless an [`Built::error_policy`] says otherwise.
+    pub fn reconcile<F, Fut>(self, reconcile: F) -> Built<K, F, Policy>
+    where
+        F: Fn(Arc<K>, Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result> + Send + 'static,
+    {
+        Built {
+            name: self.name.unwrap_or_else(default_name::<K>),
+            watches: self.watches,
+            reconcile,
+            error_policy: backoff,
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K> fmt::Debug for Builder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("name", &self.name)
+            .field("watches", &self.watches)
+            .finish()
+    }
+}
+
+/// An error policy: what a failed reconcile of `request` asks for.
+pub type Policy = fn(&Error, &Request) -> Action;
+
+/// The default error policy: retry with the queue's per-key exponential backoff.
+pub fn backoff(_: &Error, _: &Request) -> Action {
+    Action::Backoff
+}
+
+/// A controller made by [`Builder`].
+pub struct Built<K, F, P> {
+    name: String,
+    watches: Watches,
+    reconcile: F,
+    error_policy: P,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K, F, P> Built<K, F, P> {
+    /// What a failed reconcile asks for instead of the default backoff (kube-rs's
+    /// `error_policy`): [`Action::requeue`] after a fixed delay, [`Action::forget`] for an
+    /// error no retry can fix.
+    pub fn error_policy<Q>(self, error_policy: Q) -> Built<K, F, Q>
+    where
+        Q: Fn(&Error, &Request) -> Action + Send + Sync + 'static,
+    {
+        Built {
+            name: self.name,
+            watches: self.watches,
+            reconcile: self.reconcile,
+            error_policy,
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K, F, P> fmt::Debug for Built<K, F, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Built")
+            .field("name", &self.name)
+            .field("watches", &self.watches)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, F, Fut, P> Controller for Built<K, F, P>
+where
+    K: Object,
+    F: Fn(Arc<K>, Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result> + Send + 'static,
+    P: Fn(&Error, &Request) -> Action + Send + Sync + 'static,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
+        match ctx
+            .cache
+            .get::<K>(&request.namespace, &request.name, None)
+            .await?
+        {
+            Some(object) => (self.reconcile)(Arc::new(object), ctx.clone()).await,
+            None => Ok(Action::Done),
+        }
+    }
+
+    fn error_policy(&self, error: &Error, request: &Request) -> Action {
+        (self.error_policy)(error, request)
+    }
+
+    fn watches(&self) -> Option<Watches> {
+        Some(self.watches.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_k8s::k8s_openapi::api::{
+        apps::v1::{Deployment, ReplicaSet},
+        core::v1::{ConfigMap, Pod},
+    };
+
+    use super::*;
+    use crate::sdk::Predicate;
+
+    async fn noop(_: Arc<Deployment>, _: Context) -> Result {
+        Ok(Action::await_change())
+    }
+
+    #[test]
+    fn the_builder_declares_what_the_configuration_file_would() {
+        let built = Builder::for_with::<Deployment>(
+            Options::default().predicates([Predicate::GenerationChanged]),
+        )
+        .owns::<ReplicaSet>()
+        .owns_through::<Pod, ReplicaSet>(Options::default().metadata_only())
+        .watches::<ConfigMap>(Map::label("example.com/deployment"))
+        .reconcile(noop);
+        assert_eq!(Controller::name(&built), "apps/v1/Deployment");
+        let watches = Controller::watches(&built).expect("declared");
+        assert_eq!(watches.reconciles.gvk.kind, "Deployment");
+        assert_eq!(
+            watches.reconciles.options.predicates,
+            [Predicate::GenerationChanged]
+        );
+        let kinds: Vec<_> = watches.owns.iter().map(|w| w.gvk.kind.as_str()).collect();
+        assert_eq!(kinds, ["ReplicaSet", "Pod"]);
+        let through = watches.owns[1].through.as_ref().expect("through");
+        assert_eq!(
+            (through.group.as_str(), through.kind.as_str()),
+            ("apps", "ReplicaSet")
+        );
+        assert!(watches.owns[1].options.metadata_only);
+        assert_eq!(
+            watches.by_label[0].label.as_deref(),
+            Some("example.com/deployment")
+        );
+        assert_eq!(watches.by_label[0].gvk.group, "");
+    }
+
+    #[test]
+    fn a_controller_can_be_named_and_given_an_error_policy() {
+        let built = Builder::for_::<ConfigMap>()
+            .named("example.com/maps")
+            .reconcile(|_: Arc<ConfigMap>, _| async { Ok(Action::Done) })
+            .error_policy(|_: &Error, _: &Request| Action::forget());
+        assert_eq!(Controller::name(&built), "example.com/maps");
+        let request = Request {
+            namespace: "ns".into(),
+            name: "n".into(),
+            attempt: 1,
+        };
+        let error = Error::Other("boom".into());
+        assert_eq!(
+            Controller::error_policy(&built, &error, &request),
+            Action::Forget
+        );
+        let default = Builder::for_::<ConfigMap>()
+            .reconcile(|_: Arc<ConfigMap>, _| async { Ok(Action::Done) });
+        assert_eq!(Controller::name(&default), "v1/ConfigMap");
+        assert_eq!(
+            Controller::error_policy(&default, &error, &request),
+            Action::Backoff
+        );
+    }
+}

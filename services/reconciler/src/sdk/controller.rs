@@ -1,0 +1,173 @@
+//! What a controller implements, and the registry a worker runs them from.
+
+use std::{collections::BTreeMap, fmt, future::Future, sync::Arc, time::Duration};
+
+use futures::future::BoxFuture;
+
+use super::{Action, Context, Error, Request, Result, Watches};
+
+/// A controller: a name its keys carry and a reconcile. Implement it with `async fn`:
+///
+/// ```ignore
+/// impl Controller for Mine {
+///     fn name(&self) -> &str { "example.com/v1/Thing" }
+///     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result { ... }
+/// }
+/// ```
+///
+/// or let [`super::Builder`] make one from a typed reconcile function and its watches.
+pub trait Controller: Send + Sync + 'static {
+    /// The name the keys carry, for example `apps/v1/ReplicaSet`.
+    fn name(&self) -> &str;
+
+    fn reconcile(&self, ctx: &Context, request: &Request) -> impl Future<Output = Result> + Send;
+
+    /// What a failed reconcile asks for (kube-rs's `error_policy`): by default a retry with
+    /// the queue's per-key exponential backoff ([`Action::Backoff`]).
+    fn error_policy(&self, _error: &Error, _request: &Request) -> Action {
+        Action::Backoff
+    }
+
+    /// The watches this controller declares in code, registered with the watcher when the
+    /// reconciler starts; `None` when the watcher's configuration file names them (the
+    /// built-in controllers).
+    fn watches(&self) -> Option<Watches> {
+        None
+    }
+}
+
+/// [`Controller`] behind a pointer: what the registry holds.
+pub(crate) trait DynController: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result>;
+    fn error_policy(&self, error: &Error, request: &Request) -> Action;
+    fn watches(&self) -> Option<Watches>;
+}
+
+impl<C: Controller> DynController for C {
+    fn name(&self) -> &str {
+        Controller::name(self)
+    }
+
+    fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result> {
+        Box::pin(Controller::reconcile(self, ctx, request))
+    }
+
+    fn error_policy(&self, error: &Error, request: &Request) -> Action {
+        Controller::error_policy(self, error, request)
+    }
+
+    fn watches(&self) -> Option<Watches> {
+        Controller::watches(self)
+    }
+}
+
+/// A registered controller, as a worker calls it.
+#[derive(Clone)]
+pub struct Registered(Arc<dyn DynController>);
+
+impl Registered {
+    pub fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    pub async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
+        self.0.reconcile(ctx, request).await
+    }
+
+    pub fn error_policy(&self, error: &Error, request: &Request) -> Action {
+        self.0.error_policy(error, request)
+    }
+
+    pub fn watches(&self) -> Option<Watches> {
+        self.0.watches()
+    }
+}
+
+impl fmt::Debug for Registered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Registered").field(&self.name()).finish()
+    }
+}
+
+/// The controllers a worker runs, by name.
+#[derive(Clone, Default)]
+pub struct Registry(BTreeMap<String, Registered>);
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl Registry {
+    /// Adds a controller; a second one with the same name replaces the first.
+    pub fn register(&mut self, controller: impl Controller) -> &mut Self {
+        self.0.insert(
+            Controller::name(&controller).to_owned(),
+            Registered(Arc::new(controller)),
+        );
+        self
+    }
+
+    pub fn get(&self, name: &str) -> Option<Registered> {
+        self.0.get(name).cloned()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.0.keys().cloned().collect()
+    }
+
+    /// The watches the controllers declare in code, by controller name.
+    pub fn watches(&self) -> Vec<(String, Watches)> {
+        self.0
+            .iter()
+            .filter_map(|(name, c)| c.watches().map(|w| (name.clone(), w)))
+            .collect()
+    }
+
+    /// Makes every reconcile first wait `delay`, as if each called a slow external system
+    /// (`--simulated-latency`, for benchmarks).
+    pub fn add_latency(&mut self, delay: Duration) {
+        for controller in self.0.values_mut() {
+            *controller = Registered(Arc::new(WithLatency {
+                inner: controller.clone(),
+                delay,
+            }));
+        }
+    }
+
+    /// Keeps only the named controllers; an unknown name is returned as the error.
+    pub fn retain(&mut self, names: &[String]) -> std::result::Result<(), String> {
+        if let Some(unknown) = names.iter().find(|n| !self.0.contains_key(n.as_str())) {
+            return Err(unknown.clone());
+        }
+        self.0.retain(|name, _| names.contains(name));
+        Ok(())
+    }
+}
+
+/// A controller whose reconciles start with a wait.
+struct WithLatency {
+    inner: Registered,
+    delay: Duration,
+}
+
+impl Controller for WithLatency {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
+        tokio::time::sleep(self.delay).await;
+        self.inner.reconcile(ctx, request).await
+    }
+
+    fn error_policy(&self, error: &Error, request: &Request) -> Action {
+        self.inner.error_policy(error, request)
+    }
+
+    fn watches(&self) -> Option<Watches> {
+        self.inner.watches()
+    }
+}

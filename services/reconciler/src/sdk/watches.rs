@@ -1,0 +1,83 @@
+//! What a controller watches, declared in code: the same rules as an entry of the watcher's
+//! configuration file (`for`, `owns`, `mapByLabel`), registered with the watcher when the
+//! reconciler starts (`switchyard.watcher.v1.Watches/Register`).
+
+use switchyard_k8s::kube::{Resource, api::GroupVersionKind};
+
+/// When an update keys the controller: any one of the listed predicates holding is enough
+/// (controller-runtime's `predicate.Or`); none listed means every update. Creations,
+/// deletions and resyncs always key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Predicate {
+    /// `metadata.generation` changed: a spec change, for kinds with a status subresource.
+    GenerationChanged,
+    LabelsChanged,
+    AnnotationsChanged,
+}
+
+/// How one kind is watched.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    pub predicates: Vec<Predicate>,
+    /// Cache only the objects' metadata (the metadata API), for a kind the controller reads
+    /// only the metadata of. An informer shared with a controller that needs the kind in
+    /// full caches it in full.
+    pub metadata_only: bool,
+}
+
+impl Options {
+    /// Key updates only when one of `predicates` holds.
+    pub fn predicates(mut self, predicates: impl IntoIterator<Item = Predicate>) -> Self {
+        self.predicates.extend(predicates);
+        self
+    }
+
+    pub fn metadata_only(mut self) -> Self {
+        self.metadata_only = true;
+        self
+    }
+}
+
+/// One watched kind and how its changes become keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Watch {
+    pub gvk: GroupVersionKind,
+    pub options: Options,
+    /// `owns` only: the kind between the object and the owner.
+    pub through: Option<GroupVersionKind>,
+    /// `by_label` only: the label whose value names the object to key.
+    pub label: Option<String>,
+}
+
+impl Watch {
+    pub fn of<K: Resource<DynamicType = ()>>(options: Options) -> Self {
+        Self {
+            gvk: gvk_of::<K>(),
+            options,
+            through: None,
+            label: None,
+        }
+    }
+}
+
+/// Everything one controller watches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Watches {
+    /// The kind reconciled (For): a change keys the object itself.
+    pub reconciles: Watch,
+    /// Kinds controlled (Owns): a change keys the controller owner.
+    pub owns: Vec<Watch>,
+    /// Kinds mapped by a label: a change keys the object its label's value names.
+    pub by_label: Vec<Watch>,
+}
+
+/// The group, version and kind of `K`.
+pub fn gvk_of<K: Resource<DynamicType = ()>>() -> GroupVersionKind {
+    GroupVersionKind::gvk(&K::group(&()), &K::version(&()), &K::kind(&()))
+}
+
+/// The name a controller of `K` takes unless it is given one: `group/version/Kind`
+/// (`apps/v1/ReplicaSet`; `v1/Pod` in the core group), as the built-in controllers are named.
+pub fn default_name<K: Resource<DynamicType = ()>>() -> String {
+    crate::cache::kind_key::<K>()
+}
