@@ -6,7 +6,11 @@
 
 mod support;
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use switchyard_proto::{
     common::v1::WorkKey,
@@ -18,6 +22,9 @@ use switchyard_testenv::ControlPlane;
 use tokio::sync::mpsc;
 
 const SCRIPTED: &str = "example.com/v1/Scripted";
+
+static REQUEUED: AtomicBool = AtomicBool::new(false);
+static RETRIED: AtomicBool = AtomicBool::new(false);
 
 /// Records `"<name>#<attempt>"` when a reconcile starts and `"<name> finished"` when it
 /// ends; behaves by the key's name.
@@ -39,8 +46,12 @@ impl Controller for Scripted {
                     tokio::time::sleep(Duration::from_secs(3600)).await;
                     Action::Done
                 }
-                "fails" if first => {
-                    return Err(switchyard_reconciler::sdk::Error::Other("scripted".into()));
+                "fails" | "terminal" if first => {
+                    return Err(switchyard_reconciler::sdk::Error::Other(name.into()));
+                }
+                // Requeued by the error policy, it comes back as a first attempt: fail once.
+                "retry-later" if !Self::once(&RETRIED) => {
+                    return Err(switchyard_reconciler::sdk::Error::Other(name.into()));
                 }
                 n if n.starts_with("slow") => {
                     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -53,13 +64,30 @@ impl Controller for Scripted {
             Ok(action)
         }
     }
+
+    fn error_policy(&self, error: &switchyard_reconciler::sdk::Error, _: &Request) -> Action {
+        Self::policy(error)
+    }
 }
 
 impl Scripted {
+    /// The error policy: "terminal" is forgotten, "retry-later" looks again after a fixed
+    /// delay, any other failure backs off.
+    fn policy(error: &switchyard_reconciler::sdk::Error) -> Action {
+        match error.to_string().as_str() {
+            "terminal" => Action::forget(),
+            "retry-later" => Action::requeue(Duration::from_millis(300)),
+            _ => Action::Backoff,
+        }
+    }
+
     fn requeued(&self) -> bool {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        static ONCE: AtomicBool = AtomicBool::new(false);
-        ONCE.swap(true, Ordering::SeqCst)
+        Self::once(&REQUEUED)
+    }
+
+    /// False the first time, true after.
+    fn once(flag: &AtomicBool) -> bool {
+        flag.swap(true, Ordering::SeqCst)
     }
 }
 
@@ -148,6 +176,24 @@ async fn failures_panics_and_timeouts_are_failed_outcomes_and_the_worker_lives_o
     events.expect("fails#1", within).await;
     events.expect("fails#2", within).await;
 
+    // The error policy decides: a failure it forgets is not retried, one it requeues comes
+    // back after the delay as a first attempt (its failure not counted), and the key's
+    // failures are then forgotten.
+    enqueue(queue.grpc(), "terminal").await;
+    events.expect("terminal#1", within).await;
+    events
+        .expect_none("terminal#2", Duration::from_secs(1))
+        .await;
+    enqueue(queue.grpc(), "retry-later").await;
+    events.expect("retry-later#1", within).await;
+    let start = std::time::Instant::now();
+    events.expect("retry-later#1", within).await;
+    assert!(
+        start.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        start.elapsed()
+    );
+
     // A panic is a failed outcome, and the worker lives on.
     enqueue(queue.grpc(), "panics").await;
     events.expect("panics#1", within).await;
@@ -176,7 +222,7 @@ async fn failures_panics_and_timeouts_are_failed_outcomes_and_the_worker_lives_o
     for (series, count) in [
         (
             format!(r#"switchyard_reconcile_total{{controller="{SCRIPTED}",result="error"}}"#),
-            3.0,
+            5.0,
         ),
         (
             format!(
@@ -186,7 +232,7 @@ async fn failures_panics_and_timeouts_are_failed_outcomes_and_the_worker_lives_o
         ),
         (
             format!(r#"switchyard_reconcile_errors_total{{controller="{SCRIPTED}"}}"#),
-            3.0,
+            5.0,
         ),
         (
             format!(r#"switchyard_reconcile_panics_total{{controller="{SCRIPTED}"}}"#),
