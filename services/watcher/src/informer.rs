@@ -320,11 +320,12 @@ impl Informer {
         let new = summary.clone();
         let applied = self.cache.write().apply(summary, json);
         let kind = kind_of(&applied)?;
-        self.count(match kind {
-            EventKind::Added => "added",
-            EventKind::Modified => "modified",
-            _ => "listed",
-        });
+        // A listed object was counted as `listed` when it came (InitApply).
+        match kind {
+            EventKind::Added => self.count("added"),
+            EventKind::Modified => self.count("modified"),
+            _ => {}
+        }
         let old = match &applied {
             Applied::Updated(old) => Some(old),
             _ => None,
