@@ -19,6 +19,7 @@ use switchyard_proto::{
 use switchyard_runtime::Drain;
 use switchyard_watcher_core::{ControllerWatches, Gvk, Predicate, Registration, Watch};
 use tonic::{Request, Response, Status};
+use tracing::warn;
 
 use crate::{
     grpc::{ApiError, invalid},
@@ -55,12 +56,17 @@ impl watches_server::Watches for WatchesService {
             registrant,
             controllers,
         } = request.into_inner();
-        let registration = registration(registrant, controllers)?;
+        let named = registrant.clone();
+        let refused = |error: ApiError| {
+            warn!(registrant = %named, %error, "registration refused");
+            Status::from(error)
+        };
+        let registration = registration(registrant, controllers).map_err(refused)?;
         let registered = self
             .informers
             .register(registration, &self.drain)
             .await
-            .map_err(ApiError::from)?;
+            .map_err(|e| refused(e.into()))?;
         let response = RegisterResponse {
             synced: registered.kinds().iter().map(proto_gvk).collect(),
         };
