@@ -2,7 +2,7 @@
 //! and server reflection (v1 and v1alpha), over mutual TLS with every call authorized by
 //! the caller's identity ([`crate::authz`]), or in plaintext when asked to.
 
-use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc};
+use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::{TcpListener, TcpStream};
@@ -22,6 +22,14 @@ use crate::{
     authz::Authorize,
     tls::{Handshakes, Tls},
 };
+
+/// How often the server pings a connection that sent nothing: a peer that vanished without
+/// closing its TCP connection (its node lost, a partition) would otherwise hold its streams,
+/// and what they hold (a registration's informers), forever. Well above any RPC's idle gap
+/// on a healthy connection, so that pings cost nothing there.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a ping may go unanswered before the connection is closed (tonic's default).
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The routes a service serves; health and reflection are added by the runtime.
 #[derive(Debug, Default)]
@@ -91,6 +99,8 @@ impl GrpcServer {
             source,
         })?;
         let router = Server::builder()
+            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .layer(Authorize::new(tls.cloned(), metrics))
             .add_routes(routes.routes());
         let incoming = match tls {

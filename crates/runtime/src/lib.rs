@@ -43,7 +43,7 @@ pub use grpc::GrpcServer;
 pub use instance::{InstanceScope, instance_id};
 pub use kube_client::{KubeArgs, KubeError, await_apiserver};
 pub use metrics::Metrics;
-pub use shutdown::{Drain, ShutdownHandle, drain_channel};
+pub use shutdown::{Drain, ShutdownHandle, Stop, drain_channel};
 pub use supervise::panic_message;
 pub use tls::{Identity, Role, ServingKey, Tls, TlsArgs, TlsError};
 
@@ -78,6 +78,46 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How long the drain may take after an essential task failed the process.
 const FAILED_DRAIN: Duration = Duration::from_secs(5);
+
+/// Starts supervised tasks after [`Runtime::start`], for work that comes and goes while the
+/// service runs (an informer that a registration needs). Each task is tracked as the
+/// runtime's own are: shutdown drains and waits for it.
+#[derive(Clone, Debug)]
+pub struct Spawner {
+    tasks: shutdown::Tasks,
+    supervisor: supervise::Supervisor,
+    drain: Drain,
+}
+
+impl Spawner {
+    /// Like [`Runtime::spawn_restarting`]: `task(drain)` runs again after a panic or an
+    /// early return, until shutdown or until the returned handle is dropped. Its drain
+    /// handle is signaled by either; a task stopped by its handle is not counted as a
+    /// restart. After shutdown began, the task is not started at all.
+    pub fn spawn_restarting<F, Fut>(&self, name: &'static str, task: F) -> TaskHandle
+    where
+        F: FnMut(Drain) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (drain, stop) = self.drain.child();
+        if !drain.is_draining() {
+            self.tasks
+                .spawn(name, self.supervisor.clone().restarting(name, task, drain));
+        }
+        TaskHandle(stop)
+    }
+}
+
+/// Stops its task (signals the task's drain handle) when dropped.
+#[derive(Debug)]
+#[must_use = "dropping it stops the task at once"]
+pub struct TaskHandle(Stop);
+
+impl TaskHandle {
+    pub fn stop(self) {
+        self.0.stop();
+    }
+}
 
 /// A running service: its telemetry, admin port, readiness and shutdown.
 #[derive(Debug)]
@@ -117,6 +157,11 @@ impl Runtime {
         // Closed until run(): services register their own gates before that.
         let startup = readiness.gate("startup");
         let shutdown = shutdown::Shutdown::new()?;
+        metrics.register(
+            "switchyard_tasks",
+            "Supervised tasks running, by name",
+            shutdown.tasks().gauge(),
+        );
         let supervisor =
             supervise::Supervisor::new(shutdown.handle(), &metrics, admin.debug_fault_injection);
         if admin.debug_fault_injection {
@@ -275,6 +320,15 @@ impl Runtime {
             .spawn(name, self.supervisor.clone().restarting(name, task, drain));
     }
 
+    /// Starts tasks while the service runs, each stopped on its own or by shutdown.
+    pub fn spawner(&self) -> Spawner {
+        Spawner {
+            tasks: self.shutdown.tasks().clone(),
+            supervisor: self.supervisor.clone(),
+            drain: self.shutdown.drain(),
+        }
+    }
+
     fn spawn_once<F, Fut>(&self, name: &'static str, on_exit: supervise::OnExit, task: F)
     where
         F: FnOnce(Drain) -> Fut,
@@ -346,5 +400,83 @@ impl Runtime {
             Err(error) => warn!(%error, "stopped without a clean drain"),
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+
+    use super::*;
+
+    fn spawner() -> (Spawner, ShutdownHandle, shutdown::Tasks, Metrics) {
+        let metrics = Metrics::new_for_tests();
+        let (trigger, drain) = drain_channel();
+        let tasks = shutdown::Tasks::default();
+        let supervisor = supervise::Supervisor::new(trigger.clone(), &metrics, false);
+        let spawner = Spawner {
+            tasks: tasks.clone(),
+            supervisor,
+            drain,
+        };
+        (spawner, trigger, tasks, metrics)
+    }
+
+    fn running(tasks: &shutdown::Tasks, name: &str) -> i64 {
+        tasks
+            .gauge()
+            .get_or_create(&shutdown::TaskLabels { task: name.into() })
+            .get()
+    }
+
+    /// Waits (in paused time) until `condition` holds.
+    async fn until(mut condition: impl FnMut() -> bool) {
+        for _ in 0..1000 {
+            if condition() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition not reached");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spawned_task_stops_with_its_handle_without_a_restart() {
+        let (spawner, _trigger, tasks, metrics) = spawner();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handle = spawner.spawn_restarting("informer", {
+            let runs = runs.clone();
+            move |drain: Drain| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                drain.signaled()
+            }
+        });
+        let other = spawner.spawn_restarting("informer", |drain: Drain| drain.signaled());
+        until(|| running(&tasks, "informer") == 2).await;
+        handle.stop();
+        until(|| running(&tasks, "informer") == 1).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        let text = metrics.encode().unwrap();
+        assert!(
+            !text.contains("switchyard_task_restarts_total{"),
+            "a stop counted as a restart: {text}"
+        );
+        drop(other);
+        until(|| running(&tasks, "informer") == 0).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_stops_spawned_tasks_and_none_start_after_it() {
+        let (spawner, trigger, tasks, _) = spawner();
+        let _handle = spawner.spawn_restarting("informer", |drain: Drain| drain.signaled());
+        until(|| running(&tasks, "informer") == 1).await;
+        trigger.trigger();
+        until(|| running(&tasks, "informer") == 0).await;
+        let _late = spawner.spawn_restarting("informer", |drain: Drain| drain.signaled());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(running(&tasks, "informer"), 0);
     }
 }

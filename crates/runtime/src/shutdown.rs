@@ -1,6 +1,10 @@
 //! One shutdown path: the first SIGTERM/SIGINT (or a [`ShutdownHandle`]) cancels the drain
 //! token every task holds; the runtime then waits, bounded, for every tracked task. A second
 //! signal aborts the wait.
+//!
+//! A task started while the service runs, and stopped before shutdown (an informer that a
+//! registration needs), holds a child of the drain token ([`Drain::child`]): its own stop
+//! cancels only the child, shutdown cancels every child.
 
 use std::{
     collections::BTreeMap,
@@ -12,8 +16,15 @@ use std::{
     time::Duration,
 };
 
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{family::Family, gauge::Gauge},
+};
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tokio_util::{
+    sync::{CancellationToken, DropGuard},
+    task::TaskTracker,
+};
 
 use crate::{Error, Result};
 
@@ -29,6 +40,30 @@ impl Drain {
 
     pub fn is_draining(&self) -> bool {
         self.0.is_cancelled()
+    }
+
+    /// A drain handle signaled by shutdown or by its [`Stop`], whichever comes first.
+    pub fn child(&self) -> (Drain, Stop) {
+        let child = self.0.child_token();
+        (
+            Drain(child.clone()),
+            Stop {
+                _guard: child.drop_guard(),
+            },
+        )
+    }
+}
+
+/// Signals the drain handle of one task (made by [`Drain::child`]) when stopped or dropped.
+#[derive(Debug)]
+#[must_use = "dropping it stops the task at once"]
+pub struct Stop {
+    _guard: DropGuard,
+}
+
+impl Stop {
+    pub fn stop(self) {
+        drop(self);
     }
 }
 
@@ -49,11 +84,18 @@ impl ShutdownHandle {
     }
 }
 
-/// The names of the tracked tasks still running, so a drain that times out can say which.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TaskLabels {
+    pub(crate) task: String,
+}
+
+/// The names of the tracked tasks still running, so a drain that times out can say which,
+/// and their count by name (`switchyard_tasks`).
 #[derive(Clone, Debug, Default)]
 struct Running {
     tasks: Arc<Mutex<BTreeMap<u64, &'static str>>>,
     next_id: Arc<AtomicU64>,
+    gauge: Family<TaskLabels, Gauge>,
 }
 
 /// Removes its task from [`Running`] when the task ends (or is dropped).
@@ -64,7 +106,9 @@ struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.running.lock().remove(&self.id);
+        if let Some(name) = self.running.lock().remove(&self.id) {
+            self.running.count(name).dec();
+        }
     }
 }
 
@@ -75,9 +119,18 @@ impl Running {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn count(&self, name: &'static str) -> Gauge {
+        self.gauge
+            .get_or_create(&TaskLabels {
+                task: name.to_owned(),
+            })
+            .clone()
+    }
+
     fn register(&self, name: &'static str) -> Registered {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(id, name);
+        self.count(name).inc();
         Registered {
             running: self.clone(),
             id,
@@ -89,36 +142,15 @@ impl Running {
     }
 }
 
-#[derive(Debug)]
-pub(crate) struct Shutdown {
-    drain: CancellationToken,
-    requested: CancellationToken,
+/// Where tracked tasks are spawned: shutdown waits for each of them. Cloned into a
+/// [`crate::Spawner`] for tasks started while the service runs.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tasks {
     tracker: TaskTracker,
     running: Running,
-    sigterm: Signal,
-    sigint: Signal,
 }
 
-impl Shutdown {
-    pub(crate) fn new() -> Result<Self> {
-        Ok(Self {
-            drain: CancellationToken::new(),
-            requested: CancellationToken::new(),
-            tracker: TaskTracker::new(),
-            running: Running::default(),
-            sigterm: signal(SignalKind::terminate()).map_err(Error::Signal)?,
-            sigint: signal(SignalKind::interrupt()).map_err(Error::Signal)?,
-        })
-    }
-
-    pub(crate) fn drain(&self) -> Drain {
-        Drain(self.drain.clone())
-    }
-
-    pub(crate) fn handle(&self) -> ShutdownHandle {
-        ShutdownHandle(self.requested.clone())
-    }
-
+impl Tasks {
     /// Runs `task` as a tracked task named `name`: shutdown waits for it, and names it if
     /// it is still running when the drain times out.
     pub(crate) fn spawn(
@@ -133,6 +165,52 @@ impl Shutdown {
         });
     }
 
+    /// Tracked tasks running, by name.
+    pub(crate) fn gauge(&self) -> Family<TaskLabels, Gauge> {
+        self.running.gauge.clone()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Shutdown {
+    drain: CancellationToken,
+    requested: CancellationToken,
+    tasks: Tasks,
+    sigterm: Signal,
+    sigint: Signal,
+}
+
+impl Shutdown {
+    pub(crate) fn new() -> Result<Self> {
+        Ok(Self {
+            drain: CancellationToken::new(),
+            requested: CancellationToken::new(),
+            tasks: Tasks::default(),
+            sigterm: signal(SignalKind::terminate()).map_err(Error::Signal)?,
+            sigint: signal(SignalKind::interrupt()).map_err(Error::Signal)?,
+        })
+    }
+
+    pub(crate) fn tasks(&self) -> &Tasks {
+        &self.tasks
+    }
+
+    pub(crate) fn drain(&self) -> Drain {
+        Drain(self.drain.clone())
+    }
+
+    pub(crate) fn handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.requested.clone())
+    }
+
+    pub(crate) fn spawn(
+        &self,
+        name: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) {
+        self.tasks.spawn(name, task);
+    }
+
     /// Waits for the first signal or a triggered handle; names what it was.
     pub(crate) async fn signaled(&mut self) -> &'static str {
         tokio::select! {
@@ -145,12 +223,12 @@ impl Shutdown {
     /// Cancels the drain token and waits for every tracked task, at most `timeout`.
     pub(crate) async fn drain_all(&mut self, timeout: Duration) -> Result<()> {
         self.drain.cancel();
-        self.tracker.close();
+        self.tasks.tracker.close();
         tokio::select! {
-            _ = self.tracker.wait() => Ok(()),
+            _ = self.tasks.tracker.wait() => Ok(()),
             _ = tokio::time::sleep(timeout) => Err(Error::DrainTimeout {
                 timeout,
-                running: self.running.names().join(", "),
+                running: self.tasks.running.names().join(", "),
             }),
             _ = self.sigterm.recv() => Err(Error::Aborted),
             _ = self.sigint.recv() => Err(Error::Aborted),

@@ -5,6 +5,10 @@
 //!  spawn_essential(name, task)  must run until shutdown: a panic or an early return fails it
 //!  spawn_restarting(name, f)    a panic or an early return restarts it (jittered backoff),
 //!                               counted in switchyard_task_restarts_total{task}
+//!  Spawner::spawn_restarting    the same, started while the service runs, until shutdown
+//!                               or until its TaskHandle is dropped (no restart counted)
+//!
+//!  switchyard_tasks{task}: the tracked tasks running now, by name
 //!
 //!  fail: /livez answers 503 naming the task, shutdown begins, run() returns TaskFailed and
 //!        the process exits non-zero, so the kubelet restarts it
@@ -20,14 +24,11 @@ use std::{
     time::Duration,
 };
 
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family},
-};
+use prometheus_client::metrics::{counter::Counter, family::Family};
 use tokio::sync::Notify;
 use tracing::{Instrument, error, info_span, warn};
 
-use crate::{Backoff, Drain, ShutdownHandle};
+use crate::{Backoff, Drain, ShutdownHandle, shutdown::TaskLabels};
 
 /// First and last pause before a restarted task runs again.
 const RESTART_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(10));
@@ -39,11 +40,6 @@ pub(crate) enum OnExit {
     MayReturn,
     /// It must run until shutdown: returning or panicking fails the process.
     Essential,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TaskLabels {
-    task: String,
 }
 
 /// Liveness, faults and restarts of one runtime's tasks.

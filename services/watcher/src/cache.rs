@@ -1,5 +1,17 @@
-//! The caches of every watched resource, shared by the informers (writers) and the Cache and
-//! Resync gRPC services (readers).
+//! The caches of every watched resource, shared by the informers (writers) and the Cache,
+//! Resync and Watches gRPC services (readers).
+//!
+//! What is watched changes while the watcher runs (registrations come and go), so the
+//! caches and the rules that map their objects to keys are one snapshot, [`Watching`],
+//! replaced as a whole on every change. A cache whose kind stays watched in the same mode
+//! is carried into the next snapshot, so it is not listed again; its index may change, so
+//! an informer looks its cache up in the current snapshot for every event.
+//!
+//! ```text
+//!  Caches ── current: Watching { config, resources[i] ─► Arc<ResourceCache>, mapper }
+//!               │ replaced by the informers' set (informers.rs) on every change
+//!               └─► Cache API (find by kind), resync (keys), informers (index, mapper)
+//! ```
 
 use std::{
     collections::HashSet,
@@ -17,16 +29,28 @@ use crate::graph::GraphCache;
 /// One resource's cache.
 #[derive(Debug)]
 pub struct ResourceCache {
-    pub index: usize,
     pub resource: ResourceConfig,
     store: RwLock<Store>,
     /// The store's resourceVersion, for "at least resourceVersion R" reads.
     resource_version: watch::Sender<u64>,
     /// True once every stream of the resource finished its initial list.
     synced: watch::Sender<bool>,
+    /// Why the apiserver refused the initial list (a kind the watcher may not list), while
+    /// it does: registrations waiting for this cache fail with it rather than wait.
+    refused: watch::Sender<Option<Arc<str>>>,
 }
 
 impl ResourceCache {
+    pub fn new(resource: ResourceConfig) -> Self {
+        Self {
+            resource,
+            store: RwLock::new(Store::default()),
+            resource_version: watch::channel(0).0,
+            synced: watch::channel(false).0,
+            refused: watch::channel(None).0,
+        }
+    }
+
     pub fn read(&self) -> RwLockReadGuard<'_, Store> {
         self.store.read().unwrap_or_else(PoisonError::into_inner)
     }
@@ -52,6 +76,7 @@ impl ResourceCache {
 
     /// Marks the initial list done; false when it already was (a restarted informer).
     pub fn mark_synced(&self) -> bool {
+        self.refused.send_replace(None);
         !self.synced.send_replace(true)
     }
 
@@ -59,16 +84,102 @@ impl ResourceCache {
         *self.synced.borrow()
     }
 
+    pub fn synced(&self) -> watch::Receiver<bool> {
+        self.synced.subscribe()
+    }
+
+    /// Records why the apiserver refuses the initial list, until it is done.
+    pub fn refuse(&self, reason: String) {
+        if !self.is_synced() {
+            self.refused.send_replace(Some(reason.into()));
+        }
+    }
+
+    pub fn refusals(&self) -> watch::Receiver<Option<Arc<str>>> {
+        self.refused.subscribe()
+    }
+
     pub fn gvk(&self) -> &Gvk {
         &self.resource.gvk
     }
 }
 
-/// Every resource's cache, with the rules that turn their objects into keys.
+/// What is watched now: every resource's cache, at its index in the configuration that the
+/// configuration file and the registrations make together, and the rules of that
+/// configuration.
 #[derive(Debug)]
-pub struct Caches {
+pub struct Watching {
+    pub config: Config,
     pub resources: Vec<Arc<ResourceCache>>,
     pub mapper: Mapper,
+}
+
+impl Watching {
+    /// `config`'s resources, each in the cache `cache_of` gives.
+    pub fn new(
+        config: Config,
+        mut cache_of: impl FnMut(&ResourceConfig) -> Arc<ResourceCache>,
+    ) -> Self {
+        let resources = config.resources.iter().map(&mut cache_of).collect();
+        Self {
+            mapper: Mapper::new(&config),
+            resources,
+            config,
+        }
+    }
+
+    pub fn find(&self, gvk: &Gvk) -> Option<&Arc<ResourceCache>> {
+        self.resources.iter().find(|r| r.gvk() == gvk)
+    }
+
+    /// The index of this very cache (not another of the same kind), if it is current.
+    pub fn index_of(&self, cache: &Arc<ResourceCache>) -> Option<usize> {
+        self.resources.iter().position(|r| Arc::ptr_eq(r, cache))
+    }
+
+    pub fn watched(&self) -> String {
+        let kinds: Vec<String> = self.resources.iter().map(|r| r.gvk().to_string()).collect();
+        match kinds.is_empty() {
+            true => "nothing".to_owned(),
+            false => kinds.join(", "),
+        }
+    }
+
+    /// The keys `mapper` (made from this snapshot's configuration, or part of it) gives
+    /// every object cached in the resources `resource` accepts whose key falls in
+    /// `shards` (every shard when `None`), as a resync maps them.
+    pub fn keys(
+        &self,
+        mapper: &Mapper,
+        resource: impl Fn(usize) -> bool,
+        shards: Option<&HashSet<u32>>,
+        shard_count: u32,
+    ) -> Vec<WorkKey> {
+        let mut keys = Vec::new();
+        let mut scratch = Vec::new();
+        for (index, cache) in self.resources.iter().enumerate() {
+            if !mapper.maps(index) || !resource(index) {
+                continue;
+            }
+            // Copied out, so that `owns ... through` rules can read another cache meanwhile.
+            let summaries: Vec<_> = cache.read().summaries().cloned().collect();
+            for summary in &summaries {
+                mapper.keys(index, EventKind::Sync, None, summary, self, &mut scratch);
+                keys.extend(
+                    scratch
+                        .drain(..)
+                        .filter(|k| shards.is_none_or(|s| s.contains(&k.shard(shard_count)))),
+                );
+            }
+        }
+        keys
+    }
+}
+
+/// The watched resources' caches, now, and what stays the same while they change.
+#[derive(Debug)]
+pub struct Caches {
+    current: watch::Sender<Arc<Watching>>,
     pub namespaces: Namespaces,
     pub shard_count: u32,
     /// The garbage collector's graph, when configured.
@@ -76,24 +187,20 @@ pub struct Caches {
 }
 
 impl Caches {
+    /// Caches of nothing yet: the informers' set publishes what is watched.
     pub fn new(config: &Config) -> Self {
-        let resources = config
-            .resources
-            .iter()
-            .enumerate()
-            .map(|(index, resource)| {
-                Arc::new(ResourceCache {
-                    index,
-                    resource: resource.clone(),
-                    store: RwLock::new(Store::default()),
-                    resource_version: watch::channel(0).0,
-                    synced: watch::channel(false).0,
-                })
-            })
-            .collect();
+        let empty = Config {
+            resources: Vec::new(),
+            rules: Vec::new(),
+            ..config.clone()
+        };
         Self {
-            resources,
-            mapper: Mapper::new(config),
+            current: watch::channel(Arc::new(Watching {
+                mapper: Mapper::new(&empty),
+                resources: Vec::new(),
+                config: empty,
+            }))
+            .0,
             namespaces: config.namespaces.clone(),
             shard_count: config.shard_count,
             graph: config
@@ -103,42 +210,34 @@ impl Caches {
         }
     }
 
-    pub fn find(&self, gvk: &Gvk) -> Option<&Arc<ResourceCache>> {
-        self.resources.iter().find(|r| r.gvk() == gvk)
+    /// What is watched now.
+    pub fn current(&self) -> Arc<Watching> {
+        self.current.borrow().clone()
+    }
+
+    /// Follows what is watched.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Watching>> {
+        self.current.subscribe()
+    }
+
+    /// Replaces what is watched.
+    pub fn publish(&self, watching: Watching) {
+        self.current.send_replace(Arc::new(watching));
+    }
+
+    pub fn find(&self, gvk: &Gvk) -> Option<Arc<ResourceCache>> {
+        self.current().find(gvk).cloned()
     }
 
     pub fn watched(&self) -> String {
-        let kinds: Vec<String> = self.resources.iter().map(|r| r.gvk().to_string()).collect();
-        kinds.join(", ")
+        self.current().watched()
     }
 
     /// The keys of every cached object whose key falls in `shards` (every shard when
     /// `None`), as a resync maps them.
     pub fn keys(&self, shards: Option<&HashSet<u32>>) -> Vec<WorkKey> {
-        let mut keys = Vec::new();
-        let mut scratch = Vec::new();
-        for cache in &self.resources {
-            if !self.mapper.maps(cache.index) {
-                continue;
-            }
-            // Copied out, so that `owns ... through` rules can read another cache meanwhile.
-            let summaries: Vec<_> = cache.read().summaries().cloned().collect();
-            for summary in &summaries {
-                self.mapper.keys(
-                    cache.index,
-                    EventKind::Sync,
-                    None,
-                    summary,
-                    self,
-                    &mut scratch,
-                );
-                keys.extend(
-                    scratch
-                        .drain(..)
-                        .filter(|k| shards.is_none_or(|s| s.contains(&k.shard(self.shard_count)))),
-                );
-            }
-        }
+        let now = self.current();
+        let mut keys = now.keys(&now.mapper, |_| true, shards, self.shard_count);
         if let Some(graph) = &self.graph {
             keys.extend(
                 graph.keys(|k| shards.is_none_or(|s| s.contains(&k.shard(self.shard_count)))),
@@ -151,7 +250,7 @@ impl Caches {
 }
 
 /// `owns ... through` rules look the object between up in its cache.
-impl Owners for Caches {
+impl Owners for Watching {
     fn controller(&self, resource: usize, namespace: &str, name: &str) -> Option<ControllerRef> {
         let cache = self.resources.get(resource)?;
         let store = cache.read();

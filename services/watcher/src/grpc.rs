@@ -1,5 +1,7 @@
-//! The gRPC edge: the Cache API for reconcilers and shard resync for queues. Requests are
-//! validated here (errors name the field), answered from the caches, and converted back.
+//! The gRPC edge: the Cache API for reconcilers and shard resync for queues (and, in
+//! [`crate::watches`], the watches reconcilers register). Requests are validated here
+//! (errors name the field), answered from the caches, and converted back. [`ApiError`] is
+//! the one place a [`Status`] is made.
 
 use std::{collections::HashSet, pin::Pin, sync::Arc, time::Duration};
 
@@ -14,13 +16,14 @@ use switchyard_proto::{
 };
 use switchyard_queue_client::{Enqueuer, Priority};
 use switchyard_selector::Selector;
-use switchyard_watcher_core::{Gvk, graph::Node};
+use switchyard_watcher_core::{Gvk, WatchesError, graph::Node};
 use tonic::{Request, Response, Status};
 use tracing::info;
 
 use crate::{
     cache::{Caches, ResourceCache},
     graph::GraphCache,
+    informers::RegisterError,
     metrics::{ResyncLabels, WatcherMetrics},
 };
 
@@ -38,7 +41,17 @@ const MAX_UID_LEN: usize = 128;
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{field}: {reason}")]
-    Invalid { field: &'static str, reason: String },
+    Invalid { field: String, reason: String },
+    /// A registration that disagrees with the configuration file.
+    #[error("{field}: {reason}")]
+    Conflict { field: String, reason: String },
+    /// A registration of a kind the apiserver does not serve.
+    #[error("{0}")]
+    NotServed(String),
+    /// The watcher cannot do it now: a retry may succeed (discovery failed, a list refused,
+    /// shutting down).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("gvk: {gvk} is not watched by this watcher (it watches {watched})")]
     NotWatched { gvk: Gvk, watched: String },
     #[error("the cache of {0} has not finished its initial list")]
@@ -65,16 +78,42 @@ impl From<ApiError> for Status {
         let message = error.to_string();
         match error {
             ApiError::Invalid { .. } => Status::invalid_argument(message),
-            ApiError::NotWatched { .. } | ApiError::NoGraph => Status::not_found(message),
-            ApiError::NotSynced(_) | ApiError::GraphNotSynced => Status::unavailable(message),
+            ApiError::Conflict { .. } => Status::failed_precondition(message),
+            ApiError::NotWatched { .. } | ApiError::NoGraph | ApiError::NotServed(_) => {
+                Status::not_found(message)
+            }
+            ApiError::NotSynced(_) | ApiError::GraphNotSynced | ApiError::Unavailable(_) => {
+                Status::unavailable(message)
+            }
             ApiError::NotFresh { .. } => Status::deadline_exceeded(message),
         }
     }
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> ApiError {
+impl From<RegisterError> for ApiError {
+    fn from(error: RegisterError) -> Self {
+        match error {
+            RegisterError::Watches(WatchesError::Invalid { field, problem }) => ApiError::Invalid {
+                field,
+                reason: problem,
+            },
+            RegisterError::Watches(WatchesError::Conflict { field, problem }) => {
+                ApiError::Conflict {
+                    field,
+                    reason: problem,
+                }
+            }
+            error @ RegisterError::UnknownKind { .. } => ApiError::NotServed(error.to_string()),
+            error @ (RegisterError::Discovery { .. }
+            | RegisterError::Refused { .. }
+            | RegisterError::ShuttingDown) => ApiError::Unavailable(error.to_string()),
+        }
+    }
+}
+
+pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ApiError {
     ApiError::Invalid {
-        field,
+        field: field.into(),
         reason: reason.into(),
     }
 }
@@ -104,7 +143,7 @@ impl CacheService {
             kind: gvk.kind.clone(),
         };
         match self.caches.find(&wanted) {
-            Some(cache) => Ok(cache.clone()),
+            Some(cache) => Ok(cache),
             None => Err(ApiError::NotWatched {
                 watched: self.caches.watched(),
                 gvk: wanted,

@@ -13,6 +13,11 @@
 //!              away -> its keys, normal priority; the first InitDone marks the scope synced
 //!  Apply / Delete ─► apply / delete ─► keys, normal priority
 //! ```
+//!
+//! Keys come from the rules of the current snapshot ([`crate::cache::Watching`]), looked up
+//! for every event: registrations change them while the informer runs. An informer whose
+//! cache is no longer current (being stopped, or replaced by one of another mode) keys
+//! nothing.
 
 use std::{
     collections::HashSet,
@@ -28,7 +33,7 @@ use futures::{StreamExt, stream::BoxStream};
 use switchyard_k8s::{
     Api, Client, ObjectMeta,
     kube::{
-        Resource,
+        self, Resource,
         api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
         core::DynamicResourceScope,
         discovery::{self, Scope},
@@ -99,7 +104,7 @@ pub struct Informer {
 }
 
 impl Informer {
-    pub async fn run(self, synced: Arc<SyncBarrier>, drain: Drain) {
+    pub async fn run(self, drain: Drain) {
         let Some((resource, scope)) = self.resolve(&drain).await else {
             return;
         };
@@ -126,10 +131,10 @@ impl Informer {
         // kube's `Api<PartialObjectMeta<_>>` lists and watches through the metadata API
         // (`as=PartialObjectMetadata`): only metadata crosses the wire.
         if self.cache.resource.metadata_only {
-            self.watch::<PartialObjectMeta<DynamicObject>>(&resource, scopes, config, synced, drain)
+            self.watch::<PartialObjectMeta<DynamicObject>>(&resource, scopes, config, drain)
                 .await
         } else {
-            self.watch::<DynamicObject>(&resource, scopes, config, synced, drain)
+            self.watch::<DynamicObject>(&resource, scopes, config, drain)
                 .await
         }
     }
@@ -157,7 +162,6 @@ impl Informer {
         resource: &ApiResource,
         scopes: Vec<Option<String>>,
         config: watcher::Config,
-        synced: Arc<SyncBarrier>,
         drain: Drain,
     ) where
         K: Resource<DynamicType = ApiResource, Scope = DynamicResourceScope>
@@ -199,6 +203,9 @@ impl Informer {
                 Err(error) => {
                     self.count("error");
                     warn!(resource = %self.cache.gvk(), %error, "watch failed; retrying with backoff");
+                    if let Some(reason) = refusal(&error) {
+                        self.cache.refuse(reason);
+                    }
                     continue;
                 }
             };
@@ -233,22 +240,13 @@ impl Informer {
                 watcher::Event::InitDone => {
                     let gone = self.cache.write().finish_relist(scope);
                     for summary in &gone {
-                        self.caches.mapper.keys(
-                            self.cache.index,
-                            EventKind::Deleted,
-                            None,
-                            summary,
-                            &*self.caches,
-                            &mut keys,
-                        );
+                        self.keys(EventKind::Deleted, None, summary, &mut keys);
                     }
                     if !gone.is_empty() {
                         info!(resource = %self.cache.gvk(), deleted = gone.len(), "relist found objects deleted while the watch was away");
                     }
                     if listed_once.insert(stream) && listed_once.len() == scopes.len() {
-                        if self.cache.mark_synced() {
-                            synced.done();
-                        }
+                        self.cache.mark_synced();
                         info!(resource = %self.cache.gvk(), objects = self.cache.read().len(), "initial list done");
                     }
                     Priority::Normal
@@ -269,12 +267,10 @@ impl Informer {
                         &summary.name,
                         summary.resource_version,
                     );
-                    self.caches.mapper.keys(
-                        self.cache.index,
+                    self.keys(
                         EventKind::Deleted,
                         None,
                         cached.as_ref().unwrap_or(&summary),
-                        &*self.caches,
                         &mut keys,
                     );
                     Priority::Normal
@@ -324,19 +320,32 @@ impl Informer {
         let new = summary.clone();
         let applied = self.cache.write().apply(summary, json);
         let kind = kind_of(&applied)?;
-        self.count(match kind {
-            EventKind::Added => "added",
-            EventKind::Modified => "modified",
-            _ => "listed",
-        });
+        // A listed object was counted as `listed` when it came (InitApply).
+        match kind {
+            EventKind::Added => self.count("added"),
+            EventKind::Modified => self.count("modified"),
+            _ => {}
+        }
         let old = match &applied {
             Applied::Updated(old) => Some(old),
             _ => None,
         };
-        self.caches
-            .mapper
-            .keys(self.cache.index, kind, old, &new, &*self.caches, keys);
+        self.keys(kind, old, &new, keys);
         Some(kind)
+    }
+
+    /// Appends the keys of a change by the current rules, if this cache is current.
+    fn keys(
+        &self,
+        event: EventKind,
+        old: Option<&Summary>,
+        new: &Summary,
+        keys: &mut Vec<WorkKey>,
+    ) {
+        let now = self.caches.current();
+        if let Some(index) = now.index_of(&self.cache) {
+            now.mapper.keys(index, event, old, new, &*now, keys);
+        }
     }
 
     fn after_change(&self) {
@@ -345,6 +354,10 @@ impl Informer {
             (store.resource_version(), store.len())
         };
         self.cache.publish_resource_version(rv);
+        // A cache no longer current has had its series removed (informers.rs).
+        if self.caches.current().index_of(&self.cache).is_none() {
+            return;
+        }
         self.metrics
             .cached_objects
             .get_or_create(&self.resource_labels())
@@ -387,6 +400,25 @@ fn record_event(span: &Option<tracing::Span>, kind: Option<EventKind>) {
         };
         span.record("event", kind);
     }
+}
+
+/// The apiserver's refusal of the list or watch (forbidden, unauthorized, or the kind not
+/// served any more): retrying cannot fix it by itself, so a registration waiting for this
+/// kind's list is told rather than kept waiting.
+fn refusal(error: &watcher::Error) -> Option<String> {
+    let status = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::WatchError(status) => status,
+        _ => return None,
+    };
+    matches!(status.code, 401 | 403 | 404).then(|| {
+        format!(
+            "the apiserver refuses the watcher's list ({} {}): {}",
+            status.code, status.reason, status.message
+        )
+    })
 }
 
 /// The event kind of a live change; `None` for a repeat of what is cached.

@@ -1,8 +1,11 @@
 //! Switchyard watcher: client-go's shared informers as a service. It lists and watches the
-//! configured resources once, caches them, turns every change into work keys and sends each
-//! key to the queue replica that owns its shard.
+//! resources its configuration file and the reconcilers' registrations name, once each,
+//! caches them, turns every change into work keys and sends each key to the queue replica
+//! that owns its shard.
 //!
 //! ```text
+//!  Watches gRPC ([`watches`]) ─► informers' set ([`informers`]): started, shared, stopped
+//!                                     │
 //!  apiserver ─► informer per resource ([`informer`]) ─► cache ([`cache`]) ◄── Cache gRPC ([`grpc`])
 //!                          │ keys
 //!                          ▼
@@ -16,7 +19,9 @@ pub mod directory;
 pub mod graph;
 pub mod grpc;
 pub mod informer;
+pub mod informers;
 pub mod metrics;
+pub mod watches;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 pub use switchyard_shards::Route;
@@ -34,8 +39,10 @@ use crate::{
     cache::Caches,
     directory::ShardView,
     graph::GraphInformers,
-    informer::{Informer, SyncBarrier},
+    informer::SyncBarrier,
+    informers::{InformerDeps, Informers, wait_listed},
     metrics::WatcherMetrics,
+    watches::WatchesService,
 };
 
 pub const SERVICE: &str = "switchyard-watcher";
@@ -75,7 +82,8 @@ pub struct Args {
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct WatcherArgs {
-    /// The watcher configuration (YAML): resources, controllers and their key mapping
+    /// The watcher configuration (YAML): resources, controllers and their key mapping;
+    /// reconcilers may register more controllers while the watcher runs
     #[arg(long, env = "SWITCHYARD_WATCHER_CONFIG")]
     pub config: PathBuf,
     /// gRPC address (host:port) of the one queue replica that serves every shard, when no
@@ -100,6 +108,8 @@ pub struct WatcherArgs {
 pub struct Config {
     /// The contents of `--config`: resources, controllers and their key mapping.
     pub file: switchyard_watcher_core::Config,
+    /// Where `file` was read from, for errors that name it.
+    pub path: PathBuf,
     pub route: Route,
     pub max_pending_keys: usize,
     pub streaming_lists: bool,
@@ -132,6 +142,7 @@ impl WatcherArgs {
             })?;
         Ok(Config {
             file,
+            path: config.clone(),
             route,
             max_pending_keys: *max_pending_keys,
             streaming_lists: *streaming_lists,
@@ -155,6 +166,7 @@ impl Args {
         } = self;
         let Config {
             file: config,
+            path,
             route,
             max_pending_keys,
             streaming_lists,
@@ -243,8 +255,10 @@ impl Args {
             });
         }
 
+        // Ready once the configuration file's kinds are listed (and the collector's graph):
+        // registrations wait for their own kinds, not the process.
         let synced = SyncBarrier::new(
-            caches.resources.len() + usize::from(caches.graph.is_some()),
+            1 + usize::from(caches.graph.is_some()),
             rt.readiness().gate("initial-lists"),
         );
         if let Some(graph) = &caches.graph {
@@ -259,22 +273,35 @@ impl Args {
                 informers.clone().run(synced.clone(), drain)
             });
         }
-        for cache in &caches.resources {
-            let informer = Informer {
+        let file_kinds: Vec<(switchyard_watcher_core::Gvk, String)> = config
+            .resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.gvk.clone(), format!("resources[{i}]")))
+            .collect();
+        let informers = Informers::start(
+            config.clone(),
+            format!("the configuration file {}", path.display()),
+            caches.clone(),
+            InformerDeps {
                 client: client.clone(),
-                caches: caches.clone(),
-                cache: cache.clone(),
                 enqueuer: enqueuer.clone(),
                 metrics: metrics.clone(),
                 streaming_lists,
-            };
-            let synced = synced.clone();
-            // The cache outlives a restart: the informer relists into it, and objects deleted
-            // meanwhile are found by the relist.
-            rt.spawn_restarting("informer", move |drain| {
-                informer.clone().run(synced.clone(), drain)
-            });
-        }
+            },
+            rt.spawner(),
+        );
+        rt.spawn("initial-lists", {
+            let caches = caches.clone();
+            move |drain| async move {
+                if wait_listed(&caches, &file_kinds, false, &drain)
+                    .await
+                    .is_ok()
+                {
+                    synced.done();
+                }
+            }
+        });
         info!(
             resources = %caches.watched(),
             controllers = ?config.controllers(),
@@ -287,6 +314,7 @@ impl Args {
                 GrpcServer::new()
                     .add_service(grpc::CacheService::new(caches.clone()).into_server())
                     .add_service(grpc::ResyncService::new(caches, enqueuer, metrics).into_server())
+                    .add_service(WatchesService::new(informers, rt.drain()).into_server())
                     .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
             )
             .await?;

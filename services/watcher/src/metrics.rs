@@ -1,5 +1,5 @@
-//! The watcher's metrics: watch events and relists per resource, cached objects, and keys
-//! routed to the queue.
+//! The watcher's metrics: watch events and relists per resource, cached objects, running
+//! informers and registrations, and keys routed to the queue.
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -37,6 +37,8 @@ pub struct WatcherMetrics {
     pub watch_events: Family<EventLabels, Counter>,
     pub relists: Family<ResourceLabels, Counter>,
     pub cached_objects: Family<ResourceLabels, Gauge>,
+    pub informers: Family<ResourceLabels, Gauge>,
+    pub registrations: Gauge,
     pub resyncs: Family<ResyncLabels, Counter>,
     pub keys_sent: Counter,
     pub keys_dropped: Counter,
@@ -64,6 +66,17 @@ impl WatcherMetrics {
             "switchyard_cache_objects",
             "Objects in the watcher's cache, by resource",
             this.cached_objects.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_informers",
+            "Informers running, by resource (one per watched kind, however many need it); \
+             a kind no one needs any more has no series",
+            this.informers.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_registrations",
+            "Watch registrations open (Watches.Register streams)",
+            this.registrations.clone(),
         );
         metrics.register(
             "switchyard_watcher_resyncs",

@@ -39,6 +39,11 @@
 //! ```
 //!
 //! Every error names the field that is wrong (`controllers[1].owns[0].kind: ...`).
+//!
+//! Every section is optional. A file with no `controllers`, `resources` nor
+//! `garbageCollector` (`shardCount: 256` alone, or `{}`) watches nothing until reconcilers
+//! register their controllers' watches over gRPC ([`crate::watches`]); a controller named
+//! both here and in a registration must declare the same watches in both.
 
 use std::{collections::BTreeMap, fmt, time::Duration};
 
@@ -91,9 +96,7 @@ impl Gvk {
         if api_version.split_once('/').is_some() && group.is_empty() {
             return Err(format!("apiVersion {api_version:?} has an empty group"));
         }
-        if !kind.starts_with(|c: char| c.is_ascii_uppercase())
-            || !kind.chars().all(|c| c.is_ascii_alphanumeric())
-        {
+        if !is_kind(kind) {
             return Err(format!(
                 "kind {kind:?} must be a CamelCase name such as ReplicaSet"
             ));
@@ -120,9 +123,15 @@ impl fmt::Display for Gvk {
     }
 }
 
+/// A kind's name: CamelCase letters and digits (`ReplicaSet`).
+pub(crate) fn is_kind(kind: &str) -> bool {
+    kind.starts_with(|c: char| c.is_ascii_uppercase())
+        && kind.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
 /// When an update passes a rule: any one of the listed predicates holding is enough
 /// (controller-runtime's `predicate.Or`). Creations, deletions and resyncs always pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Predicate {
     GenerationChanged,
@@ -502,12 +511,6 @@ impl Config {
         let collector = garbage_collector
             .map(|raw| validate_collector(raw, &names))
             .transpose()?;
-        if resources.is_empty() && collector.is_none() {
-            return Err(invalid(
-                "controllers",
-                "nothing to watch: name at least one controller or resource, or the garbageCollector",
-            ));
-        }
         Ok(Self {
             shard_count,
             resync_period: (!resync_period.is_zero()).then_some(resync_period),
@@ -692,7 +695,6 @@ controllers:
                 .contains("namespaces: set include or exclude")
         );
         assert!(error("namespaces: {include: [Bad_NS]}").contains("namespaces.include[0]"));
-        assert!(error("{}").contains("nothing to watch"));
         assert!(
             error("controllers: [{name: a, for: {apiVersion: v1, kind: Pod}}, {name: a, for: {apiVersion: v1, kind: Pod}}]")
                 .contains("controllers[1].name: \"a\" is already used by controllers[0]")
@@ -779,6 +781,19 @@ controllers:
                 owner: Gvk::parse("apps/v1", "Deployment").unwrap(),
                 through: Some(rs),
             }));
+    }
+
+    #[test]
+    fn a_configuration_without_controllers_waits_for_registrations() {
+        let config =
+            Config::from_yaml("shardCount: 8\nnamespaces: {exclude: [kube-system]}\n").unwrap();
+        assert!(config.resources.is_empty() && config.rules.is_empty());
+        assert_eq!(config.shard_count, 8);
+        assert!(!config.namespaces.admits("kube-system"));
+        assert_eq!(
+            Config::from_yaml("{}").unwrap().shard_count,
+            DEFAULT_SHARD_COUNT
+        );
     }
 
     #[test]

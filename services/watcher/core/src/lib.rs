@@ -7,15 +7,21 @@
 //!                    └─► Mapper::keys(old, new)       (for / owns [through] / mapByLabel, predicates)
 //!                               │
 //!                               └─► WorkKey (controller, namespace, name) ─► shard ─► queue
+//!
+//!  configuration file + registrations ─► Watches (merge, conflicts) ─► effective Config
 //! ```
 
 pub mod config;
 pub mod graph;
 pub mod mapping;
 pub mod store;
+pub mod watches;
 
 pub use config::{
     CollectorConfig, Config, ConfigError, GroupResource, Gvk, Predicate, ResourceConfig,
 };
 pub use mapping::{EventKind, Mapper, NoOwners, Owners, WorkKey};
 pub use store::{ControllerRef, Store, Summary};
+pub use watches::{
+    Change, ControllerWatches, Registration, RegistrationId, Watch, Watches, WatchesError,
+};

@@ -12,7 +12,7 @@ use switchyard_proto::{
         Credit, Done, Outcome, WorkRequest, WorkerHello, outcome, queue_client::QueueClient,
         work_request::Request as Msg, work_response::Response as Reply,
     },
-    watcher::v1::cache_client::CacheClient,
+    watcher::v1::{cache_client::CacheClient, watches_client::WatchesClient},
 };
 use switchyard_runtime::Role;
 pub use switchyard_testenv::InProcess;
@@ -85,6 +85,17 @@ pub async fn cache_client(address: SocketAddr) -> CacheClient<Channel> {
     CacheClient::new(
         Pki::shared()
             .channel(Role::Reconciler, Role::Watcher, address)
+            .await
+            .unwrap(),
+    )
+}
+
+/// A client of the watcher's Watches API at `address`, as `role` (only a reconciler may
+/// register).
+pub async fn watches_client(role: Role, address: SocketAddr) -> WatchesClient<Channel> {
+    WatchesClient::new(
+        Pki::shared()
+            .channel(role, Role::Watcher, address)
             .await
             .unwrap(),
     )

@@ -1,0 +1,238 @@
+//! The gRPC edge of registered watches (`switchyard.watcher.v1.Watches`): a reconciler
+//! registers its controllers' watches for as long as its response stream stays open.
+//!
+//! ```text
+//!  Register(request) ─► proto to core, validated (INVALID_ARGUMENT naming the field)
+//!     ─► Informers::register: conflicts with the file, discovery, informers, initial lists
+//!     ─► one RegisterResponse (every kind it needs, listed)
+//!     ─► the stream stays open and holds the registration until the reconciler closes it
+//!        or goes away (the stream is dropped), or the watcher drains (the stream ends)
+//! ```
+
+use std::{pin::Pin, sync::Arc};
+
+use futures::{Stream, StreamExt, stream};
+use switchyard_proto::{
+    common::v1::GroupVersionKind,
+    watcher::v1::{self as proto, RegisterRequest, RegisterResponse, watches_server},
+};
+use switchyard_runtime::Drain;
+use switchyard_watcher_core::{ControllerWatches, Gvk, Predicate, Registration, Watch};
+use tonic::{Request, Response, Status};
+use tracing::warn;
+
+use crate::{
+    grpc::{ApiError, invalid},
+    informers::{Informers, RegisterError},
+};
+
+#[derive(Clone, Debug)]
+pub struct WatchesService {
+    informers: Arc<Informers>,
+    drain: Drain,
+}
+
+impl WatchesService {
+    pub fn new(informers: Arc<Informers>, drain: Drain) -> Self {
+        Self { informers, drain }
+    }
+
+    pub fn into_server(self) -> watches_server::WatchesServer<Self> {
+        watches_server::WatchesServer::new(self)
+    }
+}
+
+type RegisterStream = Pin<Box<dyn Stream<Item = Result<RegisterResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl watches_server::Watches for WatchesService {
+    type RegisterStream = RegisterStream;
+
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterStream>, Status> {
+        let RegisterRequest {
+            registrant,
+            controllers,
+        } = request.into_inner();
+        let named = registrant.clone();
+        let refused = |error: ApiError| {
+            warn!(registrant = %named, %error, "registration refused");
+            Status::from(error)
+        };
+        let registration = registration(registrant, controllers).map_err(refused)?;
+        let registered = self
+            .informers
+            .register(registration, &self.drain)
+            .await
+            .map_err(|e| refused(e.into()))?;
+        let response = RegisterResponse {
+            synced: registered.kinds().iter().map(proto_gvk).collect(),
+        };
+        let drain = self.drain.clone();
+        let held = stream::once(async move {
+            drain.signaled().await;
+            drop(registered);
+            None
+        })
+        .filter_map(std::future::ready);
+        Ok(Response::new(Box::pin(
+            stream::iter([Ok(response)]).chain(held),
+        )))
+    }
+}
+
+/// The request in the core's terms; the error names the field.
+fn registration(
+    registrant: String,
+    controllers: Vec<proto::ControllerWatches>,
+) -> Result<Registration, ApiError> {
+    let mut declared = Vec::with_capacity(controllers.len());
+    for (c, controller) in controllers.into_iter().enumerate() {
+        let proto::ControllerWatches {
+            name,
+            reconciles,
+            owns,
+            by_label,
+        } = controller;
+        let at = format!("controllers[{c}]");
+        let list = |list: &str, watches: Vec<proto::Watch>| -> Result<Vec<Watch>, ApiError> {
+            watches
+                .into_iter()
+                .enumerate()
+                .map(|(i, w)| watch(&format!("{at}.{list}[{i}]"), w))
+                .collect()
+        };
+        declared.push(ControllerWatches {
+            name,
+            reconciles: reconciles
+                .map(|w| watch(&format!("{at}.reconciles"), w))
+                .transpose()?,
+            owns: list("owns", owns)?,
+            by_label: list("by_label", by_label)?,
+        });
+    }
+    Registration::new(registrant, declared).map_err(|e| RegisterError::from(e).into())
+}
+
+fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
+    let proto::Watch {
+        gvk,
+        predicates,
+        metadata_only,
+        through,
+        label,
+    } = watch;
+    let predicates = predicates
+        .into_iter()
+        .enumerate()
+        .map(|(p, value)| match proto::Predicate::try_from(value) {
+            Ok(proto::Predicate::GenerationChanged) => Ok(Predicate::GenerationChanged),
+            Ok(proto::Predicate::LabelsChanged) => Ok(Predicate::LabelsChanged),
+            Ok(proto::Predicate::AnnotationsChanged) => Ok(Predicate::AnnotationsChanged),
+            Ok(proto::Predicate::Unspecified) | Err(_) => Err(invalid(
+                format!("{field}.predicates[{p}]"),
+                format!(
+                    "{value} is not a predicate (GENERATION_CHANGED, LABELS_CHANGED or ANNOTATIONS_CHANGED)"
+                ),
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Watch {
+        gvk: gvk.map(core_gvk),
+        predicates,
+        metadata_only,
+        through: through.map(core_gvk),
+        label,
+    })
+}
+
+fn core_gvk(gvk: GroupVersionKind) -> Gvk {
+    let GroupVersionKind {
+        group,
+        version,
+        kind,
+    } = gvk;
+    Gvk {
+        group,
+        version,
+        kind,
+    }
+}
+
+fn proto_gvk(gvk: &Gvk) -> GroupVersionKind {
+    GroupVersionKind {
+        group: gvk.group.clone(),
+        version: gvk.version.clone(),
+        kind: gvk.kind.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gvk(group: &str, version: &str, kind: &str) -> Option<GroupVersionKind> {
+        Some(GroupVersionKind {
+            group: group.into(),
+            version: version.into(),
+            kind: kind.into(),
+        })
+    }
+
+    fn widgets() -> proto::ControllerWatches {
+        proto::ControllerWatches {
+            name: "example.com/v1/Widget".into(),
+            reconciles: Some(proto::Watch {
+                gvk: gvk("example.com", "v1", "Widget"),
+                predicates: vec![proto::Predicate::GenerationChanged as i32],
+                ..Default::default()
+            }),
+            owns: vec![proto::Watch {
+                gvk: gvk("", "v1", "ConfigMap"),
+                metadata_only: true,
+                ..Default::default()
+            }],
+            by_label: vec![],
+        }
+    }
+
+    fn refused(controllers: Vec<proto::ControllerWatches>) -> Status {
+        match registration("r".into(), controllers) {
+            Ok(_) => panic!("accepted"),
+            Err(error) => error.into(),
+        }
+    }
+
+    #[test]
+    fn a_registration_converts_every_field() {
+        let registration = registration("r".into(), vec![widgets()]).unwrap();
+        assert_eq!(registration.registrant(), "r");
+        let kinds: Vec<String> = registration.kinds().map(|(g, _)| g.to_string()).collect();
+        assert_eq!(kinds, ["v1/ConfigMap", "example.com/v1/Widget"]);
+    }
+
+    #[test]
+    fn malformed_registrations_are_invalid_arguments_naming_the_field() {
+        let mut bad = widgets();
+        bad.owns[0].predicates = vec![proto::Predicate::LabelsChanged as i32, 0];
+        let status = refused(vec![widgets(), bad]);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            status.message(),
+            "controllers[1].owns[0].predicates[1]: 0 is not a predicate (GENERATION_CHANGED, LABELS_CHANGED or ANNOTATIONS_CHANGED)"
+        );
+        let mut bad = widgets();
+        bad.owns[0].gvk = gvk("", "v1", "configmap");
+        let status = refused(vec![bad]);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status
+                .message()
+                .starts_with("controllers[0].owns[0].gvk.kind: \"configmap\""),
+            "{}",
+            status.message()
+        );
+    }
+}
