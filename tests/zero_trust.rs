@@ -23,7 +23,8 @@ use switchyard_proto::{
         queue_client::QueueClient, work_request, work_response,
     },
     watcher::v1::{
-        GetRequest, ResyncShardRequest, cache_client::CacheClient, resync_client::ResyncClient,
+        GetRequest, RegisterRequest, ResyncShardRequest, cache_client::CacheClient,
+        resync_client::ResyncClient, watches_client::WatchesClient,
     },
 };
 use switchyard_runtime::Role;
@@ -360,6 +361,22 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // Watcher Watches.Register: reconcilers only (refused before the request is read, so an
+    // empty registration shows the refusal, not a validation error).
+    let mut callers = intruders(Role::Reconciler);
+    callers.extend(wrong_roles(&[Role::Reconciler]));
+    for caller in &callers {
+        let result = match caller.channel(watcher.grpc_addr()).await {
+            Ok(channel) => WatchesClient::new(channel)
+                .register(RegisterRequest::default())
+                .await
+                .map(|_| ())
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.watcher.v1.Watches/Register", result);
+    }
+
     // Watcher Resync.ResyncShard: queue members and the elector.
     let mut callers = intruders(Role::Queue);
     callers.extend(wrong_roles(&[Role::Queue, Role::Elector]));
@@ -432,6 +449,7 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
         (&queue, "/switchyard.queue.v1.Queue/Work"),
         (&watcher, "/switchyard.watcher.v1.Cache/Get"),
         (&watcher, "/switchyard.watcher.v1.Resync/ResyncShard"),
+        (&watcher, "/switchyard.watcher.v1.Watches/Register"),
         (&elector, "/switchyard.elector.v1.Elector/GetShardMap"),
     ] {
         for reason in ["unauthenticated", "forbidden"] {

@@ -24,6 +24,12 @@
 //! - `e2e.sy1_vs_kcm`, `e2e.sy4_vs_sy1_slow` and `e2e.sy4_vs_sy1_slow50` (ratios): time against
 //!   kube-controller-manager, and the speed-up of 4 reconcilers over 1 with slow reconciles.
 //!
+//! - `e2e.<run>_object_writes` (requests): the controllers' writes until convergence, as the
+//!   apiserver counts them (`apiserver_request_total`, 2xx): Pods, ReplicaSets and their
+//!   status, Deployment updates and status, not the benchmark's own creates, the scheduler's
+//!   bindings or kwok's Pod status; `e2e.<run>_event_writes`, their Event writes once settled.
+//!   The breakdown by resource and verb goes to stderr.
+//!
 //! `SWITCHYARD_BENCH_RUNS=sy1_converge,kcm_converge` runs only the named measurements.
 
 #![allow(clippy::unwrap_used)]
@@ -268,8 +274,65 @@ async fn in_process_watcher(
     InProcess::spawn(rt, Some(grpc))
 }
 
+/// The apiserver's write requests so far (`apiserver_request_total` with a write verb and a
+/// 2xx code), by `resource/subresource verb`, for the resources the two controllers write:
+/// Pods (not their binding or status, which the scheduler and kwok write), ReplicaSets,
+/// Deployments (not their creation, which the benchmark makes) and Events.
+async fn controller_writes(client: &switchyard_k8s::Client) -> BTreeMap<String, f64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let mut writes = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let (verb, resource, subresource) =
+            (label("verb"), label("resource"), label("subresource"));
+        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
+            || !label("code").starts_with('2')
+        {
+            continue;
+        }
+        let counted = match (resource.as_str(), subresource.as_str()) {
+            ("pods" | "replicasets" | "events", "") | ("replicasets" | "deployments", "status") => {
+                true
+            }
+            ("deployments", "") => verb != "POST",
+            _ => false,
+        };
+        if counted {
+            *writes
+                .entry(format!("{resource}/{subresource} {verb}"))
+                .or_default() += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    writes
+}
+
+/// `after - before`, without the zeros.
+fn writes_between(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
 /// Seconds from the first create until every Deployment is Available.
-async fn converge(under: Under, count: usize) -> f64 {
+async fn converge(name: &str, under: Under, count: usize) -> f64 {
     let plane = ControlPlane::start(ControlPlaneOptions {
         nodes: NODES,
         dir: None,
@@ -293,6 +356,7 @@ async fn converge(under: Under, count: usize) -> f64 {
     let controllers = Controllers::start(&plane, under).await;
     let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
 
+    let writes_before = controller_writes(&client).await;
     let start = Instant::now();
     stream::iter(0..count)
         .map(|i| {
@@ -327,9 +391,31 @@ async fn converge(under: Under, count: usize) -> f64 {
     }
     let took = start.elapsed().as_secs_f64();
     eprintln!("{under:?}: created in {created:?}, all Available after {took:.1} s");
+    // The writes that converged them, counted by the apiserver for both controllers alike.
+    let converged = writes_between(&writes_before, &controller_writes(&client).await);
+    let objects: f64 = converged
+        .iter()
+        .filter(|(k, _)| !k.starts_with("events"))
+        .map(|(_, v)| v)
+        .sum();
+    eprintln!("{under:?}: apiserver writes until converged: {converged:?}");
+    println!(
+        "bench e2e.{}_object_writes {objects:.0} requests",
+        name.trim_end_matches("_converge")
+    );
     // The controllers' Events, a write each (a repeat of one, a patch): what their apiserver
     // writes include besides the objects themselves. Read once the writers caught up.
     tokio::time::sleep(EVENTS_SETTLE).await;
+    let settled = writes_between(&writes_before, &controller_writes(&client).await);
+    let event_writes: f64 = settled
+        .iter()
+        .filter(|(k, _)| k.starts_with("events"))
+        .map(|(_, v)| v)
+        .sum();
+    println!(
+        "bench e2e.{}_event_writes {event_writes:.0} requests",
+        name.trim_end_matches("_converge")
+    );
     let events: Api<Event> = Api::namespaced(client, NAMESPACE);
     let (mut objects, mut occurrences) = (0, 0);
     for event in events.list(&ListParams::default()).await.unwrap().items {
@@ -383,7 +469,7 @@ async fn run() {
         if !switchyard_testenv::bench_selected(name) {
             continue;
         }
-        let seconds = converge(under, count).await;
+        let seconds = converge(name, under, count).await;
         println!("bench e2e.{name} {seconds:.1} s");
         took.insert(name, seconds);
     }
