@@ -50,8 +50,12 @@ soak: testenv
 		SWITCHYARD_SOAK_PEER=kube-controller-manager \
 		$(CARGO) test --locked -p switchyard-tests --test soak -- --nocapture
 
+# RUN_ARGS: more `switchyard-dev run` flags, for example a reconciler of your own beside the
+# built-in ones (docs/sdk.md): --reconciler target/debug/<binary> --controllers <names> --crd <file>
+RUN_ARGS ?=
+
 run: testenv build
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run $(RUN_ARGS)
 
 cluster-up: testenv
 	$(CARGO) build --locked -p switchyard-testenv --bin switchyard-dev

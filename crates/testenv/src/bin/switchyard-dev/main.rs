@@ -60,6 +60,17 @@ enum Cmd {
         /// Exit as soon as the sample workload is Available (a smoke test)
         #[arg(long)]
         exit_when_ready: bool,
+        /// A reconciler binary of your own (built on the SDK) to run beside the built-in
+        /// ones, with the same flags; it registers its controllers' watches itself
+        #[arg(long, requires = "controllers")]
+        reconciler: Option<PathBuf>,
+        /// The controllers that binary runs (the names its keys carry); the queues serve
+        /// them besides the built-in ones
+        #[arg(long, value_delimiter = ',', requires = "reconciler")]
+        controllers: Vec<String>,
+        /// CustomResourceDefinition manifests (YAML) to install before the services start
+        #[arg(long)]
+        crd: Vec<PathBuf>,
     },
 }
 
@@ -91,7 +102,21 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Run {
             services_dir,
             exit_when_ready,
-        } => run::run(services_dir, exit_when_ready).await,
+            reconciler,
+            controllers,
+            crd,
+        } => {
+            let own = match reconciler {
+                Some(binary) => Some(run::Own {
+                    binary: std::fs::canonicalize(&binary).with_context(|| {
+                        format!("--reconciler: {} does not exist", binary.display())
+                    })?,
+                    controllers,
+                }),
+                None => None,
+            };
+            run::run(services_dir, exit_when_ready, own, &crd).await
+        }
     }
 }
 

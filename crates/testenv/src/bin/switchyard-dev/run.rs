@@ -3,7 +3,8 @@
 //! ```text
 //!  cluster: KUBECONFIG, or a local control plane (etcd, apiserver, scheduler, kwok)
 //!  etcd for the elector
-//!  elector ─► queue × 2 (members) ─► watcher ─► reconciler × 2
+//!  --crd: CustomResourceDefinitions installed first
+//!  elector ─► queue × 2 (members) ─► watcher ─► reconciler × 2 [─► --reconciler: your own]
 //!  apply deploy/samples/workload.yaml ─► follow its Deployments until all are Available
 //!  Ctrl-C (or --exit-when-ready once Available) ─► stop every service, then the rest
 //! ```
@@ -17,8 +18,14 @@ use std::{
 use anyhow::Context;
 use switchyard_k8s::{
     Api, Client, Deployment, Namespace,
-    k8s_openapi::api::core::v1::ServiceAccount,
-    kube::api::{ListParams, Patch, PatchParams},
+    k8s_openapi::{
+        api::core::v1::ServiceAccount,
+        apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    },
+    kube::{
+        api::{ListParams, Patch, PatchParams},
+        runtime::wait::{await_condition, conditions},
+    },
 };
 use switchyard_testenv::{ControlPlane, ControlPlaneOptions, Etcd, ServiceProcess};
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -32,6 +39,8 @@ const WORKLOAD_NAMESPACE: &str = "switchyard-demo";
 /// How long `--exit-when-ready` waits for the workload.
 const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(180);
 const FIELD_MANAGER: &str = "switchyard-dev";
+/// How long an installed CustomResourceDefinition may take to be established.
+const CRD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// In start order, with how many replicas: the watcher follows the elector's shard map and
 /// sends to the queues; the reconcilers lease from the queues and read the watcher.
@@ -124,7 +133,65 @@ impl Signals {
     }
 }
 
-pub async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow::Result<()> {
+/// A user's own reconciler binary, run beside the built-in ones.
+pub struct Own {
+    pub binary: PathBuf,
+    /// The controllers it runs: the queues serve them too.
+    pub controllers: Vec<String>,
+}
+
+/// The controllers the built-in watcher configuration keys: what the queues serve by default.
+fn builtin_controllers() -> anyhow::Result<Vec<String>> {
+    let config: serde_json::Value = serde_yaml::from_str(WATCHER_CONFIG)?;
+    let mut names: Vec<String> = config["controllers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect();
+    if let Some(collector) = config.get("garbageCollector") {
+        let name = collector["controller"]
+            .as_str()
+            .unwrap_or("garbage-collector");
+        names.push(name.to_owned());
+    }
+    Ok(names)
+}
+
+/// Installs the CustomResourceDefinitions in `paths` and waits until each is established.
+async fn install_crds(client: &Client, paths: &[PathBuf]) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for path in paths {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--crd: reading {}", path.display()))?;
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).with_context(|| {
+            format!(
+                "--crd: {} is not a CustomResourceDefinition",
+                path.display()
+            )
+        })?;
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(&name, &params, &Patch::Apply(&crd))
+            .await
+            .with_context(|| format!("installing CustomResourceDefinition {name}"))?;
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(CRD_TIMEOUT, established)
+            .await
+            .with_context(|| {
+                format!("CustomResourceDefinition {name} not established in {CRD_TIMEOUT:?}")
+            })??;
+        println!("installed CustomResourceDefinition {name}");
+    }
+    Ok(())
+}
+
+pub async fn run(
+    services_dir: Option<PathBuf>,
+    exit_when_ready: bool,
+    own: Option<Own>,
+    crds: &[PathBuf],
+) -> anyhow::Result<()> {
     let services_dir = match services_dir {
         Some(dir) => dir,
         None => std::env::current_exe()?
@@ -147,7 +214,11 @@ pub async fn run(services_dir: Option<PathBuf>, exit_when_ready: bool) -> anyhow
     );
 
     let mut running = Vec::new();
-    let started = start_services(&services_dir, &cluster, &etcd, &mut running).await;
+    let started = async {
+        install_crds(&cluster.client().await?, crds).await?;
+        start_services(&services_dir, &cluster, &etcd, own.as_ref(), &mut running).await
+    }
+    .await;
     let outcome = match started {
         Ok(()) => follow_workload(&cluster, &mut signals, exit_when_ready).await,
         Err(error) => Err(error),
@@ -177,28 +248,51 @@ async fn start_services(
     services_dir: &Path,
     cluster: &Cluster,
     etcd: &Etcd,
+    own: Option<&Own>,
     running: &mut Vec<(String, ServiceProcess)>,
 ) -> anyhow::Result<()> {
     let kubeconfig = cluster.kubeconfig().display().to_string();
+    let mut served = builtin_controllers()?;
+    if let Some(own) = own {
+        served.extend(own.controllers.iter().cloned());
+    }
+    let served = served.join(",");
+    let own_service = own.map(|own| (own.binary.display().to_string(), 1));
+    let own_name = own
+        .and_then(|own| own.binary.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_owned();
+    let services = SERVICES
+        .iter()
+        .cloned()
+        .chain(own_service.iter().map(|(b, n)| (b.as_str(), *n)));
     let watcher_config = cluster.scratch()?.join("watcher.yaml");
     std::fs::write(&watcher_config, WATCHER_CONFIG)?;
     let watcher_config = watcher_config.display().to_string();
     let mut elector_addr = String::new();
     let mut watcher_addr = String::new();
-    for (service, replicas) in SERVICES {
+    for (service, replicas) in services {
+        // A user's binary is named by its path; the services are found in services_dir.
         let program = services_dir.join(service);
         anyhow::ensure!(
             program.exists(),
             "{} is missing; build it with `cargo build --bins`",
             program.display()
         );
+        let service = program
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(service)
+            .to_owned();
+        let service = service.as_str();
         for replica in 0..replicas {
             let name = if replicas == 1 {
                 service.to_owned()
             } else {
                 format!("{service}-{replica}")
             };
-            let env = [
+            let mut env = vec![
                 ("KUBECONFIG", kubeconfig.as_str()),
                 ("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint()),
                 ("SWITCHYARD_WATCHER_CONFIG", watcher_config.as_str()),
@@ -207,7 +301,18 @@ async fn start_services(
                 // The queue's member id and the reconciler's worker id.
                 ("HOSTNAME", name.as_str()),
             ];
-            let mut process = ServiceProcess::start(&program, &[], &env)
+            if service == "switchyard-queue" {
+                env.push(("SWITCHYARD_CONTROLLERS", served.as_str()));
+            }
+            // A user's reconciler is a reconciler: it gets that identity's certificate (the
+            // services get theirs by their binary's name).
+            let own_tls: Vec<String> = if own_service.is_some() && service == own_name {
+                switchyard_testenv::Pki::shared().flags(switchyard_runtime::Role::Reconciler)
+            } else {
+                Vec::new()
+            };
+            let args: Vec<&str> = own_tls.iter().map(String::as_str).collect();
+            let mut process = ServiceProcess::start(&program, &args, &env)
                 .await
                 .with_context(|| format!("starting {name}"))?;
             process
