@@ -2,10 +2,17 @@
 //!
 //! - `watcher.enqueue_latency_p50` / `_p99` (ms): from sending a write to the apiserver until
 //!   the queue enqueued the key it causes (the lease's `queued_at`), at a steady 1,000
-//!   changes/s over 1,000 ConfigMaps; `watcher.write_latency_p50` / `_p99` (ms): from sending
-//!   the same writes to their response, the apiserver's part; `watcher.own_latency_p50` /
-//!   `_p99` (ms): from the change's event reaching an independent watch in the same process
-//!   until the key was enqueued, the watcher's and the queue's part;
+//!   changes/s over 1,000 ConfigMaps. A ConfigMap is written again only once its last write's
+//!   lease came, so no two writes of a key coalesce and each lease is matched to the exact
+//!   write behind it (the write carries a unique `seq`). What cannot be matched is counted
+//!   apart, never dropped: `watcher.matched`, `unmatched_never_leased`,
+//!   `unmatched_queued_before_sent`, `unmatched_leases`, `skipped_no_free_key`.
+//!   `watcher.write_latency_p50` / `_p99` (ms): from sending the same writes to their
+//!   response, the apiserver's part; `watcher.own_latency_p50` / `_p99` (ms): from the
+//!   write's event (by name and `seq`) reaching an independent watch in the same process
+//!   until its key was enqueued, the watcher's and the queue's part, signed and not clamped
+//!   (`own_latency_negative` counts the samples where the independent watch heard last;
+//!   `own_unseen_by_observer` those it never heard);
 //!   `watcher.apiserver_patch_over_25ms` (%): the share of those writes the apiserver itself
 //!   (its request duration histogram) took more than 25 ms to handle;
 //! - `watcher.bytes_per_pod_full` / `_meta` (bytes): heap the watcher's cache holds per cached
@@ -207,9 +214,12 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     let watcher = watcher(plane, &config, &queue.grpc().to_string()).await;
     until_ready(&watcher).await;
 
-    // Sent-at time of the latest write to each ConfigMap.
-    let sent: Arc<Mutex<HashMap<String, SystemTime>>> = Arc::default();
+    // The one write of each ConfigMap not yet matched to a lease: (its seq, when it was sent).
+    // A ConfigMap is written again only after its write's lease came, so no two writes of
+    // one key coalesce in the queue and every lease is matched to the exact write behind it.
+    let sent: Arc<Mutex<HashMap<String, (u64, SystemTime)>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let tally: Arc<Mutex<Tally>> = Arc::default();
     // The bench's worker leases as a reconciler does.
     let mut work = QueueClient::new(
         Pki::shared()
@@ -234,9 +244,10 @@ async fn latency(plane: &ControlPlane, client: &Client) {
         .unwrap()
         .into_inner();
     let measuring = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // An independent watch on the same ConfigMaps, in this process: when each change's event
-    // arrives from the apiserver. Enqueue time minus this is the watcher's and queue's share.
-    let seen: Arc<Mutex<HashMap<String, SystemTime>>> = Arc::default();
+    // An independent watch on the same ConfigMaps, in this process: when each write's event
+    // (its name and seq) arrives from the apiserver. Enqueue time minus this is the
+    // watcher's and queue's share.
+    let seen: Arc<Mutex<HashMap<(String, u64), SystemTime>>> = Arc::default();
     let own: Arc<Mutex<Vec<f64>>> = Arc::default();
     let observer = tokio::spawn({
         let (maps, seen) = (maps.clone(), seen.clone());
@@ -244,15 +255,21 @@ async fn latency(plane: &ControlPlane, client: &Client) {
             let mut events = std::pin::pin!(kube_watch(maps, kube_watcher::Config::default()));
             while let Some(event) = events.next().await {
                 if let Ok(kube_watcher::Event::Apply(cm)) = event {
+                    let seq = cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("seq"))
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
                     let name = cm.metadata.name.unwrap_or_default();
-                    seen.lock().unwrap().insert(name, SystemTime::now());
+                    seen.lock().unwrap().insert((name, seq), SystemTime::now());
                 }
             }
         }
     });
     let worker = tokio::spawn({
         let (sent, latencies, measuring) = (sent.clone(), latencies.clone(), measuring.clone());
-        let (seen, own) = (seen.clone(), own.clone());
+        let (seen, own, tally) = (seen.clone(), own.clone(), tally.clone());
         async move {
             while let Ok(Some(message)) = inbound.message().await {
                 let Some(Reply::Item(item)) = message.response else {
@@ -260,34 +277,30 @@ async fn latency(plane: &ControlPlane, client: &Client) {
                 };
                 let queued_at: SystemTime = item.queued_at.unwrap().try_into().unwrap();
                 let name = item.key.as_ref().unwrap().name.clone();
-                if measuring.load(Ordering::Relaxed)
-                    && let Some(at) = sent.lock().unwrap().remove(&name)
-                {
-                    let ms = queued_at
-                        .duration_since(at)
-                        .unwrap_or_default()
-                        .as_secs_f64()
-                        * 1e3;
-                    latencies.lock().unwrap().push(ms);
-                    if let Some(at) = seen.lock().unwrap().remove(&name) {
-                        let ms = queued_at.duration_since(at).unwrap_or_default();
-                        own.lock().unwrap().push(ms.as_secs_f64() * 1e3);
+                if measuring.load(Ordering::Relaxed) {
+                    let write = sent.lock().unwrap().remove(&name);
+                    match write {
+                        // A lease no write of the measurement caused.
+                        None => tally.lock().unwrap().unmatched_leases += 1,
+                        Some((seq, at)) => match queued_at.duration_since(at) {
+                            // Queued before its write was sent: something else caused it.
+                            Err(_) => tally.lock().unwrap().queued_before_sent += 1,
+                            Ok(took) => {
+                                latencies.lock().unwrap().push(took.as_secs_f64() * 1e3);
+                                let heard = seen.lock().unwrap().remove(&(name.clone(), seq));
+                                match heard {
+                                    // Signed: the independent watch may hear of the write
+                                    // after the watcher did; such samples stay in, as they are.
+                                    Some(heard) => {
+                                        own.lock().unwrap().push(signed_ms(queued_at, heard))
+                                    }
+                                    None => tally.lock().unwrap().unseen += 1,
+                                }
+                            }
+                        },
                     }
                 }
-                let done = Outcome {
-                    shard: item.shard,
-                    epoch: item.epoch,
-                    lease_id: item.lease_id,
-                    result: Some(outcome::Result::Done(Done {})),
-                    duration: None,
-                    observed: Default::default(),
-                };
-                if tx.send(msg(Msg::Outcome(done))).await.is_err()
-                    || tx
-                        .send(msg(Msg::Credit(Credit { items: 1 })))
-                        .await
-                        .is_err()
-                {
+                if !continue_lease(&tx, &item).await {
                     return;
                 }
             }
@@ -304,14 +317,32 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     // Send to response of each write: the apiserver's share of the latency.
     let writes: Arc<Mutex<Vec<f64>>> = Arc::default();
     let start = Instant::now();
+    let mut next = 0usize;
     for seq in 0..total {
         ticks.tick().await;
-        let name = format!("cm-{}", seq as usize % OBJECTS);
+        // The next ConfigMap whose last write was matched; none free skips this tick.
+        let name = {
+            let mut sent = sent.lock().unwrap();
+            let free = (0..OBJECTS)
+                .map(|i| format!("cm-{}", (next + i) % OBJECTS))
+                .position(|name| !sent.contains_key(&name));
+            match free {
+                Some(i) => {
+                    let name = format!("cm-{}", (next + i) % OBJECTS);
+                    next = (next + i + 1) % OBJECTS;
+                    sent.insert(name.clone(), (seq, SystemTime::now()));
+                    name
+                }
+                None => {
+                    tally.lock().unwrap().skipped += 1;
+                    continue;
+                }
+            }
+        };
         let permit = in_flight.clone().acquire_owned().await.unwrap();
-        let (maps, sent, writes) = (maps.clone(), sent.clone(), writes.clone());
+        let (maps, writes) = (maps.clone(), writes.clone());
         tokio::spawn(async move {
             let at = Instant::now();
-            sent.lock().unwrap().insert(name.clone(), SystemTime::now());
             let patch = Patch::Merge(serde_json::json!({"data": {"seq": seq.to_string()}}));
             maps.patch(&name, &PatchParams::default(), &patch)
                 .await
@@ -331,6 +362,19 @@ async fn latency(plane: &ControlPlane, client: &Client) {
         "latency: {} of {total} changes measured at {achieved:.0} changes/s",
         all.len()
     );
+    // Every sample not in the percentiles is counted here, by why.
+    let tally = *tally.lock().unwrap();
+    let never_leased = sent.lock().unwrap().len();
+    figure("matched", all.len() as f64, "writes");
+    figure("unmatched_never_leased", never_leased as f64, "writes");
+    figure(
+        "unmatched_queued_before_sent",
+        tally.queued_before_sent as f64,
+        "writes",
+    );
+    figure("unmatched_leases", tally.unmatched_leases as f64, "leases");
+    figure("skipped_no_free_key", tally.skipped as f64, "ticks");
+    figure("own_unseen_by_observer", tally.unseen as f64, "writes");
     figure("enqueue_latency_p50", percentile(&all, 0.50), "ms");
     figure("enqueue_latency_p99", percentile(&all, 0.99), "ms");
     let mut writes = writes.lock().unwrap().clone();
@@ -339,6 +383,11 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     figure("write_latency_p99", percentile(&writes, 0.99), "ms");
     let mut own = own.lock().unwrap().clone();
     own.sort_by(f64::total_cmp);
+    figure(
+        "own_latency_negative",
+        own.iter().filter(|ms| **ms < 0.0).count() as f64,
+        "samples",
+    );
     figure("own_latency_p50", percentile(&own, 0.50), "ms");
     figure("own_latency_p99", percentile(&own, 0.99), "ms");
     // The apiserver's own account of the same writes (its request duration histogram): the
@@ -355,6 +404,45 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     worker.abort();
     watcher.stop().await;
     queue.stop().await;
+}
+
+/// What the latency run could not match, by why.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    /// Leases of a key with no write waiting for one.
+    unmatched_leases: u64,
+    /// Leases queued before the waiting write was sent (something else caused them).
+    queued_before_sent: u64,
+    /// Matched writes whose event the independent watch never reported.
+    unseen: u64,
+    /// Send ticks with every ConfigMap's write still waiting for its lease.
+    skipped: u64,
+}
+
+/// `a - b` in milliseconds, negative when `a` is earlier.
+fn signed_ms(a: SystemTime, b: SystemTime) -> f64 {
+    match a.duration_since(b) {
+        Ok(d) => d.as_secs_f64() * 1e3,
+        Err(e) => -e.duration().as_secs_f64() * 1e3,
+    }
+}
+
+/// Reports the lease done and asks for one more item; false once the stream is gone.
+async fn continue_lease(
+    tx: &tokio::sync::mpsc::Sender<WorkRequest>,
+    item: &switchyard_proto::queue::v1::LeasedItem,
+) -> bool {
+    let msg = |m| WorkRequest { request: Some(m) };
+    let done = Outcome {
+        shard: item.shard,
+        epoch: item.epoch,
+        lease_id: item.lease_id.clone(),
+        result: Some(outcome::Result::Done(Done {})),
+        duration: None,
+        observed: Default::default(),
+    };
+    tx.send(msg(Msg::Outcome(done))).await.is_ok()
+        && tx.send(msg(Msg::Credit(Credit { items: 1 }))).await.is_ok()
 }
 
 /// Cumulative counts by upper bound (`le`) of the apiserver's `apiserver_request_duration_seconds`
