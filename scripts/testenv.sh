@@ -6,6 +6,9 @@
 # cert-manager's CRDs (github.com/cert-manager/cert-manager, deploy/crds), which the deploy
 # tests install to check components/cert-manager against the real schema.
 #
+# A cold build takes minutes per product: each prints when it starts, what it is doing every
+# $SWITCHYARD_TESTENV_PROGRESS_SECONDS (30) while it runs, and how long it took, on stderr.
+#
 # Every product is cached under $SWITCHYARD_CACHE (default ~/.cache/switchyard/testenv),
 # keyed by its version and the Go version, and built only when its binaries are missing.
 #
@@ -50,14 +53,51 @@ bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${K
 product_dir() { echo "$CACHE/$1-v$2-${GO_VERSION}"; }
 
 # run_logged <product> <log> <cmd...>: run a build step, naming the log file if it fails.
+# Each step is written to the log first, as `+ <command>`: the progress lines name it.
 run_logged() {
   local product=$1 log=$2; shift 2
+  echo "+ $*" >>"$log"
   if ! "$@" >>"$log" 2>&1; then
     echo "testenv: building $product failed; see $log" >&2
     tail -n 20 "$log" >&2
     exit 1
   fi
 }
+
+# How often a running build says where it is, in seconds.
+PROGRESS_EVERY=${SWITCHYARD_TESTENV_PROGRESS_SECONDS:-30}
+PROGRESS_PID=
+
+duration() { local s=$1; if [ "$s" -ge 60 ]; then printf '%dm%02ds' $((s / 60)) $((s % 60)); else printf '%ds' "$s"; fi; }
+
+# progress_start <what> <log>: until progress_stop, print every PROGRESS_EVERY seconds how
+# long <what> has been building, its current step (the last `+ ` line of its log) and the
+# modules downloaded so far, so a cold build of many minutes is never silent for long.
+progress_start() {
+  local what=$1 log=$2 parent=$$ started
+  started=$(date +%s)
+  (
+    sleeper=
+    trap '[ -z "$sleeper" ] || kill "$sleeper" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep "$PROGRESS_EVERY" & sleeper=$!
+      wait "$sleeper"
+      kill -0 "$parent" 2>/dev/null || exit 0
+      step=$(awk '/^\+ / { if ($3 == "build") s = $2 " " $3; else s = $2 " " $3 " " $4 } END { print s }' "$log")
+      downloaded=$(grep -c '^go: downloading' "$log" || true)
+      echo "testenv: building $what: $(duration $(($(date +%s) - started))) so far; at: ${step:-starting}; $downloaded modules downloaded" >&2
+    done
+  ) &
+  PROGRESS_PID=$!
+}
+
+progress_stop() {
+  [ -n "$PROGRESS_PID" ] || return 0
+  kill "$PROGRESS_PID" 2>/dev/null || true
+  wait "$PROGRESS_PID" 2>/dev/null || true
+  PROGRESS_PID=
+}
+trap progress_stop EXIT
 
 have_all() { local d=$1; shift; for b in "$@"; do [ -x "$d/bin/$b" ] || return 1; done; }
 
@@ -68,6 +108,7 @@ build_kubernetes() {
   mkdir -p "$src" "$d/bin"; : >"$log"
   echo "testenv: building Kubernetes v$K8S_VERSION (cold: about 25 minutes on 2 cores; log: $log)" >&2
   local start=$SECONDS
+  progress_start "Kubernetes v$K8S_VERSION" "$log"
   (
     cd "$src"
     rm -f go.mod go.sum
@@ -94,7 +135,8 @@ build_kubernetes() {
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
   )
-  echo "testenv: built Kubernetes v$K8S_VERSION in $((SECONDS - start)) s" >&2
+  progress_stop
+  echo "testenv: built Kubernetes v$K8S_VERSION in $(duration $((SECONDS - start)))" >&2
 }
 
 build_etcd() {
@@ -104,6 +146,7 @@ build_etcd() {
   mkdir -p "$src" "$d/bin"; : >"$log"
   echo "testenv: building etcd v$ETCD_VERSION (log: $log)" >&2
   local start=$SECONDS
+  progress_start "etcd v$ETCD_VERSION" "$log"
   (
     cd "$src"
     rm -f go.mod go.sum
@@ -114,7 +157,8 @@ build_etcd() {
     run_logged etcd "$log" go build -trimpath -ldflags "-s -w" -o "$d/bin/etcd" go.etcd.io/etcd/server/v3
     run_logged etcd "$log" go build -trimpath -ldflags "-s -w" -o "$d/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3
   )
-  echo "testenv: built etcd v$ETCD_VERSION in $((SECONDS - start)) s" >&2
+  progress_stop
+  echo "testenv: built etcd v$ETCD_VERSION in $(duration $((SECONDS - start)))" >&2
 }
 
 build_go_install() { # <product> <version> <binary> <package@version>
@@ -124,8 +168,10 @@ build_go_install() { # <product> <version> <binary> <package@version>
   mkdir -p "$d/bin"; : >"$log"
   echo "testenv: building $1 v$2 (log: $log)" >&2
   local start=$SECONDS
+  progress_start "$1 v$2" "$log"
   GOBIN="$d/bin" run_logged "$1" "$log" go install -trimpath -ldflags "-s -w" "$4"
-  echo "testenv: built $1 v$2 in $((SECONDS - start)) s" >&2
+  progress_stop
+  echo "testenv: built $1 v$2 in $(duration $((SECONDS - start)))" >&2
 }
 
 # The collector is assembled from its Go modules by the collector builder: the OTLP receiver
@@ -137,6 +183,7 @@ build_otelcol() {
   mkdir -p "$src" "$d/bin" "$d/builder"; : >"$log"
   echo "testenv: building the OpenTelemetry Collector v$OTELCOL_VERSION (log: $log)" >&2
   local start=$SECONDS
+  progress_start "the OpenTelemetry Collector v$OTELCOL_VERSION" "$log"
   GOBIN="$d/builder" run_logged otelcol "$log" go install -trimpath "go.opentelemetry.io/collector/cmd/builder@v$OTELCOL_VERSION"
   cat >"$d/manifest.yaml" <<MANIFEST
 dist:
@@ -171,7 +218,8 @@ MANIFEST
       "go.opentelemetry.io/collector/confmap/provider/yamlprovider@v$OTELCOL_CORE_VERSION"
     run_logged otelcol "$log" go build -trimpath -ldflags "-s -w" -o "$d/bin/otelcol-switchyard" .
   )
-  echo "testenv: built the OpenTelemetry Collector v$OTELCOL_VERSION in $((SECONDS - start)) s" >&2
+  progress_stop
+  echo "testenv: built the OpenTelemetry Collector v$OTELCOL_VERSION in $(duration $((SECONDS - start)))" >&2
 }
 
 # cert-manager's CRDs as its module ships them: deploy/crds holds plain YAML (controller-gen's
