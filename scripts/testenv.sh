@@ -2,9 +2,11 @@
 # Builds the real control plane Switchyard tests against, from published Go modules:
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
 # etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), kustomize, an OpenTelemetry
-# Collector (OTLP receiver, file exporter) assembled by the collector builder, and
-# cert-manager's CRDs (github.com/cert-manager/cert-manager, deploy/crds), which the deploy
-# tests install to check components/cert-manager against the real schema.
+# Collector (OTLP receiver, file exporter) assembled by the collector builder, and the CRDs
+# of cert-manager (github.com/cert-manager/cert-manager, deploy/crds) and of the Prometheus
+# Operator (ServiceMonitor and PrometheusRule, from github.com/prometheus-operator/
+# prometheus-operator, example/prometheus-operator-crd), which the deploy tests install to
+# check components/cert-manager and components/monitoring against the real schemas.
 #
 # A cold build takes minutes per product: each prints when it starts, what it is doing every
 # $SWITCHYARD_TESTENV_PROGRESS_SECONDS (30) while it runs, and how long it took, on stderr.
@@ -33,6 +35,8 @@ GO_MIN_MINOR=26
 # Only the CRDs: the controller's command (module .../cert-manager/cmd/controller) is not
 # served by the Go module proxy, so cert-manager itself does not run in the tests.
 CERT_MANAGER_VERSION=1.21.2
+# Only the CRDs too: the ServiceMonitor and PrometheusRule of components/monitoring.
+PROMETHEUS_OPERATOR_VERSION=0.85.0
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 CACHE=${SWITCHYARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/testenv}
@@ -49,7 +53,7 @@ check_go() {
   GO_VERSION=$v
 }
 
-bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_cert-manager-v${CERT_MANAGER_VERSION}_${GO_VERSION}"; }
+bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_cert-manager-v${CERT_MANAGER_VERSION}_prometheus-operator-v${PROMETHEUS_OPERATOR_VERSION}_${GO_VERSION}"; }
 product_dir() { echo "$CACHE/$1-v$2-${GO_VERSION}"; }
 
 # run_logged <product> <log> <cmd...>: run a build step, naming the log file if it fails.
@@ -247,6 +251,27 @@ fetch_cert_manager_crds() {
   mv "$d/crds.yaml.tmp" "$d/crds.yaml"
 }
 
+# The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, as its module ships them
+# (example/prometheus-operator-crd: controller-gen's output, what its bundle.yaml and
+# kube-prometheus-stack install), in one multi-document crds.yaml.
+fetch_prometheus_operator_crds() {
+  local d; d=$(product_dir prometheus-operator "$PROMETHEUS_OPERATOR_VERSION")
+  [ -s "$d/crds.yaml" ] && return 0
+  local log="$d/build.log"
+  mkdir -p "$d"; : >"$log"
+  echo "testenv: fetching Prometheus Operator v$PROMETHEUS_OPERATOR_VERSION CRDs (log: $log)" >&2
+  local module
+  module=$(cd "$d" && go mod download -json "github.com/prometheus-operator/prometheus-operator@v$PROMETHEUS_OPERATOR_VERSION" 2>>"$log" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  local crds=$module/example/prometheus-operator-crd
+  [ -d "$crds" ] || die "could not download github.com/prometheus-operator/prometheus-operator@v$PROMETHEUS_OPERATOR_VERSION (see $log and the Go module proxy settings)"
+  local kind
+  for kind in servicemonitors prometheusrules; do
+    sed -n '/^---$/!p' "$crds/monitoring.coreos.com_$kind.yaml" | { echo "---"; cat; }
+  done >"$d/crds.yaml.tmp"
+  mv "$d/crds.yaml.tmp" "$d/crds.yaml"
+}
+
 # A Pod annotated with this is never made Ready: kwok plays a kubelet that cannot pull its
 # image (crates/testenv's KWOK_IMAGE_PULL_FAILS names the same key).
 KWOK_IMAGE_PULL_FAILS=kwok.switchyard.dev/image-pull-fails
@@ -345,6 +370,7 @@ link_bin_dir() {
   ln -sfn "$w/bin/kwok" "$bin/kwok"; ln -sfn "$z/bin/kustomize" "$bin/kustomize"
   ln -sfn "$(product_dir otelcol "$OTELCOL_VERSION")/bin/otelcol-switchyard" "$bin/otelcol-switchyard"
   ln -sfn "$(product_dir cert-manager "$CERT_MANAGER_VERSION")" "$bin/cert-manager"
+  ln -sfn "$(product_dir prometheus-operator "$PROMETHEUS_OPERATOR_VERSION")" "$bin/prometheus-operator"
   write_kwok_stages "$bin"
 }
 
@@ -368,7 +394,8 @@ case "$cmd" in
   versions)
     echo "kubernetes v$K8S_VERSION"; echo "etcd v$ETCD_VERSION"
     echo "kwok v$KWOK_VERSION"; echo "kustomize v$KUSTOMIZE_VERSION"
-    echo "opentelemetry-collector v$OTELCOL_VERSION"; echo "cert-manager v$CERT_MANAGER_VERSION (CRDs)" ;;
+    echo "opentelemetry-collector v$OTELCOL_VERSION"; echo "cert-manager v$CERT_MANAGER_VERSION (CRDs)"
+    echo "prometheus-operator v$PROMETHEUS_OPERATOR_VERSION (CRDs)" ;;
   bin-dir)
     check_go; bin_dir ;;
   build)
@@ -382,6 +409,7 @@ case "$cmd" in
     build_kubernetes
     build_otelcol
     fetch_cert_manager_crds
+    fetch_prometheus_operator_crds
     ensure_iproute2
     link_bin_dir
     bin_dir ;;

@@ -70,6 +70,13 @@ impl Binaries {
         self.dir.join("cert-manager/chart")
     }
 
+    /// The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, one multi-document
+    /// YAML (from `example/prometheus-operator-crd` of its Go module; see
+    /// `scripts/testenv.sh`).
+    pub fn prometheus_operator_crds(&self) -> PathBuf {
+        self.dir.join("prometheus-operator/crds.yaml")
+    }
+
     fn check(&self) -> Result<()> {
         let needed = [
             "etcd",
@@ -81,6 +88,7 @@ impl Binaries {
             "kwok-stages.yaml",
             "otelcol-switchyard",
             "cert-manager/crds.yaml",
+            "prometheus-operator/crds.yaml",
         ];
         if let Some(missing) = needed.iter().find(|b| !self.dir.join(b).exists()) {
             return Err(Error::Build(format!(
