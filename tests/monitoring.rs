@@ -392,11 +392,11 @@ async fn scrape_a_running_topology() {
     })
     .await
     .unwrap_or_else(|last| panic!("{} targets scraped 3 times: {last}", targets.len()));
-    let up = prometheus.query("up").await.unwrap();
-    assert!(
-        up.len() == targets.len() && up.iter().all(|s| s.value == 1.0),
-        "every admin port answers: {up:?} ({scraped:?})"
-    );
+    await_query(&prometheus, "up", deadline, |s| {
+        s.len() == targets.len() && s.iter().all(|s| s.value == 1.0)
+    })
+    .await
+    .unwrap_or_else(|last| panic!("every admin port answers: {last} ({scraped:?})"));
     // The refused Pods are failed reconciles of the ReplicaSet controller.
     await_query(
         &prometheus,
