@@ -9,7 +9,7 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help run test soak lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc
+.PHONY: help deps run test soak lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc
 
 help:
 	@echo "make run           start a local control plane and every service against it"
@@ -18,10 +18,14 @@ help:
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
+	@echo "make deps          install the distribution packages the tests need (prometheus; apt-get)"
 	@echo "make bench         run every benchmark; make bench-<area> one area (queue, elector, watcher, e2e, gc)"
 
 testenv:
 	@scripts/testenv.sh build >/dev/null
+
+deps:
+	scripts/install-deps.sh
 
 build:
 	$(CARGO) build --locked --workspace --bins

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Fails if a control-plane process started by the tests is still running. A cluster a person
-# started with `make cluster-up` (its arguments name the cluster directory) is not counted.
+# Fails if a control-plane process started by the tests is still running, or a Prometheus the
+# monitoring tests started (its storage is in a switchyard-prometheus-* directory). A cluster a
+# person started with `make cluster-up` (its arguments name the cluster directory) is not
+# counted.
 set -euo pipefail
 cache=${SWITCHYARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/testenv}
 cluster=${SWITCHYARD_CLUSTER_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/cluster}
 
-left() { pgrep -af -- "$cache/" | grep -vF -- "$cluster" || true; }
+left() {
+  { pgrep -af -- "$cache/" | grep -vF -- "$cluster"; pgrep -af -- "--storage.tsdb.path=.*/switchyard-prometheus-"; } || true
+}
 
 # Processes get SIGTERM and a grace period before SIGKILL; allow for it.
 for _ in $(seq 1 50); do

@@ -2,9 +2,14 @@
 # Builds the real control plane Switchyard tests against, from published Go modules:
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
 # etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), kustomize, an OpenTelemetry
-# Collector (OTLP receiver, file exporter) assembled by the collector builder, and
-# cert-manager's CRDs (github.com/cert-manager/cert-manager, deploy/crds), which the deploy
-# tests install to check components/cert-manager against the real schema.
+# Collector (OTLP receiver, file exporter) assembled by the collector builder, and the CRDs
+# of cert-manager (github.com/cert-manager/cert-manager, deploy/crds) and of the Prometheus
+# Operator (ServiceMonitor and PrometheusRule, from github.com/prometheus-operator/
+# prometheus-operator, example/prometheus-operator-crd), which the deploy tests install to
+# check components/cert-manager and components/monitoring against the real schemas.
+#
+# A cold build takes minutes per product: each prints when it starts, what it is doing every
+# $SWITCHYARD_TESTENV_PROGRESS_SECONDS (30) while it runs, and how long it took, on stderr.
 #
 # Every product is cached under $SWITCHYARD_CACHE (default ~/.cache/switchyard/testenv),
 # keyed by its version and the Go version, and built only when its binaries are missing.
@@ -30,6 +35,8 @@ GO_MIN_MINOR=26
 # Only the CRDs: the controller's command (module .../cert-manager/cmd/controller) is not
 # served by the Go module proxy, so cert-manager itself does not run in the tests.
 CERT_MANAGER_VERSION=1.21.2
+# Only the CRDs too: the ServiceMonitor and PrometheusRule of components/monitoring.
+PROMETHEUS_OPERATOR_VERSION=0.85.0
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 CACHE=${SWITCHYARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/testenv}
@@ -46,18 +53,55 @@ check_go() {
   GO_VERSION=$v
 }
 
-bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_cert-manager-v${CERT_MANAGER_VERSION}_${GO_VERSION}"; }
+bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_cert-manager-v${CERT_MANAGER_VERSION}_prometheus-operator-v${PROMETHEUS_OPERATOR_VERSION}_${GO_VERSION}"; }
 product_dir() { echo "$CACHE/$1-v$2-${GO_VERSION}"; }
 
 # run_logged <product> <log> <cmd...>: run a build step, naming the log file if it fails.
+# Each step is written to the log first, as `+ <command>`: the progress lines name it.
 run_logged() {
   local product=$1 log=$2; shift 2
+  echo "+ $*" >>"$log"
   if ! "$@" >>"$log" 2>&1; then
     echo "testenv: building $product failed; see $log" >&2
     tail -n 20 "$log" >&2
     exit 1
   fi
 }
+
+# How often a running build says where it is, in seconds.
+PROGRESS_EVERY=${SWITCHYARD_TESTENV_PROGRESS_SECONDS:-30}
+PROGRESS_PID=
+
+duration() { local s=$1; if [ "$s" -ge 60 ]; then printf '%dm%02ds' $((s / 60)) $((s % 60)); else printf '%ds' "$s"; fi; }
+
+# progress_start <what> <log>: until progress_stop, print every PROGRESS_EVERY seconds how
+# long <what> has been building, its current step (the last `+ ` line of its log) and the
+# modules downloaded so far, so a cold build of many minutes is never silent for long.
+progress_start() {
+  local what=$1 log=$2 parent=$$ started
+  started=$(date +%s)
+  (
+    sleeper=
+    trap '[ -z "$sleeper" ] || kill "$sleeper" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep "$PROGRESS_EVERY" & sleeper=$!
+      wait "$sleeper"
+      kill -0 "$parent" 2>/dev/null || exit 0
+      step=$(awk '/^\+ / { if ($3 == "build") s = $2 " " $3; else s = $2 " " $3 " " $4 } END { print s }' "$log")
+      downloaded=$(grep -c '^go: downloading' "$log" || true)
+      echo "testenv: building $what: $(duration $(($(date +%s) - started))) so far; at: ${step:-starting}; $downloaded modules downloaded" >&2
+    done
+  ) &
+  PROGRESS_PID=$!
+}
+
+progress_stop() {
+  [ -n "$PROGRESS_PID" ] || return 0
+  kill "$PROGRESS_PID" 2>/dev/null || true
+  wait "$PROGRESS_PID" 2>/dev/null || true
+  PROGRESS_PID=
+}
+trap progress_stop EXIT
 
 have_all() { local d=$1; shift; for b in "$@"; do [ -x "$d/bin/$b" ] || return 1; done; }
 
@@ -68,6 +112,7 @@ build_kubernetes() {
   mkdir -p "$src" "$d/bin"; : >"$log"
   echo "testenv: building Kubernetes v$K8S_VERSION (cold: about 25 minutes on 2 cores; log: $log)" >&2
   local start=$SECONDS
+  progress_start "Kubernetes v$K8S_VERSION" "$log"
   (
     cd "$src"
     rm -f go.mod go.sum
@@ -94,7 +139,8 @@ build_kubernetes() {
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
   )
-  echo "testenv: built Kubernetes v$K8S_VERSION in $((SECONDS - start)) s" >&2
+  progress_stop
+  echo "testenv: built Kubernetes v$K8S_VERSION in $(duration $((SECONDS - start)))" >&2
 }
 
 build_etcd() {
@@ -104,6 +150,7 @@ build_etcd() {
   mkdir -p "$src" "$d/bin"; : >"$log"
   echo "testenv: building etcd v$ETCD_VERSION (log: $log)" >&2
   local start=$SECONDS
+  progress_start "etcd v$ETCD_VERSION" "$log"
   (
     cd "$src"
     rm -f go.mod go.sum
@@ -114,7 +161,8 @@ build_etcd() {
     run_logged etcd "$log" go build -trimpath -ldflags "-s -w" -o "$d/bin/etcd" go.etcd.io/etcd/server/v3
     run_logged etcd "$log" go build -trimpath -ldflags "-s -w" -o "$d/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3
   )
-  echo "testenv: built etcd v$ETCD_VERSION in $((SECONDS - start)) s" >&2
+  progress_stop
+  echo "testenv: built etcd v$ETCD_VERSION in $(duration $((SECONDS - start)))" >&2
 }
 
 build_go_install() { # <product> <version> <binary> <package@version>
@@ -124,8 +172,10 @@ build_go_install() { # <product> <version> <binary> <package@version>
   mkdir -p "$d/bin"; : >"$log"
   echo "testenv: building $1 v$2 (log: $log)" >&2
   local start=$SECONDS
+  progress_start "$1 v$2" "$log"
   GOBIN="$d/bin" run_logged "$1" "$log" go install -trimpath -ldflags "-s -w" "$4"
-  echo "testenv: built $1 v$2 in $((SECONDS - start)) s" >&2
+  progress_stop
+  echo "testenv: built $1 v$2 in $(duration $((SECONDS - start)))" >&2
 }
 
 # The collector is assembled from its Go modules by the collector builder: the OTLP receiver
@@ -137,6 +187,7 @@ build_otelcol() {
   mkdir -p "$src" "$d/bin" "$d/builder"; : >"$log"
   echo "testenv: building the OpenTelemetry Collector v$OTELCOL_VERSION (log: $log)" >&2
   local start=$SECONDS
+  progress_start "the OpenTelemetry Collector v$OTELCOL_VERSION" "$log"
   GOBIN="$d/builder" run_logged otelcol "$log" go install -trimpath "go.opentelemetry.io/collector/cmd/builder@v$OTELCOL_VERSION"
   cat >"$d/manifest.yaml" <<MANIFEST
 dist:
@@ -171,7 +222,8 @@ MANIFEST
       "go.opentelemetry.io/collector/confmap/provider/yamlprovider@v$OTELCOL_CORE_VERSION"
     run_logged otelcol "$log" go build -trimpath -ldflags "-s -w" -o "$d/bin/otelcol-switchyard" .
   )
-  echo "testenv: built the OpenTelemetry Collector v$OTELCOL_VERSION in $((SECONDS - start)) s" >&2
+  progress_stop
+  echo "testenv: built the OpenTelemetry Collector v$OTELCOL_VERSION in $(duration $((SECONDS - start)))" >&2
 }
 
 # cert-manager's CRDs as its module ships them: deploy/crds holds plain YAML (controller-gen's
@@ -195,6 +247,27 @@ fetch_cert_manager_crds() {
   local f
   for f in "$d"/crds/*.yaml; do
     sed -n '/^---$/!p' "$f" | { echo "---"; cat; }
+  done >"$d/crds.yaml.tmp"
+  mv "$d/crds.yaml.tmp" "$d/crds.yaml"
+}
+
+# The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, as its module ships them
+# (example/prometheus-operator-crd: controller-gen's output, what its bundle.yaml and
+# kube-prometheus-stack install), in one multi-document crds.yaml.
+fetch_prometheus_operator_crds() {
+  local d; d=$(product_dir prometheus-operator "$PROMETHEUS_OPERATOR_VERSION")
+  [ -s "$d/crds.yaml" ] && return 0
+  local log="$d/build.log"
+  mkdir -p "$d"; : >"$log"
+  echo "testenv: fetching Prometheus Operator v$PROMETHEUS_OPERATOR_VERSION CRDs (log: $log)" >&2
+  local module
+  module=$(cd "$d" && go mod download -json "github.com/prometheus-operator/prometheus-operator@v$PROMETHEUS_OPERATOR_VERSION" 2>>"$log" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  local crds=$module/example/prometheus-operator-crd
+  [ -d "$crds" ] || die "could not download github.com/prometheus-operator/prometheus-operator@v$PROMETHEUS_OPERATOR_VERSION (see $log and the Go module proxy settings)"
+  local kind
+  for kind in servicemonitors prometheusrules; do
+    sed -n '/^---$/!p' "$crds/monitoring.coreos.com_$kind.yaml" | { echo "---"; cat; }
   done >"$d/crds.yaml.tmp"
   mv "$d/crds.yaml.tmp" "$d/crds.yaml"
 }
@@ -297,6 +370,7 @@ link_bin_dir() {
   ln -sfn "$w/bin/kwok" "$bin/kwok"; ln -sfn "$z/bin/kustomize" "$bin/kustomize"
   ln -sfn "$(product_dir otelcol "$OTELCOL_VERSION")/bin/otelcol-switchyard" "$bin/otelcol-switchyard"
   ln -sfn "$(product_dir cert-manager "$CERT_MANAGER_VERSION")" "$bin/cert-manager"
+  ln -sfn "$(product_dir prometheus-operator "$PROMETHEUS_OPERATOR_VERSION")" "$bin/prometheus-operator"
   write_kwok_stages "$bin"
 }
 
@@ -320,7 +394,8 @@ case "$cmd" in
   versions)
     echo "kubernetes v$K8S_VERSION"; echo "etcd v$ETCD_VERSION"
     echo "kwok v$KWOK_VERSION"; echo "kustomize v$KUSTOMIZE_VERSION"
-    echo "opentelemetry-collector v$OTELCOL_VERSION"; echo "cert-manager v$CERT_MANAGER_VERSION (CRDs)" ;;
+    echo "opentelemetry-collector v$OTELCOL_VERSION"; echo "cert-manager v$CERT_MANAGER_VERSION (CRDs)"
+    echo "prometheus-operator v$PROMETHEUS_OPERATOR_VERSION (CRDs)" ;;
   bin-dir)
     check_go; bin_dir ;;
   build)
@@ -334,6 +409,7 @@ case "$cmd" in
     build_kubernetes
     build_otelcol
     fetch_cert_manager_crds
+    fetch_prometheus_operator_crds
     ensure_iproute2
     link_bin_dir
     bin_dir ;;

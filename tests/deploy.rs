@@ -3,7 +3,9 @@
 //! apply changes nothing; the service accounts can do what their services need and no more.
 //! cert-manager's CRDs are installed, so its objects meet the real schema; the Component
 //! switchyard-certs writes applies on an overlay in their place, and the aggregation layer
-//! trusts the queue's certificate through either route's caBundle.
+//! trusts the queue's certificate through either route's caBundle. The Prometheus Operator's
+//! CRDs are installed too: components/monitoring applies on an overlay against their schema,
+//! and its ServiceMonitors reach every service's admin port.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,8 +17,9 @@ use std::path::Path;
 use clap::Parser;
 use support::{
     APISERVICE, FIELD_MANAGER, NAMESPACE, OVERLAYS, Queue, TestPki, apply_cleanly,
-    await_apiservice_available, base_dir, build_for_loopback, build_wrapped, inject_ca_bundle,
-    install_cert_manager_crds, kubectl, kustomize_build, overlay_dir, resource_versions,
+    await_apiservice_available, base_dir, build_for_loopback, build_wrapped, component_dir,
+    inject_ca_bundle, install_cert_manager_crds, install_prometheus_operator_crds, kubectl,
+    kustomize_build, overlay_dir, resource_versions,
 };
 use switchyard_certs::identities;
 use switchyard_testenv::{Binaries, ControlPlane};
@@ -238,6 +241,186 @@ async fn the_switchyard_certs_component_applies_on_an_overlay_and_the_apiserver_
     )
     .await;
     assert_eq!(skip.stdout, "", "no insecureSkipTLSVerify");
+    queue.stop().await;
+}
+
+/// What components/monitoring must hold, read from the built manifests: for every service a
+/// ServiceMonitor whose selector finds one Service, whose port reaches the admin port of that
+/// service's pods, named after the service (the job label); the dashboard for Grafana's
+/// sidecar; and the five alerts.
+fn assert_monitoring_objects(manifests: &str) {
+    let objects: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(manifests)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .collect();
+    let of_kind = |kind: &str| -> Vec<&serde_yaml::Value> {
+        objects.iter().filter(|o| o["kind"] == kind).collect()
+    };
+    let labels_match = |selector: &serde_yaml::Value, labels: &serde_yaml::Value| {
+        selector
+            .as_mapping()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    };
+    for service in ["watcher", "queue", "reconciler", "elector"] {
+        let name = format!("switchyard-{service}");
+        let workload = objects
+            .iter()
+            .find(|o| {
+                (o["kind"] == "Deployment" || o["kind"] == "StatefulSet")
+                    && o["metadata"]["name"] == name.as_str()
+            })
+            .unwrap_or_else(|| panic!("{name}: a workload"));
+        let pod = &workload["spec"]["template"];
+        let admin = pod["spec"]["containers"][0]["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "admin")
+            .unwrap_or_else(|| panic!("{name}: an admin container port"));
+        assert_eq!(admin["containerPort"].as_u64(), Some(9990));
+
+        let monitors: Vec<_> = of_kind("ServiceMonitor")
+            .into_iter()
+            .filter(|m| m["metadata"]["name"] == name.as_str())
+            .collect();
+        assert_eq!(monitors.len(), 1, "{name}: one ServiceMonitor");
+        let monitor = &monitors[0]["spec"];
+        assert_eq!(monitors[0]["metadata"]["namespace"], NAMESPACE);
+        let endpoint = &monitor["endpoints"][0];
+        assert_eq!(endpoint["path"], "/metrics", "{name}");
+        let services: Vec<_> = of_kind("Service")
+            .into_iter()
+            .filter(|s| s["metadata"]["namespace"] == NAMESPACE)
+            .filter(|s| {
+                labels_match(
+                    &monitor["selector"]["matchLabels"],
+                    &s["metadata"]["labels"],
+                )
+            })
+            .collect();
+        assert_eq!(
+            services.len(),
+            1,
+            "{name}: the ServiceMonitor selects one Service: {services:?}"
+        );
+        let scraped = services[0];
+        assert!(
+            labels_match(&scraped["spec"]["selector"], &pod["metadata"]["labels"]),
+            "{name}: the Service selects the service's pods"
+        );
+        let port = scraped["spec"]["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == endpoint["port"])
+            .unwrap_or_else(|| panic!("{name}: the Service has the ServiceMonitor's port"));
+        assert_eq!(port["targetPort"], "admin", "{name}: to the admin port");
+        let job_label = monitor["jobLabel"].as_str().unwrap();
+        assert_eq!(
+            scraped["metadata"]["labels"][job_label],
+            name.as_str(),
+            "{name}: the job label names the service"
+        );
+    }
+    assert_eq!(of_kind("ServiceMonitor").len(), 4);
+
+    let dashboards: Vec<_> = of_kind("ConfigMap")
+        .into_iter()
+        .filter(|c| c["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .collect();
+    assert_eq!(dashboards.len(), 1, "one ConfigMap for Grafana's sidecar");
+    assert_eq!(dashboards[0]["metadata"]["name"], "switchyard-dashboard");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(dashboards[0]["data"]["switchyard.json"].as_str().unwrap()).unwrap();
+    assert_eq!(dashboard["uid"], "switchyard");
+
+    let rules = of_kind("PrometheusRule");
+    assert_eq!(rules.len(), 1);
+    let mut alerts: Vec<&str> = rules[0]["spec"]["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap())
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    alerts.sort_unstable();
+    assert_eq!(
+        alerts,
+        [
+            "SwitchyardBacklogGrowing",
+            "SwitchyardNoElectorLeader",
+            "SwitchyardReconcileErrorRatio",
+            "SwitchyardReconcilerStalled",
+            "SwitchyardShardWithoutOwner",
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_monitoring_component_applies_on_an_overlay_against_the_prometheus_operator_s_schema() {
+    let _one_at_a_time = APPLYING.lock().await;
+    let plane = ControlPlane::shared().expect("control plane");
+    install_cert_manager_crds(plane).await;
+    install_prometheus_operator_crds(plane).await;
+    let pki = TestPki::shared(plane);
+    let queue = Queue::start(256, plane.front_proxy_ca(), &pki.queue).await;
+    let monitoring = component_dir("monitoring");
+    let manifests = build_wrapped(
+        plane,
+        &overlay_dir("dev"),
+        &[&monitoring],
+        queue.metrics_port,
+        "",
+    )
+    .await;
+    assert_monitoring_objects(&manifests);
+
+    let first = apply_cleanly(plane, "dev with monitoring: first apply", &manifests).await;
+    for applied in [
+        "servicemonitor.monitoring.coreos.com/switchyard-queue serverside-applied",
+        "prometheusrule.monitoring.coreos.com/switchyard serverside-applied",
+        "configmap/switchyard-dashboard serverside-applied",
+        "service/switchyard-reconciler-admin serverside-applied",
+    ] {
+        assert!(first.contains(applied), "{applied}:\n{first}");
+    }
+    inject_ca_bundle(plane, &pki.ca_pem).await;
+    await_apiservice_available(plane).await;
+    let before = resource_versions(plane, &manifests).await;
+    apply_cleanly(plane, "dev with monitoring: second apply", &manifests).await;
+    assert_eq!(before, resource_versions(plane, &manifests).await);
+
+    // The schemas are enforced, so the clean apply above means something: a misspelt field
+    // of a ServiceMonitor and a malformed duration of an alert are refused.
+    let component = |file: &str| std::fs::read_to_string(monitoring.join(file)).unwrap();
+    let monitor = component("servicemonitors.yaml")
+        .split("\n---\n")
+        .find(|doc| doc.contains("name: switchyard-queue\n"))
+        .unwrap()
+        .replace("namespace: switchyard", "namespace: default");
+    let alerts = component("alerts.yaml").replace("namespace: switchyard", "namespace: default");
+    for (broken, refused) in [
+        (
+            monitor.replace("      path: /metrics", "      paht: /metrics"),
+            ".spec.endpoints[0].paht: field not declared in schema",
+        ),
+        (
+            alerts.replace("for: 10m", "for: ten minutes"),
+            "spec.groups[0].rules[0].for",
+        ),
+    ] {
+        let out = kubectl(
+            plane,
+            &["apply", "--server-side", "--validate=strict", "-f", "-"],
+            Some(&broken),
+        )
+        .await;
+        assert!(
+            !out.success && out.stderr.contains(refused),
+            "refused, naming {refused}: {out:?}"
+        );
+    }
     queue.stop().await;
 }
 

@@ -50,6 +50,15 @@ pub fn overlay_dir(overlay: &str) -> PathBuf {
         .unwrap()
 }
 
+/// A component of deploy/kustomize/components.
+pub fn component_dir(component: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/kustomize/components")
+        .join(component)
+        .canonicalize()
+        .unwrap()
+}
+
 pub fn base_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy/kustomize/base")
@@ -222,6 +231,38 @@ pub async fn install_cert_manager_crds(plane: &ControlPlane) {
             args.extend(crds.iter().map(String::as_str));
             let out = kubectl(plane, &args, None).await;
             assert!(out.success, "cert-manager CRDs established: {}", out.stderr);
+        })
+        .await;
+}
+
+/// The Prometheus Operator's CRDs, as `kubectl get -f` names them: the kinds
+/// components/monitoring uses.
+pub const PROMETHEUS_OPERATOR_CRDS: [&str; 2] = [
+    "servicemonitors.monitoring.coreos.com",
+    "prometheusrules.monitoring.coreos.com",
+];
+
+/// Installs the Prometheus Operator's ServiceMonitor and PrometheusRule CRDs (from the
+/// harness's cache) once per test process, and waits until the apiserver serves them.
+pub async fn install_prometheus_operator_crds(plane: &ControlPlane) {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            let crds =
+                std::fs::read_to_string(plane.binaries().prometheus_operator_crds()).unwrap();
+            apply_cleanly(plane, "Prometheus Operator CRDs", &crds).await;
+            let crds: Vec<String> = PROMETHEUS_OPERATOR_CRDS
+                .iter()
+                .map(|crd| format!("crd/{crd}"))
+                .collect();
+            let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+            args.extend(crds.iter().map(String::as_str));
+            let out = kubectl(plane, &args, None).await;
+            assert!(
+                out.success,
+                "Prometheus Operator CRDs established: {}",
+                out.stderr
+            );
         })
         .await;
 }

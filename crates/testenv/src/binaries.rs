@@ -1,6 +1,6 @@
 use std::{
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use crate::{Error, Result};
@@ -14,6 +14,9 @@ pub struct Binaries {
 impl Binaries {
     /// `$SWITCHYARD_TESTENV_BIN` when set (as `make` sets it); otherwise runs
     /// `scripts/testenv.sh build`, which builds whatever is missing and prints the directory.
+    /// The script's progress (a cold build takes minutes per product) goes straight to this
+    /// process's stderr, where a person running the tests sees it: the test harness captures
+    /// only what the tests print themselves.
     pub fn locate() -> Result<Self> {
         if let Some(dir) = std::env::var_os("SWITCHYARD_TESTENV_BIN") {
             let binaries = Self { dir: dir.into() };
@@ -23,13 +26,15 @@ impl Binaries {
         let script = workspace_root().join("scripts/testenv.sh");
         let output = Command::new(&script)
             .arg("build")
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
             .output()
             .map_err(|e| Error::Build(format!("failed to run {}: {e}", script.display())))?;
         if !output.status.success() {
             return Err(Error::Build(format!(
-                "{} build failed:\n{}",
+                "{} build failed ({}); its output is above",
                 script.display(),
-                String::from_utf8_lossy(&output.stderr)
+                output.status
             )));
         }
         let dir = String::from_utf8_lossy(&output.stdout).trim().to_owned();
@@ -65,6 +70,13 @@ impl Binaries {
         self.dir.join("cert-manager/chart")
     }
 
+    /// The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, one multi-document
+    /// YAML (from `example/prometheus-operator-crd` of its Go module; see
+    /// `scripts/testenv.sh`).
+    pub fn prometheus_operator_crds(&self) -> PathBuf {
+        self.dir.join("prometheus-operator/crds.yaml")
+    }
+
     fn check(&self) -> Result<()> {
         let needed = [
             "etcd",
@@ -76,6 +88,7 @@ impl Binaries {
             "kwok-stages.yaml",
             "otelcol-switchyard",
             "cert-manager/crds.yaml",
+            "prometheus-operator/crds.yaml",
         ];
         if let Some(missing) = needed.iter().find(|b| !self.dir.join(b).exists()) {
             return Err(Error::Build(format!(

@@ -8,6 +8,7 @@
 //!                                      admin kubeconfig, fake Nodes  ◄── Ready ───────┘
 //!                        [start_controller_manager(controllers)] ── kube-controller-manager
 //!  Collector::start ── otelcol-switchyard (OTLP/gRPC in, JSON lines out), for trace tests
+//!  Prometheus::start ── Debian's prometheus, scraping admin ports, for the monitoring tests
 //! ```
 //!
 //! Every process listens on a free 127.0.0.1 port (a port taken between choosing and binding
@@ -29,6 +30,7 @@ mod otelcol;
 mod pki;
 mod ports;
 mod process;
+mod prometheus;
 mod serve_log;
 mod service;
 pub mod tls;
@@ -41,6 +43,7 @@ pub use in_process::InProcess;
 pub use namespace::TestNamespace;
 pub use netns::NetNs;
 pub use otelcol::{Collector, ExportedSpan};
+pub use prometheus::{Prometheus, Sample, promtool};
 pub use serve_log::serve_intervals;
 pub use service::{ServiceProcess, assert_service_lifecycle, list_services, resident_bytes};
 pub use tls::Pki;

@@ -313,7 +313,7 @@ fn join(
         etcd,
         shard_count: queue.shard_count,
         drain_grace: queue.drain_grace.into(),
-        metrics: ownership::OwnershipMetrics::register(rt.metrics()),
+        metrics: ownership::OwnershipMetrics::register(rt.metrics(), queue.shard_count),
     };
     rt.spawn_essential("ownership", move |drain| {
         ownership.run(handle, lease, directory.map, drain)

@@ -136,7 +136,16 @@ pub struct OwnershipMetrics {
 }
 
 impl OwnershipMetrics {
-    pub fn register(metrics: &Metrics) -> Self {
+    /// Registers the metrics of a member of an installation of `shard_count` virtual shards.
+    pub fn register(metrics: &Metrics, shard_count: u32) -> Self {
+        let shards = Gauge::<i64>::default();
+        shards.set(i64::from(shard_count));
+        metrics.register(
+            "switchyard_queue_shard_count",
+            "Virtual shards of the installation (--shard-count); each should be served by one \
+             replica (switchyard_queue_shard_epoch)",
+            shards,
+        );
         let this = Self {
             lease_held: Gauge::default(),
             lease_lost: Counter::default(),
