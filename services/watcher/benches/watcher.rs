@@ -248,7 +248,8 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     // (its name and seq) arrives from the apiserver. Enqueue time minus this is the
     // watcher's and queue's share.
     let seen: Arc<Mutex<HashMap<(String, u64), SystemTime>>> = Arc::default();
-    let own: Arc<Mutex<Vec<f64>>> = Arc::default();
+    // Each matched write and when its key was enqueued.
+    let enqueued: Arc<Mutex<Vec<(String, u64, SystemTime)>>> = Arc::default();
     let observer = tokio::spawn({
         let (maps, seen) = (maps.clone(), seen.clone());
         async move {
@@ -269,7 +270,7 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     });
     let worker = tokio::spawn({
         let (sent, latencies, measuring) = (sent.clone(), latencies.clone(), measuring.clone());
-        let (seen, own, tally) = (seen.clone(), own.clone(), tally.clone());
+        let (enqueued, tally) = (enqueued.clone(), tally.clone());
         async move {
             while let Ok(Some(message)) = inbound.message().await {
                 let Some(Reply::Item(item)) = message.response else {
@@ -287,15 +288,12 @@ async fn latency(plane: &ControlPlane, client: &Client) {
                             Err(_) => tally.lock().unwrap().queued_before_sent += 1,
                             Ok(took) => {
                                 latencies.lock().unwrap().push(took.as_secs_f64() * 1e3);
-                                let heard = seen.lock().unwrap().remove(&(name.clone(), seq));
-                                match heard {
-                                    // Signed: the independent watch may hear of the write
-                                    // after the watcher did; such samples stay in, as they are.
-                                    Some(heard) => {
-                                        own.lock().unwrap().push(signed_ms(queued_at, heard))
-                                    }
-                                    None => tally.lock().unwrap().unseen += 1,
-                                }
+                                // Resolved once the run is over: the independent watch
+                                // may hear of the write after its lease came.
+                                enqueued
+                                    .lock()
+                                    .unwrap()
+                                    .push((name.clone(), seq, queued_at));
                             }
                         },
                     }
@@ -363,7 +361,7 @@ async fn latency(plane: &ControlPlane, client: &Client) {
         all.len()
     );
     // Every sample not in the percentiles is counted here, by why.
-    let tally = *tally.lock().unwrap();
+    let mut tally = *tally.lock().unwrap();
     let never_leased = sent.lock().unwrap().len();
     figure("matched", all.len() as f64, "writes");
     figure("unmatched_never_leased", never_leased as f64, "writes");
@@ -374,15 +372,26 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     );
     figure("unmatched_leases", tally.unmatched_leases as f64, "leases");
     figure("skipped_no_free_key", tally.skipped as f64, "ticks");
-    figure("own_unseen_by_observer", tally.unseen as f64, "writes");
     figure("enqueue_latency_p50", percentile(&all, 0.50), "ms");
     figure("enqueue_latency_p99", percentile(&all, 0.99), "ms");
     let mut writes = writes.lock().unwrap().clone();
     writes.sort_by(f64::total_cmp);
     figure("write_latency_p50", percentile(&writes, 0.50), "ms");
     figure("write_latency_p99", percentile(&writes, 0.99), "ms");
-    let mut own = own.lock().unwrap().clone();
+    // Signed: where the independent watch heard of a write after the watcher enqueued it,
+    // the sample is negative and stays in, as it is.
+    let mut own = Vec::new();
+    {
+        let seen = seen.lock().unwrap();
+        for (name, seq, queued_at) in enqueued.lock().unwrap().iter() {
+            match seen.get(&(name.clone(), *seq)) {
+                Some(heard) => own.push(signed_ms(*queued_at, *heard)),
+                None => tally.unseen += 1,
+            }
+        }
+    }
     own.sort_by(f64::total_cmp);
+    figure("own_unseen_by_observer", tally.unseen as f64, "writes");
     figure(
         "own_latency_negative",
         own.iter().filter(|ms| **ms < 0.0).count() as f64,
