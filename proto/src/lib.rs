@@ -57,6 +57,7 @@ mod tests {
                 "switchyard.queue.v1.Queue",
                 "switchyard.watcher.v1.Cache",
                 "switchyard.watcher.v1.Resync",
+                "switchyard.watcher.v1.Watches",
             ]
         );
     }
