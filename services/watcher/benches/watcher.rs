@@ -23,7 +23,8 @@
 //! - `watcher.list_50k` (s): from starting a watcher until its initial list of 50,000 Pods is
 //!   cached (readiness).
 //!
-//! `SWITCHYARD_BENCH_RUNS=latency,memory,list_50k` (any of the three) runs only those parts.
+//! `SWITCHYARD_BENCH_RUNS=latency,memory,list_50k` (any of the three) runs only those parts;
+//! `SWITCHYARD_BENCH_RATE=<changes/s>` runs the latency part at another rate than 1,000.
 
 #![allow(unsafe_code, clippy::unwrap_used)]
 
@@ -95,6 +96,8 @@ fn held<T>(value: T) -> usize {
 const CONTROLLER: &str = "bench/v1/ConfigMap";
 const SHARDS: u32 = 256;
 /// Changes per second and how long they run.
+/// Changes per second of the latency run; `SWITCHYARD_BENCH_RATE` sets another (to find the
+/// rate this machine's apiserver keeps up with).
 const RATE: u64 = 1_000;
 const RATE_SECONDS: u64 = 15;
 const OBJECTS: usize = 1_000;
@@ -308,8 +311,13 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     measuring.store(true, Ordering::Relaxed);
 
-    let total = RATE * RATE_SECONDS;
-    let mut ticks = tokio::time::interval(Duration::from_micros(1_000_000 / RATE));
+    let rate: u64 = std::env::var("SWITCHYARD_BENCH_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|r| *r > 0)
+        .unwrap_or(RATE);
+    let total = rate * RATE_SECONDS;
+    let mut ticks = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let in_flight = Arc::new(tokio::sync::Semaphore::new(256));
     // Send to response of each write: the apiserver's share of the latency.
