@@ -7,7 +7,7 @@
 #[path = "../../../services/reconciler/tests/support/mod.rs"]
 mod support;
 
-use std::{io::Write, net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use clap::Parser;
 use kube::CustomResource;
@@ -42,29 +42,11 @@ async fn watcher(
     queue: SocketAddr,
     grpc: &str,
 ) -> InProcess {
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    write!(
-        file,
+    let config = format!(
         "shardCount: {}\nnamespaces:\n  include: [{namespace}]\n",
         support::SHARDS
-    )
-    .unwrap();
-    let path = file.into_temp_path().keep().unwrap();
-    let mut args = vec![
-        "switchyard-watcher".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        format!("--grpc-addr={grpc}"),
-        format!("--kubeconfig={}", plane.kubeconfig().display()),
-        format!("--config={}", path.display()),
-        format!("--queue-addr={queue}"),
-    ];
-    args.extend(Pki::shared().flags(Role::Watcher));
-    let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
-    InProcess::spawn(rt, Some(grpc))
+    );
+    support::watcher_on(plane, &config, &format!("--queue-addr={queue}"), grpc).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

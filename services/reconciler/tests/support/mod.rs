@@ -90,13 +90,18 @@ pub async fn watcher(plane: &ControlPlane, config: &str, queue: SocketAddr) -> I
 
 /// A watcher routing keys by `route` (`--queue-addr=...` or `--elector-addr=...`).
 pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> InProcess {
+    watcher_on(plane, config, route, "127.0.0.1:0").await
+}
+
+/// A watcher routing keys by `route`, serving gRPC on `grpc` (`host:port`; port 0 for any).
+pub async fn watcher_on(plane: &ControlPlane, config: &str, route: &str, grpc: &str) -> InProcess {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
     let mut args = vec![
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--grpc-addr={grpc}"),
         format!("--kubeconfig={}", plane.kubeconfig().display()),
         format!("--config={}", path.display()),
         route.to_owned(),
