@@ -34,12 +34,16 @@ fn key(key: &WorkKey) -> ProtoKey {
 pub(crate) fn enqueue_items<'a>(
     work_key: &'a WorkKey,
     priority_: Priority,
+    delay: Duration,
     causes: &'a [Cause],
 ) -> impl Iterator<Item = pb::EnqueueItem> + 'a {
+    let delay = (!delay.is_zero())
+        .then(|| prost_types::Duration::try_from(delay).ok())
+        .flatten();
     let item = move |trace_context: TraceFields| pb::EnqueueItem {
         key: Some(key(work_key)),
         priority: priority(priority_) as i32,
-        delay: None,
+        delay,
         trace_context,
     };
     let uncaused = causes.is_empty().then(|| item(TraceFields::new()));
@@ -166,13 +170,23 @@ mod tests {
         let causes: Vec<Cause> = (1..=2)
             .map(|n| Arc::new(TraceFields::from([("traceparent".into(), n.to_string())])))
             .collect();
-        let items: Vec<_> = enqueue_items(&key, Priority::Normal, &causes).collect();
+        let items: Vec<_> =
+            enqueue_items(&key, Priority::Normal, Duration::ZERO, &causes).collect();
         assert_eq!(items.len(), 2);
         assert_eq!(items[1].trace_context["traceparent"], "2");
         assert_eq!(items[0].priority, pb::Priority::Normal as i32);
-        let items: Vec<_> = enqueue_items(&key, Priority::Low, &[]).collect();
+        assert_eq!(items[0].delay, None);
+        let items: Vec<_> =
+            enqueue_items(&key, Priority::Low, Duration::from_millis(250), &[]).collect();
         assert_eq!(items.len(), 1);
         assert_eq!(items[0].priority, pb::Priority::Low as i32);
+        assert_eq!(
+            items[0].delay,
+            Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 250_000_000
+            })
+        );
         assert_eq!(
             items[0].key,
             Some(ProtoKey {

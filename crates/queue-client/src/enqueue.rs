@@ -1,7 +1,7 @@
 //! Sends keys to the queue replica that owns each key's shard.
 //!
 //! ```text
-//!  push ─► pending: shard -> {key -> priority, causes}   (a set: repeats coalesce)
+//!  push ─► pending: shard -> {key -> priority, delay, causes}   (a set: repeats coalesce)
 //!            │  full (capacity): push waits, so the caller stops producing instead of
 //!            │  growing
 //!            ▼
@@ -12,6 +12,9 @@
 //!
 //! Nothing is dropped because a queue is slow, down or moving: keys wait in the pending set,
 //! whose size is bounded by the number of distinct keys.
+//!
+//! A key may ask the queue to hold it for a delay (a batch period): repeats coalesce here to
+//! the shortest, and at the queue the earliest ready time wins.
 //!
 //! A key may carry the trace contexts of the events that caused it (the latest
 //! [`MAX_CAUSES`] when repeats coalesce here), and goes to the queue as one item per cause,
@@ -70,16 +73,43 @@ impl EnqueueMetrics for NoMetrics {
     fn retried(&self) {}
 }
 
-/// A key waiting to be sent: its priority and what caused it.
+/// A key to send: ready at once, or after a delay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Add {
+    pub key: WorkKey,
+    pub delay: Duration,
+}
+
+impl From<WorkKey> for Add {
+    fn from(key: WorkKey) -> Self {
+        Self {
+            key,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+impl From<(WorkKey, Option<Duration>)> for Add {
+    fn from((key, delay): (WorkKey, Option<Duration>)) -> Self {
+        Self {
+            key,
+            delay: delay.unwrap_or_default(),
+        }
+    }
+}
+
+/// A key waiting to be sent: its priority, its delay and what caused it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Waiting {
     priority: Priority,
+    delay: Duration,
     causes: Vec<Cause>,
 }
 
 impl Waiting {
     fn merge(&mut self, other: Waiting) {
         self.priority = self.priority.max(other.priority);
+        self.delay = self.delay.min(other.delay);
         for cause in other.causes {
             if self.causes.len() == MAX_CAUSES {
                 self.causes.remove(0);
@@ -181,7 +211,7 @@ impl Enqueuer {
     /// context of the event the keys come from.
     pub async fn push(
         &self,
-        keys: impl IntoIterator<Item = WorkKey>,
+        keys: impl IntoIterator<Item = impl Into<Add>>,
         priority: Priority,
         cause: Option<Cause>,
     ) {
@@ -195,10 +225,12 @@ impl Enqueuer {
             {
                 let mut pending = self.lock();
                 if pending.total < self.capacity {
-                    for key in keys {
+                    for add in keys {
+                        let Add { key, delay } = add.into();
                         let shard = key.shard(self.shard_count);
                         let waiting = Waiting {
                             priority,
+                            delay,
                             causes: cause.iter().cloned().collect(),
                         };
                         pending.insert(shard, key, waiting);
@@ -323,7 +355,7 @@ async fn send(
         items: batch
             .iter()
             .flat_map(|(key, waiting)| {
-                convert::enqueue_items(key, waiting.priority, &waiting.causes)
+                convert::enqueue_items(key, waiting.priority, waiting.delay, &waiting.causes)
             })
             .collect(),
     };
@@ -346,6 +378,7 @@ mod tests {
     fn low() -> Waiting {
         Waiting {
             priority: Priority::Low,
+            delay: Duration::ZERO,
             causes: Vec::new(),
         }
     }
@@ -354,8 +387,30 @@ mod tests {
         let fields = TraceFields::from([("traceparent".to_owned(), n.to_string())]);
         Waiting {
             priority,
+            delay: Duration::ZERO,
             causes: vec![Arc::new(fields)],
         }
+    }
+
+    fn delayed(ms: u64) -> Waiting {
+        Waiting {
+            delay: Duration::from_millis(ms),
+            ..low()
+        }
+    }
+
+    #[test]
+    fn repeats_coalesce_to_the_shortest_delay() {
+        let mut pending = Pending::default();
+        pending.insert(0, key("a"), delayed(200));
+        pending.insert(0, key("a"), delayed(50));
+        pending.insert(0, key("a"), delayed(100));
+        pending.insert(0, key("b"), delayed(100));
+        pending.insert(0, key("b"), low());
+        let mut batch = pending.take(&ShardView::single("q:1", 1)).remove(0).1;
+        batch.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        assert_eq!(batch[0].1.delay, Duration::from_millis(50));
+        assert_eq!(batch[1].1.delay, Duration::ZERO);
     }
 
     #[test]

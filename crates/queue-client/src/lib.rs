@@ -26,7 +26,7 @@ mod enqueue;
 mod error;
 mod work;
 
-pub use enqueue::{Cause, EnqueueMetrics, Enqueuer, NoMetrics};
+pub use enqueue::{Add, Cause, EnqueueMetrics, Enqueuer, NoMetrics};
 pub use error::{Error, Result};
 pub use switchyard_queue_core::{MAX_CREDIT, Priority, WorkKey};
 pub use work::{Event, Lease, Outcome, Replies, Versions, WorkSession};

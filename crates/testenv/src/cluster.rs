@@ -235,6 +235,17 @@ impl ControlPlane {
     }
 
     /// The etcd client URL under the apiserver.
+    /// The CPU time its processes (etcd, kube-apiserver, kube-scheduler, kwok) have used so
+    /// far, in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        self.processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter_map(|p| crate::cpu_seconds(p.pid()))
+            .sum()
+    }
+
     pub fn etcd_url(&self) -> &str {
         &self.etcd_url
     }

@@ -45,7 +45,9 @@ pub use netns::NetNs;
 pub use otelcol::{Collector, ExportedSpan};
 pub use prometheus::{Prometheus, Sample, promtool};
 pub use serve_log::serve_intervals;
-pub use service::{ServiceProcess, assert_service_lifecycle, list_services, resident_bytes};
+pub use service::{
+    ServiceProcess, assert_service_lifecycle, cpu_seconds, list_services, resident_bytes,
+};
 pub use tls::Pki;
 
 /// A Pod annotated with this key (any value) is never made Ready by the harness's kwok: it

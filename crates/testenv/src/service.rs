@@ -271,6 +271,20 @@ pub fn resident_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The CPU time process `pid` has used so far (user and system, every thread), in seconds.
+#[allow(unsafe_code)]
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after its `)` are plain.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    // utime and stime are fields 14 and 15 of stat(5), 12th and 13th after the name.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf reads a constant of the running system.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then(|| (utime + stime) as f64 / ticks as f64)
+}
+
 /// The checks every service binary must pass: ready on `/readyz`, `/livez` ok, `/metrics`
 /// in the text format with the service's build info, the gRPC health service SERVING,
 /// reflection listing the health service, and exit 0 within the bound after SIGTERM.

@@ -4,13 +4,16 @@
 //!
 //! A run creates 500 Deployments of 4 replicas (2,000 Pods; `SWITCHYARD_BENCH_DEPLOYMENTS`
 //! changes the count) and measures from the first create until every Deployment is Available
-//! with all its replicas updated and available. Every controller process gets the same client
-//! limits (`--kube-api-qps=100 --kube-api-burst=200`) on one client:
-//! kube-controller-manager runs with `--use-service-account-credentials=false`, so its two
-//! controllers share a limiter as a reconciler's do.
+//! with all its replicas updated and available. Both sides run the same four controllers:
+//! Deployment, ReplicaSet, the garbage collector (with its graph of every deletable resource)
+//! and Namespace. Every controller process gets the same client limits (`--kube-api-qps=100
+//! --kube-api-burst=200`), which apply per controller on both sides: kube-controller-manager
+//! builds a clientset, and so a limiter, for each controller (also with
+//! `--use-service-account-credentials=false`, which it runs with here), as a reconciler
+//! builds a client for each of its controllers.
 //!
-//! - `e2e.kcm_converge` (s): kube-controller-manager with its deployment and replicaset
-//!   controllers only (5 workers each, its defaults);
+//! - `e2e.kcm_converge` (s): kube-controller-manager with those four controllers (5 workers
+//!   each for Deployments and ReplicaSets, its defaults);
 //! - `e2e.sy1_converge`, `e2e.sy2_converge`, `e2e.sy4_converge` (s): Switchyard with 1, 2 and
 //!   4 reconciler processes (a queue and a watcher in this process), in plaintext
 //!   (`--insecure-plaintext`) so that they compare with the figures measured before mutual TLS;
@@ -29,8 +32,16 @@
 //!   status, Deployment updates and status, not the benchmark's own creates, the scheduler's
 //!   bindings or kwok's Pod status; `e2e.<run>_event_writes`, their Event writes once settled.
 //!   The breakdown by resource and verb goes to stderr.
+//! - `e2e.<run>_controllers_cpu` (s): CPU time used until convergence by the controller
+//!   processes (kube-controller-manager, or the reconcilers) and by this process, which holds
+//!   the benchmark's client in every run and Switchyard's queue and watcher in Switchyard's;
+//!   `e2e.<run>_plane_cpu` (s): by the control plane (etcd, kube-apiserver, kube-scheduler,
+//!   kwok). On this 2-core machine the two share 2 CPU-seconds per second.
+//!   `e2e.<run>_bench_process_cpu` (s) is this process's part of the first.
 //!
-//! `SWITCHYARD_BENCH_RUNS=sy1_converge,kcm_converge` runs only the named measurements.
+//! `SWITCHYARD_BENCH_RUNS=sy1_converge,kcm_converge` runs only the named measurements;
+//! `SWITCHYARD_BENCH_WATCHER_CONFIG=<file>` runs the watcher with that configuration instead
+//! of the shipped one (deploy/kustomize/base/watcher-config.yaml).
 
 #![allow(clippy::unwrap_used)]
 
@@ -125,9 +136,17 @@ fn available(deployment: &Deployment) -> bool {
         && status.replicas == Some(REPLICAS)
 }
 
+/// CPU seconds used so far by `pids` and this process.
+fn cpu_of(pids: &[u32]) -> f64 {
+    pids.iter()
+        .chain([&std::process::id()])
+        .filter_map(|pid| switchyard_testenv::cpu_seconds(*pid))
+        .sum()
+}
+
 /// What runs the controllers during one measurement; stopped on drop.
 enum Controllers {
-    Kcm(#[allow(dead_code)] switchyard_testenv::ControllerManager),
+    Kcm(switchyard_testenv::ControllerManager),
     Switchyard {
         queue: InProcess,
         watcher: InProcess,
@@ -136,15 +155,26 @@ enum Controllers {
 }
 
 impl Controllers {
+    /// The controller processes (the queue and the watcher run in this one).
+    fn pids(&self) -> Vec<u32> {
+        match self {
+            Self::Kcm(kcm) => vec![kcm.pid()],
+            Self::Switchyard { reconcilers, .. } => reconcilers.iter().map(|r| r.pid()).collect(),
+        }
+    }
+
     async fn start(plane: &ControlPlane, under: Under) -> Self {
         match under {
             Under::ControllerManager => Self::Kcm(
                 plane
                     .start_controller_manager(
-                        &["deployment-controller", "replicaset-controller"],
-                        // One client, and so one rate limiter, for both controllers, as in a
-                        // Switchyard reconciler. (With service-account credentials each
-                        // controller gets a client and a limiter of its own.)
+                        // The controllers a Switchyard reconciler runs by default.
+                        &[
+                            "deployment-controller",
+                            "replicaset-controller",
+                            "garbage-collector-controller",
+                            "namespace-controller",
+                        ],
                         &[
                             CLIENT_LIMITS[0],
                             CLIENT_LIMITS[1],
@@ -254,7 +284,12 @@ async fn in_process_watcher(
     mtls: bool,
 ) -> InProcess {
     let config = plane.dir().join("watcher-bench.yaml");
-    std::fs::write(&config, WATCHER_CONFIG).unwrap();
+    let text = match std::env::var_os("SWITCHYARD_BENCH_WATCHER_CONFIG") {
+        Some(file) => std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("SWITCHYARD_BENCH_WATCHER_CONFIG={file:?}: {e}")),
+        None => WATCHER_CONFIG.to_owned(),
+    };
+    std::fs::write(&config, text).unwrap();
     let args = vec![
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
@@ -357,6 +392,11 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
     let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
 
     let writes_before = controller_writes(&client).await;
+    let (controllers_cpu, bench_cpu, plane_cpu) = (
+        cpu_of(&controllers.pids()),
+        cpu_of(&[]),
+        plane.cpu_seconds(),
+    );
     let start = Instant::now();
     stream::iter(0..count)
         .map(|i| {
@@ -390,7 +430,14 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let took = start.elapsed().as_secs_f64();
+    let controllers_cpu = cpu_of(&controllers.pids()) - controllers_cpu;
+    let bench_cpu = cpu_of(&[]) - bench_cpu;
+    let plane_cpu = plane.cpu_seconds() - plane_cpu;
     eprintln!("{under:?}: created in {created:?}, all Available after {took:.1} s");
+    let run = name.trim_end_matches("_converge");
+    println!("bench e2e.{run}_controllers_cpu {controllers_cpu:.1} s");
+    println!("bench e2e.{run}_bench_process_cpu {bench_cpu:.1} s");
+    println!("bench e2e.{run}_plane_cpu {plane_cpu:.1} s");
     // The writes that converged them, counted by the apiserver for both controllers alike.
     let converged = writes_between(&writes_before, &controller_writes(&client).await);
     let objects: f64 = converged
@@ -399,10 +446,7 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
         .map(|(_, v)| v)
         .sum();
     eprintln!("{under:?}: apiserver writes until converged: {converged:?}");
-    println!(
-        "bench e2e.{}_object_writes {objects:.0} requests",
-        name.trim_end_matches("_converge")
-    );
+    println!("bench e2e.{run}_object_writes {objects:.0} requests");
     // The controllers' Events, a write each (a repeat of one, a patch): what their apiserver
     // writes include besides the objects themselves. Read once the writers caught up.
     tokio::time::sleep(EVENTS_SETTLE).await;
@@ -412,10 +456,7 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
         .filter(|(k, _)| k.starts_with("events"))
         .map(|(_, v)| v)
         .sum();
-    println!(
-        "bench e2e.{}_event_writes {event_writes:.0} requests",
-        name.trim_end_matches("_converge")
-    );
+    println!("bench e2e.{run}_event_writes {event_writes:.0} requests");
     let events: Api<Event> = Api::namespaced(client, NAMESPACE);
     let (mut objects, mut occurrences) = (0, 0);
     for event in events.list(&ListParams::default()).await.unwrap().items {

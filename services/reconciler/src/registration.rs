@@ -228,6 +228,10 @@ fn watch(watch: &Watch) -> ProtoWatch {
         metadata_only: watch.options.metadata_only,
         through: watch.through.as_ref().map(gvk),
         label: watch.label.clone().unwrap_or_default(),
+        batch_period: watch
+            .options
+            .batch_period
+            .and_then(|period| prost_types::Duration::try_from(period).ok()),
     }
 }
 
@@ -243,7 +247,11 @@ mod tests {
 
     #[test]
     fn declared_watches_become_the_registration() {
-        let mut through = Watch::of::<Pod>(Options::default().metadata_only());
+        let mut through = Watch::of::<Pod>(
+            Options::default()
+                .metadata_only()
+                .batch_period(std::time::Duration::from_millis(250)),
+        );
         through.through = Some(gvk_of::<ReplicaSet>());
         let watches = Watches {
             reconciles: Watch::of::<Deployment>(
@@ -265,6 +273,8 @@ mod tests {
         assert_eq!(pod.gvk.as_ref().unwrap().kind, "Pod");
         assert_eq!(pod.through.as_ref().unwrap().kind, "ReplicaSet");
         assert!(pod.metadata_only && pod.label.is_empty());
+        assert_eq!(pod.batch_period.unwrap().nanos, 250_000_000);
+        assert_eq!(controller.owns[0].batch_period, None);
     }
 
     #[test]

@@ -156,7 +156,7 @@ impl Watching {
         shard_count: u32,
     ) -> Vec<WorkKey> {
         let mut keys = Vec::new();
-        let mut scratch = Vec::new();
+        let mut scratch: Vec<WorkKey> = Vec::new();
         for (index, cache) in self.resources.iter().enumerate() {
             if !mapper.maps(index) || !resource(index) {
                 continue;

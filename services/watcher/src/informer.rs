@@ -188,7 +188,7 @@ impl Informer {
             .collect();
         let mut events = futures::stream::select_all(streams);
         let mut listed_once: HashSet<usize> = HashSet::new();
-        let mut keys = Vec::new();
+        let mut keys: Vec<(WorkKey, Option<Duration>)> = Vec::new();
         loop {
             let (stream, event) = tokio::select! {
                 event = events.next() => match event {
@@ -311,7 +311,7 @@ impl Informer {
         &self,
         object: K,
         kind_of: impl Fn(&Applied) -> Option<EventKind>,
-        keys: &mut Vec<WorkKey>,
+        keys: &mut Vec<(WorkKey, Option<Duration>)>,
     ) -> Option<EventKind> {
         let (summary, json) = summarize(object);
         if !self.caches.namespaces.admits(&summary.namespace) {
@@ -340,7 +340,7 @@ impl Informer {
         event: EventKind,
         old: Option<&Summary>,
         new: &Summary,
-        keys: &mut Vec<WorkKey>,
+        keys: &mut Vec<(WorkKey, Option<Duration>)>,
     ) {
         let now = self.caches.current();
         if let Some(index) = now.index_of(&self.cache) {

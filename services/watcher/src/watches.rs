@@ -123,7 +123,13 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         metadata_only,
         through,
         label,
+        batch_period,
     } = watch;
+    let batch_period = batch_period
+        .map(std::time::Duration::try_from)
+        .transpose()
+        .map_err(|_| invalid(format!("{field}.batch_period"), "must not be negative"))?
+        .filter(|period| !period.is_zero());
     let predicates = predicates
         .into_iter()
         .enumerate()
@@ -145,6 +151,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         metadata_only,
         through: through.map(core_gvk),
         label,
+        batch_period,
     })
 }
 

@@ -140,6 +140,62 @@ async fn typed_changes_become_replicaset_keys() {
     queue.stop().await;
 }
 
+#[tokio::test]
+async fn owned_changes_within_the_batch_period_are_one_delayed_key() {
+    const PERIOD: Duration = Duration::from_secs(2);
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watch-batch")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[RS], &[]).await;
+    let mut worker = Worker::start(queue.grpc()).await;
+    let config = rs_config(&ns, false).replace("kind: Pod}", "kind: Pod, batchPeriod: 2s}");
+    assert!(config.contains("batchPeriod"), "{config}");
+    let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
+    watcher.wait_ready(WITHIN).await;
+
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let web = sets
+        .create(&PostParams::default(), &replica_set("web", 0))
+        .await
+        .unwrap();
+    let web_key = key(RS, &ns, "web");
+    worker.expect(&web_key, WITHIN).await;
+
+    // Three Pods no scheduler picks up (so no later status change keys again): their
+    // creations are one key, ready a batch period after the first.
+    let uid = web.meta().uid.clone().unwrap();
+    let owner = Some(("ReplicaSet", "apps/v1", "web", uid.as_str()));
+    let start = std::time::Instant::now();
+    for name in ["a", "b", "c"] {
+        let mut pod = pod(name, &[], owner);
+        pod.spec.as_mut().unwrap().scheduler_name = Some("switchyard-test-nobody".into());
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let created = start.elapsed();
+    assert!(
+        created < PERIOD / 2,
+        "creating three Pods took {created:?}: too slow to show them batched"
+    );
+    worker.expect(&web_key, WITHIN).await;
+    let leased = start.elapsed();
+    assert!(
+        leased >= PERIOD,
+        "the key was leased {leased:?} after the first Pod, inside the batch period"
+    );
+    let again = worker.leased_during(PERIOD + created).await;
+    assert!(
+        again.is_empty(),
+        "the Pods created {created:?} apart were more than one key: {again:?}"
+    );
+
+    watcher.stop().await;
+    queue.stop().await;
+}
+
 fn widget_crd() -> CustomResourceDefinition {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -2,6 +2,8 @@
 //! configuration file (`for`, `owns`, `mapByLabel`), registered with the watcher when the
 //! reconciler starts (`switchyard.watcher.v1.Watches/Register`).
 
+use std::time::Duration;
+
 use switchyard_k8s::kube::{Resource, api::GroupVersionKind};
 
 /// When an update keys the controller: any one of the listed predicates holding is enough
@@ -23,6 +25,9 @@ pub struct Options {
     /// only the metadata of. An informer shared with a controller that needs the kind in
     /// full caches it in full.
     pub metadata_only: bool,
+    /// Hold the keys of this kind's changes this long before they are ready, so that a burst
+    /// of changes is one reconcile (the watcher's `batchPeriod`; at most 60 s).
+    pub batch_period: Option<Duration>,
 }
 
 impl Options {
@@ -34,6 +39,13 @@ impl Options {
 
     pub fn metadata_only(mut self) -> Self {
         self.metadata_only = true;
+        self
+    }
+
+    /// Batch the keys of this kind's changes: a status that moves through several values
+    /// in quick succession (Pods turning Ready one after another) is written once.
+    pub fn batch_period(mut self, period: Duration) -> Self {
+        self.batch_period = Some(period);
         self
     }
 }

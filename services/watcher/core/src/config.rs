@@ -258,6 +258,8 @@ struct RawRule {
     /// `Deployment`).
     #[serde(default)]
     through: Option<RawKind>,
+    #[serde(default)]
+    batch_period: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -275,6 +277,8 @@ struct RawLabelRule {
     label: String,
     #[serde(default)]
     predicates: Vec<Predicate>,
+    #[serde(default)]
+    batch_period: Option<String>,
 }
 
 /// One watched resource.
@@ -306,6 +310,11 @@ pub struct Rule {
     pub controller: String,
     pub kind: RuleKind,
     pub predicates: Vec<Predicate>,
+    /// Keys of live events are ready only this long after the event (the queue's delay;
+    /// the earliest ready time wins), so that a burst of changes to the objects one key
+    /// covers is one reconcile: kube-controller-manager's Job and EndpointSlice
+    /// controllers' batch periods. `None`: ready at once.
+    pub batch_period: Option<Duration>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -370,12 +379,7 @@ impl Config {
         }
         let resync_period = match resync_period {
             None => DEFAULT_RESYNC,
-            Some(text) => humantime::parse_duration(&text).map_err(|e| {
-                invalid(
-                    "resyncPeriod",
-                    format!("{text:?} is not a duration such as 10m: {e}"),
-                )
-            })?,
+            Some(text) => duration("resyncPeriod", &text)?,
         };
         let namespaces = validate_namespaces(namespaces)?;
 
@@ -455,6 +459,7 @@ impl Config {
                 controller: name.clone(),
                 kind: RuleKind::For,
                 predicates: for_.predicates,
+                batch_period: batch_period(format!("{field}.for"), for_.batch_period)?,
             });
             for (i, rule) in owns.into_iter().enumerate() {
                 let gvk = Gvk::parse(&rule.api_version, &rule.kind)
@@ -492,6 +497,7 @@ impl Config {
                         through,
                     },
                     predicates: rule.predicates,
+                    batch_period: batch_period(format!("{field}.owns[{i}]"), rule.batch_period)?,
                 });
             }
             for (i, rule) in map_by_label.into_iter().enumerate() {
@@ -505,6 +511,7 @@ impl Config {
                     controller: name.clone(),
                     kind: RuleKind::ByLabel { label: rule.label },
                     predicates: rule.predicates,
+                    batch_period: batch_period(at, rule.batch_period)?,
                 });
             }
         }
@@ -520,6 +527,36 @@ impl Config {
             collector,
         })
     }
+}
+
+/// Longest batch period: a key held longer than this is a controller that reacts late, not
+/// a burst coalesced.
+pub(crate) const MAX_BATCH_PERIOD: Duration = Duration::from_secs(60);
+
+fn duration(field: &str, text: &str) -> Result<Duration> {
+    humantime::parse_duration(text).map_err(|e| {
+        invalid(
+            field,
+            format!("{text:?} is not a duration such as 10m: {e}"),
+        )
+    })
+}
+
+/// A rule's `batchPeriod`: zero or absent is none.
+fn batch_period(rule: String, text: Option<String>) -> Result<Option<Duration>> {
+    let Some(text) = text else { return Ok(None) };
+    let field = format!("{rule}.batchPeriod");
+    let period = duration(&field, &text)?;
+    if period > MAX_BATCH_PERIOD {
+        return Err(invalid(
+            field,
+            format!(
+                "{text:?} is longer than {}",
+                humantime::format_duration(MAX_BATCH_PERIOD)
+            ),
+        ));
+    }
+    Ok((!period.is_zero()).then_some(period))
 }
 
 fn validate_collector(
@@ -742,6 +779,33 @@ controllers:
         assert!(
             error("controllers: [{name: d, for: {apiVersion: apps/v1, kind: Deployment, through: {apiVersion: apps/v1, kind: ReplicaSet}}}]")
                 .contains("controllers[0].for.through: only an owns entry")
+        );
+    }
+
+    #[test]
+    fn batch_periods_are_durations_up_to_a_minute() {
+        let rules = |batch: &str| {
+            format!(
+                "controllers: [{{name: r, for: {{apiVersion: apps/v1, kind: ReplicaSet}}, owns: [{{apiVersion: v1, kind: Pod, batchPeriod: {batch}}}]}}]"
+            )
+        };
+        let config = Config::from_yaml(&rules("250ms")).unwrap();
+        assert_eq!(config.rules[0].batch_period, None);
+        assert_eq!(
+            config.rules[1].batch_period,
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            Config::from_yaml(&rules("0s")).unwrap().rules[1].batch_period,
+            None
+        );
+        assert!(
+            error(&rules("soon"))
+                .contains("controllers[0].owns[0].batchPeriod: \"soon\" is not a duration")
+        );
+        assert!(
+            error(&rules("2m"))
+                .contains("controllers[0].owns[0].batchPeriod: \"2m\" is longer than 1m")
         );
     }
 

@@ -20,7 +20,7 @@ pub mod watches;
 pub use config::{
     CollectorConfig, Config, ConfigError, GroupResource, Gvk, Predicate, ResourceConfig,
 };
-pub use mapping::{EventKind, Mapper, NoOwners, Owners, WorkKey};
+pub use mapping::{EventKind, KeySink, Mapper, NoOwners, Owners, WorkKey};
 pub use store::{ControllerRef, Store, Summary};
 pub use watches::{
     Change, ControllerWatches, Registration, RegistrationId, Watch, Watches, WatchesError,

@@ -12,9 +12,10 @@
 //! - `mapByLabel`: the object in the same namespace that the label's value names (old and
 //!   new values both, when it changed).
 //!
-//! Predicates filter updates only; creations, deletions and resyncs always map.
+//! Predicates filter updates only; creations, deletions and resyncs always map. A rule's
+//! batch period goes with each key it maps ([`KeySink`]).
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 pub use switchyard_queue_core::WorkKey;
 
@@ -40,6 +41,25 @@ impl Owners for NoOwners {
     }
 }
 
+/// Where [`Mapper::keys`] puts the keys of a change, each with its rule's batch period.
+pub trait KeySink {
+    fn key(&mut self, key: WorkKey, batch_period: Option<Duration>);
+}
+
+/// Every key ready at once: what a resync or a relist keys is not a burst to batch.
+impl KeySink for Vec<WorkKey> {
+    fn key(&mut self, key: WorkKey, _: Option<Duration>) {
+        self.push(key);
+    }
+}
+
+/// Live events: each key with the delay its rule asks for.
+impl KeySink for Vec<(WorkKey, Option<Duration>)> {
+    fn key(&mut self, key: WorkKey, batch_period: Option<Duration>) {
+        self.push((key, batch_period));
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
     Added,
@@ -54,6 +74,7 @@ struct Rule {
     controller: Arc<str>,
     kind: MapKind,
     predicates: Vec<Predicate>,
+    batch_period: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -120,6 +141,7 @@ impl Mapper {
                 controller,
                 kind,
                 predicates: rule.predicates.clone(),
+                batch_period: rule.batch_period,
             });
         }
         Self { by_resource }
@@ -140,7 +162,7 @@ impl Mapper {
         old: Option<&Summary>,
         new: &Summary,
         owners: &dyn Owners,
-        out: &mut Vec<WorkKey>,
+        out: &mut dyn KeySink,
     ) {
         for rule in &self.by_resource[resource] {
             if event == EventKind::Modified
@@ -154,17 +176,16 @@ impl Mapper {
             } else {
                 None
             };
-            let key = |namespace: &Arc<str>, name: &str| WorkKey {
-                controller: rule.controller.clone(),
-                namespace: namespace.clone(),
-                name: name.into(),
+            let mut push = |namespace: &Arc<str>, name: &str| {
+                let key = WorkKey {
+                    controller: rule.controller.clone(),
+                    namespace: namespace.clone(),
+                    name: name.into(),
+                };
+                out.key(key, rule.batch_period);
             };
             match &rule.kind {
-                MapKind::For => out.push(WorkKey {
-                    controller: rule.controller.clone(),
-                    namespace: new.namespace.clone(),
-                    name: new.name.clone(),
-                }),
+                MapKind::For => push(&new.namespace, &new.name),
                 MapKind::Owns {
                     group,
                     kind,
@@ -186,23 +207,23 @@ impl Mapper {
                     };
                     let now = owner(new);
                     if let Some(name) = &now {
-                        out.push(key(&new.namespace, name));
+                        push(&new.namespace, name);
                     }
                     if let Some(before) = old.and_then(owner)
                         && Some(&before) != now.as_ref()
                     {
-                        out.push(key(&new.namespace, &before));
+                        push(&new.namespace, &before);
                     }
                 }
                 MapKind::ByLabel { label } => {
                     let now = new.label(label).filter(|v| !v.is_empty());
                     if let Some(name) = now {
-                        out.push(key(&new.namespace, name));
+                        push(&new.namespace, name);
                     }
                     if let Some(before) = old.and_then(|o| o.label(label)).filter(|v| !v.is_empty())
                         && Some(before) != now
                     {
-                        out.push(key(&new.namespace, before));
+                        push(&new.namespace, before);
                     }
                 }
             }
@@ -275,10 +296,26 @@ controllers:
         let config = Config::from_yaml(CONFIG).unwrap();
         assert_eq!(config.resources[POD].gvk.kind, "Pod");
         assert_eq!(config.resources[CM].gvk.kind, "ConfigMap");
-        let mut out = Vec::new();
-        Mapper::new(&config).keys(resource, event, old, new, &NoOwners, &mut out);
+        keys_of(&config, resource, event, old, new)
+    }
+
+    /// The keys as `controller namespace/name`, with ` after <period>` when batched.
+    fn keys_of(
+        config: &Config,
+        resource: usize,
+        event: EventKind,
+        old: Option<&Summary>,
+        new: &Summary,
+    ) -> Vec<String> {
+        let mut out: Vec<(WorkKey, Option<Duration>)> = Vec::new();
+        Mapper::new(config).keys(resource, event, old, new, &NoOwners, &mut out);
         out.iter()
-            .map(|k| format!("{} {}/{}", k.controller, k.namespace, k.name))
+            .map(|(k, batch)| {
+                let after = batch
+                    .map(|b| format!(" after {}", humantime::format_duration(b)))
+                    .unwrap_or_default();
+                format!("{} {}/{}{after}", k.controller, k.namespace, k.name)
+            })
             .collect()
     }
 
@@ -299,6 +336,34 @@ controllers:
         assert!(keys(POD, EventKind::Added, None, &wrong_kind).is_empty());
         let wrong_group = mk("p", 0, &[], owned_by("ReplicaSet", "example.com/v1", "s"));
         assert!(keys(POD, EventKind::Added, None, &wrong_group).is_empty());
+    }
+
+    #[test]
+    fn a_batched_rule_delays_its_keys_only() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: apps/v1/ReplicaSet
+    for: {apiVersion: apps/v1, kind: ReplicaSet}
+    owns:
+      - {apiVersion: v1, kind: Pod, batchPeriod: 250ms}
+"#,
+        )
+        .unwrap();
+        let (rs, pod) = (0, 1);
+        let p = mk("p", 0, &[], owned_by("ReplicaSet", "apps/v1", "rs1"));
+        assert_eq!(
+            keys_of(&config, pod, EventKind::Modified, Some(&p), &p),
+            ["apps/v1/ReplicaSet ns/rs1 after 250ms"]
+        );
+        let r = mk("rs1", 1, &[], None);
+        assert_eq!(
+            keys_of(&config, rs, EventKind::Modified, Some(&r), &r),
+            ["apps/v1/ReplicaSet ns/rs1"]
+        );
+        let mut resync: Vec<WorkKey> = Vec::new();
+        Mapper::new(&config).keys(pod, EventKind::Sync, None, &p, &NoOwners, &mut resync);
+        assert_eq!(resync.len(), 1, "a plain sink takes batched keys at once");
     }
 
     #[test]
@@ -396,7 +461,7 @@ controllers:
         assert_eq!(config.resources[pod_resource].gvk.kind, "Pod");
         let mapper = Mapper::new(&config);
         let keys = |event, old: Option<&Summary>, new: &Summary| {
-            let mut out = Vec::new();
+            let mut out: Vec<WorkKey> = Vec::new();
             mapper.keys(pod_resource, event, old, new, &Cached, &mut out);
             out.iter()
                 .map(|k| format!("{} {}/{}", k.controller, k.namespace, k.name))

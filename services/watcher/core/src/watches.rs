@@ -9,8 +9,8 @@
 //!             ▼
 //!  effective Config: the file's resources and rules first, at their own indices; then each
 //!  kind only registrations need, once; the rules of a controller merged across its
-//!  registrants: one rule per kind and mapping, their predicates OR-ed, so that replicas
-//!  registering the same watches add no second key per change
+//!  registrants: one rule per kind and mapping, their predicates OR-ed and the shorter batch
+//!  period kept, so that replicas registering the same watches add no second key per change
 //!             │ Change
 //!             ▼
 //!  kinds added, removed, or replaced (a kind is metadata-only iff every user asks for
@@ -28,11 +28,12 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
+    time::Duration,
 };
 
 use crate::{
     Config, Gvk, Predicate, ResourceConfig,
-    config::{Rule, RuleKind, is_kind},
+    config::{MAX_BATCH_PERIOD, Rule, RuleKind, is_kind},
 };
 
 /// Longest registrant and controller name: a controller name travels in every work key,
@@ -83,6 +84,8 @@ pub struct Watch {
     pub metadata_only: bool,
     pub through: Option<Gvk>,
     pub label: String,
+    /// Keys of live events wait this long (the file's `batchPeriod`).
+    pub batch_period: Option<Duration>,
 }
 
 /// How a change of one kind becomes one controller's key.
@@ -100,8 +103,7 @@ struct Target {
     mapping: Mapping,
 }
 
-/// Which updates a rule keys. Two rules that differ only here are one rule whose filter
-/// passes what either passes.
+/// Which updates a rule keys.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Filter {
     Every,
@@ -132,23 +134,52 @@ impl Filter {
     }
 }
 
-/// A controller's rules, one per target.
-type Rules = BTreeMap<Target, Filter>;
+/// Which updates a rule keys and how long its keys wait. Two rules that differ only here are
+/// one rule: its filter passes what either passes, and its keys wait the shorter period (none
+/// if either has none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Keying {
+    filter: Filter,
+    batch_period: Option<Duration>,
+}
 
-fn add_rule(rules: &mut Rules, target: Target, filter: Filter) {
+impl Keying {
+    fn of(predicates: &[Predicate], batch_period: Option<Duration>) -> Self {
+        Self {
+            filter: Filter::of(predicates),
+            batch_period,
+        }
+    }
+
+    fn merge(&mut self, other: &Keying) {
+        self.filter.merge(&other.filter);
+        self.batch_period = self.batch_period.min(other.batch_period);
+    }
+}
+
+/// A controller's rules, one per target.
+type Rules = BTreeMap<Target, Keying>;
+
+fn add_rule(rules: &mut Rules, target: Target, keying: Keying) {
     rules
         .entry(target)
-        .and_modify(|f| f.merge(&filter))
-        .or_insert(filter);
+        .and_modify(|k| k.merge(&keying))
+        .or_insert(keying);
 }
 
 /// Rules as the file and errors write them: `owns v1/Pod through apps/v1/ReplicaSet
-/// [labelsChanged]`.
-struct Described<'a>(&'a Target, &'a Filter);
+/// [labelsChanged] batched 250ms`.
+struct Described<'a>(&'a Target, &'a Keying);
 
 impl fmt::Display for Described<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Described(target, filter) = self;
+        let Described(
+            target,
+            Keying {
+                filter,
+                batch_period,
+            },
+        ) = self;
         match &target.mapping {
             Mapping::For => write!(f, "for {}", target.gvk)?,
             Mapping::Owns { through, .. } => {
@@ -162,6 +193,9 @@ impl fmt::Display for Described<'_> {
         if let Filter::AnyOf(predicates) = filter {
             write!(f, " {:?}", predicates.iter().collect::<Vec<_>>())?;
         }
+        if let Some(period) = batch_period {
+            write!(f, " batched {}", humantime::format_duration(*period))?;
+        }
         Ok(())
     }
 }
@@ -170,8 +204,8 @@ impl fmt::Display for Described<'_> {
 fn missing(mine: &Rules, theirs: &Rules) -> String {
     let listed: Vec<String> = mine
         .iter()
-        .filter(|(target, filter)| theirs.get(*target) != Some(*filter))
-        .map(|(target, filter)| Described(target, filter).to_string())
+        .filter(|(target, keying)| theirs.get(*target) != Some(*keying))
+        .map(|(target, keying)| Described(target, keying).to_string())
         .collect();
     match listed.is_empty() {
         true => "nothing".to_owned(),
@@ -281,7 +315,7 @@ impl Registration {
                 gvk: owner.clone(),
                 mapping: Mapping::For,
             },
-            Filter::of(&reconciles.predicates),
+            Keying::of(&reconciles.predicates, reconciles.batch_period),
         );
         for (i, watch) in owns.iter().enumerate() {
             let field = format!("{at}.owns[{i}]");
@@ -323,7 +357,7 @@ impl Registration {
                         through,
                     },
                 },
-                Filter::of(&watch.predicates),
+                Keying::of(&watch.predicates, watch.batch_period),
             );
         }
         for (i, watch) in by_label.iter().enumerate() {
@@ -354,14 +388,27 @@ impl Registration {
                         label: label.to_owned(),
                     },
                 },
-                Filter::of(&watch.predicates),
+                Keying::of(&watch.predicates, watch.batch_period),
             );
         }
         Ok(controller)
     }
 
-    /// The watch's kind, checked, and remembered with the field that names it.
+    /// The watch's kind, checked, and remembered with the field that names it; its batch
+    /// period checked too.
     fn kind(&mut self, field: &str, watch: &Watch) -> Result<Gvk> {
+        if let Some(period) = watch.batch_period
+            && period > MAX_BATCH_PERIOD
+        {
+            return Err(invalid(
+                format!("{field}.batch_period"),
+                format!(
+                    "{} is longer than {}",
+                    humantime::format_duration(period),
+                    humantime::format_duration(MAX_BATCH_PERIOD)
+                ),
+            ));
+        }
         let at = format!("{field}.gvk");
         let Some(gvk) = &watch.gvk else {
             return Err(invalid(at, "required"));
@@ -518,7 +565,8 @@ impl Watches {
                     label: label.clone(),
                 },
             };
-            add_rule(rules, Target { gvk, mapping }, Filter::of(&rule.predicates));
+            let keying = Keying::of(&rule.predicates, rule.batch_period);
+            add_rule(rules, Target { gvk, mapping }, keying);
         }
         Self {
             effective: file.clone(),
@@ -607,8 +655,8 @@ impl Watches {
                 continue;
             }
             let rules = merged.entry(&controller.name).or_default();
-            for (target, filter) in &controller.rules {
-                add_rule(rules, target.clone(), filter.clone());
+            for (target, keying) in &controller.rules {
+                add_rule(rules, target.clone(), keying.clone());
             }
         }
         merged
@@ -648,7 +696,7 @@ impl Watches {
                     let old = before.get(*name);
                     rules
                         .iter()
-                        .any(|(target, filter)| old.and_then(|o| o.get(target)) != Some(filter))
+                        .any(|(target, keying)| old.and_then(|o| o.get(target)) != Some(keying))
                 })
                 .map(|(name, _)| name.clone())
                 .collect(),
@@ -698,7 +746,7 @@ impl Watches {
         };
         let mut rules = Vec::new();
         for (name, merged) in self.merged() {
-            for (target, filter) in merged {
+            for (target, keying) in merged {
                 rules.push(Rule {
                     resource: index(&target.gvk),
                     controller: name.to_owned(),
@@ -710,7 +758,8 @@ impl Watches {
                         },
                         Mapping::ByLabel { label } => RuleKind::ByLabel { label },
                     },
-                    predicates: filter.predicates(),
+                    predicates: keying.filter.predicates(),
+                    batch_period: keying.batch_period,
                 });
             }
         }

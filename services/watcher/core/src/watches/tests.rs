@@ -1,7 +1,7 @@
 //! The merge of registrations with the configuration file, with hand-built registrations.
 
 use super::*;
-use crate::{ControllerRef, EventKind, Mapper, NoOwners, Summary};
+use crate::{ControllerRef, EventKind, Mapper, NoOwners, Summary, WorkKey};
 
 const FILE: &str = r#"
 resources:
@@ -81,7 +81,7 @@ fn keys(config: &Config, kind: &str, object: &Summary) -> Vec<String> {
         .iter()
         .position(|r| r.gvk.kind == kind)
         .unwrap();
-    let mut out = Vec::new();
+    let mut out: Vec<WorkKey> = Vec::new();
     Mapper::new(config).keys(
         resource,
         EventKind::Added,
@@ -409,6 +409,50 @@ fn predicates_are_part_of_the_watches_compared_with_the_file() {
              for apps/v1/ReplicaSet [GenerationChanged]"
         ),
         "{error}"
+    );
+}
+
+#[test]
+fn replicas_batching_a_watch_differently_get_the_shorter_period() {
+    let batched = |ms: Option<u64>| ControllerWatches {
+        owns: vec![Watch {
+            batch_period: ms.map(Duration::from_millis),
+            ..watch("v1", "ConfigMap")
+        }],
+        ..widgets()
+    };
+    let period = |watches: &Watches| {
+        watches
+            .effective()
+            .rules
+            .iter()
+            .find(|r| r.controller == WIDGET && matches!(r.kind, RuleKind::Owns { .. }))
+            .unwrap()
+            .batch_period
+    };
+    let mut watches = watches();
+    let (slow, _) = watches
+        .register(registration("a", vec![batched(Some(500))]))
+        .unwrap();
+    assert_eq!(period(&watches), Some(Duration::from_millis(500)));
+    let (_, change) = watches
+        .register(registration("b", vec![batched(Some(100))]))
+        .unwrap();
+    assert_eq!(change.rekeyed, [WIDGET]);
+    assert_eq!(period(&watches), Some(Duration::from_millis(100)));
+    let (now, _) = watches
+        .register(registration("c", vec![batched(None)]))
+        .unwrap();
+    assert_eq!(period(&watches), None, "one replica wants its keys at once");
+    watches.unregister(now);
+    watches.unregister(slow);
+    assert_eq!(period(&watches), Some(Duration::from_millis(100)));
+    let error = Registration::new("r".into(), vec![batched(Some(61_000))])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        "controllers[0].owns[0].batch_period: 1m 1s is longer than 1m"
     );
 }
 
