@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  campaign ──elected──► loop: members (watch) + shard map ─► assign ─► plan ─► txn (fenced on
-//!     ▲                                                                        the leader key)
+//!     ▲                   (less those marked draining)                         the leader key)
 //!     └──────────── lease lost / fenced / etcd error: back to campaigning ◄────┘
 //! ```
 //!
@@ -17,7 +17,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use switchyard_elector_core::{Transition, assign, plan};
 use switchyard_runtime::{Backoff, Dialer, Drain};
-use switchyard_shards::Etcd;
+use switchyard_shards::{Etcd, draining};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
@@ -156,7 +156,20 @@ async fn campaign_and_lead(
             continue;
         };
         let ids: Vec<String> = live.into_iter().map(|m| m.id).collect();
-        let Some(desired) = assign(config.shard_count, &ids, config.slack) else {
+        // Members an operator marked draining get no shards: theirs leave by the planned
+        // handover, as from any live member. When every member is draining, none is spared.
+        let draining = draining::read(&mut client).await?.draining();
+        let candidates: Vec<String> = ids
+            .iter()
+            .filter(|id| !draining.contains(*id))
+            .cloned()
+            .collect();
+        let candidates = if candidates.is_empty() {
+            &ids
+        } else {
+            &candidates
+        };
+        let Some(desired) = assign(config.shard_count, candidates, config.slack) else {
             continue;
         };
         let (current, revision) = shardmap::read(&mut client, config.shard_count).await?;
