@@ -194,7 +194,10 @@ mod tests {
         let campaign = format!("{ELECTION}/694d7b1f");
         let mark = format!("{DRAINING_PREFIX}q-0");
         assert!(covers(&ELECTOR, &mark, true) && covers(&ELECTOR, &mark, false));
-        assert!(!covers(&QUEUE, &mark, true), "members do not mark themselves");
+        assert!(
+            !covers(&QUEUE, &mark, true),
+            "members do not mark themselves"
+        );
         assert!(covers(&QUEUE, &member, true));
         assert!(covers(&QUEUE, &shard, true) && covers(&QUEUE, &shard, false));
         assert!(

@@ -136,7 +136,10 @@ pub async fn unmark(client: &mut Client, member: &str) -> Result<(), DrainError>
 }
 
 /// Deletes the marks that name no current registration, each only if unchanged since read.
-async fn remove_stale(client: &mut Client, registrations: &Registrations) -> Result<(), DrainError> {
+async fn remove_stale(
+    client: &mut Client,
+    registrations: &Registrations,
+) -> Result<(), DrainError> {
     for (id, _, mod_revision) in registrations.stale() {
         let key = mark_key(id);
         let txn = Txn::new()
@@ -171,10 +174,7 @@ mod tests {
             registrations.draining().into_iter().collect::<Vec<_>>(),
             ["q0"]
         );
-        let stale: Vec<&str> = registrations
-            .stale()
-            .map(|(id, ..)| id.as_str())
-            .collect();
+        let stale: Vec<&str> = registrations.stale().map(|(id, ..)| id.as_str()).collect();
         assert_eq!(stale, ["q1", "q9"]);
     }
 }

@@ -82,7 +82,7 @@ impl ElectorService {
     }
 
     /// The leading elector's id and the draining members, as etcd says now.
-    async fn from_etcd(&self) -> Option<(String, BTreeSet<String>)> {
+    async fn leader_and_draining(&self) -> Option<(String, BTreeSet<String>)> {
         let etcd = self.etcd.as_ref()?;
         let read = async {
             let mut client = etcd.connect().await.ok()?;
@@ -209,7 +209,7 @@ impl elector_server::Elector for ElectorService {
             ));
         }
         let mut snapshot = snapshot(map.as_deref(), members.as_deref(), self.shard_count);
-        if let Some((leader, draining)) = self.from_etcd().await {
+        if let Some((leader, draining)) = self.leader_and_draining().await {
             snapshot.leader_id = leader;
             for member in &mut snapshot.members {
                 member.draining = draining.contains(&member.id);

@@ -65,11 +65,7 @@ fn response(key: ProtoKey, shard: u32, described: Described) -> pb::DescribeKeyR
         } => {
             response.lease_deadline = Some(timestamp(deadline));
             response.readd_pending = readd_pending;
-            response.worker_id = described
-                .holder
-                .as_deref()
-                .unwrap_or_default()
-                .to_owned();
+            response.worker_id = described.holder.as_deref().unwrap_or_default().to_owned();
             pb::KeyPhase::Leased
         }
     };

@@ -30,10 +30,10 @@ mod tests;
 use causes::Causes;
 pub use causes::{Cause, MAX_CAUSES};
 pub use floor::{MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, ReadFloor};
+use history::History as OutcomeHistory;
 pub use history::{
     DEFAULT_OUTCOME_HISTORY, History, LastOutcome, MAX_ERROR_BYTES, OutcomeKind, TraceId,
 };
-use history::History as OutcomeHistory;
 pub use inspect::{KeyPhase, KeyView};
 pub use lease::{
     InvalidLeaseId, Lease, LeaseId, LeaseIds, MAX_LEASE_EXTENSION, SequentialLeaseIds, WorkerId,

@@ -123,8 +123,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        BackoffConfig, KeySpace, Outcome, Priority, QueueConfig, SequentialLeaseIds,
-        queue::Cause,
+        BackoffConfig, KeySpace, Outcome, Priority, QueueConfig, SequentialLeaseIds, queue::Cause,
     };
 
     const RS: &str = "apps/v1/ReplicaSet";
@@ -233,12 +232,18 @@ mod tests {
         let a = space.validate_parts(RS, "ns", "a").unwrap();
         let c = space.validate_parts(RS, "ns", "c").unwrap();
         assert!(q.describe(&a).unwrap().last.is_none());
-        assert_eq!(q.describe(&c).unwrap().last.unwrap().kind, OutcomeKind::Done);
+        assert_eq!(
+            q.describe(&c).unwrap().last.unwrap().kind,
+            OutcomeKind::Done
+        );
         assert_eq!(q.describe(&c).unwrap().phase, KeyPhase::Absent);
         q.release(0);
         q.release(1);
         q.release(2);
         q.release(3);
-        assert!(q.describe(&c).is_none(), "a shard not served is not described");
+        assert!(
+            q.describe(&c).is_none(),
+            "a shard not served is not described"
+        );
     }
 }
