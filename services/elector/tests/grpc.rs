@@ -104,7 +104,8 @@ async fn the_shard_map_is_served_watched_and_handed_over_through_grpc() {
         map.members,
         [ProtoMember {
             id: "a".into(),
-            address: "a:8443".into()
+            address: "a:8443".into(),
+            draining: false,
         }]
     );
 
