@@ -9,7 +9,8 @@
 //!   backs off with retries and its last error is the apiserver's refusal; the observer
 //!   identity is refused `why`;
 //! - `drain` moves every shard off one replica and waits; `--undo` gives it shards again;
-//! - an address where nothing listens is named in the error, with the reason.
+//! - an address where nothing listens is named in the error, with the reason;
+//! - through a kubeconfig and `--context`, `status` lists the installation's workloads.
 //!
 //! Needs the plugin and the services built (`cargo build --bins`).
 
@@ -61,6 +62,7 @@ impl Plugin {
             .arg(format!("--admin-addr={}", self.admins.join(",")))
             .args(args)
             .env_remove("SWITCHYARD_QUEUE_ADDR")
+            .env_remove("KUBECONFIG")
             .kill_on_drop(true);
         tokio::time::timeout(RUN_TIMEOUT, command.output())
             .await
@@ -522,6 +524,7 @@ async fn plugin_against_a_topology() {
         .args(Pki::shared().flags(Role::Observer))
         .arg(format!("--elector-addr={nowhere}"))
         .args(["status", "--call-timeout=3s"])
+        .env_remove("KUBECONFIG")
         .output()
         .await
         .unwrap();
@@ -532,5 +535,159 @@ async fn plugin_against_a_topology() {
             && stderr.to_lowercase().contains("connection refused"),
         "{stderr}"
     );
+    // The rest answers: the status is printed, the unreachable admin port named among its
+    // problems, and the exit code says something is wrong.
+    let degraded = Plugin {
+        elector: elector_grpc.clone(),
+        admins: vec![running[0].admin_addr().to_string(), nowhere.clone()],
+    };
+    let output = degraded
+        .run(Role::Observer, &["status", "-o", "json"])
+        .await;
+    assert!(!output.status.success());
+    let status: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(status["elector"]["shard_count"], SHARDS, "{status:#}");
+    let problem = status["problems"][0].as_str().unwrap_or_default();
+    assert!(
+        problem.contains(&format!("the admin port at {nowhere} is unreachable")),
+        "{status:#}"
+    );
+    assert!(
+        text(&output.stderr).contains("1 problem(s)"),
+        "{}",
+        text(&output.stderr)
+    );
     drop(running);
+}
+
+/// `status` through a kubeconfig, as kubectl users reach a cluster: `--context` picks the
+/// context (the current one points where nothing listens), and the installation's
+/// Deployments and StatefulSets show their replicas, readiness and image version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reads_the_installation_through_the_kubeconfig_context() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "plugin-install")
+        .await
+        .unwrap();
+    let workload = |kind: &str, name: &str| -> Value {
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": kind,
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name}},
+            "spec": {
+                "replicas": 2,
+                "serviceName": name,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                "template": {
+                    "metadata": {"labels": {"app.kubernetes.io/name": name}},
+                    "spec": {"containers": [{
+                        "name": "main",
+                        "image": format!("registry.example/{name}:0.1.0"),
+                    }]},
+                },
+            },
+        })
+    };
+    let deployments = Api::<switchyard_k8s::Deployment>::namespaced(client.clone(), ns.name());
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(workload("Deployment", "switchyard-watcher")).unwrap(),
+        )
+        .await
+        .unwrap();
+    // What the controllers would write: one of two ready.
+    deployments
+        .patch_status(
+            "switchyard-watcher",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let sets = Api::<switchyard_k8s::k8s_openapi::api::apps::v1::StatefulSet>::namespaced(
+        client.clone(),
+        ns.name(),
+    );
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(workload("StatefulSet", "switchyard-queue")).unwrap(),
+    )
+    .await
+    .unwrap();
+    sets.patch_status(
+        "switchyard-queue",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2}})),
+    )
+    .await
+    .unwrap();
+
+    // A kubeconfig whose current context is elsewhere; the test's context beside it.
+    let original: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(plane.kubeconfig()).unwrap()).unwrap();
+    let context = original["current-context"].as_str().unwrap().to_owned();
+    let nowhere = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let mut edited = original.clone();
+    let mut elsewhere_cluster = original["clusters"][0].clone();
+    elsewhere_cluster["name"] = "elsewhere".into();
+    elsewhere_cluster["cluster"]["server"] = format!("https://{nowhere}").into();
+    edited["clusters"]
+        .as_sequence_mut()
+        .unwrap()
+        .push(elsewhere_cluster);
+    let mut elsewhere_context = original["contexts"][0].clone();
+    elsewhere_context["name"] = "elsewhere".into();
+    elsewhere_context["context"]["cluster"] = "elsewhere".into();
+    edited["contexts"]
+        .as_sequence_mut()
+        .unwrap()
+        .push(elsewhere_context);
+    edited["current-context"] = "elsewhere".into();
+    let kubeconfig = plane.dir().join(format!("kubeconfig-{}", ns.name()));
+    std::fs::write(&kubeconfig, serde_yaml::to_string(&edited).unwrap()).unwrap();
+
+    let status = |context: Option<String>| {
+        let mut command = tokio::process::Command::new(service_binary("kubectl-switchyard"));
+        command
+            .args(Pki::shared().flags(Role::Observer))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--switchyard-namespace={}", ns.name()))
+            .args(["status", "-o", "json", "--call-timeout=3s"])
+            .env_remove("SWITCHYARD_ELECTOR_ADDR")
+            .env_remove("SWITCHYARD_QUEUE_ADDR")
+            .env_remove("SWITCHYARD_ADMIN_ADDR");
+        if let Some(context) = context {
+            command.arg(format!("--context={context}"));
+        }
+        async move { command.output().await.unwrap() }
+    };
+    let output = status(Some(context)).await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let parsed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        parsed["workloads"],
+        json!([
+            {"kind": "StatefulSet", "name": "switchyard-queue", "replicas": 2, "ready": 2, "updated": 2, "version": "0.1.0"},
+            {"kind": "Deployment", "name": "switchyard-watcher", "replicas": 2, "ready": 1, "updated": 2, "version": "0.1.0"},
+        ]),
+        "{parsed:#}"
+    );
+    // The current context's apiserver is where nothing listens: named, with the reason.
+    let output = status(None).await;
+    assert!(!output.status.success());
+    let parsed: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&output.stderr)));
+    let problem = parsed["problems"][0].as_str().unwrap_or_default();
+    assert!(
+        problem.contains(&format!("the apiserver at https://{nowhere}"))
+            && problem.contains("is unreachable"),
+        "{parsed:#}"
+    );
 }

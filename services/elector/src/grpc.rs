@@ -5,7 +5,10 @@
 //! (`switchyard_shards::draining`) that the leader then acts on. The only place a
 //! `tonic::Status` is made.
 
-use std::{collections::BTreeSet, pin::Pin, time::Duration};
+use std::{collections::BTreeSet, pin::Pin, sync::Arc, time::Duration};
+
+use etcd_client::Client;
+use tokio::sync::Mutex;
 
 use futures::{Stream, StreamExt};
 use switchyard_elector_core::ShardState;
@@ -32,6 +35,17 @@ pub struct ElectorService {
     /// For the leader's name, the draining marks and `DrainMember`; without it those are
     /// absent and `DrainMember` is refused.
     etcd: Option<Etcd>,
+    /// One connection for those calls, made on first use and dropped after an error.
+    client: CachedClient,
+}
+
+#[derive(Clone, Default)]
+struct CachedClient(Arc<Mutex<Option<Client>>>);
+
+impl std::fmt::Debug for CachedClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CachedClient")
+    }
 }
 
 /// Why `DrainMember` was refused.
@@ -72,7 +86,28 @@ impl ElectorService {
             map,
             members,
             etcd: None,
+            client: CachedClient::default(),
         }
+    }
+
+    /// The cached etcd connection, or a new one.
+    async fn client(&self) -> Result<Client, DrainRefused> {
+        let etcd = self.etcd.as_ref().ok_or(DrainRefused::NoEtcd)?;
+        let mut cached = self.client.0.lock().await;
+        if let Some(client) = cached.as_ref() {
+            return Ok(client.clone());
+        }
+        let client = etcd.connect().await.map_err(DrainError::from)?;
+        *cached = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Forgets the cached connection after `result` failed, so the next call reconnects.
+    async fn forget_on_error<T, E>(&self, result: Result<T, E>) -> Result<T, E> {
+        if result.is_err() {
+            *self.client.0.lock().await = None;
+        }
+        result
     }
 
     /// Names the leader and the draining members in `GetShardMap`, and serves `DrainMember`.
@@ -83,9 +118,9 @@ impl ElectorService {
 
     /// The leading elector's id and the draining members, as etcd says now.
     async fn leader_and_draining(&self) -> Option<(String, BTreeSet<String>)> {
-        let etcd = self.etcd.as_ref()?;
+        self.etcd.as_ref()?;
         let read = async {
-            let mut client = etcd.connect().await.ok()?;
+            let mut client = self.client().await.ok()?;
             let leader = match client.leader(ELECTION).await {
                 Ok(response) => response
                     .kv()
@@ -95,8 +130,11 @@ impl ElectorService {
                 // No campaign at all: nobody leads.
                 Err(_) => String::new(),
             };
-            let draining = draining::read(&mut client).await.ok()?.draining();
-            Some((leader, draining))
+            let draining = draining::read(&mut client).await;
+            Some((
+                leader,
+                self.forget_on_error(draining).await.ok()?.draining(),
+            ))
         };
         tokio::time::timeout(ETCD_READ_TIMEOUT, read)
             .await
@@ -108,13 +146,13 @@ impl ElectorService {
         if request.member_id.is_empty() {
             return Err(DrainRefused::MissingMember);
         }
-        let etcd = self.etcd.as_ref().ok_or(DrainRefused::NoEtcd)?;
-        let mut client = etcd.connect().await.map_err(DrainError::from)?;
-        if request.undo {
-            draining::unmark(&mut client, &request.member_id).await?;
+        let mut client = self.client().await?;
+        let written = if request.undo {
+            draining::unmark(&mut client, &request.member_id).await
         } else {
-            draining::mark(&mut client, &request.member_id).await?;
-        }
+            draining::mark(&mut client, &request.member_id).await
+        };
+        self.forget_on_error(written).await?;
         let held = self
             .map
             .borrow()

@@ -135,6 +135,7 @@ async fn campaign_and_lead(
     });
     let mut resync = tokio::time::interval(RESYNC);
     let mut replan = false;
+    let mut marks_unreadable = false;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(REPLAN), if replan => {}
@@ -158,7 +159,18 @@ async fn campaign_and_lead(
         let ids: Vec<String> = live.into_iter().map(|m| m.id).collect();
         // Members an operator marked draining get no shards: theirs leave by the planned
         // handover, as from any live member. When every member is draining, none is spared.
-        let draining = draining::read(&mut client).await?.draining();
+        // Marks that cannot be read (an etcd whose access table predates them) leave the
+        // assignment as it would be without them, rather than ending the term.
+        let draining = match draining::read(&mut client).await {
+            Ok(registrations) => registrations.draining(),
+            Err(error) => {
+                if !marks_unreadable {
+                    warn!(%error, "cannot read the draining marks: assigning as if there were none");
+                    marks_unreadable = true;
+                }
+                Default::default()
+            }
+        };
         let candidates: Vec<String> = ids
             .iter()
             .filter(|id| !draining.contains(*id))

@@ -169,7 +169,12 @@ fn bench_memory() {
 
 /// Heap bytes a queue keeps after `n` keys were added, leased and answered with `outcome`
 /// (and `error`), with an outcome history of `history` keys.
-fn retained_after(keys: &[WorkKey], history: usize, outcome: Outcome, error: Option<&str>) -> usize {
+fn retained_after(
+    keys: &[WorkKey],
+    history: usize,
+    outcome: Outcome,
+    error: Option<&str>,
+) -> usize {
     let n = keys.len();
     let before = ALLOCATED.load(Ordering::Relaxed);
     let mut queue = core_queue(n).with_outcome_history(history);
@@ -182,7 +187,13 @@ fn retained_after(keys: &[WorkKey], history: usize, outcome: Outcome, error: Opt
     for k in keys {
         let k = space.validate(k).unwrap();
         queue
-            .add_caused(&k, Priority::Normal, Duration::ZERO, Some(cause.clone()), now)
+            .add_caused(
+                &k,
+                Priority::Normal,
+                Duration::ZERO,
+                Some(cause.clone()),
+                now,
+            )
             .unwrap();
         let lease = queue.lease(1, &[], now).unwrap();
         queue

@@ -35,6 +35,9 @@ pub enum Error {
     Timeout(String),
     #[error("writing the output: {0}")]
     Output(String),
+    /// The command answered, but some of what it asked was unreachable.
+    #[error("{count} problem(s); the first: {first}")]
+    Degraded { count: usize, first: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

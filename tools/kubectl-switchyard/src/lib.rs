@@ -5,6 +5,7 @@
 //!  status ─► elector: GetShardMap (leader, members, draining, shards and epochs)
 //!            queue replicas (from the map, or --queue-addr): Stats (backlog, workers)
 //!            admin ports (--admin-addr): /readyz, /metrics (service and version)
+//!            apiserver (--kubeconfig, --context): the services' Deployments, StatefulSets
 //!  top    ─► queue admin ports: /metrics every --interval (adds/s, depth, retries, p99s)
 //!  why    ─► shard of the key ─► its owner in the map ─► Queue.DescribeKey
 //!  drain  ─► Elector.DrainMember, then GetShardMap until the member holds no shard
@@ -15,6 +16,7 @@
 //! `switchyard-operator` identity; `status` and `top` need any identity of the installation
 //! (the read-only `switchyard-observer` suffices).
 
+mod cluster;
 mod connect;
 mod drain;
 mod prom;
@@ -40,6 +42,8 @@ pub use render::Output;
 pub struct Cli {
     #[command(flatten)]
     pub connect: ConnectArgs,
+    #[command(flatten)]
+    pub cluster: cluster::ClusterArgs,
     /// Output format
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -134,11 +138,12 @@ impl Cli {
     pub async fn run(self) -> ExitCode {
         let Cli {
             connect,
+            cluster,
             output,
             command,
         } = self;
         let result = match connect::Connections::new(&connect) {
-            Ok(connections) => run(&connections, output, command).await,
+            Ok(connections) => run(&connections, &cluster, output, command).await,
             Err(error) => Err(error),
         };
         match result {
@@ -153,13 +158,21 @@ impl Cli {
 
 async fn run(
     connections: &connect::Connections,
+    cluster: &cluster::ClusterArgs,
     output: Output,
     command: Command,
 ) -> Result<(), Error> {
     match command {
         Command::Status => {
-            let status = status::gather(connections).await?;
-            render::print(output, &status, status::table)
+            let status = status::gather(connections, cluster).await?;
+            render::print(output, &status, status::table)?;
+            match status.problems.first() {
+                None => Ok(()),
+                Some(first) => Err(Error::Degraded {
+                    count: status.problems.len(),
+                    first: first.clone(),
+                }),
+            }
         }
         Command::Top {
             interval,

@@ -10,6 +10,7 @@ use switchyard_proto::{
 };
 
 use crate::{
+    cluster::{ClusterArgs, Workload},
     connect::{Connections, Error, Result, call},
     prom,
     render::{Cell, Colour, Style, Table, coloured, human},
@@ -17,6 +18,8 @@ use crate::{
 
 #[derive(Debug, Serialize)]
 pub struct Status {
+    /// The services' Deployments and StatefulSets, through the kubeconfig (absent without one).
+    pub workloads: Option<Vec<Workload>>,
     /// Per service, from the admin ports given (`--admin-addr`).
     pub services: Vec<ServiceStatus>,
     pub elector: Option<ElectorStatus>,
@@ -96,13 +99,31 @@ pub struct Reconciler {
     pub in_flight: u64,
 }
 
-pub async fn gather(connections: &Connections) -> Result<Status> {
+pub async fn gather(connections: &Connections, cluster: &ClusterArgs) -> Result<Status> {
     let mut problems = Vec::new();
+    let workloads = match cluster.workloads(connections.timeout).await {
+        Ok(workloads) => workloads,
+        Err(error @ Error::Config(_)) => return Err(error),
+        Err(error) => {
+            problems.push(error.to_string());
+            None
+        }
+    };
     let services = services(connections, &mut problems).await;
 
     // The map names the replicas; with --queue-addr and no elector (static shards) there
     // is none, and with both an unreachable elector is one problem among others.
-    let map = if connections.queues.is_empty() {
+    let addressed = connections.has_elector() || !connections.queues.is_empty();
+    if !addressed && cluster.kubeconfig.is_none() && connections.admins.is_empty() {
+        return Err(Error::Config(
+            "nothing to look at: give --elector-addr (or --queue-addr), --admin-addr or \
+             --kubeconfig"
+                .into(),
+        ));
+    }
+    let map = if !addressed {
+        None
+    } else if connections.queues.is_empty() {
         Some(connections.shard_map().await?)
     } else if connections.has_elector() {
         match connections.shard_map().await {
@@ -165,6 +186,7 @@ pub async fn gather(connections: &Connections) -> Result<Status> {
         queue_replicas.push(replica);
     }
     Ok(Status {
+        workloads,
         services,
         elector,
         queue_replicas,
@@ -327,6 +349,25 @@ fn epochs(shards: &[ShardEpoch]) -> String {
 
 pub fn table(status: &Status, style: Style) -> String {
     let mut out = String::new();
+    if let Some(workloads) = &status.workloads {
+        let mut t = Table::new(&["WORKLOAD", "READY", "UP-TO-DATE", "VERSION"]);
+        for w in workloads {
+            let ready = format!("{}/{}", w.ready, w.replicas);
+            let colour = if w.ready >= w.replicas {
+                Colour::Green
+            } else {
+                Colour::Red
+            };
+            t.row(vec![
+                format!("{}/{}", w.kind.to_ascii_lowercase(), w.name).into(),
+                coloured(ready, colour),
+                w.updated.into(),
+                w.version.as_str().into(),
+            ]);
+        }
+        out.push_str(&t.render(style));
+        out.push('\n');
+    }
     if !status.services.is_empty() {
         let mut t = Table::new(&["SERVICE", "READY", "VERSION"]);
         for s in &status.services {
