@@ -14,6 +14,8 @@
 //!
 //! Needs the plugin and the services built (`cargo build --bins`).
 
+#![allow(clippy::unwrap_used)]
+
 use std::{
     process::Output,
     time::{Duration, Instant},
