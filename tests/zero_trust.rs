@@ -17,10 +17,10 @@ use switchyard_k8s::{
 };
 use switchyard_proto::{
     common::v1::{GroupVersionKind, WorkKey},
-    elector::v1::{GetShardMapRequest, elector_client::ElectorClient},
+    elector::v1::{DrainMemberRequest, GetShardMapRequest, elector_client::ElectorClient},
     queue::v1::{
-        Credit, EnqueueItem, EnqueueRequest, StatsRequest, WorkRequest, WorkerHello,
-        queue_client::QueueClient, work_request, work_response,
+        Credit, DescribeKeyRequest, EnqueueItem, EnqueueRequest, StatsRequest, WorkRequest,
+        WorkerHello, queue_client::QueueClient, work_request, work_response,
     },
     watcher::v1::{
         GetRequest, RegisterRequest, ResyncShardRequest, cache_client::CacheClient,
@@ -433,6 +433,60 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
             .unwrap_or_else(|e| panic!("{role} reads the shard map: {e}"));
     }
 
+    // Queue.DescribeKey and Elector.DrainMember: operators only (a key's name and its last
+    // error, and moving shards, are more than an observer's reads).
+    let mut callers = intruders(Role::Operator);
+    callers.extend(wrong_roles(&[Role::Operator]));
+    let described = || DescribeKeyRequest {
+        key: key("queued").items[0].key.clone(),
+    };
+    for caller in &callers {
+        let result = match caller.channel(queue.grpc_addr()).await {
+            Ok(channel) => QueueClient::new(channel)
+                .describe_key(described())
+                .await
+                .map(|r| r.into_inner())
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.queue.v1.Queue/DescribeKey", result);
+        let result = match caller.channel(elector.grpc_addr()).await {
+            Ok(channel) => ElectorClient::new(channel)
+                .drain_member(DrainMemberRequest {
+                    member_id: "nobody".into(),
+                    undo: false,
+                })
+                .await
+                .map(|r| r.into_inner())
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.elector.v1.Elector/DrainMember", result);
+    }
+    let operator = Pki::shared()
+        .channel(Role::Operator, Role::Queue, queue.grpc_addr())
+        .await
+        .unwrap();
+    let answer = QueueClient::new(operator)
+        .describe_key(described())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.key, described().key, "the operator is served");
+    let operator = Pki::shared()
+        .channel(Role::Operator, Role::Elector, elector.grpc_addr())
+        .await
+        .unwrap();
+    // Past the table, the elector itself answers: no such member, nothing written.
+    let unknown = ElectorClient::new(operator)
+        .drain_member(DrainMemberRequest {
+            member_id: "nobody".into(),
+            undo: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+
     // Health stays open to probes that hold no identity.
     let channel = Caller::NoCertificate
         .channel(queue.grpc_addr())
@@ -451,6 +505,8 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
         (&watcher, "/switchyard.watcher.v1.Resync/ResyncShard"),
         (&watcher, "/switchyard.watcher.v1.Watches/Register"),
         (&elector, "/switchyard.elector.v1.Elector/GetShardMap"),
+        (&queue, "/switchyard.queue.v1.Queue/DescribeKey"),
+        (&elector, "/switchyard.elector.v1.Elector/DrainMember"),
     ] {
         for reason in ["unauthenticated", "forbidden"] {
             let count = metric(

@@ -1,5 +1,6 @@
 //! The certificates an installation needs: one per service account of
-//! `deploy/kustomize/base/serviceaccounts.yaml`, the operators' read-only observer, and the
+//! `deploy/kustomize/base/serviceaccounts.yaml`, the operators' read-only observer and
+//! their `kubectl switchyard` operator, and the
 //! etcd of `components/etcd`. `components/cert-manager` asks cert-manager for the same names
 //! (a test compares them).
 
@@ -34,6 +35,9 @@ pub const RECONCILER: Identity = Identity::plain("switchyard-reconciler");
 pub const ELECTOR: Identity = Identity::plain("switchyard-elector");
 /// Read-only tools of operators (`Queue.Stats`, the elector's shard map); no workload.
 pub const OBSERVER: Identity = Identity::plain("switchyard-observer");
+/// Operators' `kubectl switchyard`: the observer's reads, a key's last error and draining a
+/// queue member; no workload.
+pub const OPERATOR: Identity = Identity::plain("switchyard-operator");
 /// The members of components/etcd advertise `<pod>.switchyard-etcd.<namespace>.svc`.
 pub const ETCD: Identity = Identity {
     service_account: "switchyard-etcd",
@@ -42,7 +46,9 @@ pub const ETCD: Identity = Identity {
 };
 
 /// Every certificate `switchyard-certs` writes, in the order it writes them.
-pub const ALL: [Identity; 6] = [WATCHER, QUEUE, RECONCILER, ELECTOR, OBSERVER, ETCD];
+pub const ALL: [Identity; 7] = [
+    WATCHER, QUEUE, RECONCILER, ELECTOR, OBSERVER, OPERATOR, ETCD,
+];
 
 impl Identity {
     const fn plain(service_account: &'static str) -> Self {

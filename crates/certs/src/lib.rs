@@ -8,6 +8,7 @@
 //!      ├─► switchyard-reconciler  │           <service>.<ns>.svc.cluster.local, localhost
 //!      ├─► switchyard-elector     │  IP SANs  127.0.0.1, ::1
 //!      ├─► switchyard-observer    │  EKU      serverAuth + clientAuth
+//!      ├─► switchyard-operator    │
 //!      └─► switchyard-etcd        ┘
 //! ```
 //!

@@ -68,7 +68,8 @@ pub enum Outcome {
     Done,
     /// Reconciled; look again after the delay.
     RequeueAfter(Duration),
-    /// Failed for this reason (logged, not stored): retried with backoff.
+    /// Failed for this reason (logged, and kept as the key's last error by the queue for
+    /// `DescribeKey`): retried with backoff.
     Failed(String),
     /// Drop the key and its failures without requeueing.
     Forget,

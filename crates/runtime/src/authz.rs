@@ -65,6 +65,11 @@ pub const TABLE: &[(&str, Access)] = &[
         Access::Roles(&[Role::Reconciler]),
     ),
     ("/switchyard.queue.v1.Queue/Stats", Access::AnyRole),
+    // A key's name and its last error say more about the cluster's objects than depths do.
+    (
+        "/switchyard.queue.v1.Queue/DescribeKey",
+        Access::Roles(&[Role::Operator]),
+    ),
     (
         "/switchyard.watcher.v1.Cache/Get",
         Access::Roles(&[Role::Reconciler]),
@@ -92,6 +97,10 @@ pub const TABLE: &[(&str, Access)] = &[
     (
         "/switchyard.elector.v1.Elector/WatchShardMap",
         Access::AnyRole,
+    ),
+    (
+        "/switchyard.elector.v1.Elector/DrainMember",
+        Access::Roles(&[Role::Operator]),
     ),
 ];
 

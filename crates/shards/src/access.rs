@@ -14,6 +14,7 @@
 //!                                                               revokes a gone member's lease)
 //!                                                     readwrite /switchyard/shards/
 //!                                                     readwrite /switchyard/elector/
+//!                                                     readwrite /switchyard/draining/
 //!  CN switchyard-etcd     ─► root (etcd's own certificate: the one that applies this table)
 //!  any other CN           ─► no user: every request refused
 //! ```
@@ -27,7 +28,7 @@ use etcd_client::{
 };
 use tracing::info;
 
-use crate::{member::MEMBERS_PREFIX, store::SHARDS_PREFIX};
+use crate::{draining::DRAINING_PREFIX, member::MEMBERS_PREFIX, store::SHARDS_PREFIX};
 
 /// The etcd election the elector replicas campaign in; its keys are `<ELECTION>/<lease>`.
 pub const ELECTION: &str = "/switchyard/elector";
@@ -63,13 +64,15 @@ pub const QUEUE: Role = Role {
 };
 
 /// The elector campaigns under [`ELECTION`], reads and watches the members (and revokes the
-/// lease of a member found gone, which needs write on its key) and writes the map.
+/// lease of a member found gone, which needs write on its key), writes the map, and keeps
+/// the operators' draining marks under [`DRAINING_PREFIX`].
 pub const ELECTOR: Role = Role {
     user: "switchyard-elector",
     grants: &[
         (MEMBERS_PREFIX, Access::ReadWrite),
         (SHARDS_PREFIX, Access::ReadWrite),
         ("/switchyard/elector/", Access::ReadWrite),
+        (DRAINING_PREFIX, Access::ReadWrite),
     ],
 };
 
@@ -189,6 +192,12 @@ mod tests {
         let member = format!("{MEMBERS_PREFIX}q-0");
         let shard = crate::store::shard_key(7);
         let campaign = format!("{ELECTION}/694d7b1f");
+        let mark = format!("{DRAINING_PREFIX}q-0");
+        assert!(covers(&ELECTOR, &mark, true) && covers(&ELECTOR, &mark, false));
+        assert!(
+            !covers(&QUEUE, &mark, true),
+            "members do not mark themselves"
+        );
         assert!(covers(&QUEUE, &member, true));
         assert!(covers(&QUEUE, &shard, true) && covers(&QUEUE, &shard, false));
         assert!(

@@ -18,6 +18,7 @@
 //! - [`follow`]: the one follower of the elector's `WatchShardMap` stream;
 //! - [`route`]: where a client of the queue finds it (`--queue-addr` or `--elector-addr`);
 //! - [`access`]: etcd's users and roles: who may read and write which of these prefixes;
+//! - [`draining`]: members an operator marked draining, which the leader gives no shards;
 //! - [`member`]: a queue replica's registration under its own etcd lease;
 //! - [`store`]: the map's layout in etcd and the two writes a member makes itself: the fenced
 //!   release of a drained shard and the renewal of an epoch from an earlier registration.
@@ -26,6 +27,7 @@
 //! code in `switchyard-elector-core`, re-exported here.
 
 pub mod access;
+pub mod draining;
 pub mod etcd;
 pub mod follow;
 pub mod member;

@@ -98,6 +98,7 @@ mod tests {
                 assignment(2, "", 0, ShardState::Unassigned),
             ],
             members: vec![],
+            leader_id: String::new(),
         };
         let before = ShardView::from_map(&map, 3);
         assert_eq!(before.owner(0).unwrap().epoch, 5);

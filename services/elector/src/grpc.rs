@@ -1,23 +1,78 @@
 //! `switchyard.elector.v1.Elector`: the shard map, read once or followed, for queue members,
 //! watchers, reconcilers and tools. Members make their own writes in etcd (their registration
 //! under their own lease, their fenced release and renewal: `switchyard_shards`), so the
-//! elector's API only reads. The only place a `tonic::Status` is made.
+//! elector's API only reads, but for operators' `DrainMember`, which writes a draining mark
+//! (`switchyard_shards::draining`) that the leader then acts on. The only place a
+//! `tonic::Status` is made.
 
-use std::pin::Pin;
+use std::{collections::BTreeSet, pin::Pin, sync::Arc, time::Duration};
+
+use etcd_client::Client;
+use tokio::sync::Mutex;
 
 use futures::{Stream, StreamExt};
 use switchyard_elector_core::ShardState;
 use switchyard_proto::elector::v1::{self as pb, elector_server};
-use switchyard_shards::member::Member;
+use switchyard_shards::{
+    Etcd,
+    access::ELECTION,
+    draining::{self, DrainError},
+    member::Member,
+};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tonic::{Request, Response, Status};
+
+/// How long `GetShardMap` waits for etcd to name the leader and the draining members before
+/// answering without them: the map itself comes from the watch and must not wait on etcd.
+const ETCD_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug)]
 pub struct ElectorService {
     shard_count: u32,
     map: watch::Receiver<Option<Vec<ShardState>>>,
     members: watch::Receiver<Option<Vec<Member>>>,
+    /// For the leader's name, the draining marks and `DrainMember`; without it those are
+    /// absent and `DrainMember` is refused.
+    etcd: Option<Etcd>,
+    /// One connection for those calls, made on first use and dropped after an error.
+    client: CachedClient,
+}
+
+#[derive(Clone, Default)]
+struct CachedClient(Arc<Mutex<Option<Client>>>);
+
+impl std::fmt::Debug for CachedClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CachedClient")
+    }
+}
+
+/// Why `DrainMember` was refused.
+#[derive(Debug, thiserror::Error)]
+enum DrainRefused {
+    #[error("member_id: required")]
+    MissingMember,
+    #[error("this elector has no etcd to write the mark to")]
+    NoEtcd,
+    #[error(transparent)]
+    Drain(#[from] DrainError),
+}
+
+impl From<DrainRefused> for Status {
+    fn from(error: DrainRefused) -> Self {
+        let message = error.to_string();
+        match error {
+            DrainRefused::MissingMember => Status::invalid_argument(message),
+            DrainRefused::NoEtcd => Status::unimplemented(message),
+            DrainRefused::Drain(DrainError::NotFound(_)) => Status::not_found(message),
+            DrainRefused::Drain(DrainError::NoOtherMember { .. }) => {
+                Status::failed_precondition(message)
+            }
+            DrainRefused::Drain(DrainError::Changed(_)) => Status::aborted(message),
+            DrainRefused::Drain(DrainError::Etcd(_)) => Status::unavailable(message),
+        }
+    }
 }
 
 impl ElectorService {
@@ -30,7 +85,82 @@ impl ElectorService {
             shard_count,
             map,
             members,
+            etcd: None,
+            client: CachedClient::default(),
         }
+    }
+
+    /// The cached etcd connection, or a new one.
+    async fn client(&self) -> Result<Client, DrainRefused> {
+        let etcd = self.etcd.as_ref().ok_or(DrainRefused::NoEtcd)?;
+        let mut cached = self.client.0.lock().await;
+        if let Some(client) = cached.as_ref() {
+            return Ok(client.clone());
+        }
+        let client = etcd.connect().await.map_err(DrainError::from)?;
+        *cached = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Forgets the cached connection after `result` failed, so the next call reconnects.
+    async fn forget_on_error<T, E>(&self, result: Result<T, E>) -> Result<T, E> {
+        if result.is_err() {
+            *self.client.0.lock().await = None;
+        }
+        result
+    }
+
+    /// Names the leader and the draining members in `GetShardMap`, and serves `DrainMember`.
+    pub fn with_etcd(mut self, etcd: Etcd) -> Self {
+        self.etcd = Some(etcd);
+        self
+    }
+
+    /// The leading elector's id and the draining members, as etcd says now.
+    async fn leader_and_draining(&self) -> Option<(String, BTreeSet<String>)> {
+        self.etcd.as_ref()?;
+        let read = async {
+            let mut client = self.client().await.ok()?;
+            let leader = match client.leader(ELECTION).await {
+                Ok(response) => response
+                    .kv()
+                    .and_then(|kv| kv.value_str().ok())
+                    .unwrap_or_default()
+                    .to_owned(),
+                // No campaign at all: nobody leads.
+                Err(_) => String::new(),
+            };
+            let draining = draining::read(&mut client).await;
+            Some((
+                leader,
+                self.forget_on_error(draining).await.ok()?.draining(),
+            ))
+        };
+        tokio::time::timeout(ETCD_READ_TIMEOUT, read)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn drain_member(&self, request: pb::DrainMemberRequest) -> Result<u32, DrainRefused> {
+        if request.member_id.is_empty() {
+            return Err(DrainRefused::MissingMember);
+        }
+        let mut client = self.client().await?;
+        let written = if request.undo {
+            draining::unmark(&mut client, &request.member_id).await
+        } else {
+            draining::mark(&mut client, &request.member_id).await
+        };
+        self.forget_on_error(written).await?;
+        let held = self
+            .map
+            .borrow()
+            .iter()
+            .flatten()
+            .filter(|s| s.owner() == Some(request.member_id.as_str()))
+            .count();
+        Ok(u32::try_from(held).unwrap_or(u32::MAX))
     }
 
     pub fn into_server(self) -> elector_server::ElectorServer<Self> {
@@ -94,8 +224,10 @@ fn snapshot(
             .map(|m| pb::Member {
                 id: m.id.clone(),
                 address: m.address.clone(),
+                draining: false,
             })
             .collect(),
+        leader_id: String::new(),
     }
 }
 
@@ -114,11 +246,22 @@ impl elector_server::Elector for ElectorService {
                 "the shard map has not been read from etcd yet",
             ));
         }
-        Ok(Response::new(snapshot(
-            map.as_deref(),
-            members.as_deref(),
-            self.shard_count,
-        )))
+        let mut snapshot = snapshot(map.as_deref(), members.as_deref(), self.shard_count);
+        if let Some((leader, draining)) = self.leader_and_draining().await {
+            snapshot.leader_id = leader;
+            for member in &mut snapshot.members {
+                member.draining = draining.contains(&member.id);
+            }
+        }
+        Ok(Response::new(snapshot))
+    }
+
+    async fn drain_member(
+        &self,
+        request: Request<pb::DrainMemberRequest>,
+    ) -> Result<Response<pb::DrainMemberResponse>, Status> {
+        let shards_held = ElectorService::drain_member(self, request.into_inner()).await?;
+        Ok(Response::new(pb::DrainMemberResponse { shards_held }))
     }
 
     type WatchShardMapStream = BoxStream<pb::ShardMap>;

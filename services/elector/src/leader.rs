@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  campaign ──elected──► loop: members (watch) + shard map ─► assign ─► plan ─► txn (fenced on
-//!     ▲                                                                        the leader key)
+//!     ▲                   (less those marked draining)                         the leader key)
 //!     └──────────── lease lost / fenced / etcd error: back to campaigning ◄────┘
 //! ```
 //!
@@ -17,7 +17,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use switchyard_elector_core::{Transition, assign, plan};
 use switchyard_runtime::{Backoff, Dialer, Drain};
-use switchyard_shards::Etcd;
+use switchyard_shards::{Etcd, draining};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
@@ -135,6 +135,7 @@ async fn campaign_and_lead(
     });
     let mut resync = tokio::time::interval(RESYNC);
     let mut replan = false;
+    let mut marks_unreadable = false;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(REPLAN), if replan => {}
@@ -156,7 +157,31 @@ async fn campaign_and_lead(
             continue;
         };
         let ids: Vec<String> = live.into_iter().map(|m| m.id).collect();
-        let Some(desired) = assign(config.shard_count, &ids, config.slack) else {
+        // Members an operator marked draining get no shards: theirs leave by the planned
+        // handover, as from any live member. When every member is draining, none is spared.
+        // Marks that cannot be read (an etcd whose access table predates them) leave the
+        // assignment as it would be without them, rather than ending the term.
+        let draining = match draining::read(&mut client).await {
+            Ok(registrations) => registrations.draining(),
+            Err(error) => {
+                if !marks_unreadable {
+                    warn!(%error, "cannot read the draining marks: assigning as if there were none");
+                    marks_unreadable = true;
+                }
+                Default::default()
+            }
+        };
+        let candidates: Vec<String> = ids
+            .iter()
+            .filter(|id| !draining.contains(*id))
+            .cloned()
+            .collect();
+        let candidates = if candidates.is_empty() {
+            &ids
+        } else {
+            &candidates
+        };
+        let Some(desired) = assign(config.shard_count, candidates, config.slack) else {
             continue;
         };
         let (current, revision) = shardmap::read(&mut client, config.shard_count).await?;

@@ -221,7 +221,8 @@ impl Args {
             shard_count,
             shardmap::watch(etcd.clone(), shard_count, rt.drain()).0,
             membership::watch_members(etcd.clone(), rt.drain()).0,
-        );
+        )
+        .with_etcd(etcd.clone());
         let dialer = rt.dialer();
         // Not restarted: a broken term ends the process, and another elector takes over
         // within the election TTL.

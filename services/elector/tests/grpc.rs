@@ -1,7 +1,8 @@
 //! The elector binary's gRPC API against a real etcd: the shard map snapshot and its watch
 //! with owner addresses, followed through members' own fenced releases (refused with a clear
-//! error when stale, changing nothing) and a member leaving; and a leader process killed
-//! (SIGKILL) while a follower process stands by.
+//! error when stale, changing nothing) and a member leaving; a member an operator drains
+//! (`DrainMember`), which hands its shards over and gets none until it registers again; and
+//! a leader process killed (SIGKILL) while a follower process stands by.
 
 #![allow(clippy::unwrap_used)]
 
@@ -104,7 +105,8 @@ async fn the_shard_map_is_served_watched_and_handed_over_through_grpc() {
         map.members,
         [ProtoMember {
             id: "a".into(),
-            address: "a:8443".into()
+            address: "a:8443".into(),
+            draining: false,
         }]
     );
 
@@ -305,4 +307,96 @@ async fn a_killed_leader_is_replaced_by_a_follower_and_the_map_does_not_churn() 
     }
     let (status, log) = follower.terminate().await.unwrap();
     assert!(status.success(), "{log}");
+}
+
+/// An operator's client of the elector at `address` (`kubectl switchyard drain`).
+async fn operator_client(address: impl std::fmt::Display) -> ElectorClient<Channel> {
+    ElectorClient::new(
+        Pki::shared()
+            .channel(Role::Operator, Role::Elector, address)
+            .await
+            .unwrap(),
+    )
+}
+
+/// Releases every shard `member` holds as releasing, as a drained queue replica does.
+async fn release_all(etcd: &Etcd, map: &ShardMap, member: &str) {
+    let mut etcd_client = etcd.client().await.unwrap();
+    for shard in &map.shards {
+        if shard.member_id == member && shard.state() == ShardState::Releasing {
+            store::release(&mut etcd_client, shard.shard, member, shard.epoch)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_member_hands_its_shards_over_and_gets_none_until_it_registers_again() {
+    use switchyard_proto::elector::v1::DrainMemberRequest;
+    let etcd = Etcd::start().await.unwrap();
+    let _a = registered(&etcd, "a").await;
+    let b = registered(&etcd, "b").await;
+    let (process, mut client) = elector(&etcd).await;
+    let mut operator = operator_client(process.grpc_addr()).await;
+    let before = map_until(&mut client, |m| {
+        all_owned_by(m, &["a", "b"]) && m.shards.iter().any(|s| s.member_id == "b")
+    })
+    .await;
+    let held = before.shards.iter().filter(|s| s.member_id == "b").count();
+    let drain = |member: &str, undo| DrainMemberRequest {
+        member_id: member.into(),
+        undo,
+    };
+
+    let answer = operator
+        .drain_member(drain("b", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.shards_held as usize, held);
+    // Each of b's shards is released to a by the planned handover, none taken from it.
+    let releasing = map_until(&mut client, |m| {
+        m.shards.iter().all(|s| {
+            (s.member_id == "a" && s.state() == ShardState::Active)
+                || (s.member_id == "b"
+                    && s.state() == ShardState::Releasing
+                    && s.next_member_id == "a")
+        }) && m.members.iter().any(|m| m.id == "b" && m.draining)
+    })
+    .await;
+    release_all(&etcd, &releasing, "b").await;
+    map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
+    // b stays registered and draining: nothing comes back to it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = map_until(&mut client, |m| all_owned_by(m, &["a"])).await;
+    assert!(still.members.iter().any(|m| m.id == "b" && m.draining));
+
+    // a is the last member not draining; an unknown member is not found.
+    let last = operator.drain_member(drain("a", false)).await.unwrap_err();
+    assert_eq!(last.code(), tonic::Code::FailedPrecondition, "{last:?}");
+    assert!(last.message().contains("no other member"), "{last:?}");
+    let unknown = operator
+        .drain_member(drain("ghost", false))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+
+    // b restarts: a new registration, which the mark does not name. It gets shards again.
+    b.trigger();
+    map_until(&mut client, |m| m.members.iter().all(|m| m.id != "b")).await;
+    let _b = registered(&etcd, "b").await;
+    let back = map_until(&mut client, |m| {
+        m.shards
+            .iter()
+            .any(|s| s.next_member_id == "b" || s.member_id == "b")
+    })
+    .await;
+    assert!(
+        back.members.iter().any(|m| m.id == "b" && !m.draining),
+        "{back:?}"
+    );
+    // The observer may not drain.
+    let denied = client.drain_member(drain("b", false)).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
 }

@@ -2,6 +2,10 @@
 //!
 //! - `core_ops`: the in-process core alone (add, lease, done), the ceiling of the service;
 //! - `bytes_per_key`: heap bytes per queued key, 1,000,000 keys with 40-character names;
+//! - `history_bytes_per_key`, `history_bytes_per_failed_key`: heap bytes per key whose latest
+//!   outcome the replica remembers for `DescribeKey` (`--outcome-history`, 100,000 keys),
+//!   once a key is done (with a trace id) and once it failed with a 120-byte error: the
+//!   queue's retained bytes with the history minus without it, over the same work;
 //! - `e2e_throughput`: enqueue -> lease -> done through one replica over loopback gRPC in
 //!   plaintext (`--insecure-plaintext`), with batched enqueues and credit-based workers;
 //! - `lease_latency_p50` / `lease_latency_p99`: enqueue to lease at a steady 10,000 keys/s,
@@ -161,6 +165,65 @@ fn bench_memory() {
         bytes / N - key_len
     );
     drop(queue);
+}
+
+/// Heap bytes a queue keeps after `n` keys were added, leased and answered with `outcome`
+/// (and `error`), with an outcome history of `history` keys.
+fn retained_after(
+    keys: &[WorkKey],
+    history: usize,
+    outcome: Outcome,
+    error: Option<&str>,
+) -> usize {
+    let n = keys.len();
+    let before = ALLOCATED.load(Ordering::Relaxed);
+    let mut queue = core_queue(n).with_outcome_history(history);
+    let space = queue.key_space().clone();
+    let now = Instant::now();
+    let cause: switchyard_queue_core::Cause = Arc::from(vec![(
+        "traceparent".to_owned(),
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+    )]);
+    for k in keys {
+        let k = space.validate(k).unwrap();
+        queue
+            .add_caused(
+                &k,
+                Priority::Normal,
+                Duration::ZERO,
+                Some(cause.clone()),
+                now,
+            )
+            .unwrap();
+        let lease = queue.lease(1, &[], now).unwrap();
+        queue
+            .complete_with_error(1, lease.shard(), lease.epoch, lease.id, outcome, error, now)
+            .unwrap();
+    }
+    let retained = ALLOCATED.load(Ordering::Relaxed) - before;
+    drop(queue);
+    retained
+}
+
+fn bench_history_memory() {
+    const N: usize = switchyard_queue_core::DEFAULT_OUTCOME_HISTORY;
+    let keys = keys(N);
+    let error = "x".repeat(120);
+    for (figure, outcome, error) in [
+        ("history_bytes_per_key", Outcome::Done, None),
+        (
+            "history_bytes_per_failed_key",
+            Outcome::Failed,
+            Some(error.as_str()),
+        ),
+    ] {
+        let without = retained_after(&keys, 0, outcome, error);
+        let with = retained_after(&keys, N, outcome, error);
+        println!(
+            "bench queue.{figure} {} bytes",
+            with.saturating_sub(without) / N
+        );
+    }
 }
 
 /// How the benchmark's clients reach the queue.
@@ -485,6 +548,9 @@ fn main() {
     }
     if wanted("bytes_per_key") {
         bench_memory();
+    }
+    if wanted("history_bytes_per_key") {
+        bench_history_memory();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -13,12 +13,13 @@
 
 use std::{
     collections::{HashMap, VecDeque},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use switchyard_queue_core::{
-    AddOutcome, Cause, ControllerId, Error as CoreError, Lease, LeaseId, Outcome, Priority, Queue,
-    ReadFloor, Refused, ShardStats, ValidKey, WorkerId,
+    AddOutcome, Cause, ControllerId, Error as CoreError, KeyPhase, LastOutcome, Lease, LeaseId,
+    Outcome, Priority, Queue, ReadFloor, Refused, ShardStats, ValidKey, WorkerId,
 };
 use switchyard_runtime::Drain;
 use tokio::sync::{mpsc, oneshot};
@@ -36,6 +37,9 @@ const COMMAND_QUEUE: usize = 4096;
 pub const MAX_BLOCKED_BATCHES: usize = 1024;
 /// How often depth and in-flight gauges are refreshed.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+/// Names of departed workers kept, so that a remembered outcome still names its worker after
+/// the worker's stream closed: reconciler restarts over hours, each a new stream per worker.
+const DEPARTED_WORKER_NAMES: usize = 1024;
 
 /// An add, validated by the gRPC edge (the key carries its controller and shard).
 #[derive(Debug)]
@@ -91,6 +95,8 @@ pub enum Command {
         reply: EnqueueReply,
     },
     Connect {
+        /// The worker_id of its hello.
+        name: Arc<str>,
         controllers: Vec<ControllerId>,
         tx: mpsc::UnboundedSender<ToWorker>,
         reply: oneshot::Sender<WorkerId>,
@@ -112,6 +118,8 @@ pub enum Command {
         outcome: Outcome,
         /// What the reconcile read at: raises the shard's read floor once applied.
         observed: ReadFloor,
+        /// A failed reconcile's reason.
+        error: Option<String>,
     },
     Extend {
         worker: WorkerId,
@@ -129,6 +137,15 @@ pub enum Command {
     Stats {
         controller: Option<ControllerId>,
         reply: oneshot::Sender<Vec<ShardStats>>,
+    },
+    /// The Work streams open now.
+    Workers {
+        reply: oneshot::Sender<Vec<WorkerView>>,
+    },
+    /// One key now; `None` when its shard is not served here.
+    Describe {
+        key: ValidKey,
+        reply: oneshot::Sender<Option<Described>>,
     },
     /// Serve `shard` at `epoch` (starting empty).
     Acquire {
@@ -178,11 +195,13 @@ impl Handle {
 
     pub async fn connect(
         &self,
+        name: Arc<str>,
         controllers: Vec<ControllerId>,
         tx: mpsc::UnboundedSender<ToWorker>,
     ) -> Result<WorkerId, Closed> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Connect {
+            name,
             controllers,
             tx,
             reply,
@@ -202,9 +221,44 @@ impl Handle {
         self.send(Command::Stats { controller, reply }).await?;
         rx.await.map_err(|_| Closed)
     }
+
+    pub async fn workers(&self) -> Result<Vec<WorkerView>, Closed> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Workers { reply }).await?;
+        rx.await.map_err(|_| Closed)
+    }
+
+    pub async fn describe(&self, key: ValidKey) -> Result<Option<Described>, Closed> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Describe { key, reply }).await?;
+        rx.await.map_err(|_| Closed)
+    }
+}
+
+/// One open Work stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerView {
+    pub name: Arc<str>,
+    pub controllers: Vec<ControllerId>,
+    /// Items granted and not yet sent.
+    pub credits: u32,
+    pub in_flight: usize,
+}
+
+/// A key now, with its workers named (the core knows them by number).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Described {
+    pub epoch: u64,
+    pub phase: KeyPhase,
+    /// The worker holding the lease, when leased.
+    pub holder: Option<Arc<str>>,
+    pub failures: u32,
+    /// The latest outcome, with the name of the worker that held that lease.
+    pub last: Option<(LastOutcome, Option<Arc<str>>)>,
 }
 
 struct Worker {
+    name: Arc<str>,
     controllers: Vec<ControllerId>,
     credits: u32,
     tx: mpsc::UnboundedSender<ToWorker>,
@@ -225,6 +279,8 @@ pub struct Actor {
     hungry: VecDeque<WorkerId>,
     blocked: VecDeque<Blocked>,
     next_worker: WorkerId,
+    /// Names of the latest departed workers, oldest first.
+    departed: VecDeque<(WorkerId, Arc<str>)>,
     metrics: QueueMetrics,
     drain_grace: Duration,
     /// Triggered once the shards are handed back on shutdown (the member then leaves).
@@ -254,6 +310,7 @@ impl Actor {
             hungry: VecDeque::new(),
             blocked: VecDeque::new(),
             next_worker: 1,
+            departed: VecDeque::new(),
             metrics,
             drain_grace,
             on_drained: None,
@@ -334,6 +391,7 @@ impl Actor {
                 }
             }
             Command::Connect {
+                name,
                 controllers,
                 tx,
                 reply,
@@ -343,6 +401,7 @@ impl Actor {
                 self.workers.insert(
                     id,
                     Worker {
+                        name,
                         controllers,
                         credits: 0,
                         tx,
@@ -365,11 +424,18 @@ impl Actor {
                 lease,
                 outcome,
                 observed,
+                error,
             } => {
                 let controller = self.queue.lease_controller(lease);
-                let result = self
-                    .queue
-                    .complete(worker, shard, epoch, lease, outcome, now);
+                let result = self.queue.complete_with_error(
+                    worker,
+                    shard,
+                    epoch,
+                    lease,
+                    outcome,
+                    error.as_deref(),
+                    now,
+                );
                 if result.is_ok() {
                     self.queue.raise_floor(shard, observed.iter());
                 }
@@ -404,10 +470,10 @@ impl Actor {
             Command::Invalid { worker, reason } => {
                 self.reply(worker, ToWorker::Invalid(reason));
                 // A misbehaving worker's leases expire like a broken stream's.
-                self.workers.remove(&worker);
+                self.forget_worker(worker);
             }
             Command::Disconnect { worker, clean } => {
-                self.workers.remove(&worker);
+                self.forget_worker(worker);
                 if clean {
                     let returned = self.queue.release_worker(worker, now);
                     debug!(worker, returned, "worker left");
@@ -432,7 +498,60 @@ impl Actor {
                 }
                 let _ = reply.send(stats);
             }
+            Command::Workers { reply } => {
+                let mut workers: Vec<_> = self.workers.iter().collect();
+                workers.sort_unstable_by_key(|(id, _)| **id);
+                let _ = reply.send(
+                    workers
+                        .into_iter()
+                        .map(|(id, w)| WorkerView {
+                            name: w.name.clone(),
+                            controllers: w.controllers.clone(),
+                            credits: w.credits,
+                            in_flight: self.queue.worker_leases(*id),
+                        })
+                        .collect(),
+                );
+            }
+            Command::Describe { key, reply } => {
+                let described = self.queue.describe(&key).map(|view| Described {
+                    epoch: view.epoch,
+                    holder: match view.phase {
+                        KeyPhase::Leased { worker, .. } => self.worker_name(worker),
+                        _ => None,
+                    },
+                    phase: view.phase,
+                    failures: view.failures,
+                    last: view
+                        .last
+                        .map(|last| (last.clone(), self.worker_name(last.worker))),
+                });
+                let _ = reply.send(described);
+            }
         }
+    }
+
+    /// Drops a worker, keeping its name for the outcomes that name it.
+    fn forget_worker(&mut self, worker: WorkerId) {
+        if let Some(gone) = self.workers.remove(&worker) {
+            if self.departed.len() == DEPARTED_WORKER_NAMES {
+                self.departed.pop_front();
+            }
+            self.departed.push_back((worker, gone.name));
+        }
+    }
+
+    fn worker_name(&self, worker: WorkerId) -> Option<Arc<str>> {
+        self.workers
+            .get(&worker)
+            .map(|w| w.name.clone())
+            .or_else(|| {
+                self.departed
+                    .iter()
+                    .rev()
+                    .find(|(id, _)| *id == worker)
+                    .map(|(_, name)| name.clone())
+            })
     }
 
     /// Adds as many of `blocked`'s keys as fit; returns it if some are still waiting.

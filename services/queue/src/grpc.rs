@@ -104,6 +104,14 @@ impl QueueService {
         queue_server::QueueServer::new(self)
     }
 
+    pub(crate) fn keys(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
     fn controller_id(&self, name: &str) -> Option<ControllerId> {
         self.keys.controller_id(name)
     }
@@ -229,10 +237,18 @@ impl queue_server::Queue for QueueService {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if hello.worker_id.len() > crate::describe::MAX_WORKER_ID_BYTES {
+            return Err(EdgeError::Invalid(format!(
+                "hello.worker_id: {} bytes, at most {}",
+                hello.worker_id.len(),
+                crate::describe::MAX_WORKER_ID_BYTES
+            ))
+            .into());
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = self
             .handle
-            .connect(controllers, tx)
+            .connect(Arc::from(hello.worker_id.as_str()), controllers, tx)
             .await
             .map_err(EdgeError::from)?;
         // Dropped with the response stream: tells the reader the RPC is over. Only the actor
@@ -302,9 +318,32 @@ impl queue_server::Queue for QueueService {
             })?),
         };
         let stats = self.handle.stats(filter).await.map_err(EdgeError::from)?;
+        let workers = self.handle.workers().await.map_err(EdgeError::from)?;
         Ok(Response::new(pb::StatsResponse {
             shards: stats.iter().map(|s| self.shard_stats(s)).collect(),
+            workers: workers
+                .into_iter()
+                .map(|w| pb::WorkerStats {
+                    worker_id: w.name.to_string(),
+                    controllers: w
+                        .controllers
+                        .iter()
+                        .map(|c| self.keys.name(*c).to_string())
+                        .collect(),
+                    credits: w.credits,
+                    in_flight: w.in_flight as u64,
+                })
+                .collect(),
         }))
+    }
+
+    async fn describe_key(
+        &self,
+        request: Request<pb::DescribeKeyRequest>,
+    ) -> Result<Response<pb::DescribeKeyResponse>, Status> {
+        Ok(Response::new(
+            QueueService::describe_key(self, request.into_inner()).await?,
+        ))
     }
 }
 
@@ -528,6 +567,12 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
             })
         }
         Some(WorkMessage::Outcome(outcome)) => {
+            let error = match &outcome.result {
+                Some(OutcomeResult::Failed(failed)) if !failed.reason.is_empty() => {
+                    Some(failed.reason.clone())
+                }
+                _ => None,
+            };
             let result = match outcome.result {
                 None => return Err("outcome.result: required".into()),
                 Some(OutcomeResult::Done(_)) => Outcome::Done,
@@ -552,6 +597,7 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
                 lease: lease_id(&outcome.lease_id),
                 outcome: result,
                 observed: read_floor(&outcome.observed)?,
+                error,
             })
         }
         Some(WorkMessage::Extend(extend)) => {
@@ -604,7 +650,7 @@ fn leased_item(controllers: &[Arc<str>], lease: &Lease) -> pb::LeasedItem {
 }
 
 /// A monotonic instant as wall-clock time.
-fn timestamp(at: Instant) -> prost_types::Timestamp {
+pub(crate) fn timestamp(at: Instant) -> prost_types::Timestamp {
     let now = Instant::now();
     let wall = if at >= now {
         SystemTime::now() + (at - now)
@@ -614,7 +660,7 @@ fn timestamp(at: Instant) -> prost_types::Timestamp {
     prost_types::Timestamp::from(wall)
 }
 
-fn duration(d: Duration) -> Option<prost_types::Duration> {
+pub(crate) fn duration(d: Duration) -> Option<prost_types::Duration> {
     prost_types::Duration::try_from(d).ok()
 }
 
@@ -683,7 +729,7 @@ impl From<EdgeError> for Status {
 }
 
 impl QueueService {
-    fn not_owner(&self, shard: u32) -> EdgeError {
+    pub(crate) fn not_owner(&self, shard: u32) -> EdgeError {
         let (owner_address, epoch) = self.owner_of(shard);
         EdgeError::NotOwner {
             shard,

@@ -6,6 +6,7 @@
 //! the HPA is its own crate, `switchyard-external-metrics`, fed the actor's backlog.
 
 pub mod actor;
+mod describe;
 pub mod grpc;
 pub mod metrics;
 pub mod ownership;
@@ -111,6 +112,11 @@ pub struct QueueArgs {
     /// TTL of the member lease: a dead replica's shards move after at most this long
     #[arg(long, env = "SWITCHYARD_MEMBER_TTL", default_value = "2s")]
     pub member_ttl: humantime::Duration,
+    /// Keys whose latest outcome (error, trace id, worker) this replica remembers for
+    /// `DescribeKey` (`kubectl switchyard why`), the least recently finished forgotten
+    /// first; 0 remembers none
+    #[arg(long, env = "SWITCHYARD_OUTCOME_HISTORY", default_value_t = switchyard_queue_core::DEFAULT_OUTCOME_HISTORY)]
+    pub outcome_history: usize,
 }
 
 impl QueueArgs {
@@ -195,6 +201,7 @@ impl Args {
         for limit in &queue.controller_rate_limit {
             core.set_rate_limit(&limit.controller, limit.limit);
         }
+        let core = core.with_outcome_history(queue.outcome_history);
         let keys = core.key_space().clone();
         let controllers: Vec<Arc<str>> = keys.names().to_vec();
         let metrics = metrics::QueueMetrics::register(rt.metrics(), &controllers);

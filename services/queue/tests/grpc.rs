@@ -1,5 +1,6 @@
 //! The queue service over loopback gRPC: many workers, workers that die mid-lease, stale
-//! outcomes, leases bound to their stream, backpressure, bad input and shard ownership.
+//! outcomes, leases bound to their stream, backpressure, bad input and shard ownership; and
+//! `DescribeKey` following one key.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,9 +15,10 @@ use prost::Message;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
     queue::v1::{
-        Credit, Done, EnqueueItem, EnqueueRequest, ExtendLease, Failed, LeaseExtended, LeasedItem,
-        Outcome, ShardStats, StatsRequest, WorkRequest, WorkResponse, WorkerHello, outcome,
-        queue_client::QueueClient, work_request::Request as Msg, work_response::Response as Reply,
+        Credit, DescribeKeyRequest, Done, EnqueueItem, EnqueueRequest, ExtendLease, Failed,
+        KeyPhase, LeaseExtended, LeasedItem, Outcome, OutcomeKind, ShardStats, StatsRequest,
+        WorkRequest, WorkResponse, WorkerHello, outcome, queue_client::QueueClient,
+        work_request::Request as Msg, work_response::Response as Reply,
     },
 };
 use switchyard_queue_core::shard::shard_of;
@@ -962,5 +964,128 @@ async fn applied_outcomes_raise_the_shards_read_floor_that_leases_carry() {
             .contains("outcome.observed: 65 kinds, at most 64"),
         "{status:?}"
     );
+    server.stop().await;
+}
+
+/// A client as an operator's tool (`kubectl switchyard why`).
+async fn operator(server: &Server) -> QueueClient<Channel> {
+    QueueClient::new(
+        Pki::shared()
+            .channel(Role::Operator, Role::Queue, server.addr)
+            .await
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn describe_key_follows_a_key_through_lease_failure_and_backoff() {
+    let (server, mut client) = Server::seeded(&[], ["api".to_owned()]).await;
+    let mut operator = operator(&server).await;
+    let describe = |name: &str| DescribeKeyRequest {
+        key: Some(key(name)),
+    };
+    let queued = operator
+        .describe_key(describe("api"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(queued.phase(), KeyPhase::Queued);
+    assert_eq!(queued.shard, shard_of(RS, "default", "api", SHARDS));
+    assert!(queued.ready_since.is_some() && queued.last_outcome.is_none());
+
+    let mut worker = Worker::connect(&mut client, &[RS]).await;
+    worker.credit(1).await;
+    let item = worker.item().await;
+    let leased = operator
+        .describe_key(describe("api"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(leased.phase(), KeyPhase::Leased);
+    assert_eq!(leased.worker_id, "test");
+    assert!(leased.lease_deadline.is_some());
+    // Its Work stream granted one item and holds it: no credit left.
+    let stats = client
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let streams: Vec<_> = stats
+        .workers
+        .iter()
+        .map(|w| (w.worker_id.as_str(), w.credits, w.in_flight))
+        .collect();
+    assert_eq!(streams, [("test", 0, 1)]);
+
+    let reason = "replicasets \"api\" is forbidden";
+    let (applied, _) = worker
+        .finish(
+            &item,
+            outcome::Result::Failed(Failed {
+                reason: reason.into(),
+            }),
+            item.epoch,
+        )
+        .await;
+    assert!(applied);
+    let failed = operator
+        .describe_key(describe("api"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(failed.failures, 1);
+    assert!(
+        matches!(failed.phase(), KeyPhase::Delayed | KeyPhase::Queued),
+        "backing off, or ready again after the first 5 ms: {failed:?}"
+    );
+    let last = failed.last_outcome.unwrap();
+    assert_eq!(last.kind(), OutcomeKind::Failed);
+    assert_eq!((last.error.as_str(), last.attempt), (reason, 1));
+    assert_eq!(last.worker_id, "test");
+
+    // A key never added is absent; bad input names the field.
+    let absent = operator
+        .describe_key(describe("never"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(absent.phase(), KeyPhase::Absent);
+    assert!(absent.last_outcome.is_none());
+    let bad = operator
+        .describe_key(DescribeKeyRequest {
+            key: Some(WorkKey {
+                controller: "example.com/v1/Nope".into(),
+                ..key("api")
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(
+        bad.message()
+            .starts_with("key.controller: unknown controller"),
+        "{bad:?}"
+    );
+    let missing = operator
+        .describe_key(DescribeKeyRequest { key: None })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.message(), "key: required");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn describe_key_of_a_shard_not_served_here_says_where_to_go() {
+    let server = Server::start(&["--static-shards=false"]).await;
+    let mut operator = operator(&server).await;
+    let status = operator
+        .describe_key(DescribeKeyRequest {
+            key: Some(key("orphan")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    let detail = NotShardOwner::decode(status.details()).unwrap();
+    assert_eq!(detail.shard, shard_of(RS, "default", "orphan", SHARDS));
     server.stop().await;
 }

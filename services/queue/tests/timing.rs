@@ -51,7 +51,7 @@ fn add(name: &str, delay: Duration) -> Add {
 
 async fn worker(handle: &Handle, credits: u32) -> (u64, mpsc::UnboundedReceiver<ToWorker>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let id = handle.connect(vec![], tx).await.unwrap();
+    let id = handle.connect("timing".into(), vec![], tx).await.unwrap();
     handle
         .send(Command::Credit {
             worker: id,
@@ -125,6 +125,7 @@ async fn failures_back_off_exponentially() {
                 lease: lease.id,
                 outcome: Outcome::Failed,
                 observed: Default::default(),
+                error: Some("still failing".into()),
             })
             .await
             .unwrap();

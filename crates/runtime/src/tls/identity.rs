@@ -18,15 +18,20 @@ pub enum Role {
     Elector,
     /// Operators' tools: read-only calls (stats, the shard map).
     Observer,
+    /// Operators' hands (`kubectl switchyard`): what the observer reads, plus a key's state
+    /// and last error (`Queue.DescribeKey`) and draining a queue member
+    /// (`Elector.DrainMember`).
+    Operator,
 }
 
 impl Role {
-    pub const ALL: [Role; 5] = [
+    pub const ALL: [Role; 6] = [
         Role::Watcher,
         Role::Queue,
         Role::Reconciler,
         Role::Elector,
         Role::Observer,
+        Role::Operator,
     ];
 
     /// The service account (without a prefix) whose certificates carry this role.
@@ -37,6 +42,7 @@ impl Role {
             Role::Reconciler => "switchyard-reconciler",
             Role::Elector => "switchyard-elector",
             Role::Observer => "switchyard-observer",
+            Role::Operator => "switchyard-operator",
         }
     }
 
@@ -56,6 +62,7 @@ impl fmt::Display for Role {
             Role::Reconciler => "reconciler",
             Role::Elector => "elector",
             Role::Observer => "observer",
+            Role::Operator => "operator",
         })
     }
 }

@@ -43,9 +43,10 @@ pub use key::{
     ControllerId, KeyError, KeySpace, MAX_NAME_LEN, MAX_NAMESPACE_LEN, ValidKey, WorkKey,
 };
 pub use queue::{
-    AddOutcome, Cause, Error, InvalidLeaseId, Lease, LeaseId, LeaseIds, MAX_CAUSES,
-    MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, MAX_LEASE_EXTENSION, Outcome, Priority, Queue,
-    QueueConfig, ReadFloor, Refused, Result, SequentialLeaseIds, ShardStats, Totals, WorkerId,
+    AddOutcome, Cause, DEFAULT_OUTCOME_HISTORY, Error, History, InvalidLeaseId, KeyPhase, KeyView,
+    LastOutcome, Lease, LeaseId, LeaseIds, MAX_CAUSES, MAX_ERROR_BYTES, MAX_FLOOR_KIND_LEN,
+    MAX_FLOOR_KINDS, MAX_LEASE_EXTENSION, Outcome, OutcomeKind, Priority, Queue, QueueConfig,
+    ReadFloor, Refused, Result, SequentialLeaseIds, ShardStats, Totals, TraceId, WorkerId,
 };
 
 /// Credits one message of a work stream may grant: the queue refuses more, and the queue

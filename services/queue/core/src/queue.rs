@@ -4,7 +4,8 @@
 //! - [`lease`]: leases, their deadlines and the outcomes that end them;
 //! - [`causes`]: what caused a key's adds, handed out with its next lease;
 //! - [`floor`]: per shard, the cache versions its reconciles read at, handed out with leases;
-//! - [`stats`]: figures per controller and shard, and running totals.
+//! - [`stats`]: figures per controller and shard, and running totals;
+//! - [`inspect`] and [`history`]: one key now, and how its latest lease ended.
 
 use std::{
     cmp::Reverse,
@@ -19,6 +20,8 @@ use crate::{
 
 mod causes;
 mod floor;
+mod history;
+mod inspect;
 mod lease;
 mod stats;
 #[cfg(test)]
@@ -27,6 +30,11 @@ mod tests;
 use causes::Causes;
 pub use causes::{Cause, MAX_CAUSES};
 pub use floor::{MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, ReadFloor};
+use history::History as OutcomeHistory;
+pub use history::{
+    DEFAULT_OUTCOME_HISTORY, History, LastOutcome, MAX_ERROR_BYTES, OutcomeKind, TraceId,
+};
+pub use inspect::{KeyPhase, KeyView};
 pub use lease::{
     InvalidLeaseId, Lease, LeaseId, LeaseIds, MAX_LEASE_EXTENSION, SequentialLeaseIds, WorkerId,
 };
@@ -198,6 +206,8 @@ pub struct Queue {
     lease_ids: Box<dyn LeaseIds>,
     cursor: usize,
     totals: Totals,
+    /// How recently finished keys' latest leases ended.
+    history: OutcomeHistory,
 }
 
 impl Queue {
@@ -229,6 +239,7 @@ impl Queue {
             lease_ids: Box::new(lease_ids),
             cursor: 0,
             totals: Totals::default(),
+            history: OutcomeHistory::new(DEFAULT_OUTCOME_HISTORY),
         }
     }
 

@@ -6,7 +6,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{Cause, Causes, Due, Outcome, Priority, Queue, ReadFloor, Refused, ShardState, State};
+use super::{
+    Cause, Causes, Due, Outcome, OutcomeKind, Priority, Queue, ReadFloor, Refused, ShardState,
+    State,
+};
 use crate::key::{ControllerId, ValidKey};
 
 /// Lease extensions longer than this are refused: a reconcile that needs more should extend
@@ -157,6 +160,7 @@ impl Queue {
             if let Some(l) = self.leases.get(&id).filter(|l| l.deadline == deadline) {
                 expired.push((l.key.controller(), l.key.shard()));
                 self.totals.lease_expirations += 1;
+                self.note_end(id, OutcomeKind::LeaseExpired, None, now);
                 self.finish(id, Finish::Retry, now);
             }
         }
@@ -279,8 +283,31 @@ impl Queue {
         outcome: Outcome,
         now: Instant,
     ) -> Result<Duration, Refused> {
+        self.complete_with_error(worker, shard, epoch, lease, outcome, None, now)
+    }
+
+    /// [`complete`](Self::complete), with the reason a failed reconcile gave: the key's
+    /// latest outcome keeps it (at most [`MAX_ERROR_BYTES`](super::MAX_ERROR_BYTES)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn complete_with_error(
+        &mut self,
+        worker: WorkerId,
+        shard: u32,
+        epoch: u64,
+        lease: LeaseId,
+        outcome: Outcome,
+        error: Option<&str>,
+        now: Instant,
+    ) -> Result<Duration, Refused> {
         let info = self.check_lease(worker, shard, epoch, lease)?;
         let worked = now.saturating_duration_since(info.leased_at);
+        let kind = match outcome {
+            Outcome::Done => OutcomeKind::Done,
+            Outcome::RequeueAfter(_) => OutcomeKind::RequeueAfter,
+            Outcome::Failed => OutcomeKind::Failed,
+            Outcome::Forget => OutcomeKind::Forget,
+        };
+        self.note_end(lease, kind, error, now);
         let finish = match outcome {
             Outcome::Done | Outcome::Forget => Finish::Forget(None),
             Outcome::RequeueAfter(d) => Finish::Forget(Some(now + d)),

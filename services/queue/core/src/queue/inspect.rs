@@ -1,0 +1,249 @@
+//! One key, looked at: where it stands now and how its latest lease ended (`DescribeKey`,
+//! `kubectl switchyard why`).
+
+use std::time::Instant;
+
+use super::{
+    LeaseId, Queue, ShardState, State, WorkerId,
+    history::{History, LastOutcome, OutcomeKind, TraceId, truncate_error},
+};
+use crate::key::ValidKey;
+
+/// Where a held key stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyPhase {
+    /// Not held: never added, or finished and not added since.
+    Absent,
+    /// Ready since then, waiting for a worker.
+    Queued { since: Instant },
+    /// Ready at that time (a backoff after failures, a requeue after, a delayed add).
+    Delayed { until: Instant },
+    /// Leased to `worker` until `deadline`; `readd_pending` when added again meanwhile.
+    Leased {
+        worker: WorkerId,
+        deadline: Instant,
+        readd_pending: bool,
+    },
+}
+
+/// A key as the replica that serves its shard sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyView<'a> {
+    pub epoch: u64,
+    pub phase: KeyPhase,
+    /// Failures not yet forgotten.
+    pub failures: u32,
+    pub last: Option<&'a LastOutcome>,
+}
+
+impl Queue {
+    /// Remembers the latest outcome of at most `capacity` keys (see [`History`]) instead of
+    /// [`DEFAULT_OUTCOME_HISTORY`](super::DEFAULT_OUTCOME_HISTORY).
+    pub fn with_outcome_history(mut self, capacity: usize) -> Self {
+        self.history = History::new(capacity);
+        self
+    }
+
+    /// Keys whose latest outcome is remembered.
+    pub fn outcomes_remembered(&self) -> usize {
+        self.history.len()
+    }
+
+    /// `key` now, or `None` when its shard is not served here (draining shards count: their
+    /// leases still finish here).
+    pub fn describe(&self, key: &ValidKey) -> Option<KeyView<'_>> {
+        let epoch = match self.shards.get(&key.shard())? {
+            ShardState::Active(e) | ShardState::Draining(e) => *e,
+        };
+        let entry = self.controllers[key.controller() as usize]
+            .entries
+            .get(key.object());
+        let phase = match entry.map(|e| &e.state) {
+            None => KeyPhase::Absent,
+            Some(State::Ready(_)) => KeyPhase::Queued {
+                since: entry.map_or_else(Instant::now, |e| e.ready_since),
+            },
+            Some(State::Delayed(until)) => KeyPhase::Delayed { until: *until },
+            Some(State::Leased { pending }) => {
+                let lease = self.leases.values().find(|l| l.key == *key);
+                match lease {
+                    Some(lease) => KeyPhase::Leased {
+                        worker: lease.worker,
+                        deadline: lease.deadline,
+                        readd_pending: pending.is_some(),
+                    },
+                    // A leased entry always has its lease; answer absent rather than guess.
+                    None => KeyPhase::Absent,
+                }
+            }
+        };
+        Some(KeyView {
+            epoch,
+            phase,
+            failures: entry.map_or(0, |e| e.failures),
+            last: self.history.get(key),
+        })
+    }
+
+    /// Records how lease `id` ends, before it is finished. Nothing for an unknown lease.
+    pub(super) fn note_end(
+        &mut self,
+        id: LeaseId,
+        kind: OutcomeKind,
+        error: Option<&str>,
+        now: Instant,
+    ) {
+        if self.history.capacity() == 0 {
+            return;
+        }
+        let Some(info) = self.leases.get(&id) else {
+            return;
+        };
+        let failures = self.controllers[info.key.controller() as usize]
+            .entries
+            .get(info.key.object())
+            .map_or(0, |e| e.failures);
+        let outcome = LastOutcome {
+            kind,
+            finished_at: now,
+            attempt: failures.saturating_add(1),
+            error: error.map(truncate_error),
+            trace_id: TraceId::of_causes(&info.causes.kept),
+            worker: info.worker,
+            duration: now.saturating_duration_since(info.leased_at),
+        };
+        let key = info.key.clone();
+        self.history.record(&key, outcome);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use super::*;
+    use crate::{
+        BackoffConfig, KeySpace, Outcome, Priority, QueueConfig, SequentialLeaseIds, queue::Cause,
+    };
+
+    const RS: &str = "apps/v1/ReplicaSet";
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+    fn queue(history: usize) -> (Queue, KeySpace, Instant) {
+        let mut q = Queue::new(
+            QueueConfig {
+                shard_count: 4,
+                lease_timeout: Duration::from_secs(10),
+                capacity: 100,
+                backoff: BackoffConfig {
+                    qps: 0.0,
+                    ..Default::default()
+                },
+            },
+            &[RS],
+            SequentialLeaseIds::default(),
+        )
+        .with_outcome_history(history);
+        for shard in 0..4 {
+            q.acquire(shard, 7);
+        }
+        (q, KeySpace::new(&[RS], 4), Instant::now())
+    }
+
+    fn traced() -> Cause {
+        Arc::from(vec![(
+            "traceparent".to_owned(),
+            format!("00-{TRACE}-00f067aa0ba902b7-01"),
+        )])
+    }
+
+    #[test]
+    fn a_failing_key_shows_its_backoff_error_trace_and_worker() {
+        let (mut q, space, now) = queue(8);
+        let key = space.validate_parts(RS, "web", "api").unwrap();
+        assert_eq!(q.describe(&key).unwrap().phase, KeyPhase::Absent);
+        q.add_caused(&key, Priority::Normal, Duration::ZERO, Some(traced()), now)
+            .unwrap();
+        assert_eq!(
+            q.describe(&key).unwrap().phase,
+            KeyPhase::Queued { since: now }
+        );
+
+        let lease = q.lease(3, &[], now).unwrap();
+        let view = q.describe(&key).unwrap();
+        assert_eq!(
+            view.phase,
+            KeyPhase::Leased {
+                worker: 3,
+                deadline: lease.deadline,
+                readd_pending: false
+            }
+        );
+        assert_eq!(view.epoch, 7);
+
+        let later = now + Duration::from_millis(40);
+        q.complete_with_error(
+            3,
+            lease.shard(),
+            lease.epoch,
+            lease.id,
+            Outcome::Failed,
+            Some("replicasets \"api\" is forbidden"),
+            later,
+        )
+        .unwrap();
+        let view = q.describe(&key).unwrap();
+        assert_eq!(view.failures, 1);
+        assert!(matches!(view.phase, KeyPhase::Delayed { until } if until > later));
+        let last = view.last.expect("the outcome is remembered");
+        assert_eq!(last.kind, OutcomeKind::Failed);
+        assert_eq!(
+            last.error.as_deref(),
+            Some("replicasets \"api\" is forbidden")
+        );
+        assert_eq!(last.trace_id.map(|t| t.to_string()).as_deref(), Some(TRACE));
+        assert_eq!((last.worker, last.attempt), (3, 1));
+        assert_eq!(last.duration, Duration::from_millis(40));
+
+        // The retry is the second attempt; its lease expires unanswered.
+        let retry_at = later + Duration::from_secs(1);
+        q.advance(retry_at);
+        let lease = q.lease(4, &[], retry_at).unwrap();
+        assert_eq!(lease.attempt, 2);
+        q.advance(lease.deadline);
+        let last = q.describe(&key).unwrap().last.unwrap().clone();
+        assert_eq!(last.kind, OutcomeKind::LeaseExpired);
+        assert_eq!((last.worker, last.attempt), (4, 2));
+        assert_eq!(last.error, None);
+        assert_eq!(q.describe(&key).unwrap().failures, 2);
+    }
+
+    #[test]
+    fn done_keys_are_remembered_within_the_bound_only() {
+        let (mut q, space, now) = queue(2);
+        for name in ["a", "b", "c"] {
+            let key = space.validate_parts(RS, "ns", name).unwrap();
+            q.add(&key, Priority::Normal, Duration::ZERO, now).unwrap();
+            let lease = q.lease(1, &[], now).unwrap();
+            q.complete(1, lease.shard(), lease.epoch, lease.id, Outcome::Done, now)
+                .unwrap();
+        }
+        assert_eq!(q.outcomes_remembered(), 2);
+        let a = space.validate_parts(RS, "ns", "a").unwrap();
+        let c = space.validate_parts(RS, "ns", "c").unwrap();
+        assert!(q.describe(&a).unwrap().last.is_none());
+        assert_eq!(
+            q.describe(&c).unwrap().last.unwrap().kind,
+            OutcomeKind::Done
+        );
+        assert_eq!(q.describe(&c).unwrap().phase, KeyPhase::Absent);
+        q.release(0);
+        q.release(1);
+        q.release(2);
+        q.release(3);
+        assert!(
+            q.describe(&c).is_none(),
+            "a shard not served is not described"
+        );
+    }
+}

@@ -1,0 +1,93 @@
+//! `Queue.DescribeKey` at the edge: validates the key, asks the actor, and converts what it
+//! answers (`kubectl switchyard why`). The key's shard must be served here; a caller that
+//! asked the wrong replica is redirected as an enqueue is.
+
+use switchyard_proto::{common::v1::WorkKey as ProtoKey, queue::v1 as pb};
+use switchyard_queue_core::{KeyError, KeyPhase, OutcomeKind};
+
+use crate::{
+    actor::Described,
+    grpc::{EdgeError, QueueService, duration, timestamp},
+};
+
+/// Bytes of a worker's id kept from its hello: a pod name and a suffix fit.
+pub const MAX_WORKER_ID_BYTES: usize = 253;
+
+impl QueueService {
+    pub(crate) async fn describe_key(
+        &self,
+        request: pb::DescribeKeyRequest,
+    ) -> Result<pb::DescribeKeyResponse, EdgeError> {
+        let key = request
+            .key
+            .ok_or_else(|| EdgeError::Invalid("key: required".into()))?;
+        let valid = self
+            .keys()
+            .validate_parts(&key.controller, &key.namespace, &key.name)
+            .map_err(|error| match error {
+                KeyError::InvalidArgument { field, reason } => {
+                    EdgeError::Invalid(format!("key.{field}: {reason}"))
+                }
+                KeyError::UnknownController(name) => {
+                    EdgeError::Invalid(format!("key.controller: unknown controller {name:?}"))
+                }
+            })?;
+        let shard = valid.shard();
+        match self.handle().describe(valid).await? {
+            Some(described) => Ok(response(key, shard, described)),
+            None => Err(self.not_owner(shard)),
+        }
+    }
+}
+
+fn response(key: ProtoKey, shard: u32, described: Described) -> pb::DescribeKeyResponse {
+    let mut response = pb::DescribeKeyResponse {
+        key: Some(key),
+        shard,
+        epoch: described.epoch,
+        failures: described.failures,
+        ..Default::default()
+    };
+    let phase = match described.phase {
+        KeyPhase::Absent => pb::KeyPhase::Absent,
+        KeyPhase::Queued { since } => {
+            response.ready_since = Some(timestamp(since));
+            pb::KeyPhase::Queued
+        }
+        KeyPhase::Delayed { until } => {
+            response.ready_at = Some(timestamp(until));
+            pb::KeyPhase::Delayed
+        }
+        KeyPhase::Leased {
+            deadline,
+            readd_pending,
+            ..
+        } => {
+            response.lease_deadline = Some(timestamp(deadline));
+            response.readd_pending = readd_pending;
+            response.worker_id = described.holder.as_deref().unwrap_or_default().to_owned();
+            pb::KeyPhase::Leased
+        }
+    };
+    response.set_phase(phase);
+    response.last_outcome = described.last.map(|(last, worker)| {
+        let mut out = pb::LastOutcome {
+            finished_at: Some(timestamp(last.finished_at)),
+            attempt: last.attempt,
+            error: last.error.as_deref().unwrap_or_default().to_owned(),
+            trace_id: last.trace_id.map(|t| t.to_string()).unwrap_or_default(),
+            worker_id: worker.as_deref().unwrap_or_default().to_owned(),
+            duration: duration(last.duration),
+            ..Default::default()
+        };
+        out.set_kind(match last.kind {
+            OutcomeKind::Done => pb::OutcomeKind::Done,
+            OutcomeKind::RequeueAfter => pb::OutcomeKind::RequeueAfter,
+            OutcomeKind::Failed => pb::OutcomeKind::Failed,
+            OutcomeKind::Forget => pb::OutcomeKind::Forget,
+            OutcomeKind::LeaseExpired => pb::OutcomeKind::LeaseExpired,
+        });
+        out
+    });
+    response
+}

@@ -1,0 +1,695 @@
+//! `kubectl switchyard` against a running topology on the real control plane: etcd, an
+//! elector, two queue replicas, a watcher and a reconciler as processes, all on mutual TLS.
+//!
+//! - `status` shows the shard count, every shard held once, the backlog of a controller that
+//!   no reconciler serves (seven keys the test enqueues), the reconciler's Work stream, and
+//!   every service's readiness and version from its admin port;
+//! - `top` (bounded by `--iterations`) shows that backlog and the reconciles' work p99;
+//! - `why` finds a ReplicaSet whose Pods the apiserver refuses (a quota of no Pods): its key
+//!   backs off with retries and its last error is the apiserver's refusal; the observer
+//!   identity is refused `why`;
+//! - `drain` moves every shard off one replica and waits; `--undo` gives it shards again;
+//! - an address where nothing listens is named in the error, with the reason;
+//! - through a kubeconfig and `--context`, `status` lists the installation's workloads.
+//!
+//! Needs the plugin and the services built (`cargo build --bins`).
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    process::Output,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use switchyard_k8s::{
+    Api, PostParams, ReplicaSet,
+    k8s_openapi::api::core::v1::ResourceQuota,
+    kube::api::{Patch, PatchParams},
+};
+use switchyard_proto::{
+    common::v1::WorkKey,
+    elector::v1::{GetShardMapRequest, elector_client::ElectorClient},
+    queue::v1::{EnqueueItem, EnqueueRequest, queue_client::QueueClient},
+};
+use switchyard_queue_core::shard::shard_of;
+use switchyard_runtime::Role;
+use switchyard_testenv::{ControlPlane, Etcd, Pki, ServiceProcess, TestNamespace, manifests};
+use switchyard_tests::{CONVERGE_TIMEOUT, fleet::Spec, service_binary};
+
+const SHARDS: u32 = 16;
+/// A controller the queue serves and no reconciler runs: its keys stay queued.
+const IDLE: &str = "example.com/v1/Idle";
+const IDLE_KEYS: u64 = 7;
+const CONTROLLERS: &str =
+    "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace,example.com/v1/Idle";
+const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
+/// The whole test, however it goes; its processes are killed when it ends.
+const TEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long one plugin run may take.
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Plugin {
+    elector: String,
+    admins: Vec<String>,
+}
+
+impl Plugin {
+    /// Runs `kubectl-switchyard` as `role` with the topology's addresses and `args`.
+    async fn run(&self, role: Role, args: &[&str]) -> Output {
+        let mut command = tokio::process::Command::new(service_binary("kubectl-switchyard"));
+        command
+            .args(Pki::shared().flags(role))
+            .arg(format!("--elector-addr={}", self.elector))
+            .arg(format!("--admin-addr={}", self.admins.join(",")))
+            .args(args)
+            .env_remove("SWITCHYARD_QUEUE_ADDR")
+            .env_remove("KUBECONFIG")
+            .kill_on_drop(true);
+        tokio::time::timeout(RUN_TIMEOUT, command.output())
+            .await
+            .unwrap_or_else(|_| panic!("kubectl switchyard {args:?} ended within {RUN_TIMEOUT:?}"))
+            .unwrap()
+    }
+
+    /// Runs it and parses its JSON output; panics with stderr when it fails.
+    async fn json(&self, role: Role, args: &[&str]) -> Value {
+        let output = self.run(role, args).await;
+        assert!(
+            output.status.success(),
+            "kubectl switchyard {args:?}: {}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{args:?} printed JSON: {e}\n{}",
+                String::from_utf8_lossy(&output.stdout)
+            )
+        })
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_shows_status_top_why_and_drains_a_running_topology() {
+    tokio::time::timeout(TEST_TIMEOUT, plugin_against_a_topology())
+        .await
+        .unwrap_or_else(|_| panic!("the test did not end within {TEST_TIMEOUT:?}"));
+}
+
+async fn plugin_against_a_topology() {
+    let start = Instant::now();
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let refused = TestNamespace::create(plane, &client, "plugin-refused")
+        .await
+        .unwrap();
+    // A quota of no Pods, with the status kube-controller-manager's quota controller would
+    // write (none runs here): the apiserver refuses every Pod of the namespace.
+    let quotas = Api::<ResourceQuota>::namespaced(client.clone(), refused.name());
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "no-pods"},
+        "spec": {"hard": {"pods": "0"}},
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    quotas
+        .patch_status(
+            "no-pods",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}})),
+        )
+        .await
+        .unwrap();
+
+    let etcd = Etcd::start().await.unwrap();
+    let config = plane.dir().join(format!("watcher-{}.yaml", refused.name()));
+    std::fs::write(
+        &config,
+        format!(
+            "{}namespaces:\n  include: [{}]\n",
+            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
+            refused.name()
+        ),
+    )
+    .unwrap();
+    let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
+    let shards = format!("--shard-count={SHARDS}");
+    let etcd_env = vec![(
+        "SWITCHYARD_ETCD_ENDPOINTS".to_owned(),
+        etcd.endpoint().to_owned(),
+    )];
+    let mut running: Vec<ServiceProcess> = Vec::new();
+    let elector = Spec {
+        envs: etcd_env.clone(),
+        ..Spec::new(
+            "elector",
+            service_binary("switchyard-elector"),
+            vec![shards.clone()],
+        )
+    }
+    .start()
+    .await;
+    let elector_grpc = elector.grpc_addr().to_string();
+    let elector_addr = format!("--elector-addr={elector_grpc}");
+    running.push(elector);
+    for i in 0..2 {
+        let queue = Spec {
+            envs: etcd_env.clone(),
+            ..Spec::new(
+                format!("queue-{i}"),
+                service_binary("switchyard-queue"),
+                vec![
+                    format!("--member-id=q{i}"),
+                    shards.clone(),
+                    elector_addr.clone(),
+                    format!("--controllers={CONTROLLERS}"),
+                    "--drain-grace=2s".into(),
+                ],
+            )
+        }
+        .start()
+        .await;
+        running.push(queue);
+    }
+    let watcher = Spec::new(
+        "watcher",
+        service_binary("switchyard-watcher"),
+        vec![
+            kubeconfig.clone(),
+            format!("--config={}", config.display()),
+            elector_addr.clone(),
+        ],
+    )
+    .start()
+    .await;
+    let watcher_addr = format!("--watcher-addr={}", watcher.grpc_addr());
+    running.push(watcher);
+    let reconciler = Spec::new(
+        "reconciler",
+        service_binary("switchyard-reconciler"),
+        vec![
+            kubeconfig.clone(),
+            elector_addr.clone(),
+            shards.clone(),
+            watcher_addr,
+            "--worker-id=r0".into(),
+        ],
+    )
+    .start()
+    .await;
+    running.push(reconciler);
+    println!("{:>5.1}s topology ready", start.elapsed().as_secs_f64());
+
+    let plugin = Plugin {
+        elector: elector_grpc.clone(),
+        admins: running.iter().map(|p| p.admin_addr().to_string()).collect(),
+    };
+
+    // The failing object, and the idle backlog (each key sent to its shard's owner, as the
+    // watcher sends keys).
+    Api::<ReplicaSet>::namespaced(client.clone(), refused.name())
+        .create(&PostParams::default(), &manifests::replica_set("web", 1))
+        .await
+        .unwrap();
+    let mut map_client = ElectorClient::new(
+        Pki::shared()
+            .channel(Role::Observer, Role::Elector, &elector_grpc)
+            .await
+            .unwrap(),
+    );
+    let map = map_client
+        .get_shard_map(GetShardMapRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    for i in 0..IDLE_KEYS {
+        let name = format!("idle-{i}");
+        let shard = shard_of(IDLE, "plugin", &name, SHARDS);
+        let owner = &map.shards[shard as usize].address;
+        let mut queue = QueueClient::new(
+            Pki::shared()
+                .channel(Role::Watcher, Role::Queue, owner)
+                .await
+                .unwrap(),
+        );
+        queue
+            .enqueue(EnqueueRequest {
+                batch_id: i,
+                shard,
+                items: vec![EnqueueItem {
+                    key: Some(WorkKey {
+                        controller: IDLE.into(),
+                        namespace: "plugin".into(),
+                        name,
+                    }),
+                    ..Default::default()
+                }],
+            })
+            .await
+            .unwrap();
+    }
+
+    // status: the shard map, the backlog, the reconciler, every service.
+    let status = plugin.json(Role::Observer, &["status", "-o", "json"]).await;
+    assert_eq!(status["elector"]["shard_count"], SHARDS, "{status:#}");
+    assert!(
+        !status["elector"]["leader"].as_str().unwrap().is_empty(),
+        "an elector leads: {status:#}"
+    );
+    assert_eq!(status["unassigned_shards"], 0, "{status:#}");
+    let replicas = status["queue_replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 2, "{status:#}");
+    let held: usize = replicas
+        .iter()
+        .map(|r| r["shards"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(held, SHARDS as usize, "every shard held once: {status:#}");
+    for replica in replicas {
+        assert_eq!(replica["reachable"], true, "{replica:#}");
+        for shard in replica["shards"].as_array().unwrap() {
+            assert!(shard["epoch"].as_u64().unwrap() > 0, "{shard}");
+        }
+    }
+    let idle = status["backlog"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["controller"] == IDLE)
+        .unwrap_or_else(|| panic!("{IDLE} in the backlog: {status:#}"));
+    assert_eq!(idle["depth"], IDLE_KEYS, "{idle:#}");
+    assert_eq!(idle["in_flight"], 0, "{idle:#}");
+    assert!(
+        status["reconcilers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["worker_id"] == "r0" && w["credits"].as_u64().unwrap() > 0),
+        "the reconciler's Work streams with their credits: {status:#}"
+    );
+    let services = status["services"].as_array().unwrap();
+    for (service, count) in [
+        ("switchyard-elector", 1),
+        ("switchyard-queue", 2),
+        ("switchyard-watcher", 1),
+        ("switchyard-reconciler", 1),
+    ] {
+        let s = services
+            .iter()
+            .find(|s| s["service"] == service)
+            .unwrap_or_else(|| panic!("{service} in {status:#}"));
+        assert_eq!(
+            (s["replicas"].clone(), s["ready"].clone()),
+            (json!(count), json!(count))
+        );
+        assert_eq!(s["versions"], json!([env!("CARGO_PKG_VERSION")]), "{s}");
+    }
+    assert!(
+        status["problems"].as_array().unwrap().is_empty(),
+        "{status:#}"
+    );
+    // The table says the same for people (not a terminal: no colour codes).
+    let table = plugin.run(Role::Observer, &["status"]).await;
+    let table = text(&table.stdout);
+    assert!(
+        table.contains("QUEUE REPLICA") && table.contains(IDLE),
+        "{table}"
+    );
+    assert!(
+        !table.contains('\x1b'),
+        "no colour off a terminal: {table:?}"
+    );
+    println!("{:>5.1}s status checked", start.elapsed().as_secs_f64());
+
+    // why: the refused ReplicaSet's key backs off with the apiserver's refusal as its error.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let why = loop {
+        let why = plugin
+            .json(
+                Role::Operator,
+                &["why", "replicaset/web", "-n", refused.name(), "-o", "json"],
+            )
+            .await;
+        if why["last_outcome"]["result"] == "failed" && why["retries"].as_u64() >= Some(1) {
+            break why;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the refused ReplicaSet's reconcile failed within {CONVERGE_TIMEOUT:?}: {why:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let error = why["last_outcome"]["error"].as_str().unwrap();
+    assert!(
+        error.contains("forbidden") || error.contains("quota"),
+        "the apiserver's refusal: {why:#}"
+    );
+    assert_eq!(why["controller"], "apps/v1/ReplicaSet");
+    assert_eq!(
+        why["shard"].as_u64().unwrap(),
+        u64::from(shard_of(
+            "apps/v1/ReplicaSet",
+            refused.name(),
+            "web",
+            SHARDS
+        ))
+    );
+    assert!(
+        ["q0", "q1"].contains(&why["queue_replica"].as_str().unwrap()),
+        "{why:#}"
+    );
+    assert_eq!(why["last_outcome"]["worker"], "r0", "{why:#}");
+    assert!(
+        ["delayed", "leased", "queued"].contains(&why["state"].as_str().unwrap()),
+        "{why:#}"
+    );
+    let table = text(
+        &plugin
+            .run(Role::Operator, &["why", "rs/web", "-n", refused.name()])
+            .await
+            .stdout,
+    );
+    // Each retry's error names another refused Pod: the apiserver's words are the same.
+    assert!(
+        table.contains("last error") && table.contains("is forbidden"),
+        "{table}"
+    );
+    // Keys and errors are for operators: the observer is refused, and told why.
+    let denied = plugin
+        .run(
+            Role::Observer,
+            &["why", "replicaset/web", "-n", refused.name()],
+        )
+        .await;
+    assert!(!denied.status.success());
+    let stderr = text(&denied.stderr);
+    assert!(
+        stderr.contains("refused DescribeKey: PermissionDenied")
+            && stderr.contains("switchyard-operator"),
+        "{stderr}"
+    );
+    // An object no controller reconciles is named as such.
+    let unknown = plugin.run(Role::Operator, &["why", "pod/x"]).await;
+    assert!(
+        text(&unknown.stderr).contains("no controller of the queue reconciles \"pod\""),
+        "{}",
+        text(&unknown.stderr)
+    );
+    println!("{:>5.1}s why checked", start.elapsed().as_secs_f64());
+
+    // top, bounded: the idle backlog, and the reconciles' work p99.
+    let top = plugin
+        .run(
+            Role::Observer,
+            &["top", "--iterations=2", "--interval=500ms", "-o", "json"],
+        )
+        .await;
+    assert!(top.status.success(), "{}", text(&top.stderr));
+    let frames: Vec<Value> = text(&top.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(frames.len(), 2, "{frames:#?}");
+    for frame in &frames {
+        assert_eq!(frame["replicas"], 2, "{frame:#}");
+        let row = |name: &str| {
+            frame["controllers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["controller"] == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("{name} in {frame:#}"))
+        };
+        assert_eq!(row(IDLE)["depth"], IDLE_KEYS as f64, "{frame:#}");
+        assert!(
+            row("apps/v1/ReplicaSet")["work_p99_seconds"]
+                .as_f64()
+                .is_some(),
+            "{frame:#}"
+        );
+    }
+    println!("{:>5.1}s top checked", start.elapsed().as_secs_f64());
+
+    // drain: every shard leaves q0, then --undo gives it shards again.
+    let before = map_client
+        .get_shard_map(GetShardMapRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let q0_before = before.shards.iter().filter(|s| s.member_id == "q0").count();
+    assert!(q0_before > 0, "q0 holds shards before the drain");
+    let refused_drain = plugin.run(Role::Observer, &["drain", "q0"]).await;
+    assert!(
+        !refused_drain.status.success()
+            && text(&refused_drain.stderr).contains("refused DrainMember: PermissionDenied"),
+        "{}",
+        text(&refused_drain.stderr)
+    );
+    let drained = plugin
+        .json(
+            Role::Operator,
+            &["drain", "q0", "--timeout=60s", "-o", "json"],
+        )
+        .await;
+    assert_eq!(drained["shards_before"], q0_before as u64, "{drained:#}");
+    assert_eq!(drained["moved_to"], json!({"q1": q0_before}), "{drained:#}");
+    let after = map_client
+        .get_shard_map(GetShardMapRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        after
+            .shards
+            .iter()
+            .all(|s| s.member_id == "q1" && s.state == 1),
+        "every shard active on q1: {after:?}"
+    );
+    let status = plugin.json(Role::Observer, &["status", "-o", "json"]).await;
+    let q0 = status["queue_replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["member_id"] == "q0")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (q0["draining"].clone(), q0["serving"].clone()),
+        (json!(true), json!(0))
+    );
+    // The last replica not draining cannot be drained: its shards would have nowhere to go.
+    let last = plugin.run(Role::Operator, &["drain", "q1"]).await;
+    assert!(
+        text(&last.stderr).contains("no other member could take its shards"),
+        "{}",
+        text(&last.stderr)
+    );
+    plugin
+        .json(Role::Operator, &["drain", "q0", "--undo", "-o", "json"])
+        .await;
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let map = map_client
+            .get_shard_map(GetShardMapRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let q0 = map
+            .shards
+            .iter()
+            .filter(|s| s.member_id == "q0" && s.state == 1)
+            .count();
+        if q0 > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "q0 got shards again after --undo"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("{:>5.1}s drain checked", start.elapsed().as_secs_f64());
+
+    // Nothing listens here: the error names the address and the reason.
+    let nowhere = {
+        // A port that was free a moment ago: bound, then closed.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let mut command = tokio::process::Command::new(service_binary("kubectl-switchyard"));
+    let output = command
+        .args(Pki::shared().flags(Role::Observer))
+        .arg(format!("--elector-addr={nowhere}"))
+        .args(["status", "--call-timeout=3s"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(&format!("the elector at {nowhere} is unreachable"))
+            && stderr.to_lowercase().contains("connection refused"),
+        "{stderr}"
+    );
+    // The rest answers: the status is printed, the unreachable admin port named among its
+    // problems, and the exit code says something is wrong.
+    let degraded = Plugin {
+        elector: elector_grpc.clone(),
+        admins: vec![running[0].admin_addr().to_string(), nowhere.clone()],
+    };
+    let output = degraded
+        .run(Role::Observer, &["status", "-o", "json"])
+        .await;
+    assert!(!output.status.success());
+    let status: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(status["elector"]["shard_count"], SHARDS, "{status:#}");
+    let problem = status["problems"][0].as_str().unwrap_or_default();
+    assert!(
+        problem.contains(&format!("the admin port at {nowhere} is unreachable")),
+        "{status:#}"
+    );
+    assert!(
+        text(&output.stderr).contains("1 problem(s)"),
+        "{}",
+        text(&output.stderr)
+    );
+    drop(running);
+}
+
+/// `status` through a kubeconfig, as kubectl users reach a cluster: `--context` picks the
+/// context (the current one points where nothing listens), and the installation's
+/// Deployments and StatefulSets show their replicas, readiness and image version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reads_the_installation_through_the_kubeconfig_context() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "plugin-install")
+        .await
+        .unwrap();
+    let workload = |kind: &str, name: &str| -> Value {
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": kind,
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name}},
+            "spec": {
+                "replicas": 2,
+                "serviceName": name,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                "template": {
+                    "metadata": {"labels": {"app.kubernetes.io/name": name}},
+                    "spec": {"containers": [{
+                        "name": "main",
+                        "image": format!("registry.example/{name}:0.1.0"),
+                    }]},
+                },
+            },
+        })
+    };
+    let deployments = Api::<switchyard_k8s::Deployment>::namespaced(client.clone(), ns.name());
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(workload("Deployment", "switchyard-watcher")).unwrap(),
+        )
+        .await
+        .unwrap();
+    // What the controllers would write: one of two ready.
+    deployments
+        .patch_status(
+            "switchyard-watcher",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let sets = Api::<switchyard_k8s::k8s_openapi::api::apps::v1::StatefulSet>::namespaced(
+        client.clone(),
+        ns.name(),
+    );
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(workload("StatefulSet", "switchyard-queue")).unwrap(),
+    )
+    .await
+    .unwrap();
+    sets.patch_status(
+        "switchyard-queue",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2}})),
+    )
+    .await
+    .unwrap();
+
+    // A kubeconfig whose current context is elsewhere; the test's context beside it.
+    let original: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(plane.kubeconfig()).unwrap()).unwrap();
+    let context = original["current-context"].as_str().unwrap().to_owned();
+    let nowhere = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let mut edited = original.clone();
+    let mut elsewhere_cluster = original["clusters"][0].clone();
+    elsewhere_cluster["name"] = "elsewhere".into();
+    elsewhere_cluster["cluster"]["server"] = format!("https://{nowhere}").into();
+    edited["clusters"]
+        .as_sequence_mut()
+        .unwrap()
+        .push(elsewhere_cluster);
+    let mut elsewhere_context = original["contexts"][0].clone();
+    elsewhere_context["name"] = "elsewhere".into();
+    elsewhere_context["context"]["cluster"] = "elsewhere".into();
+    edited["contexts"]
+        .as_sequence_mut()
+        .unwrap()
+        .push(elsewhere_context);
+    edited["current-context"] = "elsewhere".into();
+    let kubeconfig = plane.dir().join(format!("kubeconfig-{}", ns.name()));
+    std::fs::write(&kubeconfig, serde_yaml::to_string(&edited).unwrap()).unwrap();
+
+    let status = |context: Option<String>| {
+        let mut command = tokio::process::Command::new(service_binary("kubectl-switchyard"));
+        command
+            .args(Pki::shared().flags(Role::Observer))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--switchyard-namespace={}", ns.name()))
+            .args(["status", "-o", "json", "--call-timeout=3s"])
+            .env_remove("SWITCHYARD_ELECTOR_ADDR")
+            .env_remove("SWITCHYARD_QUEUE_ADDR")
+            .env_remove("SWITCHYARD_ADMIN_ADDR");
+        if let Some(context) = context {
+            command.arg(format!("--context={context}"));
+        }
+        async move { command.output().await.unwrap() }
+    };
+    let output = status(Some(context)).await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let parsed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        parsed["workloads"],
+        json!([
+            {"kind": "StatefulSet", "name": "switchyard-queue", "replicas": 2, "ready": 2, "updated": 2, "version": "0.1.0"},
+            {"kind": "Deployment", "name": "switchyard-watcher", "replicas": 2, "ready": 1, "updated": 2, "version": "0.1.0"},
+        ]),
+        "{parsed:#}"
+    );
+    // The current context's apiserver is where nothing listens: named, with the reason.
+    let output = status(None).await;
+    assert!(!output.status.success());
+    let parsed: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&output.stderr)));
+    let problem = parsed["problems"][0].as_str().unwrap_or_default();
+    assert!(
+        problem.contains(&format!("the apiserver at https://{nowhere}"))
+            && problem.contains("is unreachable"),
+        "{parsed:#}"
+    );
+}

@@ -1,0 +1,158 @@
+//! The installation as the apiserver sees it: the services' Deployments and StatefulSets in
+//! the installation's namespace, read through the kubeconfig (`--kubeconfig`, `--context`,
+//! as kubectl reads them): desired and ready replicas, and the version of the image.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use switchyard_k8s::{
+    Api, Client, Config, Deployment,
+    k8s_openapi::api::{apps::v1::StatefulSet, core::v1::PodTemplateSpec},
+    kube::{
+        self,
+        api::ListParams,
+        config::{KubeConfigOptions, Kubeconfig},
+    },
+};
+
+use crate::connect::{Error, Result, chain};
+
+/// The label every Switchyard workload carries: `switchyard-<service>`.
+const NAME_LABEL: &str = "app.kubernetes.io/name";
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct ClusterArgs {
+    /// kubeconfig to read the installation's Deployments and StatefulSets from (kubectl
+    /// passes its own); without one, only the address flags are used
+    #[arg(long, global = true, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use instead of its current context
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// The namespace Switchyard is installed in
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_NAMESPACE",
+        default_value = "switchyard"
+    )]
+    pub switchyard_namespace: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Workload {
+    pub kind: &'static str,
+    pub name: String,
+    pub replicas: i32,
+    pub ready: i32,
+    pub updated: i32,
+    /// The tag of the first container's image.
+    pub version: String,
+}
+
+impl ClusterArgs {
+    /// A client for the kubeconfig's context, or `None` without a kubeconfig.
+    async fn client(&self) -> Result<Option<(Client, String)>> {
+        let Some(path) = &self.kubeconfig else {
+            return Ok(None);
+        };
+        let invalid =
+            |reason: String| Error::Config(format!("--kubeconfig {}: {reason}", path.display()));
+        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| invalid(chain(&e)))?;
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        let config = Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .map_err(|e| invalid(chain(&e)))?;
+        let server = config.cluster_url.to_string();
+        let client = Client::try_from(config).map_err(|e| invalid(chain(&e)))?;
+        Ok(Some((client, server)))
+    }
+
+    /// The installation's workloads, or `None` without a kubeconfig.
+    pub async fn workloads(&self, timeout: std::time::Duration) -> Result<Option<Vec<Workload>>> {
+        let Some((client, server)) = self.client().await? else {
+            return Ok(None);
+        };
+        let unreachable = |error: kube::Error| Error::Unreachable {
+            what: "apiserver",
+            address: server.clone(),
+            reason: chain(&error),
+        };
+        let namespace = &self.switchyard_namespace;
+        let list = async {
+            let deployments = Api::<Deployment>::namespaced(client.clone(), namespace)
+                .list(&ListParams::default().labels(NAME_LABEL))
+                .await
+                .map_err(unreachable)?;
+            let sets = Api::<StatefulSet>::namespaced(client.clone(), namespace)
+                .list(&ListParams::default().labels(NAME_LABEL))
+                .await
+                .map_err(unreachable)?;
+            Ok::<_, Error>((deployments, sets))
+        };
+        let (deployments, sets) =
+            tokio::time::timeout(timeout, list)
+                .await
+                .map_err(|_| Error::Unreachable {
+                    what: "apiserver",
+                    address: server.clone(),
+                    reason: format!("no answer within {timeout:?}"),
+                })??;
+        let ours = |labels: Option<&std::collections::BTreeMap<String, String>>| {
+            labels
+                .and_then(|l| l.get(NAME_LABEL))
+                .is_some_and(|name| name.starts_with("switchyard-"))
+        };
+        let mut workloads: Vec<Workload> = deployments
+            .items
+            .iter()
+            .filter(|d| ours(d.metadata.labels.as_ref()))
+            .map(|d| {
+                let status = d.status.clone().unwrap_or_default();
+                Workload {
+                    kind: "Deployment",
+                    name: d.metadata.name.clone().unwrap_or_default(),
+                    replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+                    ready: status.ready_replicas.unwrap_or(0),
+                    updated: status.updated_replicas.unwrap_or(0),
+                    version: version(d.spec.as_ref().map(|s| &s.template)),
+                }
+            })
+            .collect();
+        workloads.extend(
+            sets.items
+                .iter()
+                .filter(|s| ours(s.metadata.labels.as_ref()))
+                .map(|s| {
+                    let status = s.status.clone().unwrap_or_default();
+                    Workload {
+                        kind: "StatefulSet",
+                        name: s.metadata.name.clone().unwrap_or_default(),
+                        replicas: s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+                        ready: status.ready_replicas.unwrap_or(0),
+                        updated: status.updated_replicas.unwrap_or(0),
+                        version: version(s.spec.as_ref().map(|s| &s.template)),
+                    }
+                }),
+        );
+        workloads.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Some(workloads))
+    }
+}
+
+/// The tag of the template's first image (`registry/name:tag` → `tag`), or the image.
+fn version(template: Option<&PodTemplateSpec>) -> String {
+    let image = template
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    let name = image.rsplit('/').next().unwrap_or_default();
+    match name.split_once(':') {
+        Some((_, tag)) => tag.split('@').next().unwrap_or(tag).to_owned(),
+        None => image,
+    }
+}

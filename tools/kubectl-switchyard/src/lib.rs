@@ -1,0 +1,201 @@
+//! `kubectl switchyard`, the operators' view of a Switchyard installation, found on `PATH` by
+//! kubectl as a plugin:
+//!
+//! ```text
+//!  status ─► elector: GetShardMap (leader, members, draining, shards and epochs)
+//!            queue replicas (from the map, or --queue-addr): Stats (backlog, workers)
+//!            admin ports (--admin-addr): /readyz, /metrics (service and version)
+//!            apiserver (--kubeconfig, --context): the services' Deployments, StatefulSets
+//!  top    ─► queue admin ports: /metrics every --interval (adds/s, depth, retries, p99s)
+//!  why    ─► shard of the key ─► its owner in the map ─► Queue.DescribeKey
+//!  drain  ─► Elector.DrainMember, then GetShardMap until the member holds no shard
+//! ```
+//!
+//! It dials the services with the same `--tls-*` flags (and `SWITCHYARD_TLS_*` variables)
+//! as the services dial each other, and checks each server's role. `why` and `drain` need the
+//! `switchyard-operator` identity; `status` and `top` need any identity of the installation
+//! (the read-only `switchyard-observer` suffices).
+
+mod cluster;
+mod connect;
+mod drain;
+mod prom;
+mod render;
+mod status;
+mod top;
+mod why;
+
+use std::{process::ExitCode, time::Duration};
+
+use switchyard_runtime::TlsArgs;
+
+pub use connect::Error;
+pub use render::Output;
+
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kubectl-switchyard",
+    bin_name = "kubectl switchyard",
+    version,
+    about = "Status, top, why and drain for a Switchyard installation"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    #[command(flatten)]
+    pub cluster: cluster::ClusterArgs,
+    /// Output format
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct ConnectArgs {
+    /// gRPC address of an elector replica (comma-separated or repeated: the first that
+    /// answers is used)
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_ELECTOR_ADDR",
+        value_delimiter = ','
+    )]
+    pub elector_addr: Vec<String>,
+    /// gRPC addresses of the queue replicas, instead of the members the elector's shard map
+    /// names (a queue with --static-shards has no elector)
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_QUEUE_ADDR",
+        value_delimiter = ','
+    )]
+    pub queue_addr: Vec<String>,
+    /// Admin ports (/readyz, /metrics) of the services, any service: each names its own
+    /// service and version; `top` reads the queue replicas' among them
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_ADMIN_ADDR",
+        value_delimiter = ','
+    )]
+    pub admin_addr: Vec<String>,
+    /// How long one call may take before its service counts as unreachable
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_CALL_TIMEOUT",
+        default_value = "5s"
+    )]
+    pub call_timeout: humantime::Duration,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum Command {
+    /// Every service's replicas, readiness and version; the elector's leader; shards per
+    /// queue replica with their epochs; backlog per controller; reconcilers and their credits
+    Status,
+    /// A live table per controller: adds/s, depth, retries/s, p99 queue and work durations
+    Top {
+        /// Seconds between refreshes
+        #[arg(long, default_value = "2s")]
+        interval: humantime::Duration,
+        /// Stop after this many refreshes (default: until Ctrl-C)
+        #[arg(long)]
+        iterations: Option<u32>,
+    },
+    /// Where an object's key is now and how its last reconcile ended
+    Why {
+        /// The object: <resource>/<name>, for example replicaset/web or deploy/api; the
+        /// resource is matched against the controllers the queue serves (kind, plural or
+        /// short name, or the controller's own name)
+        object: String,
+        /// The object's namespace (empty for a cluster-scoped object)
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        /// The controller whose key to look at, when the resource names several
+        #[arg(long)]
+        controller: Option<String>,
+    },
+    /// Move every shard off a queue replica (by member id) before maintenance, and wait
+    /// until it holds none
+    Drain {
+        /// The queue replica's member id (see `status`)
+        member: String,
+        /// How long to wait for the shards to move
+        #[arg(long, default_value = "5m")]
+        timeout: humantime::Duration,
+        /// Clear the drain mark instead, so the replica gets shards again
+        #[arg(long)]
+        undo: bool,
+    },
+}
+
+impl Cli {
+    /// Runs the command, printing its result or the error, and says how it went.
+    pub async fn run(self) -> ExitCode {
+        let Cli {
+            connect,
+            cluster,
+            output,
+            command,
+        } = self;
+        let result = match connect::Connections::new(&connect) {
+            Ok(connections) => run(&connections, &cluster, output, command).await,
+            Err(error) => Err(error),
+        };
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+async fn run(
+    connections: &connect::Connections,
+    cluster: &cluster::ClusterArgs,
+    output: Output,
+    command: Command,
+) -> Result<(), Error> {
+    match command {
+        Command::Status => {
+            let status = status::gather(connections, cluster).await?;
+            render::print(output, &status, status::table)?;
+            match status.problems.first() {
+                None => Ok(()),
+                Some(first) => Err(Error::Degraded {
+                    count: status.problems.len(),
+                    first: first.clone(),
+                }),
+            }
+        }
+        Command::Top {
+            interval,
+            iterations,
+        } => top::run(connections, output, interval.into(), iterations).await,
+        Command::Why {
+            object,
+            namespace,
+            controller,
+        } => {
+            let why = why::find(connections, &object, &namespace, controller.as_deref()).await?;
+            render::print(output, &why, why::table)
+        }
+        Command::Drain {
+            member,
+            timeout,
+            undo,
+        } => {
+            let drained = drain::run(connections, &member, undo, timeout.into()).await?;
+            render::print(output, &drained, drain::table)
+        }
+    }
+}
+
+/// How often `drain` looks at the map while it waits.
+const DRAIN_POLL: Duration = Duration::from_millis(250);
