@@ -38,11 +38,11 @@ pub const MAX_NAMESPACE_LEN: usize = 63;
 pub const MAX_NAME_LEN: usize = 253;
 /// Longest controller name: it travels in every work key (the watcher's limit too).
 pub const MAX_CONTROLLER_LEN: usize = 253;
-/// Controllers one queue serves at most unless configured otherwise: sixteen times the
-/// built-in four. Each name costs a queue of its own and, per served shard, a few metric
-/// series (docs/operations.md counts them), so the bound keeps a caller that makes up names
-/// from growing either without end.
-pub const DEFAULT_MAX_CONTROLLERS: usize = 64;
+/// Controllers one queue serves at most unless configured otherwise: four times the four
+/// built-in ones. Each name costs a queue of its own and up to 33 metric series per served
+/// shard (docs/operations.md), so 16 names over 256 shards stay near 135,000 series; the bound
+/// keeps a caller that makes up names from growing either without end.
+pub const DEFAULT_MAX_CONTROLLERS: usize = 16;
 
 /// The index of a controller among those a queue serves, in the order it became known.
 pub type ControllerId = u32;
