@@ -343,6 +343,68 @@ mod tests {
     }
 
     #[test]
+    fn mapping_functions_become_controllers_of_their_own_named_after_the_controller() {
+        use crate::sdk::{ObjectRef, Registry};
+
+        let refs = |_: Arc<ConfigMap>, _: Context| async { Vec::<ObjectRef<Deployment>>::new() };
+        let built = Builder::for_::<Deployment>()
+            .watches::<ConfigMap>(Map::with(refs))
+            .watches::<ConfigMap>(Map::with(refs))
+            .watches::<Pod>(Map::with(|_: Arc<Pod>, _| async { Vec::new() }))
+            // Named after the watches: the mappings still take the final name.
+            .named("example.com/deployments")
+            .reconcile(noop);
+        let mappings: Vec<String> = Controller::mappings(&built)
+            .iter()
+            .map(|m| m.name().to_owned())
+            .collect();
+        assert_eq!(
+            mappings,
+            [
+                "example.com/deployments/map/v1/ConfigMap",
+                "example.com/deployments/map/v1/ConfigMap/2",
+                "example.com/deployments/map/v1/Pod",
+            ]
+        );
+        // Each watches its kind as a plain `for`; the controller's own watches do not list
+        // them (the watcher never sees the function).
+        let watches = Controller::mappings(&built)[2].watches().expect("declared");
+        assert_eq!(watches.reconciles.gvk.kind, "Pod");
+        assert!(
+            Controller::watches(&built)
+                .expect("declared")
+                .by_label
+                .is_empty()
+        );
+
+        let mut registry = Registry::default();
+        registry.register(built);
+        registry.register(
+            Builder::for_::<ConfigMap>()
+                .reconcile(|_: Arc<ConfigMap>, _| async { Ok(Action::Done) }),
+        );
+        assert_eq!(registry.names().len(), 5);
+        assert_eq!(
+            registry.watches().len(),
+            5,
+            "each mapping registers its watch"
+        );
+        // Keeping a controller keeps its mappings.
+        registry
+            .retain(&["example.com/deployments".to_owned()])
+            .unwrap();
+        assert_eq!(
+            registry.names(),
+            [
+                "example.com/deployments",
+                "example.com/deployments/map/v1/ConfigMap",
+                "example.com/deployments/map/v1/ConfigMap/2",
+                "example.com/deployments/map/v1/Pod",
+            ]
+        );
+    }
+
+    #[test]
     fn a_controller_can_be_named_and_given_an_error_policy() {
         let built = Builder::for_::<ConfigMap>()
             .named("example.com/maps")
