@@ -175,12 +175,19 @@ async fn depth(queue: &ServiceProcess) -> (u64, u64) {
 }
 
 fn key(name: &str) -> EnqueueRequest {
+    key_of("apps/v1/ReplicaSet", name)
+}
+
+/// A controller the queue was not started with: the first key that names it makes it known.
+const RUNTIME_CONTROLLER: &str = "example.com/v1/Registered";
+
+fn key_of(controller: &str, name: &str) -> EnqueueRequest {
     EnqueueRequest {
         batch_id: 1,
         shard: 0,
         items: vec![EnqueueItem {
             key: Some(WorkKey {
-                controller: "apps/v1/ReplicaSet".into(),
+                controller: controller.into(),
                 namespace: "default".into(),
                 name: name.into(),
             }),
@@ -246,11 +253,16 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
     callers.extend(wrong_roles(&[Role::Watcher, Role::Reconciler]));
     for caller in &callers {
         let result = match caller.channel(queue.grpc_addr()).await {
-            Ok(channel) => QueueClient::new(channel)
-                .enqueue(key("intruded"))
-                .await
-                .map(|r| r.into_inner())
-                .map_err(status),
+            Ok(channel) => {
+                let mut client = QueueClient::new(channel);
+                // Neither a known controller's key nor a new name's gets in.
+                let _ = client.enqueue(key_of(RUNTIME_CONTROLLER, "intruded")).await;
+                client
+                    .enqueue(key("intruded"))
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(status)
+            }
             Err(e) => Err(e),
         };
         caller.assert_refused("/switchyard.queue.v1.Queue/Enqueue", result);
@@ -260,6 +272,45 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
         before,
         "refused adds changed the queue"
     );
+    let observer = QueueClient::new(
+        Pki::shared()
+            .channel(Role::Observer, Role::Queue, queue.grpc_addr())
+            .await
+            .unwrap(),
+    );
+    let unknown = observer
+        .clone()
+        .stats(StatsRequest {
+            controller: RUNTIME_CONTROLLER.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        unknown.message(),
+        format!("controller: unknown controller \"{RUNTIME_CONTROLLER}\""),
+        "a refused caller made a controller name known"
+    );
+    // A reconciler may enqueue (a user's mapping function's keys), a new controller's too.
+    let added = QueueClient::new(
+        Pki::shared()
+            .channel(Role::Reconciler, Role::Queue, queue.grpc_addr())
+            .await
+            .unwrap(),
+    )
+    .enqueue(key_of(RUNTIME_CONTROLLER, "mapped"))
+    .await
+    .unwrap()
+    .into_inner();
+    assert_eq!(added.added, 1);
+    let known = observer
+        .clone()
+        .stats(StatsRequest {
+            controller: RUNTIME_CONTROLLER.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(known.shards.iter().map(|s| s.depth).sum::<u64>(), 1);
 
     // Queue.Work: reconcilers only; a refused stream takes no lease.
     let watcher_channel = Pki::shared()

@@ -1,6 +1,8 @@
-//! The example controller end to end on the harness's real control plane: a queue, a watcher
-//! whose configuration names no controller (the reconciler registers the Greeting
-//! controller's watches when it starts) and a reconciler running only that controller.
+//! The example controller end to end on the harness's real control plane: a queue started
+//! with only the built-in controllers' names (it learns the Greeting controller's when the
+//! worker or the first key names it), a watcher whose configuration names no controller (the
+//! reconciler registers the Greeting controller's watches when it starts) and a reconciler
+//! running only that controller.
 
 #![allow(clippy::unwrap_used)]
 
@@ -25,7 +27,7 @@ async fn a_greeting_gets_its_config_map_and_the_finalizer_cleans_it_up() {
 
     let name = default_name::<Greeting>();
     assert_eq!(name, "example.switchyard.io/v1/Greeting");
-    let queue = support::queue(&[&name], &[]).await;
+    let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
     let config = format!(
         "shardCount: {}\nnamespaces:\n  include: [{}]\n",
         support::SHARDS,

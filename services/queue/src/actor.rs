@@ -678,8 +678,6 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use switchyard_queue_core::QueueConfig;
     use switchyard_runtime::{Metrics, drain_channel};
 
@@ -687,8 +685,7 @@ mod tests {
 
     fn actor() -> (Actor, Handle) {
         let queue = Queue::new(QueueConfig::default(), &["rs"], crate::RandomLeaseIds);
-        let names: Vec<Arc<str>> = queue.key_space().names().to_vec();
-        let metrics = QueueMetrics::register(&Metrics::new_for_tests(), &names);
+        let metrics = QueueMetrics::register(&Metrics::new_for_tests(), queue.key_space());
         Actor::new(queue, metrics, Duration::from_secs(1))
     }
 

@@ -21,16 +21,21 @@ impl QueueService {
         let key = request
             .key
             .ok_or_else(|| EdgeError::Invalid("key: required".into()))?;
+        // Describing makes no controller name known: one never served has no keys.
+        if self.keys().controller_id(&key.controller).is_none() {
+            return Err(EdgeError::Invalid(format!(
+                "key.controller: unknown controller {:?}",
+                key.controller
+            )));
+        }
         let valid = self
             .keys()
             .validate_parts(&key.controller, &key.namespace, &key.name)
             .map_err(|error| match error {
                 KeyError::InvalidArgument { field, reason } => {
-                    EdgeError::Invalid(format!("key.{field}: {reason}"))
+                    EdgeError::Invalid(format!("{field}: {reason}"))
                 }
-                KeyError::UnknownController(name) => {
-                    EdgeError::Invalid(format!("key.controller: unknown controller {name:?}"))
-                }
+                KeyError::TooManyControllers { .. } => EdgeError::Invalid(error.to_string()),
             })?;
         let shard = valid.shard();
         match self.handle().describe(valid).await? {

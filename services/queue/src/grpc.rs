@@ -225,16 +225,16 @@ impl queue_server::Queue for QueueService {
                 .into());
             }
         };
+        // A worker's controllers become known here if they are new, so its stream is
+        // served before the first key of theirs arrives.
         let controllers = hello
             .controllers
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                self.controller_id(name).ok_or_else(|| {
-                    EdgeError::Invalid(format!(
-                        "hello.controllers[{i}]: unknown controller {name:?}"
-                    ))
-                })
+                self.keys
+                    .intern(name)
+                    .map_err(|error| name_error(&format!("hello.controllers[{i}]"), error))
             })
             .collect::<Result<Vec<_>, _>>()?;
         if hello.worker_id.len() > crate::describe::MAX_WORKER_ID_BYTES {
@@ -295,13 +295,13 @@ impl queue_server::Queue for QueueService {
             let _ = handle.send(Command::Disconnect { worker, clean }).await;
         });
 
-        let names = self.keys.names().clone();
+        let keys = self.keys.clone();
         let stream = UnboundedReceiverStream::new(rx).map(move |message| {
             let _alive = &stream_alive;
             if matches!(message, ToWorker::Ack { .. } | ToWorker::Extended { .. }) {
                 replied.add_permits(1);
             }
-            to_response(&names, message).map_err(Status::from)
+            to_response(&keys, message).map_err(Status::from)
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -361,10 +361,10 @@ impl QueueService {
     }
 }
 
-fn to_response(names: &[Arc<str>], message: ToWorker) -> Result<pb::WorkResponse, EdgeError> {
+fn to_response(keys: &KeySpace, message: ToWorker) -> Result<pb::WorkResponse, EdgeError> {
     match message {
         ToWorker::Item(lease) => Ok(pb::WorkResponse {
-            response: Some(WorkReply::Item(leased_item(names, &lease))),
+            response: Some(WorkReply::Item(leased_item(keys, &lease))),
         }),
         ToWorker::Ack { lease, result } => Ok(pb::WorkResponse {
             response: Some(WorkReply::OutcomeAck(pb::OutcomeAck {
@@ -429,14 +429,7 @@ impl QueueService {
         let key = self
             .keys
             .validate_parts(&key.controller, &key.namespace, &key.name)
-            .map_err(|error| match error {
-                KeyError::InvalidArgument { field, reason } => {
-                    EdgeError::Invalid(format!("items[{index}].{field}: {reason}"))
-                }
-                KeyError::UnknownController(name) => EdgeError::Invalid(format!(
-                    "items[{index}].key.controller: unknown controller {name:?}"
-                )),
-            })?;
+            .map_err(|error| key_error(index, error))?;
         if key.shard() != shard {
             return Err(EdgeError::Invalid(format!(
                 "items[{index}].key: hashes to shard {}, not the batch's shard",
@@ -470,7 +463,7 @@ impl QueueService {
     /// The cause an add keeps: the context of an `enqueue` span, child of the sender's
     /// event, when this replica exports traces; the sender's context as it came otherwise.
     fn enqueue_cause(&self, key: &ValidKey, fields: TraceFields) -> Cause {
-        enqueue_cause(self.keys.name(key.controller()), key, fields)
+        enqueue_cause(&self.keys.name(key.controller()), key, fields)
     }
 }
 
@@ -519,6 +512,22 @@ fn lease_context(controller: &str, lease: &Lease) -> TraceFields {
     }
     let ours = trace::inject(&span);
     if ours.is_empty() { first } else { ours }
+}
+
+/// A refused key of item `index` of a batch, naming the field.
+fn key_error(index: usize, error: KeyError) -> EdgeError {
+    EdgeError::Invalid(match error {
+        KeyError::InvalidArgument { field, reason } => format!("items[{index}].{field}: {reason}"),
+        other => format!("items[{index}].key.controller: {other}"),
+    })
+}
+
+/// A refused controller name, `field` being where the request gave it.
+fn name_error(field: &str, error: KeyError) -> EdgeError {
+    EdgeError::Invalid(match error {
+        KeyError::InvalidArgument { reason, .. } => format!("{field}: {reason}"),
+        other => format!("{field}: {other}"),
+    })
 }
 
 /// What an outcome reports it read at, checked against the floor's bounds.
@@ -617,8 +626,8 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
     }
 }
 
-fn leased_item(controllers: &[Arc<str>], lease: &Lease) -> pb::LeasedItem {
-    let controller = &controllers[lease.controller() as usize];
+fn leased_item(keys: &KeySpace, lease: &Lease) -> pb::LeasedItem {
+    let controller = keys.name(lease.controller());
     let now = Instant::now();
     pb::LeasedItem {
         key: Some(ProtoKey {
@@ -640,7 +649,7 @@ fn leased_item(controllers: &[Arc<str>], lease: &Lease) -> pb::LeasedItem {
             })
             .collect(),
         causes_dropped: lease.causes_dropped,
-        trace_context: lease_context(controller, lease),
+        trace_context: lease_context(&controller, lease),
         read_floor: lease
             .read_floor
             .iter()

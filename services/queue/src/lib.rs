@@ -15,7 +15,10 @@ mod rate;
 use std::{net::SocketAddr, sync::Arc};
 
 use switchyard_external_metrics as external_metrics;
-use switchyard_queue_core::{BackoffConfig, LeaseId, LeaseIds, Queue, QueueConfig};
+use switchyard_queue_core::{
+    BackoffConfig, DEFAULT_MAX_CONTROLLERS, KeySpace, LeaseId, LeaseIds, MAX_CONTROLLER_LEN, Queue,
+    QueueConfig,
+};
 use switchyard_runtime::{GrpcServer, InstanceScope, Runtime, RuntimeArgs};
 use switchyard_shards::{STATIC_EPOCH, member as membership};
 use tokio::sync::watch;
@@ -49,8 +52,9 @@ pub struct Args {
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct QueueArgs {
-    /// Controllers (key spaces) this queue serves, for example apps/v1/ReplicaSet; by default
-    /// every controller built into the reconciler
+    /// Controllers (key spaces) known from the start, for example apps/v1/ReplicaSet; by
+    /// default every controller built into the reconciler. Others become known when a worker
+    /// or an enqueued key first names them, up to --max-controllers
     #[arg(
         long,
         env = "SWITCHYARD_CONTROLLERS",
@@ -58,6 +62,10 @@ pub struct QueueArgs {
         default_value = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace"
     )]
     pub controllers: Vec<String>,
+    /// Controllers served at most, those of --controllers and --controller-rate-limit
+    /// included; a new name beyond it is refused (INVALID_ARGUMENT naming this flag)
+    #[arg(long, env = "SWITCHYARD_MAX_CONTROLLERS", default_value_t = DEFAULT_MAX_CONTROLLERS)]
+    pub max_controllers: usize,
     /// Number of virtual shards; fixed per installation
     #[arg(long, env = "SWITCHYARD_SHARD_COUNT", default_value_t = 256)]
     pub shard_count: u32,
@@ -88,7 +96,8 @@ pub struct QueueArgs {
     #[arg(long, env = "SWITCHYARD_RETRY_BURST", default_value_t = 100)]
     pub retry_burst: u32,
     /// One controller's retry rate and burst instead of --retry-qps/--retry-burst, as
-    /// CONTROLLER=QPS:BURST (repeatable, or comma-separated)
+    /// CONTROLLER=QPS:BURST (repeatable, or comma-separated); the controller is known from
+    /// the start, as if --controllers named it
     #[arg(long, env = "SWITCHYARD_CONTROLLER_RATE_LIMITS", value_delimiter = ',')]
     pub controller_rate_limit: Vec<rate::ControllerRateLimit>,
     /// On shutdown, how long in-flight leases may finish before the shards are handed back
@@ -122,10 +131,34 @@ pub struct QueueArgs {
 impl QueueArgs {
     /// The core configuration, or an error naming the bad flag.
     pub fn config(&self) -> Result<QueueConfig> {
-        if self.controllers.is_empty() || self.controllers.iter().any(|c| c.trim().is_empty()) {
-            return Err(Error::Config(
-                "--controllers: names must not be empty".into(),
-            ));
+        if let Some(bad) = self
+            .controllers
+            .iter()
+            .find(|c| c.trim().is_empty() || c.len() > MAX_CONTROLLER_LEN)
+        {
+            return Err(Error::Config(format!(
+                "--controllers: {bad:?}: names must be 1 to {MAX_CONTROLLER_LEN} characters"
+            )));
+        }
+        if let Some(bad) = self
+            .controller_rate_limit
+            .iter()
+            .find(|l| l.controller.len() > MAX_CONTROLLER_LEN)
+        {
+            return Err(Error::Config(format!(
+                "--controller-rate-limit: {} characters in a controller name, at most \
+                 {MAX_CONTROLLER_LEN}",
+                bad.controller.len()
+            )));
+        }
+        let declared = self.declared();
+        if self.max_controllers == 0 || self.max_controllers < declared.len() {
+            return Err(Error::Config(format!(
+                "--max-controllers: {} is fewer than the {} controllers --controllers and \
+                 --controller-rate-limit name (and at least 1)",
+                self.max_controllers,
+                declared.len()
+            )));
         }
         if self.shard_count == 0 {
             return Err(Error::Config("--shard-count: must be at least 1".into()));
@@ -140,16 +173,6 @@ impl QueueArgs {
         if self.capacity == 0 {
             return Err(Error::Config("--queue-capacity: must be at least 1".into()));
         }
-        if let Some(unknown) = self
-            .controller_rate_limit
-            .iter()
-            .find(|l| !self.controllers.contains(&l.controller))
-        {
-            return Err(Error::Config(format!(
-                "--controller-rate-limit: {} is not one of --controllers",
-                unknown.controller
-            )));
-        }
         if !(self.retry_qps >= 0.0 && self.retry_qps.is_finite()) {
             return Err(Error::Config(
                 "--retry-qps: must be a non-negative number".into(),
@@ -159,6 +182,7 @@ impl QueueArgs {
             shard_count: self.shard_count,
             lease_timeout: self.lease_timeout.into(),
             capacity: self.capacity,
+            max_controllers: self.max_controllers,
             backoff: BackoffConfig {
                 base: self.retry_base_delay.into(),
                 max: self.retry_max_delay.into(),
@@ -166,6 +190,21 @@ impl QueueArgs {
                 burst: self.retry_burst,
             },
         })
+    }
+}
+
+impl QueueArgs {
+    /// The controllers known from the start: --controllers, then those only a
+    /// --controller-rate-limit names, each once.
+    fn declared(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        let limits = self.controller_rate_limit.iter().map(|l| &l.controller);
+        for name in self.controllers.iter().chain(limits) {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+        names
     }
 }
 
@@ -196,15 +235,19 @@ impl Args {
         if membership {
             etcd.announce();
         }
-        let names: Vec<&str> = queue.controllers.iter().map(String::as_str).collect();
-        let mut core = serving_queue(config, &names, queue.static_shards && !membership);
+        let mut core = serving_queue(
+            config,
+            &queue.declared(),
+            queue.static_shards && !membership,
+        );
         for limit in &queue.controller_rate_limit {
-            core.set_rate_limit(&limit.controller, limit.limit);
+            // Declared above, so known: this cannot meet the bound.
+            core.set_rate_limit(&limit.controller, limit.limit)
+                .map_err(|e| Error::Config(format!("--controller-rate-limit: {e}")))?;
         }
         let core = core.with_outcome_history(queue.outcome_history);
         let keys = core.key_space().clone();
-        let controllers: Vec<Arc<str>> = keys.names().to_vec();
-        let metrics = metrics::QueueMetrics::register(rt.metrics(), &controllers);
+        let metrics = metrics::QueueMetrics::register(rt.metrics(), &keys);
         let (mut actor, handle) = actor::Actor::new(core, metrics, queue.drain_grace.into());
         let (leave, member_drain) = switchyard_runtime::drain_channel();
         let (close_port, member_left) = switchyard_runtime::drain_channel();
@@ -215,7 +258,7 @@ impl Args {
         }
         // The actor holds the queue: nothing can take its place without losing the keys.
         rt.spawn_essential("queue-actor", |drain| actor.run(drain));
-        let mut service = grpc::QueueService::new(handle.clone(), keys);
+        let mut service = grpc::QueueService::new(handle.clone(), keys.clone());
         // `config` checked that a member has an elector to follow.
         let (directory, peers) = match &queue.elector_addr {
             Some(elector) if membership => {
@@ -232,14 +275,12 @@ impl Args {
         if let Some(directory) = &directory {
             service = service.with_directory(directory.clone());
         }
-        if let Some(server) = external_metrics::Server::bind(
-            &external_metrics,
-            &rt,
-            handle.clone(),
-            &controllers,
-            peers,
-        )
-        .await?
+        let backlog = Backlog {
+            handle: handle.clone(),
+            keys,
+        };
+        if let Some(server) =
+            external_metrics::Server::bind(&external_metrics, &rt, backlog, peers).await?
         {
             rt.spawn_essential("external-metrics", |drain| server.run(drain));
         }
@@ -378,17 +419,25 @@ fn directory(
     (grpc::Directory { map, members }, peers)
 }
 
-/// The external metrics API reads this replica's backlog from the actor: per shard, the
-/// keys waiting (ready and delayed) and leased.
-impl external_metrics::Backlog for actor::Handle {
-    async fn backlog(&self) -> Result<Vec<(usize, u64)>, external_metrics::ShuttingDown> {
+/// What the external metrics API reads this replica's backlog from: the actor's figures,
+/// named by the key space.
+#[derive(Clone, Debug)]
+struct Backlog {
+    handle: actor::Handle,
+    keys: KeySpace,
+}
+
+/// Per shard and known controller, the keys waiting (ready and delayed) and leased.
+impl external_metrics::Backlog for Backlog {
+    async fn backlog(&self) -> Result<Vec<(Arc<str>, u64)>, external_metrics::ShuttingDown> {
         let stats = self
+            .handle
             .stats(None)
             .await
             .map_err(|actor::Closed| external_metrics::ShuttingDown)?;
         Ok(stats
             .iter()
-            .map(|s| (s.controller as usize, s.depth + s.in_flight))
+            .map(|s| (self.keys.name(s.controller), s.depth + s.in_flight))
             .collect())
     }
 }
@@ -451,6 +500,14 @@ mod tests {
             (&["--queue-capacity=0"], "--queue-capacity"),
             (&["--retry-qps=-1"], "--retry-qps"),
             (&["--controllers= "], "--controllers"),
+            (&["--max-controllers=0"], "--max-controllers"),
+            (
+                &[
+                    "--max-controllers=4",
+                    "--controller-rate-limit=example.com/v1/A=1:1",
+                ],
+                "--max-controllers: 4 is fewer than the 5 controllers",
+            ),
             (
                 &["--etcd-endpoints=https://127.0.0.1:2379"],
                 "--elector-addr: required with --etcd-endpoints",
@@ -465,5 +522,20 @@ mod tests {
         ]))
         .unwrap();
         assert!(member.queue.config().is_ok());
+    }
+
+    #[test]
+    fn a_rate_limit_declares_its_controller() {
+        let args = Args::try_parse_from(["switchyard-queue"].iter().chain(&TLS).chain(&[
+            "--controllers=apps/v1/ReplicaSet",
+            "--controller-rate-limit=example.com/v1/Later=5:10,apps/v1/ReplicaSet=1:1",
+            "--max-controllers=2",
+        ]))
+        .unwrap();
+        assert!(args.queue.config().is_ok());
+        assert_eq!(
+            args.queue.declared(),
+            ["apps/v1/ReplicaSet", "example.com/v1/Later"]
+        );
     }
 }

@@ -14,7 +14,7 @@ use prometheus_client::{
     },
     registry::Unit,
 };
-use switchyard_queue_core::{ControllerId, Lease, Outcome, Refused, ShardStats};
+use switchyard_queue_core::{ControllerId, KeySpace, Lease, Outcome, Refused, ShardStats};
 use switchyard_runtime::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,7 +46,8 @@ struct Handles {
 
 #[derive(Debug)]
 pub struct QueueMetrics {
-    names: Vec<Arc<str>>,
+    /// Names the controllers, those that become known after start included.
+    keys: KeySpace,
     depth: Family<QueueLabels, Gauge>,
     in_flight: Family<QueueLabels, Gauge>,
     adds: Family<QueueLabels, Counter>,
@@ -68,9 +69,9 @@ impl std::fmt::Debug for Handles {
 }
 
 impl QueueMetrics {
-    pub fn register(metrics: &Metrics, controllers: &[Arc<str>]) -> Self {
+    pub fn register(metrics: &Metrics, keys: &KeySpace) -> Self {
         let this = Self {
-            names: controllers.to_vec(),
+            keys: keys.clone(),
             depth: Family::default(),
             in_flight: Family::default(),
             adds: Family::default(),
@@ -149,7 +150,7 @@ impl QueueMetrics {
 
     fn labels(&self, controller: ControllerId, shard: u32) -> QueueLabels {
         QueueLabels {
-            name: self.names[controller as usize].clone(),
+            name: self.keys.name(controller),
             shard,
         }
     }

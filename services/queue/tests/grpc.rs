@@ -578,10 +578,17 @@ async fn bad_input_is_refused_naming_the_field_and_changes_nothing() {
         ),
         (
             WorkKey {
-                controller: "v1/Unknown".into(),
+                controller: " ".into(),
                 ..key("x")
             },
-            "items[1].key.controller: unknown controller \"v1/Unknown\"",
+            "items[1].key.controller: must not be empty",
+        ),
+        (
+            WorkKey {
+                controller: "c".repeat(254),
+                ..key("x")
+            },
+            "items[1].key.controller: 254 characters, at most 253",
         ),
     ];
     for (bad, message) in cases {
@@ -710,6 +717,124 @@ async fn a_shard_not_served_here_is_refused_with_where_to_go() {
     assert_eq!(status.code(), Code::FailedPrecondition);
     let detail = NotShardOwner::decode(status.details()).unwrap();
     assert_eq!(detail.shard, shard);
+    server.stop().await;
+}
+
+/// A controller the queue was not started with (a reconciler's own, registered with the
+/// watcher at run time) is served once a worker or a key names it, up to --max-controllers.
+#[tokio::test]
+async fn a_controller_named_at_run_time_is_served_up_to_the_bound() {
+    const LATER: &str = "example.com/v1/Later";
+    const OVER: &str = "example.com/v1/Over";
+    // RS and Deployment are declared; room for one more.
+    let server = Server::start(&["--max-controllers=3"]).await;
+    let mut client = server.client().await;
+    let mut worker = Worker::connect(&mut client, &[LATER]).await;
+    worker.credit(1).await;
+    let later = |name: &str| WorkKey {
+        controller: LATER.into(),
+        namespace: "default".into(),
+        name: name.into(),
+    };
+    let shard = shard_of(LATER, "default", "a", SHARDS);
+    let added = client
+        .enqueue(EnqueueRequest {
+            batch_id: 1,
+            shard,
+            items: vec![EnqueueItem {
+                key: Some(later("a")),
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(added.added, 1);
+    // The worker, which named it before any key did, leases it under its name.
+    let item = worker.item().await;
+    assert_eq!(item.key, Some(later("a")));
+    let stats = client
+        .stats(StatsRequest {
+            controller: LATER.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.shards.len(), SHARDS as usize, "{stats:?}");
+    assert_eq!(stats.shards.iter().map(|s| s.in_flight).sum::<u64>(), 1);
+    assert_eq!(
+        worker
+            .finish(&item, outcome::Result::Done(Done {}), item.epoch)
+            .await,
+        (true, String::new())
+    );
+    let adds = metric_sum(
+        server.admin,
+        &format!("workqueue_adds_total{{name=\"{LATER}\""),
+    )
+    .await;
+    assert_eq!(
+        adds, 1.0,
+        "the new controller's keys are counted under its name"
+    );
+
+    // A fourth name is one too many, by a key or by a worker; nothing of the batch is added.
+    let over = WorkKey {
+        controller: OVER.into(),
+        ..later("b")
+    };
+    let status = client
+        .enqueue(EnqueueRequest {
+            batch_id: 2,
+            shard: shard_of(OVER, "default", "b", SHARDS),
+            items: vec![EnqueueItem {
+                key: Some(over),
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap_err();
+    let says = format!(
+        "controller \"{OVER}\" is new and the queue already serves 3 controllers, its limit \
+         (--max-controllers)"
+    );
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            format!("items[0].key.controller: {says}").as_str()
+        )
+    );
+    let hello = WorkRequest {
+        request: Some(Msg::Hello(WorkerHello {
+            worker_id: "test".into(),
+            controllers: vec![RS.into(), OVER.into()],
+        })),
+    };
+    let status = client.work(tokio_stream::iter([hello])).await.unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            format!("hello.controllers[1]: {says}").as_str()
+        )
+    );
+    let status = client
+        .stats(StatsRequest {
+            controller: OVER.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status.message(),
+        format!("controller: unknown controller \"{OVER}\"")
+    );
+    // The names it knows still work at the bound.
+    client
+        .enqueue(batches(["still".to_owned()]).remove(0))
+        .await
+        .unwrap();
+    assert_eq!(stats_sum(&mut client, |s| s.depth).await, 1);
     server.stop().await;
 }
 

@@ -20,6 +20,7 @@ async fn start() -> (Handle, switchyard_runtime::ShutdownHandle) {
         shard_count: 1,
         lease_timeout: Duration::from_secs(30),
         capacity: 100,
+        max_controllers: 1,
         backoff: BackoffConfig {
             base: Duration::from_secs(1),
             max: Duration::from_secs(60),
@@ -30,7 +31,7 @@ async fn start() -> (Handle, switchyard_runtime::ShutdownHandle) {
     let queue = serving_queue(config, &[RS], true);
     let metrics = QueueMetrics::register(
         &switchyard_runtime::Metrics::new_for_tests(),
-        queue.key_space().names(),
+        queue.key_space(),
     );
     let (actor, handle) = Actor::new(queue, metrics, Duration::from_secs(1));
     let (shutdown, drain) = switchyard_runtime::drain_channel();

@@ -23,10 +23,11 @@ pub mod replicaset;
 pub mod sdk;
 pub mod worker;
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 pub use switchyard_shards::Route;
 
 use switchyard_k8s::kube;
+use switchyard_queue_client::{Enqueuer, NoMetrics};
 use switchyard_runtime::{
     GrpcServer, InstanceScope, KubeArgs, Runtime, RuntimeArgs,
     apiserver::{ApiserverLayer, ApiserverMetrics},
@@ -45,6 +46,10 @@ use crate::{
 pub const SERVICE: &str = "switchyard-reconciler";
 /// Reconciles at once: the credits one Work message may grant (the queue's limit).
 const MAX_CONCURRENCY: u32 = switchyard_queue_client::MAX_CREDIT;
+/// Keys that mapping functions returned and no queue has taken yet, at most: a reconcile
+/// that maps more waits for room. Far more than a burst of mappings returns; the watcher
+/// holds a million, for every kind it watches.
+const MAX_MAPPED_KEYS: usize = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -276,17 +281,54 @@ impl Args {
                 registration.hold(held, drain)
             });
         }
-        let ctx = Context::new(client, cache.clone(), &worker_id);
+        // The keys mapping functions return go to the queue replica owning their shard,
+        // found as the watcher finds it.
+        let view = match &route {
+            Route::Queue(queue) => {
+                let single = switchyard_shards::ShardView::single(queue, shard_count);
+                let (source, view) = tokio::sync::watch::channel(Some(Arc::new(single)));
+                // The map never changes; its source lives as long as the service (a closed
+                // map reads as shutdown).
+                rt.spawn("static-shard-map", move |drain| async move {
+                    drain.signaled().await;
+                    drop(source);
+                });
+                view
+            }
+            Route::Elector(elector) => {
+                let (view, follow) = switchyard_shards::follow_elector(
+                    rt.dialer(),
+                    elector.clone(),
+                    shard_count,
+                    rt.drain(),
+                );
+                rt.spawn_essential("shard-map", |_| follow);
+                view
+            }
+        };
+        let enqueuer = Arc::new(Enqueuer::new(
+            MAX_MAPPED_KEYS,
+            shard_count,
+            NoMetrics,
+            rt.dialer(),
+        ));
+        rt.spawn_restarting("enqueuer", {
+            let enqueuer = enqueuer.clone();
+            let view = view.clone();
+            move |drain| enqueuer.clone().run(view.clone(), drain)
+        });
+        let ctx = Context::new(client, cache.clone(), &worker_id).enqueueing_to(enqueuer.clone());
         let mut contexts = BTreeMap::new();
         for name in registry.names() {
             // Events are written in the background through a client and limit of their own:
             // a burst of them (one per Pod created) never holds back the controller's writes
             // to the objects it reconciles.
-            let ctx = Context {
-                client: limited_client()?,
-                cache: cache.clone(),
-                events: Events::new(limited_client()?, &worker_id),
-            };
+            let ctx = Context::of(
+                limited_client()?,
+                cache.clone(),
+                Events::new(limited_client()?, &worker_id),
+            )
+            .enqueueing_to(enqueuer.clone());
             contexts.insert(name, ctx);
         }
         let settings = Settings {
@@ -318,14 +360,7 @@ impl Args {
                     worker.clone().serve(queue.clone(), drain)
                 });
             }
-            Route::Elector(elector) => {
-                let (view, follow) = switchyard_shards::follow_elector(
-                    rt.dialer(),
-                    elector,
-                    shard_count,
-                    rt.drain(),
-                );
-                rt.spawn_essential("shard-map", |_| follow);
+            Route::Elector(_) => {
                 rt.spawn_restarting("worker", move |drain| {
                     worker.clone().follow(view.clone(), drain)
                 });

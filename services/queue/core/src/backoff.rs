@@ -79,6 +79,24 @@ impl Backoff {
         }
     }
 
+    /// Gives controllers up to `controllers` (exclusive) the configured rate and burst, at
+    /// this replica's share; those it has keep theirs.
+    pub fn grow(&mut self, controllers: usize) {
+        let limit = RateLimit {
+            qps: self.config.qps,
+            burst: self.config.burst,
+        };
+        let tokens = f64::from(limit.burst) * self.share;
+        self.buckets.resize(
+            controllers.max(self.buckets.len()),
+            Bucket {
+                limit,
+                tokens,
+                refilled_at: None,
+            },
+        );
+    }
+
     /// `controller`'s own rate and burst, cluster-wide.
     pub fn set_limit(&mut self, controller: usize, limit: RateLimit) {
         if let Some(bucket) = self.buckets.get_mut(controller) {

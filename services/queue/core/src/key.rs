@@ -14,19 +14,37 @@
 //! one proves the controller is served (and gives its id), the namespace and name are within
 //! Kubernetes' limits, and the shard is the key's own. The actor and the core take it as is.
 //!
+//! The controllers are not fixed when the queue starts: a name the queue has not seen becomes
+//! known the first time an authorized caller uses it (a worker's hello, an enqueued key), up to
+//! a bound ([`KeySpace::intern`]). Ids are handed out in order and never reused, so the core's
+//! per-controller vectors only grow; the names are shared between the gRPC edge (which
+//! validates) and the actor (which stores), behind one lock that is written once per new name.
+//!
 //! A valid key holds its namespace and name in one allocation, the namespace's length
 //! first: one small allocation per queued key, as a million keys need, and the two parts are
 //! never joined with a separator nor parsed apart.
 
-use std::{cell::RefCell, collections::HashMap, fmt, sync::Arc};
+use std::{
+    cell::RefCell,
+    collections::HashMap,
+    fmt,
+    sync::{Arc, PoisonError, RwLock},
+};
 
 use crate::shard::shard_of;
 
 /// Kubernetes limits: a namespace is a DNS label, a name at most a DNS subdomain.
 pub const MAX_NAMESPACE_LEN: usize = 63;
 pub const MAX_NAME_LEN: usize = 253;
+/// Longest controller name: it travels in every work key (the watcher's limit too).
+pub const MAX_CONTROLLER_LEN: usize = 253;
+/// Controllers one queue serves at most unless configured otherwise: four times the four
+/// built-in ones. Each name costs a queue of its own and up to 33 metric series per served
+/// shard (docs/operations.md), so 16 names over 256 shards stay near 135,000 series; the bound
+/// keeps a caller that makes up names from growing either without end.
+pub const DEFAULT_MAX_CONTROLLERS: usize = 16;
 
-/// The index of a controller among those a queue serves, in the order they were configured.
+/// The index of a controller among those a queue serves, in the order it became known.
 pub type ControllerId = u32;
 
 /// Why a key was refused; the field is named relative to the key's message.
@@ -34,8 +52,12 @@ pub type ControllerId = u32;
 pub enum KeyError {
     #[error("invalid {field}: {reason}")]
     InvalidArgument { field: &'static str, reason: String },
-    #[error("unknown controller {0:?}")]
-    UnknownController(String),
+    /// A new controller name beyond the queue's bound; the names already known still work.
+    #[error(
+        "controller {name:?} is new and the queue already serves {limit} controllers, its \
+         limit (--max-controllers)"
+    )]
+    TooManyControllers { name: String, limit: usize },
 }
 
 /// A work key as callers name it: the reconciler kind, and the object's namespace and name.
@@ -150,24 +172,43 @@ impl ValidKey {
 }
 
 /// The controllers a queue serves and its shard count: what a key is validated against.
+/// Clones share the names: one that becomes known through a clone is known to all.
 #[derive(Clone, Debug)]
 pub struct KeySpace {
-    names: Arc<[Arc<str>]>,
-    by_name: HashMap<Arc<str>, ControllerId>,
+    names: Arc<RwLock<Names>>,
+    max_controllers: usize,
     shard_count: u32,
 }
 
+#[derive(Debug, Default)]
+struct Names {
+    by_id: Vec<Arc<str>>,
+    by_name: HashMap<Arc<str>, ControllerId>,
+}
+
 impl KeySpace {
+    /// A key space that knows `controllers` from the start (ids in that order) and learns
+    /// others up to [`DEFAULT_MAX_CONTROLLERS`] in all.
     pub fn new(controllers: &[&str], shard_count: u32) -> Self {
-        let names: Arc<[Arc<str>]> = controllers.iter().map(|c| Arc::from(*c)).collect();
-        let by_name = names
-            .iter()
-            .enumerate()
-            .map(|(i, name)| (name.clone(), i as ControllerId))
-            .collect();
+        Self::with_limit(controllers, DEFAULT_MAX_CONTROLLERS, shard_count)
+    }
+
+    /// A key space that knows `controllers` from the start and learns others up to
+    /// `max_controllers` in all (never fewer than `controllers`).
+    pub fn with_limit(controllers: &[&str], max_controllers: usize, shard_count: u32) -> Self {
+        let mut names = Names::default();
+        for name in controllers {
+            if !names.by_name.contains_key(*name) {
+                let name: Arc<str> = Arc::from(*name);
+                names
+                    .by_name
+                    .insert(name.clone(), names.by_id.len() as ControllerId);
+                names.by_id.push(name);
+            }
+        }
         Self {
-            names,
-            by_name,
+            max_controllers: max_controllers.max(names.by_id.len()),
+            names: Arc::new(RwLock::new(names)),
             shard_count,
         }
     }
@@ -176,30 +217,78 @@ impl KeySpace {
         self.shard_count
     }
 
-    /// The served controllers; a [`ControllerId`] indexes them.
-    pub fn names(&self) -> &Arc<[Arc<str>]> {
-        &self.names
+    /// Controllers this key space serves at most.
+    pub fn max_controllers(&self) -> usize {
+        self.max_controllers
     }
 
-    /// The name of a served controller.
-    pub fn name(&self, controller: ControllerId) -> &Arc<str> {
-        &self.names[controller as usize]
+    /// The known controllers, indexed by [`ControllerId`]: a snapshot, which later names
+    /// extend but never reorder.
+    pub fn names(&self) -> Vec<Arc<str>> {
+        self.read().by_id.clone()
     }
 
+    /// How many controllers are known.
+    pub fn len(&self) -> usize {
+        self.read().by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The name of a known controller.
+    ///
+    /// # Panics
+    ///
+    /// If `controller` was not handed out by this key space (or a clone of it).
+    pub fn name(&self, controller: ControllerId) -> Arc<str> {
+        self.read().by_id[controller as usize].clone()
+    }
+
+    /// The id of a known controller; `None` for a name never seen.
     pub fn controller_id(&self, name: &str) -> Option<ControllerId> {
-        self.by_name.get(name).copied()
+        self.read().by_name.get(name).copied()
     }
 
-    /// Checks a key given in parts (as it comes off the wire), or names the bad field.
+    /// The id of `name`, making it known if it is new: 1 to [`MAX_CONTROLLER_LEN`]
+    /// characters, not blank, and room under the bound. A refused name changes nothing.
+    pub fn intern(&self, name: &str) -> Result<ControllerId, KeyError> {
+        if let Some(id) = self.controller_id(name) {
+            return Ok(id);
+        }
+        check_controller(name)?;
+        let mut names = self.names.write().unwrap_or_else(PoisonError::into_inner);
+        // Another caller may have added it between the read and the write.
+        if let Some(id) = names.by_name.get(name) {
+            return Ok(*id);
+        }
+        if names.by_id.len() >= self.max_controllers {
+            return Err(KeyError::TooManyControllers {
+                name: name.chars().take(MAX_CONTROLLER_LEN).collect(),
+                limit: self.max_controllers,
+            });
+        }
+        let id = names.by_id.len() as ControllerId;
+        let name: Arc<str> = Arc::from(name);
+        names.by_name.insert(name.clone(), id);
+        names.by_id.push(name);
+        Ok(id)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Names> {
+        // Nothing panics while holding the lock, and the names stay whole if it did.
+        self.names.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Checks a key given in parts (as it comes off the wire), or names the bad field. A
+    /// controller name not seen before becomes known ([`KeySpace::intern`]).
     pub fn validate_parts(
         &self,
         controller: &str,
         namespace: &str,
         name: &str,
     ) -> Result<ValidKey, KeyError> {
-        let id = self
-            .controller_id(controller)
-            .ok_or_else(|| KeyError::UnknownController(controller.to_owned()))?;
         if namespace.len() > MAX_NAMESPACE_LEN {
             return Err(invalid(
                 "key.namespace",
@@ -224,6 +313,8 @@ impl KeySpace {
         if name.contains('/') {
             return Err(invalid("key.name", "must not contain '/'".into()));
         }
+        // Last, so a key refused for another field makes no name known.
+        let id = self.intern(controller)?;
         Ok(ValidKey {
             controller: id,
             shard: shard_of(controller, namespace, name, self.shard_count),
@@ -238,12 +329,23 @@ impl KeySpace {
 
     /// The caller's form of a valid key.
     pub fn work_key(&self, key: &ValidKey) -> WorkKey {
-        WorkKey::new(
-            self.name(key.controller).clone(),
-            key.namespace(),
-            key.name(),
-        )
+        WorkKey::new(self.name(key.controller), key.namespace(), key.name())
     }
+}
+
+/// A controller name as the watcher's configuration takes it: not blank, at most
+/// [`MAX_CONTROLLER_LEN`] characters.
+fn check_controller(name: &str) -> Result<(), KeyError> {
+    if name.trim().is_empty() {
+        return Err(invalid("key.controller", "must not be empty".into()));
+    }
+    if name.len() > MAX_CONTROLLER_LEN {
+        return Err(invalid(
+            "key.controller",
+            format!("{} characters, at most {MAX_CONTROLLER_LEN}", name.len()),
+        ));
+    }
+    Ok(())
 }
 
 fn invalid(field: &'static str, reason: String) -> KeyError {
@@ -302,8 +404,12 @@ mod tests {
                 "invalid key.name: must not contain '/'",
             ),
             (
-                WorkKey::new("v1/Nope", "default", "a"),
-                "unknown controller \"v1/Nope\"",
+                WorkKey::new(" ", "default", "a"),
+                "invalid key.controller: must not be empty",
+            ),
+            (
+                WorkKey::new("c".repeat(254), "default", "a"),
+                "invalid key.controller: 254 characters, at most 253",
             ),
         ];
         for (bad, message) in cases {
@@ -314,6 +420,41 @@ mod tests {
             space
                 .validate(&WorkKey::new(RS, "default", "n".repeat(253)))
                 .is_ok()
+        );
+        // None of the refused keys made its controller known.
+        assert_eq!(space.len(), 2);
+    }
+
+    #[test]
+    fn a_new_controller_becomes_known_up_to_the_bound() {
+        let space = KeySpace::with_limit(&[RS], 3, 4);
+        let copy = space.clone();
+        let key = WorkKey::new("example.com/v1/Thing", "default", "a");
+        let valid = space.validate(&key).unwrap();
+        assert_eq!(valid.controller(), 1);
+        // Clones share what became known; the same name keeps its id.
+        assert_eq!(copy.controller_id("example.com/v1/Thing"), Some(1));
+        assert_eq!(copy.intern("example.com/v1/Thing"), Ok(1));
+        assert_eq!(space.work_key(&valid), key);
+        let longest = "c".repeat(253);
+        assert_eq!(copy.intern(&longest), Ok(2));
+        let error = space.intern("example.com/v1/Other").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "controller \"example.com/v1/Other\" is new and the queue already serves 3 \
+             controllers, its limit (--max-controllers)"
+        );
+        // Known names still work at the bound; the refused one was not added.
+        assert!(space.validate(&key).is_ok());
+        assert_eq!(space.controller_id("example.com/v1/Other"), None);
+        assert_eq!(
+            space.names().iter().map(|n| &**n).collect::<Vec<_>>(),
+            [RS, "example.com/v1/Thing", &longest]
+        );
+        // Pre-declared names beyond the bound are all served.
+        assert_eq!(
+            KeySpace::with_limit(&[RS, "b", "c"], 1, 4).max_controllers(),
+            3
         );
     }
 }

@@ -40,7 +40,8 @@ pub mod shard;
 
 pub use backoff::{Backoff, BackoffConfig, RateLimit};
 pub use key::{
-    ControllerId, KeyError, KeySpace, MAX_NAME_LEN, MAX_NAMESPACE_LEN, ValidKey, WorkKey,
+    ControllerId, DEFAULT_MAX_CONTROLLERS, KeyError, KeySpace, MAX_CONTROLLER_LEN, MAX_NAME_LEN,
+    MAX_NAMESPACE_LEN, ValidKey, WorkKey,
 };
 pub use queue::{
     AddOutcome, Cause, DEFAULT_OUTCOME_HISTORY, Error, History, InvalidLeaseId, KeyPhase, KeyView,

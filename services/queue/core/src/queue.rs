@@ -99,6 +99,9 @@ pub struct QueueConfig {
     pub lease_timeout: Duration,
     /// Keys held at most (queued, delayed or leased); adds of new keys beyond it get `Full`.
     pub capacity: usize,
+    /// Controllers served at most, those named at start included: a new name beyond it is
+    /// refused ([`crate::KeyError::TooManyControllers`]).
+    pub max_controllers: usize,
     pub backoff: BackoffConfig,
 }
 
@@ -108,6 +111,7 @@ impl Default for QueueConfig {
             shard_count: 256,
             lease_timeout: Duration::from_secs(60),
             capacity: 1_000_000,
+            max_controllers: crate::key::DEFAULT_MAX_CONTROLLERS,
             backoff: BackoffConfig::default(),
         }
     }
@@ -176,6 +180,14 @@ struct ControllerQueue {
 }
 
 impl ControllerQueue {
+    fn new() -> Self {
+        Self {
+            entries: HashMap::new(),
+            ready: [VecDeque::new(), VecDeque::new()],
+            causes: HashMap::new(),
+        }
+    }
+
     /// Forgets the causes of keys no longer held.
     fn prune_causes(&mut self) {
         if !self.causes.is_empty() {
@@ -188,7 +200,11 @@ impl ControllerQueue {
 /// Ready time, entry seq when scheduled, controller, key.
 type DelayedItem = (Instant, u64, ControllerId, ObjectName);
 
-/// The queue of one replica: every registered controller's keys in every shard it serves.
+/// The queue of one replica: every known controller's keys in every shard it serves.
+///
+/// Controllers become known at run time ([`KeySpace::intern`], through any clone of
+/// [`Queue::key_space`]); the per-controller state grows to the new ids when their first key
+/// arrives ([`Queue::know_controllers`]).
 #[derive(Debug)]
 pub struct Queue {
     config: QueueConfig,
@@ -211,24 +227,20 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// An empty queue serving no shard yet; its lease ids come from `lease_ids`.
+    /// An empty queue serving no shard yet, knowing `controllers` from the start (others
+    /// become known as callers name them); its lease ids come from `lease_ids`.
     pub fn new(
         config: QueueConfig,
         controllers: &[&str],
         lease_ids: impl LeaseIds + 'static,
     ) -> Self {
+        let keys = KeySpace::with_limit(controllers, config.max_controllers, config.shard_count);
+        let known = keys.len();
         Self {
-            backoff: Backoff::new(config.backoff.clone(), controllers.len()),
-            keys: KeySpace::new(controllers, config.shard_count),
+            backoff: Backoff::new(config.backoff.clone(), known),
+            keys,
             config,
-            controllers: controllers
-                .iter()
-                .map(|_| ControllerQueue {
-                    entries: HashMap::new(),
-                    ready: [VecDeque::new(), VecDeque::new()],
-                    causes: HashMap::new(),
-                })
-                .collect(),
+            controllers: (0..known).map(|_| ControllerQueue::new()).collect(),
             shards: HashMap::new(),
             floors: HashMap::new(),
             leases: LeaseMap::default(),
@@ -290,16 +302,27 @@ impl Queue {
         self.reshare();
     }
 
-    /// `controller`'s own retry rate and burst (cluster-wide; this replica applies its share).
-    /// False for a controller this queue does not serve.
-    pub fn set_rate_limit(&mut self, controller: &str, limit: RateLimit) -> bool {
-        match self.keys.controller_id(controller) {
-            Some(id) => {
-                self.backoff.set_limit(id as usize, limit);
-                true
-            }
-            None => false,
+    /// Grows the per-controller state to every controller the key space knows (names made
+    /// known since, through a clone of it).
+    pub fn know_controllers(&mut self) {
+        let known = self.keys.len();
+        if known > self.controllers.len() {
+            self.controllers.resize_with(known, ControllerQueue::new);
+            self.backoff.grow(known);
         }
+    }
+
+    /// `controller`'s own retry rate and burst (cluster-wide; this replica applies its share),
+    /// making the name known if it is new.
+    pub fn set_rate_limit(
+        &mut self,
+        controller: &str,
+        limit: RateLimit,
+    ) -> Result<(), crate::KeyError> {
+        let id = self.keys.intern(controller)?;
+        self.know_controllers();
+        self.backoff.set_limit(id as usize, limit);
+        Ok(())
     }
 
     /// `controller`'s retry rate and burst on this replica.
@@ -399,6 +422,9 @@ impl Queue {
         } else {
             Due::At(now + delay)
         };
+        if controller as usize >= self.controllers.len() {
+            self.know_controllers();
+        }
         let queue = &mut self.controllers[controller as usize];
         let Some(entry) = queue.entries.get_mut(key.object()) else {
             if self.len >= self.config.capacity {

@@ -107,6 +107,7 @@ proptest! {
                 shard_count: SHARDS,
                 lease_timeout: LEASE_TIMEOUT,
                 capacity: 1000,
+                max_controllers: CONTROLLERS.len(),
                 backoff: BackoffConfig { base: Duration::from_millis(5), max: Duration::from_secs(2), qps: 0.0, burst: 0 },
             },
             &CONTROLLERS,

@@ -34,7 +34,7 @@ mod routes;
 mod server;
 pub mod tls;
 
-use std::{future::Future, net::SocketAddr};
+use std::{future::Future, net::SocketAddr, sync::Arc};
 
 pub use args::ExternalMetricsArgs;
 pub use peers::{Peer, Peers};
@@ -51,9 +51,10 @@ pub const CONTROLLER_LABEL: &str = "controller";
 /// The queue this server answers for.
 pub trait Backlog: Clone + Send + Sync + 'static {
     /// This replica's keys that are not done (ready, delayed and leased), as entries of
-    /// (controller, keys) that add up, the controller being its index in the names given
-    /// to [`Server::bind`].
-    fn backlog(&self) -> impl Future<Output = Result<Vec<(usize, u64)>, ShuttingDown>> + Send;
+    /// (controller name, keys) that add up; every controller the replica knows has at least
+    /// one entry, so that an idle one reads 0 rather than nothing. Controllers become known
+    /// while the queue runs, so the names are asked each time.
+    fn backlog(&self) -> impl Future<Output = Result<Vec<(Arc<str>, u64)>, ShuttingDown>> + Send;
 }
 
 /// The queue no longer answers: it is shutting down.

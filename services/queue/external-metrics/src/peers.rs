@@ -1,7 +1,7 @@
 //! The fan-out to the other queue replicas: a member answers for the whole queue by adding
 //! every other member's backlog (their gRPC `Stats`) to its own.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use switchyard_proto::queue::v1::{StatsRequest, queue_client::QueueClient};
 use switchyard_runtime::{Dialer, Role};
@@ -31,13 +31,9 @@ pub struct Peers {
 }
 
 impl Peers {
-    /// Adds every other member's backlog to `backlog` (indexed as `names`), or says which
-    /// member did not answer.
-    pub(crate) async fn add_to(
-        &self,
-        names: &[Arc<str>],
-        backlog: &mut [u64],
-    ) -> Result<(), String> {
+    /// Adds every other member's backlog to `backlog`, by controller name (a controller only
+    /// another member knows is added to the list), or says which member did not answer.
+    pub(crate) async fn add_to(&self, backlog: &mut crate::routes::Totals) -> Result<(), String> {
         let Some(members) = self.members.borrow().clone() else {
             return Err("the queue's member list is not known yet".to_owned());
         };
@@ -73,9 +69,7 @@ impl Peers {
                 )
             })?;
             for s in shards {
-                if let Some(i) = names.iter().position(|n| **n == *s.controller) {
-                    backlog[i] += s.depth + s.in_flight;
-                }
+                backlog.add(&s.controller, s.depth + s.in_flight);
             }
         }
         Ok(())

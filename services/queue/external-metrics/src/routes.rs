@@ -16,16 +16,27 @@ use tracing::debug;
 
 use crate::{
     BACKLOG_METRIC, Backlog, CONTROLLER_LABEL, GROUP, GROUP_VERSION, Peers, ShuttingDown, VERSION,
+    label_value,
 };
 
 #[derive(Clone, Debug)]
 pub(crate) struct ApiState<B> {
     pub backlog: B,
-    /// Controller names, indexed by controller.
-    pub names: Arc<[Arc<str>]>,
-    /// Label-safe names, indexed by controller.
-    pub labels: Arc<[String]>,
     pub peers: Option<Peers>,
+}
+
+/// Keys not done per controller, in the order the controllers were first reported.
+#[derive(Debug, Default)]
+pub(crate) struct Totals(Vec<(Arc<str>, u64)>);
+
+impl Totals {
+    /// Adds `keys` to `controller`'s total (a handful of controllers: a scan is cheapest).
+    pub(crate) fn add(&mut self, controller: &str, keys: u64) {
+        match self.0.iter_mut().find(|(name, _)| **name == *controller) {
+            Some((_, total)) => *total += keys,
+            None => self.0.push((Arc::from(controller), keys)),
+        }
+    }
 }
 
 pub(crate) fn router<B: Backlog>(state: ApiState<B>) -> Router {
@@ -123,14 +134,12 @@ async fn metric_values<B: Backlog>(
             ShuttingDown.to_string(),
         );
     };
-    let mut backlog = vec![0u64; state.labels.len()];
+    let mut backlog = Totals::default();
     for (controller, keys) in entries {
-        if let Some(b) = backlog.get_mut(controller) {
-            *b += keys;
-        }
+        backlog.add(&controller, keys);
     }
     if let Some(peers) = &state.peers
-        && let Err(message) = peers.add_to(&state.names, &mut backlog).await
+        && let Err(message) = peers.add_to(&mut backlog).await
     {
         return status(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -139,10 +148,10 @@ async fn metric_values<B: Backlog>(
         );
     }
     let timestamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-    let items: Vec<Value> = state
-        .labels
+    let items: Vec<Value> = backlog
+        .0
         .iter()
-        .zip(&backlog)
+        .map(|(name, value)| (label_value(name), value))
         .filter(|(label, _)| selector.matches(BTreeMap::from([(CONTROLLER_LABEL, label.as_str())])))
         .map(|(label, value)| {
             json!({
@@ -213,15 +222,24 @@ mod tests {
     use tokio::sync::watch;
 
     use super::*;
-    use crate::{Peer, label_value};
+    use crate::Peer;
 
     /// A queue that reports fixed entries, or is shutting down.
     #[derive(Clone, Debug)]
     struct Fixed(Option<Vec<(usize, u64)>>);
 
     impl Backlog for Fixed {
-        async fn backlog(&self) -> Result<Vec<(usize, u64)>, ShuttingDown> {
-            self.0.clone().ok_or(ShuttingDown)
+        async fn backlog(&self) -> Result<Vec<(Arc<str>, u64)>, ShuttingDown> {
+            // Every known controller reported, then the fixed entries by index.
+            let mut entries: Vec<(Arc<str>, u64)> =
+                CONTROLLERS.iter().map(|c| (Arc::from(*c), 0)).collect();
+            for (i, keys) in self.0.clone().ok_or(ShuttingDown)? {
+                let name = CONTROLLERS
+                    .get(i)
+                    .map_or_else(|| format!("example.com/v1/C{i}"), |c| (*c).to_owned());
+                entries.push((Arc::from(name), keys));
+            }
+            Ok(entries)
         }
     }
 
@@ -237,13 +255,7 @@ mod tests {
     }
 
     fn state(backlog: Fixed, peers: Option<Peers>) -> ApiState<Fixed> {
-        let names: Vec<Arc<str>> = CONTROLLERS.iter().map(|c| Arc::from(*c)).collect();
-        ApiState {
-            backlog,
-            labels: names.iter().map(|n| label_value(n)).collect(),
-            names: names.into(),
-            peers,
-        }
+        ApiState { backlog, peers }
     }
 
     async fn get(
@@ -290,14 +302,19 @@ mod tests {
 
     #[tokio::test]
     async fn backlog_per_controller_filtered_by_the_selector() {
-        // Entries of one controller add up; an index past the controllers is ignored.
+        // Entries of one controller add up; a controller that became known while the queue
+        // ran (index 7 here) is listed after those reported first.
         let fixed = Fixed(Some(vec![(0, 5), (1, 2), (0, 25), (7, 100)]));
         let (code, body) = get(state(fixed.clone(), None), "switchyard", BACKLOG_METRIC, "").await;
         assert_eq!(code, 200, "{body}");
         assert_eq!(body["kind"], "ExternalMetricValueList");
         assert_eq!(
             values(&body),
-            pairs(&[("apps.v1.ReplicaSet", "30"), ("apps.v1.Deployment", "2")])
+            pairs(&[
+                ("apps.v1.ReplicaSet", "30"),
+                ("apps.v1.Deployment", "2"),
+                ("example.com.v1.C7", "100")
+            ])
         );
         let (_, body) = get(
             state(fixed.clone(), None),
@@ -306,7 +323,10 @@ mod tests {
             "labelSelector=controller%20notin%20%28apps.v1.ReplicaSet%29",
         )
         .await;
-        assert_eq!(values(&body), pairs(&[("apps.v1.Deployment", "2")]));
+        assert_eq!(
+            values(&body),
+            pairs(&[("apps.v1.Deployment", "2"), ("example.com.v1.C7", "100")])
+        );
         let (_, body) = get(
             state(fixed, None),
             "switchyard",

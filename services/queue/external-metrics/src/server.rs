@@ -9,7 +9,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
 use crate::{
-    Backlog, Error, ExternalMetricsArgs, Peers, Result, label_value,
+    Backlog, Error, ExternalMetricsArgs, Peers, Result,
     routes::{self, ApiState},
     tls,
 };
@@ -34,13 +34,11 @@ impl<B> std::fmt::Debug for Server<B> {
 }
 
 impl<B: Backlog> Server<B> {
-    /// Binds the configured address; `None` when the API is not configured. `controllers`
-    /// are the queue's controller names, indexed as [`Backlog::backlog`] reports them.
+    /// Binds the configured address; `None` when the API is not configured.
     pub async fn bind(
         args: &ExternalMetricsArgs,
         rt: &Runtime,
         backlog: B,
-        controllers: &[Arc<str>],
         peers: Option<Peers>,
     ) -> Result<Option<Self>> {
         let ExternalMetricsArgs {
@@ -73,12 +71,7 @@ impl<B: Backlog> Server<B> {
             addr,
             listener,
             acceptor: TlsAcceptor::from(Arc::new(tls)),
-            state: ApiState {
-                backlog,
-                names: controllers.into(),
-                labels: controllers.iter().map(|c| label_value(c)).collect(),
-                peers,
-            },
+            state: ApiState { backlog, peers },
         }))
     }
 

@@ -4,6 +4,7 @@
 //! ```ignore
 //! Builder::for_::<Greeting>()            // a change to a Greeting keys it
 //!     .owns::<ConfigMap>()               // a change to a ConfigMap it controls keys it
+//!     .watches::<Secret>(Map::with(refs))// a change to a Secret keys what refs returns
 //!     .reconcile(reconcile)              // async fn(Arc<Greeting>, Context) -> Result
 //!     .error_policy(error_policy)        // optional: fn(&Error, &Request) -> Action
 //! ```
@@ -16,10 +17,11 @@
 use std::{fmt, future::Future, marker::PhantomData, sync::Arc};
 
 use serde::de::DeserializeOwned;
-use switchyard_k8s::kube::Resource;
+use switchyard_k8s::kube::{Resource, runtime::reflector::ObjectRef};
 
 use super::{
-    Action, Context, Controller, Error, Request, Result,
+    Action, Context, Controller, Error, Registered, Request, Result,
+    mapping::{MapFn, Mapping, erase, mapping_name},
     watches::{Options, Watch, Watches, default_name},
 };
 
@@ -35,25 +37,59 @@ impl<K> Object for K where
 {
 }
 
-/// How a change of a watched kind maps to the controller's keys (`Builder::watches`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Map {
-    /// The object of the reconciled kind, in the same namespace, that this label's value
-    /// names (controller-runtime's `EnqueueRequestsFromMapFunc` for the common case). The
-    /// watcher evaluates it, so no user code runs there.
+/// How a change of a watched kind `V` maps to keys of the reconciled kind `K`
+/// (`Builder::watches`).
+pub struct Map<V, K: Resource>(MapBy<V, K>);
+
+enum MapBy<V, K: Resource> {
+    /// Evaluated by the watcher: no user code runs there.
     Label(String),
+    /// Run in the reconciler ([`super::mapping`]).
+    With(MapFn<V, K>),
 }
 
-impl Map {
+impl<V, K: Resource> Map<V, K> {
+    /// The object of the reconciled kind, in the same namespace, that this label's value
+    /// names: the common case of a mapping, evaluated by the watcher.
     pub fn label(label: impl Into<String>) -> Self {
-        Self::Label(label.into())
+        Self(MapBy::Label(label.into()))
     }
+
+    /// The objects `map` returns for the changed object (controller-runtime's
+    /// `EnqueueRequestsFromMapFunc`, kube-rs's `watches` mapper): any number, in any
+    /// namespace (`ObjectRef::new(name).within(namespace)`; no namespace for a
+    /// cluster-scoped kind). It runs in a reconciler, on the object read from the watcher's
+    /// cache, with the controller's [`Context`] (its cache reads and apiserver client).
+    pub fn with<F, Fut>(map: F) -> Self
+    where
+        F: Fn(Arc<V>, Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<ObjectRef<K>>> + Send + 'static,
+    {
+        Self(MapBy::With(erase(map)))
+    }
+}
+
+impl<V, K: Resource> fmt::Debug for Map<V, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            MapBy::Label(label) => f.debug_tuple("Map::label").field(label).finish(),
+            MapBy::With(_) => f.write_str("Map::with(..)"),
+        }
+    }
+}
+
+/// A mapping function waiting for the controller's name (given by `named` at any point
+/// of the builder) to become a controller of its own.
+struct PendingMapping {
+    kind: String,
+    make: Box<dyn FnOnce(String, Arc<str>) -> Registered + Send + Sync>,
 }
 
 /// Declares a controller: the kind it reconciles, what else it watches, then its reconcile.
 pub struct Builder<K = ()> {
     name: Option<String>,
     watches: Watches,
+    mappings: Vec<PendingMapping>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -72,6 +108,7 @@ impl Builder {
                 owns: Vec::new(),
                 by_label: Vec::new(),
             },
+            mappings: Vec::new(),
             kind: PhantomData,
         }
     }
@@ -107,22 +144,30 @@ impl<K: Object> Builder<K> {
         self
     }
 
-    /// A change to a `V` keys the object of kind `K` that `map` names.
-    pub fn watches<V: Resource<DynamicType = ()>>(self, map: Map) -> Self {
+    /// A change to a `V` keys the objects of kind `K` that `map` names.
+    pub fn watches<V: Object>(self, map: Map<V, K>) -> Self {
         self.watches_with::<V>(map, Options::default())
     }
 
-    pub fn watches_with<V: Resource<DynamicType = ()>>(
-        mut self,
-        map: Map,
-        options: Options,
-    ) -> Self {
+    pub fn watches_with<V: Object>(mut self, map: Map<V, K>, options: Options) -> Self {
         let mut watch = Watch::of::<V>(options);
-        match map {
-            Map::Label(label) => {
+        match map.0 {
+            MapBy::Label(label) => {
                 watch.label = Some(label);
                 self.watches.by_label.push(watch);
             }
+            MapBy::With(map) => self.mappings.push(PendingMapping {
+                kind: default_name::<V>(),
+                make: Box::new(move |name, target| {
+                    Registered::new(Mapping {
+                        name,
+                        target,
+                        watch,
+                        map,
+                        kinds: PhantomData,
+                    })
+                }),
+            }),
         }
         self
     }
@@ -134,9 +179,25 @@ impl<K: Object> Builder<K> {
         F: Fn(Arc<K>, Context) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result> + Send + 'static,
     {
+        let name = self.name.unwrap_or_else(default_name::<K>);
+        let target: Arc<str> = Arc::from(name.as_str());
+        let mut per_kind: Vec<&str> = Vec::new();
+        let mut mappings = Vec::new();
+        for pending in &self.mappings {
+            per_kind.push(&pending.kind);
+            let n = per_kind.iter().filter(|k| **k == pending.kind).count();
+            mappings.push(mapping_name(&name, &pending.kind, n));
+        }
+        let mappings = self
+            .mappings
+            .into_iter()
+            .zip(mappings)
+            .map(|(pending, mapping)| (pending.make)(mapping, target.clone()))
+            .collect();
         Built {
-            name: self.name.unwrap_or_else(default_name::<K>),
+            name,
             watches: self.watches,
+            mappings,
             reconcile,
             error_policy: backoff,
             kind: PhantomData,
@@ -149,6 +210,7 @@ impl<K> fmt::Debug for Builder<K> {
         f.debug_struct("Builder")
             .field("name", &self.name)
             .field("watches", &self.watches)
+            .field("mappings", &self.mappings.len())
             .finish()
     }
 }
@@ -165,6 +227,8 @@ pub fn backoff(_: &Error, _: &Request) -> Action {
 pub struct Built<K, F, P> {
     name: String,
     watches: Watches,
+    /// The controllers that run its mapping functions.
+    mappings: Vec<Registered>,
     reconcile: F,
     error_policy: P,
     kind: PhantomData<fn() -> K>,
@@ -181,6 +245,7 @@ impl<K, F, P> Built<K, F, P> {
         Built {
             name: self.name,
             watches: self.watches,
+            mappings: self.mappings,
             reconcile: self.reconcile,
             error_policy,
             kind: PhantomData,
@@ -225,6 +290,10 @@ where
 
     fn watches(&self) -> Option<Watches> {
         Some(self.watches.clone())
+    }
+
+    fn mappings(&self) -> Vec<Registered> {
+        self.mappings.clone()
     }
 }
 
@@ -271,6 +340,68 @@ mod tests {
             Some("example.com/deployment")
         );
         assert_eq!(watches.by_label[0].gvk.group, "");
+    }
+
+    #[test]
+    fn mapping_functions_become_controllers_of_their_own_named_after_the_controller() {
+        use crate::sdk::{ObjectRef, Registry};
+
+        let refs = |_: Arc<ConfigMap>, _: Context| async { Vec::<ObjectRef<Deployment>>::new() };
+        let built = Builder::for_::<Deployment>()
+            .watches::<ConfigMap>(Map::with(refs))
+            .watches::<ConfigMap>(Map::with(refs))
+            .watches::<Pod>(Map::with(|_: Arc<Pod>, _| async { Vec::new() }))
+            // Named after the watches: the mappings still take the final name.
+            .named("example.com/deployments")
+            .reconcile(noop);
+        let mappings: Vec<String> = Controller::mappings(&built)
+            .iter()
+            .map(|m| m.name().to_owned())
+            .collect();
+        assert_eq!(
+            mappings,
+            [
+                "example.com/deployments/map/v1/ConfigMap",
+                "example.com/deployments/map/v1/ConfigMap/2",
+                "example.com/deployments/map/v1/Pod",
+            ]
+        );
+        // Each watches its kind as a plain `for`; the controller's own watches do not list
+        // them (the watcher never sees the function).
+        let watches = Controller::mappings(&built)[2].watches().expect("declared");
+        assert_eq!(watches.reconciles.gvk.kind, "Pod");
+        assert!(
+            Controller::watches(&built)
+                .expect("declared")
+                .by_label
+                .is_empty()
+        );
+
+        let mut registry = Registry::default();
+        registry.register(built);
+        registry.register(
+            Builder::for_::<ConfigMap>()
+                .reconcile(|_: Arc<ConfigMap>, _| async { Ok(Action::Done) }),
+        );
+        assert_eq!(registry.names().len(), 5);
+        assert_eq!(
+            registry.watches().len(),
+            5,
+            "each mapping registers its watch"
+        );
+        // Keeping a controller keeps its mappings.
+        registry
+            .retain(&["example.com/deployments".to_owned()])
+            .unwrap();
+        assert_eq!(
+            registry.names(),
+            [
+                "example.com/deployments",
+                "example.com/deployments/map/v1/ConfigMap",
+                "example.com/deployments/map/v1/ConfigMap/2",
+                "example.com/deployments/map/v1/Pod",
+            ]
+        );
     }
 
     #[test]

@@ -34,6 +34,12 @@ pub trait Controller: Send + Sync + 'static {
     fn watches(&self) -> Option<Watches> {
         None
     }
+
+    /// The controllers that run this controller's mapping functions
+    /// ([`super::Map::with`]), registered beside it; none unless [`super::Builder`] made it.
+    fn mappings(&self) -> Vec<Registered> {
+        Vec::new()
+    }
 }
 
 /// [`Controller`] behind a pointer: what the registry holds.
@@ -67,6 +73,10 @@ impl<C: Controller> DynController for C {
 pub struct Registered(Arc<dyn DynController>);
 
 impl Registered {
+    pub(crate) fn new(controller: impl Controller) -> Self {
+        Self(Arc::new(controller))
+    }
+
     pub fn name(&self) -> &str {
         self.0.name()
     }
@@ -90,37 +100,49 @@ impl fmt::Debug for Registered {
     }
 }
 
-/// The controllers a worker runs, by name.
+/// The controllers a worker runs, by name: those registered and the ones that run their
+/// mapping functions.
 #[derive(Clone, Default)]
-pub struct Registry(BTreeMap<String, Registered>);
+pub struct Registry {
+    controllers: BTreeMap<String, Registered>,
+    /// Each mapping controller's name, and the name of the controller it maps for.
+    mapping_for: BTreeMap<String, String>,
+}
 
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set().entries(self.0.keys()).finish()
+        f.debug_set().entries(self.controllers.keys()).finish()
     }
 }
 
 impl Registry {
-    /// Adds a controller; a second one with the same name replaces the first.
+    /// Adds a controller and its mapping controllers; a second one with the same name
+    /// replaces the first.
     pub fn register(&mut self, controller: impl Controller) -> &mut Self {
-        self.0.insert(
-            Controller::name(&controller).to_owned(),
-            Registered(Arc::new(controller)),
-        );
+        let name = Controller::name(&controller).to_owned();
+        self.mapping_for.retain(|_, target| *target != name);
+        for mapping in Controller::mappings(&controller) {
+            self.mapping_for
+                .insert(mapping.name().to_owned(), name.clone());
+            self.controllers.insert(mapping.name().to_owned(), mapping);
+        }
+        self.controllers
+            .insert(name, Registered(Arc::new(controller)));
         self
     }
 
     pub fn get(&self, name: &str) -> Option<Registered> {
-        self.0.get(name).cloned()
+        self.controllers.get(name).cloned()
     }
 
+    /// Every controller's name, mapping controllers' included: what the worker leases.
     pub fn names(&self) -> Vec<String> {
-        self.0.keys().cloned().collect()
+        self.controllers.keys().cloned().collect()
     }
 
     /// The watches the controllers declare in code, by controller name.
     pub fn watches(&self) -> Vec<(String, Watches)> {
-        self.0
+        self.controllers
             .iter()
             .filter_map(|(name, c)| c.watches().map(|w| (name.clone(), w)))
             .collect()
@@ -129,7 +151,10 @@ impl Registry {
     /// Makes every reconcile first wait `delay`, as if each called a slow external system
     /// (`--simulated-latency`, for benchmarks).
     pub fn add_latency(&mut self, delay: Duration) {
-        for controller in self.0.values_mut() {
+        for (name, controller) in &mut self.controllers {
+            if self.mapping_for.contains_key(name) {
+                continue;
+            }
             *controller = Registered(Arc::new(WithLatency {
                 inner: controller.clone(),
                 delay,
@@ -137,12 +162,21 @@ impl Registry {
         }
     }
 
-    /// Keeps only the named controllers; an unknown name is returned as the error.
+    /// Keeps only the named controllers and their mapping controllers; an unknown name is
+    /// returned as the error.
     pub fn retain(&mut self, names: &[String]) -> std::result::Result<(), String> {
-        if let Some(unknown) = names.iter().find(|n| !self.0.contains_key(n.as_str())) {
+        if let Some(unknown) = names
+            .iter()
+            .find(|n| !self.controllers.contains_key(n.as_str()))
+        {
             return Err(unknown.clone());
         }
-        self.0.retain(|name, _| names.contains(name));
+        let mapping_for = &self.mapping_for;
+        self.controllers.retain(|name, _| {
+            names.contains(name) || mapping_for.get(name).is_some_and(|t| names.contains(t))
+        });
+        let kept = &self.controllers;
+        self.mapping_for.retain(|name, _| kept.contains_key(name));
         Ok(())
     }
 }

@@ -17,11 +17,15 @@
 
 mod builder;
 mod controller;
+mod mapping;
 mod watches;
 
-use std::{fmt, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
+/// What a mapping function returns ([`Map::with`]): kube-rs's reference to an object.
+pub use switchyard_k8s::kube::runtime::reflector::ObjectRef;
 use switchyard_k8s::{Client, kube};
+use switchyard_queue_client::{Enqueuer, Priority, WorkKey};
 
 pub use self::{
     builder::{Builder, Built, Map, Object, Policy, backoff},
@@ -150,17 +154,47 @@ pub struct Context {
     /// Events (`events.k8s.io/v1`) about the objects reconciled, as `kubectl describe`
     /// shows them.
     pub events: Events,
+    /// The queue, for the keys mapping functions return; none outside a running reconciler.
+    queue: Option<Arc<Enqueuer>>,
 }
 
 impl Context {
     /// A context whose events name `instance` (this worker) as their reporting instance.
     pub fn new(client: Client, cache: CacheClient, instance: &str) -> Self {
         let events = Events::new(client.clone(), instance);
+        Self::of(client, cache, events)
+    }
+
+    /// A context of these parts, without a queue to enqueue to.
+    pub fn of(client: Client, cache: CacheClient, events: Events) -> Self {
         Self {
             client,
             cache,
             events,
+            queue: None,
         }
+    }
+
+    /// The same context, enqueueing what mapping functions return through `queue`.
+    pub(crate) fn enqueueing_to(mut self, queue: Arc<Enqueuer>) -> Self {
+        self.queue = Some(queue);
+        self
+    }
+
+    /// Sends `keys` to the queue, each carrying the current span's trace context; returns
+    /// once they wait in the reconciler's pending set (from where they are sent, and resent
+    /// until a queue takes them), which is bounded: a slow queue makes this wait.
+    pub(crate) async fn enqueue(&self, keys: Vec<WorkKey>) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let queue = self.queue.as_ref().ok_or_else(|| {
+            Error::Other("no queue to enqueue to: this context is not a reconciler's".into())
+        })?;
+        let fields = switchyard_runtime::trace::inject(&tracing::Span::current());
+        let cause = (!fields.is_empty()).then(|| Arc::new(fields));
+        queue.push(keys, Priority::Normal, cause).await;
+        Ok(())
     }
 }
 

@@ -23,8 +23,7 @@ pub const NS: &str = switchyard_reconciler::namespace::NAME;
 pub const SHARDS: u32 = 16;
 pub const WITHIN: Duration = Duration::from_secs(30);
 
-/// The ReplicaSet controller alone, for tests whose queue serves only its keys (a queue
-/// refuses a worker naming a controller it does not serve).
+/// The ReplicaSet controller alone, for tests whose queue serves only its keys.
 pub fn replica_set_controller() -> Registry {
     let mut registry = Registry::default();
     registry.register(switchyard_reconciler::replicaset::ReplicaSetController);

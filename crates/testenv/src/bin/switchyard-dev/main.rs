@@ -62,10 +62,10 @@ enum Cmd {
         exit_when_ready: bool,
         /// A reconciler binary of your own (built on the SDK) to run beside the built-in
         /// ones, with the same flags; it registers its controllers' watches itself
-        #[arg(long, requires = "controllers")]
+        #[arg(long)]
         reconciler: Option<PathBuf>,
-        /// The controllers that binary runs (the names its keys carry); the queues serve
-        /// them besides the built-in ones
+        /// Optional: controllers that binary runs, declared to the queues from the start (they
+        /// learn any name when it is first used, so this only makes its metrics appear early)
         #[arg(long, value_delimiter = ',', requires = "reconciler")]
         controllers: Vec<String>,
         /// CustomResourceDefinition manifests (YAML) to install before the services start

@@ -136,7 +136,8 @@ impl Signals {
 /// A user's own reconciler binary, run beside the built-in ones.
 pub struct Own {
     pub binary: PathBuf,
-    /// The controllers it runs: the queues serve them too.
+    /// Controllers it runs that the queues know from the start (optional: a queue learns a
+    /// name when it is first used).
     pub controllers: Vec<String>,
 }
 

@@ -135,6 +135,7 @@ mod tests {
                 shard_count: 4,
                 lease_timeout: Duration::from_secs(10),
                 capacity: 100,
+                max_controllers: 4,
                 backoff: BackoffConfig {
                     qps: 0.0,
                     ..Default::default()

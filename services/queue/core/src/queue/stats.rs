@@ -42,11 +42,13 @@ pub struct Totals {
 impl Queue {
     // ---- introspection ---------------------------------------------------------------
 
-    /// Figures per controller and served shard (every served shard, even when empty).
+    /// Figures per known controller and served shard (every served shard, even when empty;
+    /// every controller known, even before its first key).
     pub fn stats(&self, now: Instant) -> Vec<ShardStats> {
         let mut stats: HashMap<(ControllerId, u32), ShardStats> = HashMap::new();
+        let known = self.keys.len().max(self.controllers.len());
         for (&shard, state) in &self.shards {
-            for controller in 0..self.controllers.len() as ControllerId {
+            for controller in 0..known as ControllerId {
                 stats.insert(
                     (controller, shard),
                     ShardStats {
@@ -92,8 +94,8 @@ impl Queue {
 
     /// Whether `key` is ready, delayed or leased (for tests).
     pub fn contains(&self, key: &ValidKey) -> bool {
-        self.controllers[key.controller() as usize]
-            .entries
-            .contains_key(key.object())
+        self.controllers
+            .get(key.controller() as usize)
+            .is_some_and(|queue| queue.entries.contains_key(key.object()))
     }
 }

@@ -21,6 +21,7 @@ fn queue() -> (Queue, Instant) {
             shard_count: 4,
             lease_timeout: Duration::from_secs(10),
             capacity: 100,
+            max_controllers: 4,
             backoff: BackoffConfig {
                 qps: 0.0,
                 ..Default::default()
@@ -452,15 +453,23 @@ fn each_controller_retries_at_the_share_of_its_rate_that_the_served_shards_are()
         qps: 10.0,
         burst: 100,
     };
-    assert!(q.set_rate_limit(
+    q.set_rate_limit(
         CONTROLLERS[1],
         RateLimit {
             qps: 40.0,
-            burst: 8
-        }
-    ));
-    assert!(!q.set_rate_limit("apps/v1/Unknown", full));
+            burst: 8,
+        },
+    )
+    .unwrap();
+    // A limit for a name not known yet makes it known, with its own limit.
+    q.set_rate_limit("example.com/v1/Later", RateLimit { qps: 8.0, burst: 4 })
+        .unwrap();
     q.acquire(0, 1);
+    assert_eq!(
+        q.rate_limit("example.com/v1/Later"),
+        Some(RateLimit { qps: 2.0, burst: 1 })
+    );
+    assert_eq!(q.rate_limit("example.com/v1/Unknown"), None);
     let quarter = |limit: RateLimit| RateLimit {
         qps: limit.qps / 4.0,
         burst: limit.burst / 4,
@@ -522,4 +531,46 @@ fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
     q.acquire(a.shard(), 9);
     q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
     assert!(lease(&mut q, now).unwrap().read_floor.is_empty());
+}
+
+#[test]
+fn a_controller_named_after_start_is_queued_leased_and_counted() {
+    let (mut q, now) = queue();
+    let later = "example.com/v1/Later";
+    // The edge validates with a clone of the key space, which makes the name known.
+    let key = q
+        .key_space()
+        .clone()
+        .validate_parts(later, "default", "a")
+        .unwrap();
+    assert_eq!(key.controller(), 2);
+    assert_eq!(
+        q.add(&key, Priority::Normal, Duration::ZERO, now),
+        Ok(AddOutcome::Added)
+    );
+    assert!(q.contains(&key));
+    let stats = q.stats(now);
+    assert_eq!(
+        stats
+            .iter()
+            .filter(|s| s.controller == 2)
+            .map(|s| s.depth)
+            .sum::<u64>(),
+        1
+    );
+    // A worker of the new controller only gets its key; it retries with the default limit.
+    let leased = q.lease(W, &[2], now).unwrap();
+    assert_eq!(leased.key, key);
+    q.complete(W, leased.shard(), 7, leased.id, Outcome::Failed, now)
+        .unwrap();
+    assert!(q.rate_limit(later).is_some());
+    // A name known but without keys yet shows in the figures, empty.
+    q.key_space().intern("example.com/v1/Idle").unwrap();
+    let idle: Vec<_> = q
+        .stats(now)
+        .into_iter()
+        .filter(|s| s.controller == 3)
+        .collect();
+    assert_eq!(idle.len(), 4, "one entry per served shard");
+    assert!(idle.iter().all(|s| s.depth == 0 && s.in_flight == 0));
 }

@@ -1,0 +1,212 @@
+//! A user's mapping function (`Map::with`) on the real control plane: a change to a watched
+//! kind keys the objects the function returns, through the watcher (which runs no user
+//! code), the queue and the reconciler that runs the function.
+//!
+//! The controller keeps, on each ConfigMap, the names of the Secrets whose annotation lists
+//! it. A Secret created or changed keys every ConfigMap it lists, which no label mapping can
+//! express (one Secret, several ConfigMaps); the ConfigMaps themselves do not change, so
+//! nothing but the mapping can key them again.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use serde_json::json;
+use switchyard_k8s::{
+    Api, PostParams,
+    k8s_openapi::api::core::v1::{ConfigMap, Secret},
+    kube::{
+        ResourceExt,
+        api::{Patch, PatchParams},
+    },
+};
+use switchyard_proto::queue::v1::StatsRequest;
+use switchyard_reconciler::{
+    cache::ListFilter,
+    sdk::{Action, Builder, Context, Map, ObjectRef, Registry, Result},
+};
+use switchyard_runtime::Role;
+use switchyard_testenv::{ControlPlane, TestNamespace};
+
+const CONTROLLER: &str = "example.com/v1/SecretsOfConfigMap";
+/// A Secret's annotation: the ConfigMaps it is for, comma-separated.
+const FOR: &str = "example.com/for";
+/// A ConfigMap's annotation: the Secrets that list it, sorted, comma-separated.
+const LISTED_BY: &str = "example.com/listed-by";
+
+/// The ConfigMaps `secret` lists, in its namespace.
+fn listed(secret: &Secret) -> Vec<String> {
+    secret
+        .annotations()
+        .get(FOR)
+        .map(|names| {
+            names
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn reconcile(map: Arc<ConfigMap>, ctx: Context) -> Result {
+    let namespace = map.namespace().unwrap_or_default();
+    let secrets: Vec<Secret> = ctx.cache.list(&namespace, ListFilter::default()).await?;
+    let mut by: Vec<String> = secrets
+        .iter()
+        .filter(|s| listed(s).contains(&map.name_any()))
+        .map(ResourceExt::name_any)
+        .collect();
+    by.sort();
+    let by = by.join(",");
+    if map.annotations().get(LISTED_BY) != Some(&by) {
+        let patch = json!({"metadata": {"annotations": {LISTED_BY: by}}});
+        Api::<ConfigMap>::namespaced(ctx.client.clone(), &namespace)
+            .patch(
+                &map.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await?;
+    }
+    Ok(Action::await_change())
+}
+
+fn controller() -> Registry {
+    let mut registry = Registry::default();
+    registry.register(
+        Builder::for_::<ConfigMap>()
+            .named(CONTROLLER)
+            .watches::<Secret>(Map::with(|secret: Arc<Secret>, _ctx| async move {
+                let namespace = secret.namespace().unwrap_or_default();
+                listed(&secret)
+                    .into_iter()
+                    .map(|name| ObjectRef::new(&name).within(&namespace))
+                    .collect()
+            }))
+            .reconcile(reconcile),
+    );
+    registry
+}
+
+/// Waits until every ConfigMap of `expected` carries its annotation.
+async fn await_listed(maps: &Api<ConfigMap>, expected: &[(&str, &str)]) {
+    let deadline = tokio::time::Instant::now() + support::WITHIN;
+    loop {
+        let mut got = BTreeMap::new();
+        for (name, _) in expected {
+            let map = maps.get(name).await.unwrap();
+            got.insert(*name, map.annotations().get(LISTED_BY).cloned());
+        }
+        let want: BTreeMap<&str, Option<String>> = expected
+            .iter()
+            .map(|(name, by)| (*name, Some((*by).to_owned())))
+            .collect();
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "annotations {got:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn secret(name: &str, listed: &str) -> Secret {
+    let mut secret = Secret::default();
+    secret.metadata.name = Some(name.to_owned());
+    secret.metadata.annotations = Some([(FOR.to_owned(), listed.to_owned())].into());
+    secret
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_keys_the_objects_the_mapping_function_returns() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "mapping")
+        .await
+        .unwrap();
+    // A queue that knows the built-in controllers only: it learns this controller's name and
+    // its mapping's when they are first used.
+    let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
+    let config = format!(
+        "shardCount: {}\nnamespaces:\n  include: [{}]\n",
+        support::SHARDS,
+        ns.name()
+    );
+    let watcher = support::watcher(plane, &config, queue.grpc()).await;
+    watcher.wait_ready(Duration::from_secs(60)).await;
+    // The reconciler sends the mapped keys to the shards they hash to: its shard count must
+    // be the queue's.
+    let shards = format!("--shard-count={}", support::SHARDS);
+    let reconciler = support::reconciler(
+        plane,
+        controller(),
+        queue.grpc(),
+        watcher.grpc(),
+        &[&shards],
+    )
+    .await;
+
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns.name());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns.name());
+    for name in ["a", "b", "c"] {
+        let mut map = ConfigMap::default();
+        map.metadata.name = Some(name.to_owned());
+        maps.create(&PostParams::default(), &map).await.unwrap();
+    }
+    // Each reconciled once, for its creation: no Secret lists it yet.
+    await_listed(&maps, &[("a", ""), ("b", ""), ("c", "")]).await;
+
+    // One Secret keys two ConfigMaps; the third is not keyed.
+    secrets
+        .create(&PostParams::default(), &secret("s1", "a, b"))
+        .await
+        .unwrap();
+    await_listed(&maps, &[("a", "s1"), ("b", "s1"), ("c", "")]).await;
+
+    // A change to what it lists keys the ConfigMaps it lists now: c gains it. (b, no longer
+    // listed and not keyed, keeps its annotation until it is reconciled for another reason:
+    // a mapping keys what the object names, as controller-runtime's does.)
+    let patch = json!({"metadata": {"annotations": {FOR: "a,c,missing"}}});
+    secrets
+        .patch("s1", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret("s2", "a"))
+        .await
+        .unwrap();
+    await_listed(&maps, &[("a", "s1,s2"), ("c", "s1")]).await;
+
+    // The mapping is a controller of the queue's, beside the one it keys, learned at run
+    // time; nothing it returned is left waiting (the missing ConfigMap's key is done too).
+    let mut stats = support::queue_client(Role::Observer, queue.grpc()).await;
+    let mapping = format!("{CONTROLLER}/map/v1/Secret");
+    for name in [CONTROLLER, mapping.as_str()] {
+        let deadline = tokio::time::Instant::now() + support::WITHIN;
+        loop {
+            let shards = stats
+                .stats(StatsRequest {
+                    controller: name.to_owned(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+                .into_inner()
+                .shards;
+            if shards.iter().all(|s| s.depth + s.in_flight == 0) {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{name}: {shards:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    reconciler.stop().await;
+    watcher.stop().await;
+    queue.stop().await;
+}
