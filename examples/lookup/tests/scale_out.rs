@@ -14,6 +14,10 @@
 //! example's HPA (`deploy/hpa.yaml`) for four replicas, and for one once it has drained:
 //! the test applies the HPA's formula to what the API answers (kube-controller-manager's HPA
 //! itself scaling on that API is `tests/hpa.rs`).
+//!
+//! A second test follows one Lookup's trace, as Jaeger or Tempo would show it, through a real
+//! OpenTelemetry Collector: the watcher's event, the queue's enqueue and lease, the replica's
+//! reconcile and, inside it, the slow call and the status write.
 
 #![allow(clippy::unwrap_used)]
 
@@ -38,7 +42,9 @@ use switchyard_k8s::{
     kube::{CustomResourceExt, api::ListParams},
 };
 use switchyard_runtime::Role;
-use switchyard_testenv::{ControlPlane, InProcess, Pki, ServiceProcess, TestNamespace};
+use switchyard_testenv::{
+    Collector, ControlPlane, ExportedSpan, InProcess, Pki, ServiceProcess, TestNamespace,
+};
 
 /// What one call to the lookup service takes: the slow external system.
 const CALL: Duration = Duration::from_millis(200);
@@ -146,12 +152,13 @@ async fn watcher(plane: &ControlPlane, namespace: &str, queue: SocketAddr) -> In
     watcher
 }
 
-/// One replica of the example's binary, as its Deployment would run it.
+/// One replica of the example's binary, as its Deployment would run it, with `envs`.
 async fn replica(
     plane: &ControlPlane,
     queue: SocketAddr,
     watcher: SocketAddr,
     service: SocketAddr,
+    envs: &[(&str, &str)],
 ) -> ServiceProcess {
     let flags = [
         format!("--kubeconfig={}", plane.kubeconfig().display()),
@@ -164,7 +171,7 @@ async fn replica(
     let tls = Pki::shared().flags(Role::Reconciler);
     let args: Vec<&str> = flags.iter().chain(&tls).map(String::as_str).collect();
     let binary = Path::new(env!("CARGO_BIN_EXE_switchyard-example-lookup"));
-    let mut process = ServiceProcess::start(binary, &args, &[]).await.unwrap();
+    let mut process = ServiceProcess::start(binary, &args, envs).await.unwrap();
     // Ready once its watch is registered and listed, and its Work stream is open.
     process
         .wait_ready()
@@ -363,7 +370,7 @@ async fn four_replicas_drain_a_backlog_of_slow_calls_several_times_faster_than_o
     let watcher = watcher(plane, ns.name(), queue.grpc()).await;
 
     // One replica: the HPA's minimum while nothing waits.
-    let mut replicas = vec![replica(plane, queue.grpc(), watcher.grpc(), service).await];
+    let mut replicas = vec![replica(plane, queue.grpc(), watcher.grpc(), service, &[]).await];
     assert_eq!(hpa.replicas(backlog(metrics).await), 1);
     create_backlog(&lookups, "one").await;
     let (peak, one) = drain(metrics, &calls, "one").await;
@@ -382,7 +389,7 @@ async fn four_replicas_drain_a_backlog_of_slow_calls_several_times_faster_than_o
 
     // Four replicas, as the HPA asked at the peak.
     for _ in 1..hpa.replicas(peak) {
-        replicas.push(replica(plane, queue.grpc(), watcher.grpc(), service).await);
+        replicas.push(replica(plane, queue.grpc(), watcher.grpc(), service, &[]).await);
     }
     let mut before = Vec::new();
     for replica in &replicas {
@@ -416,4 +423,167 @@ async fn four_replicas_drain_a_backlog_of_slow_calls_several_times_faster_than_o
     }
     watcher.stop().await;
     queue.stop().await;
+}
+
+/// A Switchyard service binary from beside the example's (`cargo test --workspace` builds
+/// them all), started and ready.
+async fn service_process(name: &str, args: &[&str], envs: &[(&str, &str)]) -> ServiceProcess {
+    let dir = Path::new(env!("CARGO_BIN_EXE_switchyard-example-lookup"))
+        .parent()
+        .unwrap();
+    let program = dir.join(name);
+    assert!(
+        program.exists(),
+        "{name} is missing from {}; run `cargo build --bins`",
+        dir.display()
+    );
+    let mut process = ServiceProcess::start(&program, args, envs).await.unwrap();
+    process
+        .wait_ready()
+        .await
+        .unwrap_or_else(|e| panic!("{name} not ready: {e}\n{}", process.log()));
+    process
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_is_one_trace_from_its_watch_event_to_the_slow_call() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let collector = Collector::start(plane.binaries()).await.unwrap();
+    let client = plane.client().await.unwrap();
+    install_crd(&client).await;
+    let ns = TestNamespace::create(plane, &client, "lookup-trace")
+        .await
+        .unwrap();
+    let lookups: Api<Lookup> = Api::namespaced(client.clone(), ns.name());
+    let (service, _) = lookup_service().await;
+    let otel = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+        ("OTEL_TRACES_SAMPLER", "parentbased_always_on".to_owned()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "200".to_owned()),
+    ];
+    let otel: Vec<(&str, &str)> = otel.iter().map(|(k, v)| (*k, v.as_str())).collect();
+
+    let queue = service_process(
+        "switchyard-queue",
+        &[&format!("--shard-count={SHARDS}")],
+        &otel,
+    )
+    .await;
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        format!(
+            "shardCount: {SHARDS}\nnamespaces:\n  include: [{}]\n",
+            ns.name()
+        ),
+    )
+    .unwrap();
+    let watcher = service_process(
+        "switchyard-watcher",
+        &[
+            &format!("--kubeconfig={}", plane.kubeconfig().display()),
+            &format!("--config={}", config.path().display()),
+            &format!("--queue-addr={}", queue.grpc_addr()),
+        ],
+        &otel,
+    )
+    .await;
+    let replica = replica(
+        plane,
+        queue.grpc_addr(),
+        watcher.grpc_addr(),
+        service,
+        &otel,
+    )
+    .await;
+
+    let name = "traced";
+    let lookup = Lookup::new(
+        name,
+        switchyard_example_lookup::LookupSpec {
+            query: name.to_owned(),
+        },
+    );
+    lookups
+        .create(&PostParams::default(), &lookup)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WITHIN;
+    let (spans, call) = loop {
+        let spans = collector.spans().unwrap();
+        let call = spans
+            .iter()
+            .find(|s| s.name == "lookup" && s.attribute("query") == Some(name))
+            .cloned();
+        // Complete once the watcher's event and the status write are exported too.
+        if let Some(call) = call
+            && spans
+                .iter()
+                .any(|s| s.trace_id == call.trace_id && s.name == "watch event")
+            && spans
+                .iter()
+                .any(|s| s.name == "apiserver request" && s.parent_span_id == call.parent_span_id)
+        {
+            break (spans, call);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no trace of the Lookup's call with its watch event and status write within \
+             {WITHIN:?}; exported: {:#?}",
+            spans
+                .iter()
+                .map(|s| (&s.service, &s.name, &s.attributes))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    let parent = |span: &ExportedSpan| -> ExportedSpan {
+        spans
+            .iter()
+            .find(|s| s.span_id == span.parent_span_id)
+            .unwrap_or_else(|| panic!("the parent of {span:#?} was not exported"))
+            .clone()
+    };
+    let key = format!("{}/{name}", ns.name());
+    let reconcile = parent(&call);
+    assert_eq!(reconcile.name, "reconcile", "{reconcile:#?}");
+    assert_eq!(reconcile.attribute("key"), Some(key.as_str()));
+    let lease = parent(&reconcile);
+    assert_eq!(
+        (lease.service.as_str(), lease.name.as_str()),
+        ("switchyard-queue", "lease")
+    );
+    let enqueue = parent(&lease);
+    assert_eq!(
+        (enqueue.service.as_str(), enqueue.name.as_str()),
+        ("switchyard-queue", "enqueue")
+    );
+    let event = parent(&enqueue);
+    assert_eq!(
+        (event.service.as_str(), event.name.as_str()),
+        ("switchyard-watcher", "watch event")
+    );
+    assert_eq!(event.attribute("name"), Some(name));
+    assert_eq!(event.parent_span_id, "", "the watch event starts the trace");
+    // The answer written back: an apiserver request inside the same reconcile.
+    assert!(
+        spans.iter().any(|s| s.name == "apiserver request"
+            && s.parent_span_id == reconcile.span_id
+            && s.attribute("verb") == Some("patch")
+            && s.attribute("resource") == Some("lookups/status")),
+        "no apiserver request of the reconcile that called: {:#?}",
+        spans
+            .iter()
+            .filter(|s| s.parent_span_id == reconcile.span_id)
+            .collect::<Vec<_>>()
+    );
+    for span in [&reconcile, &lease, &enqueue, &event] {
+        assert_eq!(span.trace_id, call.trace_id, "{span:#?}");
+    }
+
+    for process in [replica, watcher, queue] {
+        let (status, log) = process.terminate().await.unwrap();
+        assert!(status.success(), "a process did not exit cleanly:\n{log}");
+    }
 }

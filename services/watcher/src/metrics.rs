@@ -90,7 +90,7 @@ impl WatcherMetrics {
         );
         metrics.register(
             "switchyard_watcher_keys_dropped",
-            "Keys a queue refused as invalid (for example an unknown controller)",
+            "Keys a queue refused as invalid (a malformed key, or a new controller past its --max-controllers)",
             this.keys_dropped.clone(),
         );
         metrics.register(
