@@ -23,7 +23,7 @@ pub fn service_binary(name: &str) -> PathBuf {
         .join(name);
     assert!(
         path.exists(),
-        "{} is missing: `cargo test --workspace` builds it (or `cargo build --bins`)",
+        "{} is missing: `make test` builds it first (or `cargo build --workspace --bins`)",
         path.display()
     );
     path
