@@ -3,14 +3,18 @@
 # built from Go modules by scripts/testenv.sh): only what is missing, with apt-get, as root or
 # through sudo. `.ci/run` calls it before `make test`; on a machine of your own, run it once.
 #
-#   prometheus  Debian's prometheus package: `prometheus` and `promtool`, for the alerts' unit
-#               tests and the Prometheus that tests/monitoring.rs starts
+#   prometheus       Debian's prometheus package: `prometheus` and `promtool`, for the alerts'
+#                    unit tests and the Prometheus that tests/monitoring.rs starts
+#   chromium         a headless browser, and `chromedriver` (chromium-driver) to drive it over
+#   chromium-driver  WebDriver: tests/plugin.rs loads the elector's console in it
 set -euo pipefail
 
 # <command> <package>: the command that must be on PATH, and the package that brings it.
 NEEDED=(
   "promtool prometheus"
   "prometheus prometheus"
+  "chromium chromium"
+  "chromedriver chromium-driver"
 )
 
 missing=()

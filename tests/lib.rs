@@ -10,6 +10,7 @@ use switchyard_k8s::{Pod, await_condition, kube::Api};
 /// How long a test waits for the control plane to converge on something.
 pub const CONVERGE_TIMEOUT: Duration = Duration::from_secs(90);
 
+pub mod browser;
 pub mod fleet;
 
 /// A service binary built beside the running test (`target/<profile>/`).

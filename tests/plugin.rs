@@ -72,6 +72,31 @@ impl Plugin {
             .unwrap()
     }
 
+    /// Starts `kubectl switchyard console` as `role` on a free loopback port: the process and
+    /// the URL it prints.
+    async fn console(&self, role: Role) -> (tokio::process::Child, String) {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(service_binary("kubectl-switchyard"))
+            .args(Pki::shared().flags(role))
+            .arg(format!("--elector-addr={}", self.elector))
+            .args(["console", "--listen=127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(RUN_TIMEOUT, lines.next_line())
+            .await
+            .expect("the console says where it listens")
+            .unwrap()
+            .expect("a line");
+        // "console: http://127.0.0.1:<port>/console/ (the elector at …, as …); …"
+        let url = line.split_whitespace().nth(1).unwrap().to_owned();
+        assert!(url.starts_with("http://127.0.0.1:"), "{line}");
+        (child, url)
+    }
+
     /// Runs it and parses its JSON output; panics with stderr when it fails.
     async fn json(&self, role: Role, args: &[&str]) -> Value {
         let output = self.run(role, args).await;
@@ -149,7 +174,11 @@ async fn plugin_against_a_topology() {
         ..Spec::new(
             "elector",
             service_binary("switchyard-elector"),
-            vec![shards.clone()],
+            vec![
+                shards.clone(),
+                "--console-interval=500ms".into(),
+                "--console-trace-url=http://jaeger.invalid/trace/{trace_id}".into(),
+            ],
         )
     }
     .start()
@@ -400,6 +429,9 @@ async fn plugin_against_a_topology() {
         text(&unknown.stderr)
     );
     println!("{:>5.1}s why checked", start.elapsed().as_secs_f64());
+
+    console_in_a_browser(&plugin, refused.name()).await;
+    println!("{:>5.1}s console checked", start.elapsed().as_secs_f64());
 
     // top, bounded: the idle backlog, and the reconciles' work p99.
     let top = plugin
@@ -691,5 +723,92 @@ async fn status_reads_the_installation_through_the_kubeconfig_context() {
         problem.contains(&format!("the apiserver at https://{nowhere}"))
             && problem.contains("is unreachable"),
         "{parsed:#}"
+    );
+}
+
+/// What the console page shows, read from the browser's DOM.
+const READ_PAGE: &str = r#"
+const all = (sel) => [...document.querySelectorAll(sel)];
+const idle = document.querySelector('#backlog tr[data-controller="example.com/v1/Idle"] .depth');
+return {
+  shards: document.querySelector('#shard-count')?.textContent ?? null,
+  cells: all('#shards .shard').length,
+  unassigned: all('#shards .shard.unassigned').length,
+  owners: [...new Set(all('#shards .shard').map((e) => e.dataset.owner))].sort(),
+  idle: idle ? idle.textContent : null,
+  reconcilers: all('#reconcilers tr[data-worker]').map((e) => e.dataset.worker),
+  failing: all('#failing tr').slice(1).map((e) =>
+    e.querySelector('.key').textContent + ' | ' + e.querySelector('.last-error').textContent),
+};
+"#;
+
+/// `kubectl switchyard console` in headless Chromium: the shard count and owners, the idle
+/// controller's backlog, the reconciler and the refused ReplicaSet's failing key with its
+/// error; an observer's page withholds failing keys; a non-loopback address is refused.
+async fn console_in_a_browser(plugin: &Plugin, namespace: &str) {
+    let (_console, url) = plugin.console(Role::Operator).await;
+    let browser = switchyard_tests::browser::Browser::start().await.unwrap();
+    browser.open(&url).await;
+    let failing_key = format!("apps/v1/ReplicaSet {namespace}/web");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let seen = loop {
+        let seen = browser.eval(READ_PAGE).await;
+        let shown = seen["shards"] == json!(SHARDS.to_string())
+            && seen["cells"] == SHARDS
+            && seen["unassigned"] == 0
+            && seen["owners"] == json!(["q0", "q1"])
+            && seen["idle"] == json!(IDLE_KEYS.to_string())
+            && seen["reconcilers"]
+                .as_array()
+                .is_some_and(|r| r.contains(&json!("r0")))
+            && seen["failing"].as_array().is_some_and(|f| {
+                f.iter().any(|row| {
+                    let row = row.as_str().unwrap_or_default();
+                    row.starts_with(&failing_key) && row.contains("is forbidden")
+                })
+            });
+        if shown {
+            break seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the console showed within {CONVERGE_TIMEOUT:?}: {seen:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!("console as the operator: {seen}");
+    let screenshot = std::env::var_os("SWITCHYARD_CONSOLE_SCREENSHOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("switchyard-console.png"));
+    browser.screenshot(&screenshot).await;
+    println!("console screenshot: {}", screenshot.display());
+    browser.close().await;
+
+    // The observer sees the same page without failing keys, and the console is read-only.
+    let (_observer, url) = plugin.console(Role::Observer).await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let page = http.get(&url).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.unwrap();
+    assert!(
+        page.contains(r#"id="failing-denied""#) && !page.contains(&failing_key),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"<span id="shard-count">16</span>"#),
+        "{page}"
+    );
+    let post = http.post(&url).send().await.unwrap();
+    assert_eq!(post.status(), 405);
+
+    // Only on loopback: the console is served with the caller's identity.
+    let exposed = plugin
+        .run(Role::Operator, &["console", "--listen=0.0.0.0:0"])
+        .await;
+    assert!(!exposed.status.success());
+    assert!(
+        text(&exposed.stderr).contains("--listen: 0.0.0.0:0 is not a loopback address"),
+        "{}",
+        text(&exposed.stderr)
     );
 }

@@ -19,8 +19,8 @@ use switchyard_proto::{
     common::v1::{GroupVersionKind, WorkKey},
     elector::v1::{DrainMemberRequest, GetShardMapRequest, elector_client::ElectorClient},
     queue::v1::{
-        Credit, DescribeKeyRequest, EnqueueItem, EnqueueRequest, StatsRequest, WorkRequest,
-        WorkerHello, queue_client::QueueClient, work_request, work_response,
+        Credit, DescribeKeyRequest, EnqueueItem, EnqueueRequest, ListFailingRequest, StatsRequest,
+        WorkRequest, WorkerHello, queue_client::QueueClient, work_request, work_response,
     },
     watcher::v1::{
         GetRequest, RegisterRequest, ResyncShardRequest, cache_client::CacheClient,
@@ -524,6 +524,71 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
         .unwrap()
         .into_inner();
     assert_eq!(answer.key, described().key, "the operator is served");
+
+    // Queue.ListFailing: operators, and the elector's console on their behalf.
+    let mut callers = intruders(Role::Operator);
+    callers.extend(wrong_roles(&[Role::Operator, Role::Elector]));
+    for caller in &callers {
+        let result = match caller.channel(queue.grpc_addr()).await {
+            Ok(channel) => QueueClient::new(channel)
+                .list_failing(ListFailingRequest::default())
+                .await
+                .map(|r| r.into_inner())
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.queue.v1.Queue/ListFailing", result);
+    }
+    for role in [Role::Operator, Role::Elector] {
+        let channel = Pki::shared()
+            .channel(role, Role::Queue, queue.grpc_addr())
+            .await
+            .unwrap();
+        QueueClient::new(channel)
+            .list_failing(ListFailingRequest::default())
+            .await
+            .unwrap_or_else(|e| panic!("{role} lists the failing keys: {e}"));
+    }
+
+    // The elector's console, plain HTTP on its gRPC port: any identity of the installation
+    // reads it; without one, a plain-text 401 a browser shows.
+    let console_url = format!("https://{}/console/", elector.grpc_addr());
+    let console = |channel: Channel| {
+        let url = console_url.clone();
+        async move {
+            use tonic::codegen::{Service, http};
+            let mut channel = channel;
+            let request = http::Request::get(url)
+                .body(tonic::body::Body::empty())
+                .unwrap();
+            std::future::poll_fn(|cx| channel.poll_ready(cx))
+                .await
+                .unwrap();
+            let response = channel.call(request).await.unwrap();
+            let kind = response
+                .headers()
+                .get(http::header::CONTENT_TYPE)
+                .map(|v| v.to_str().unwrap_or_default().to_owned())
+                .unwrap_or_default();
+            (response.status().as_u16(), kind)
+        }
+    };
+    let anonymous = Caller::NoCertificate
+        .channel(elector.grpc_addr())
+        .await
+        .unwrap();
+    assert_eq!(
+        console(anonymous).await,
+        (401, "text/plain; charset=utf-8".to_owned())
+    );
+    let observer = Pki::shared()
+        .channel(Role::Observer, Role::Elector, elector.grpc_addr())
+        .await
+        .unwrap();
+    assert_eq!(
+        console(observer).await,
+        (200, "text/html; charset=utf-8".to_owned())
+    );
     let operator = Pki::shared()
         .channel(Role::Operator, Role::Elector, elector.grpc_addr())
         .await
@@ -557,6 +622,7 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
         (&watcher, "/switchyard.watcher.v1.Watches/Register"),
         (&elector, "/switchyard.elector.v1.Elector/GetShardMap"),
         (&queue, "/switchyard.queue.v1.Queue/DescribeKey"),
+        (&queue, "/switchyard.queue.v1.Queue/ListFailing"),
         (&elector, "/switchyard.elector.v1.Elector/DrainMember"),
     ] {
         for reason in ["unauthenticated", "forbidden"] {

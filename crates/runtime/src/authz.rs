@@ -70,6 +70,12 @@ pub const TABLE: &[(&str, Access)] = &[
         "/switchyard.queue.v1.Queue/DescribeKey",
         Access::Roles(&[Role::Operator]),
     ),
+    // The same for the failing keys; the elector's console asks on an operator's behalf
+    // (its own page for them is the operator's only).
+    (
+        "/switchyard.queue.v1.Queue/ListFailing",
+        Access::Roles(&[Role::Operator, Role::Elector]),
+    ),
     (
         "/switchyard.watcher.v1.Cache/Get",
         Access::Roles(&[Role::Reconciler]),
@@ -102,6 +108,10 @@ pub const TABLE: &[(&str, Access)] = &[
         "/switchyard.elector.v1.Elector/DrainMember",
         Access::Roles(&[Role::Operator]),
     ),
+    // The elector's console (plain HTTP on the gRPC port): what Stats and GetShardMap show,
+    // to any identity; its failing keys only to operators, as DescribeKey.
+    ("/console", Access::AnyRole),
+    ("/console/", Access::AnyRole),
 ];
 
 /// The row that governs `path` (`/package.Service/Method`).
@@ -315,9 +325,34 @@ where
                 let mut inner = std::mem::replace(&mut self.inner, clone);
                 Box::pin(inner.call(request))
             }
-            Err(status) => Box::pin(std::future::ready(Ok(status.into_http()))),
+            Err(status) if is_grpc(&request) => {
+                Box::pin(std::future::ready(Ok(status.into_http())))
+            }
+            Err(status) => Box::pin(std::future::ready(Ok(plain_refusal(&status)))),
         }
     }
+}
+
+fn is_grpc(request: &http::Request<Body>) -> bool {
+    request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A refusal as a browser or `curl` reads it: 401 without an identity, 403 for the wrong one.
+fn plain_refusal(status: &Status) -> http::Response<Body> {
+    let code = match status.code() {
+        tonic::Code::Unauthenticated => http::StatusCode::UNAUTHORIZED,
+        _ => http::StatusCode::FORBIDDEN,
+    };
+    let mut response = http::Response::new(Body::new(format!("{}\n", status.message())));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
 }
 
 #[cfg(test)]
@@ -341,5 +376,27 @@ mod tests {
             };
             assert_eq!(access(&probe), Some(*row), "{path}");
         }
+        assert_eq!(access("/console/body"), Some(Access::AnyRole));
+        assert_eq!(access("/consoles"), None);
+    }
+
+    #[test]
+    fn a_browser_is_refused_in_plain_text_and_a_grpc_client_in_grpc() {
+        let refused = plain_refusal(&Status::permission_denied("x may not call /console/"));
+        assert_eq!(refused.status(), http::StatusCode::FORBIDDEN);
+        assert_eq!(
+            refused.headers()[http::header::CONTENT_TYPE],
+            "text/plain; charset=utf-8"
+        );
+        let refused = plain_refusal(&Status::unauthenticated("no certificate"));
+        assert_eq!(refused.status(), http::StatusCode::UNAUTHORIZED);
+
+        let mut grpc = http::Request::new(Body::empty());
+        grpc.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc+proto"),
+        );
+        assert!(is_grpc(&grpc));
+        assert!(!is_grpc(&http::Request::new(Body::empty())));
     }
 }

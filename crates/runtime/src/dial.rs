@@ -55,6 +55,11 @@ impl Dialer {
         })
     }
 
+    /// The identity this dialer presents, `None` in plaintext.
+    pub fn identity(&self) -> Option<crate::Identity> {
+        self.tls.as_ref().map(Tls::identity)
+    }
+
     /// The endpoint of `address` (`host:port`), for the caller's timeouts and keepalives.
     pub fn endpoint(&self, address: &str, peer: Role) -> Result<Endpoint, DialError> {
         Endpoint::from_shared(format!("http://{address}")).map_err(|e| DialError::Address {

@@ -37,6 +37,9 @@ pub struct GrpcServer {
     routes: RoutesBuilder,
     names: Vec<&'static str>,
     descriptor_sets: Vec<&'static [u8]>,
+    /// Plain HTTP/2 routes beside the gRPC services (the elector's console), under the same
+    /// authorization table.
+    http: Option<axum::Router>,
 }
 
 impl GrpcServer {
@@ -63,6 +66,17 @@ impl GrpcServer {
         self
     }
 
+    /// Serves `router`'s plain HTTP routes on the same port and mutual TLS as the gRPC
+    /// services. The authorization table governs their paths as it does methods; a refusal
+    /// is a plain-text 401 or 403.
+    pub fn with_http(mut self, router: axum::Router) -> Self {
+        self.http = Some(match self.http.take() {
+            Some(routes) => routes.merge(router),
+            None => router,
+        });
+        self
+    }
+
     /// Adds an encoded `FileDescriptorSet` that reflection serves.
     pub fn with_descriptor_set(mut self, set: &'static [u8]) -> Self {
         self.descriptor_sets.push(set);
@@ -80,6 +94,7 @@ impl GrpcServer {
             mut routes,
             names,
             descriptor_sets,
+            http,
         } = self;
         let (health, health_service) = tonic_health::server::health_reporter();
         routes.add_service(health_service);
@@ -102,7 +117,10 @@ impl GrpcServer {
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .layer(Authorize::new(tls.cloned(), metrics))
-            .add_routes(routes.routes());
+            .add_routes(match http {
+                Some(http) => routes.routes().into_axum_router().merge(http).into(),
+                None => routes.routes(),
+            });
         let incoming = match tls {
             None => Incoming::Tcp(TcpIncoming::from(listener).with_nodelay(Some(true))),
             Some(tls) => {

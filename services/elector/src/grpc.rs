@@ -142,6 +142,22 @@ impl ElectorService {
             .flatten()
     }
 
+    /// The map as `GetShardMap` answers it, with the leader and the draining marks when etcd
+    /// answers in time; `None` until the map is read from etcd.
+    pub async fn snapshot(&self) -> Option<pb::ShardMap> {
+        let map = self.map.borrow().clone();
+        let members = self.members.borrow().clone();
+        map.as_ref()?;
+        let mut snapshot = snapshot(map.as_deref(), members.as_deref(), self.shard_count);
+        if let Some((leader, draining)) = self.leader_and_draining().await {
+            snapshot.leader_id = leader;
+            for member in &mut snapshot.members {
+                member.draining = draining.contains(&member.id);
+            }
+        }
+        Some(snapshot)
+    }
+
     async fn drain_member(&self, request: pb::DrainMemberRequest) -> Result<u32, DrainRefused> {
         if request.member_id.is_empty() {
             return Err(DrainRefused::MissingMember);
@@ -239,21 +255,12 @@ impl elector_server::Elector for ElectorService {
         &self,
         _: Request<pb::GetShardMapRequest>,
     ) -> Result<Response<pb::ShardMap>, Status> {
-        let map = self.map.borrow().clone();
-        let members = self.members.borrow().clone();
-        if map.is_none() {
-            return Err(Status::unavailable(
+        match self.snapshot().await {
+            Some(snapshot) => Ok(Response::new(snapshot)),
+            None => Err(Status::unavailable(
                 "the shard map has not been read from etcd yet",
-            ));
+            )),
         }
-        let mut snapshot = snapshot(map.as_deref(), members.as_deref(), self.shard_count);
-        if let Some((leader, draining)) = self.leader_and_draining().await {
-            snapshot.leader_id = leader;
-            for member in &mut snapshot.members {
-                member.draining = draining.contains(&member.id);
-            }
-        }
-        Ok(Response::new(snapshot))
     }
 
     async fn drain_member(

@@ -11,8 +11,11 @@
 //! - [`liveness`]: the leader revokes the registration of a member whose port refuses
 //!   connections, so a crashed member's shards move before its lease would expire;
 //! - [`grpc`]: `switchyard.elector.v1.Elector`: the shard map for queue members, watchers,
-//!   reconcilers and tools.
+//!   reconcilers and tools;
+//! - [`console`]: the live console on the same port: the shard map, backlog, reconcilers and
+//!   failing keys as a page for a browser.
 
+pub mod console;
 pub mod grpc;
 pub mod leader;
 pub mod liveness;
@@ -49,6 +52,8 @@ pub struct Args {
     pub elector: ElectorArgs,
     #[command(flatten)]
     pub etcd_tls: EtcdTlsArgs,
+    #[command(flatten)]
+    pub console: console::ConsoleArgs,
 }
 
 #[derive(Clone, Debug, clap::Args)]
@@ -148,7 +153,9 @@ impl Args {
             runtime,
             elector,
             etcd_tls,
+            console,
         } = self;
+        let console = console.config().map_err(Error::Config)?;
         let etcd = Etcd::from_args(&elector.etcd_endpoints, &etcd_tls, &runtime.tls)
             .map_err(|e| Error::Config(e.to_string()))?;
         let Config {
@@ -223,6 +230,12 @@ impl Args {
             membership::watch_members(etcd.clone(), rt.drain()).0,
         )
         .with_etcd(etcd.clone());
+        let console = console::Console::new(console, service.clone(), rt.dialer());
+        // Its state (the samples) lives in the console, so a panic loses nothing but a sample.
+        rt.spawn_restarting("console-sampler", {
+            let console = console.clone();
+            move |drain| console.clone().run(drain)
+        });
         let dialer = rt.dialer();
         // Not restarted: a broken term ends the process, and another elector takes over
         // within the election TTL.
@@ -233,6 +246,7 @@ impl Args {
             .serve_grpc(
                 GrpcServer::new()
                     .add_service(service.into_server())
+                    .with_http(console.router())
                     .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
             )
             .await?;

@@ -18,8 +18,8 @@ use std::{
 };
 
 use switchyard_queue_core::{
-    AddOutcome, Cause, ControllerId, Error as CoreError, KeyPhase, LastOutcome, Lease, LeaseId,
-    Outcome, Priority, Queue, ReadFloor, Refused, ShardStats, ValidKey, WorkerId,
+    AddOutcome, Cause, ControllerId, Error as CoreError, KeyPhase, KeyView, LastOutcome, Lease,
+    LeaseId, Outcome, Priority, Queue, ReadFloor, Refused, ShardStats, ValidKey, WorkerId,
 };
 use switchyard_runtime::Drain;
 use tokio::sync::{mpsc, oneshot};
@@ -147,6 +147,12 @@ pub enum Command {
         key: ValidKey,
         reply: oneshot::Sender<Option<Described>>,
     },
+    /// The keys with failures not yet forgotten (`Queue::failing`), and how many in all.
+    Failing {
+        controller: Option<ControllerId>,
+        limit: usize,
+        reply: oneshot::Sender<(Vec<(ValidKey, Described)>, usize)>,
+    },
     /// Serve `shard` at `epoch` (starting empty).
     Acquire {
         shard: u32,
@@ -233,6 +239,21 @@ impl Handle {
         self.send(Command::Describe { key, reply }).await?;
         rx.await.map_err(|_| Closed)
     }
+
+    pub async fn failing(
+        &self,
+        controller: Option<ControllerId>,
+        limit: usize,
+    ) -> Result<(Vec<(ValidKey, Described)>, usize), Closed> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Failing {
+            controller,
+            limit,
+            reply,
+        })
+        .await?;
+        rx.await.map_err(|_| Closed)
+    }
 }
 
 /// One open Work stream.
@@ -243,6 +264,8 @@ pub struct WorkerView {
     /// Items granted and not yet sent.
     pub credits: u32,
     pub in_flight: usize,
+    /// Outcomes accepted from it.
+    pub finished: u64,
 }
 
 /// A key now, with its workers named (the core knows them by number).
@@ -261,6 +284,8 @@ struct Worker {
     name: Arc<str>,
     controllers: Vec<ControllerId>,
     credits: u32,
+    /// Outcomes accepted from it.
+    finished: u64,
     tx: mpsc::UnboundedSender<ToWorker>,
 }
 
@@ -404,6 +429,7 @@ impl Actor {
                         name,
                         controllers,
                         credits: 0,
+                        finished: 0,
                         tx,
                     },
                 );
@@ -438,6 +464,9 @@ impl Actor {
                 );
                 if result.is_ok() {
                     self.queue.raise_floor(shard, observed.iter());
+                    if let Some(w) = self.workers.get_mut(&worker) {
+                        w.finished += 1;
+                    }
                 }
                 match (&result, controller) {
                     (Ok(worked), Some(controller)) => {
@@ -509,25 +538,43 @@ impl Actor {
                             controllers: w.controllers.clone(),
                             credits: w.credits,
                             in_flight: self.queue.worker_leases(*id),
+                            finished: w.finished,
                         })
                         .collect(),
                 );
             }
             Command::Describe { key, reply } => {
-                let described = self.queue.describe(&key).map(|view| Described {
-                    epoch: view.epoch,
-                    holder: match view.phase {
-                        KeyPhase::Leased { worker, .. } => self.worker_name(worker),
-                        _ => None,
-                    },
-                    phase: view.phase,
-                    failures: view.failures,
-                    last: view
-                        .last
-                        .map(|last| (last.clone(), self.worker_name(last.worker))),
-                });
+                let described = self.queue.describe(&key).map(|view| self.described(view));
                 let _ = reply.send(described);
             }
+            Command::Failing {
+                controller,
+                limit,
+                reply,
+            } => {
+                let (keys, total) = self.queue.failing(controller, limit);
+                let keys = keys
+                    .into_iter()
+                    .map(|(key, view)| (key, self.described(view)))
+                    .collect();
+                let _ = reply.send((keys, total));
+            }
+        }
+    }
+
+    /// A key's view with its workers named.
+    fn described(&self, view: KeyView<'_>) -> Described {
+        Described {
+            epoch: view.epoch,
+            holder: match view.phase {
+                KeyPhase::Leased { worker, .. } => self.worker_name(worker),
+                _ => None,
+            },
+            phase: view.phase,
+            failures: view.failures,
+            last: view
+                .last
+                .map(|last| (last.clone(), self.worker_name(last.worker))),
         }
     }
 

@@ -45,6 +45,49 @@ impl QueueService {
     }
 }
 
+/// Keys at most one `ListFailing` returns.
+pub const MAX_FAILING: u32 = 1000;
+/// Keys it returns when the request names no limit.
+const DEFAULT_FAILING: u32 = 100;
+
+impl QueueService {
+    pub(crate) async fn list_failing(
+        &self,
+        request: pb::ListFailingRequest,
+    ) -> Result<pb::ListFailingResponse, EdgeError> {
+        let controller = match request.controller.as_str() {
+            "" => None,
+            name => Some(self.keys().controller_id(name).ok_or_else(|| {
+                EdgeError::Invalid(format!("controller: unknown controller {name:?}"))
+            })?),
+        };
+        let limit = match request.limit {
+            0 => DEFAULT_FAILING,
+            n if n > MAX_FAILING => {
+                return Err(EdgeError::Invalid(format!(
+                    "limit: {n} is more than {MAX_FAILING}"
+                )));
+            }
+            n => n,
+        };
+        let (keys, total) = self.handle().failing(controller, limit as usize).await?;
+        Ok(pb::ListFailingResponse {
+            keys: keys
+                .into_iter()
+                .map(|(key, described)| {
+                    let name = ProtoKey {
+                        controller: self.keys().name(key.controller()).to_string(),
+                        namespace: key.namespace().to_owned(),
+                        name: key.name().to_owned(),
+                    };
+                    response(name, key.shard(), described)
+                })
+                .collect(),
+            total: total as u64,
+        })
+    }
+}
+
 fn response(key: ProtoKey, shard: u32, described: Described) -> pb::DescribeKeyResponse {
     let mut response = pb::DescribeKeyResponse {
         key: Some(key),

@@ -332,6 +332,7 @@ impl queue_server::Queue for QueueService {
                         .collect(),
                     credits: w.credits,
                     in_flight: w.in_flight as u64,
+                    finished: w.finished,
                 })
                 .collect(),
         }))
@@ -343,6 +344,15 @@ impl queue_server::Queue for QueueService {
     ) -> Result<Response<pb::DescribeKeyResponse>, Status> {
         Ok(Response::new(
             QueueService::describe_key(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn list_failing(
+        &self,
+        request: Request<pb::ListFailingRequest>,
+    ) -> Result<Response<pb::ListFailingResponse>, Status> {
+        Ok(Response::new(
+            QueueService::list_failing(self, request.into_inner()).await?,
         ))
     }
 }

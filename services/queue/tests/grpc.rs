@@ -16,8 +16,8 @@ use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
     queue::v1::{
         Credit, DescribeKeyRequest, Done, EnqueueItem, EnqueueRequest, ExtendLease, Failed,
-        KeyPhase, LeaseExtended, LeasedItem, Outcome, OutcomeKind, ShardStats, StatsRequest,
-        WorkRequest, WorkResponse, WorkerHello, outcome, queue_client::QueueClient,
+        KeyPhase, LeaseExtended, LeasedItem, ListFailingRequest, Outcome, OutcomeKind, ShardStats,
+        StatsRequest, WorkRequest, WorkResponse, WorkerHello, outcome, queue_client::QueueClient,
         work_request::Request as Msg, work_response::Response as Reply,
     },
 };
@@ -1167,6 +1167,32 @@ async fn describe_key_follows_a_key_through_lease_failure_and_backoff() {
     assert_eq!(last.kind(), OutcomeKind::Failed);
     assert_eq!((last.error.as_str(), last.attempt), (reason, 1));
     assert_eq!(last.worker_id, "test");
+
+    // The failing keys list it as DescribeKey does; the stream counts the outcome.
+    let failing = operator
+        .list_failing(ListFailingRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(failing.total, 1);
+    assert_eq!(failing.keys.len(), 1);
+    assert_eq!(failing.keys[0].key, Some(key("api")));
+    assert_eq!(failing.keys[0].failures, 1);
+    let stats = client
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.workers[0].finished, 1);
+    let too_many = operator
+        .list_failing(ListFailingRequest {
+            limit: 1001,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(too_many.code(), Code::InvalidArgument);
+    assert_eq!(too_many.message(), "limit: 1001 is more than 1000");
 
     // A key never added is absent; bad input names the field.
     let absent = operator

@@ -59,7 +59,7 @@ pub fn chain(error: &dyn std::error::Error) -> String {
 
 #[derive(Debug)]
 pub struct Connections {
-    dialer: Dialer,
+    pub dialer: Dialer,
     electors: Vec<String>,
     pub queues: Vec<String>,
     pub admins: Vec<String>,
@@ -129,6 +129,12 @@ impl Connections {
 
     /// The first elector that answers, and its address.
     pub async fn elector(&self) -> Result<(String, ElectorClient<Channel>)> {
+        let (address, channel) = self.elector_channel().await?;
+        Ok((address, ElectorClient::new(channel)))
+    }
+
+    /// A connection to the first elector replica that answers, and its address.
+    pub async fn elector_channel(&self) -> Result<(String, Channel)> {
         if self.electors.is_empty() {
             return Err(Error::Config(
                 "--elector-addr (or SWITCHYARD_ELECTOR_ADDR): required to find the queue \
@@ -139,7 +145,7 @@ impl Connections {
         let mut last = None;
         for address in &self.electors {
             match self.channel("elector", address, Role::Elector).await {
-                Ok(channel) => return Ok((address.clone(), ElectorClient::new(channel))),
+                Ok(channel) => return Ok((address.clone(), channel)),
                 Err(error) => last = Some(error),
             }
         }

@@ -9,6 +9,7 @@
 //!  top    ─► queue admin ports: /metrics every --interval (adds/s, depth, retries, p99s)
 //!  why    ─► shard of the key ─► its owner in the map ─► Queue.DescribeKey
 //!  drain  ─► Elector.DrainMember, then GetShardMap until the member holds no shard
+//!  console ─► a loopback port whose GETs go to the elector's console with this identity
 //! ```
 //!
 //! It dials the services with the same `--tls-*` flags (and `SWITCHYARD_TLS_*` variables)
@@ -18,6 +19,7 @@
 
 mod cluster;
 mod connect;
+mod console;
 mod drain;
 mod prom;
 mod render;
@@ -37,7 +39,7 @@ pub use render::Output;
     name = "kubectl-switchyard",
     bin_name = "kubectl switchyard",
     version,
-    about = "Status, top, why and drain for a Switchyard installation"
+    about = "Status, top, why, drain and the live console of a Switchyard installation"
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -131,6 +133,13 @@ pub enum Command {
         #[arg(long)]
         undo: bool,
     },
+    /// Serve the elector's live console (shard map, backlog, reconcilers, failing keys) on a
+    /// loopback port for a browser, with this command's identity, until Ctrl-C
+    Console {
+        /// Where to listen: a loopback address (port 0 picks a free one)
+        #[arg(long, default_value = "127.0.0.1:8001")]
+        listen: std::net::SocketAddr,
+    },
 }
 
 impl Cli {
@@ -194,6 +203,7 @@ async fn run(
             let drained = drain::run(connections, &member, undo, timeout.into()).await?;
             render::print(output, &drained, drain::table)
         }
+        Command::Console { listen } => console::run(connections, listen).await,
     }
 }
 

@@ -7,7 +7,7 @@ use super::{
     LeaseId, Queue, ShardState, State, WorkerId,
     history::{History, LastOutcome, OutcomeKind, TraceId, truncate_error},
 };
-use crate::key::ValidKey;
+use crate::key::{ControllerId, ValidKey};
 
 /// Where a held key stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +83,53 @@ impl Queue {
             failures: entry.map_or(0, |e| e.failures),
             last: self.history.get(key),
         })
+    }
+
+    /// The held keys with failures not yet forgotten, of `controller` or of all: the most
+    /// failures first (then by controller and name), at most `limit`, each described; and how
+    /// many there are in all. Walks every held key of the controllers asked for.
+    pub fn failing(
+        &self,
+        controller: Option<ControllerId>,
+        limit: usize,
+    ) -> (Vec<(ValidKey, KeyView<'_>)>, usize) {
+        let mut failing: Vec<(u32, ValidKey)> = Vec::new();
+        for (id, queue) in self.controllers.iter().enumerate() {
+            let id = id as ControllerId;
+            if controller.is_some_and(|c| c != id) {
+                continue;
+            }
+            failing.extend(
+                queue
+                    .entries
+                    .iter()
+                    .filter(|(_, entry)| entry.failures > 0)
+                    .map(|(name, entry)| {
+                        (
+                            entry.failures,
+                            ValidKey::from_parts(id, entry.shard, name.clone()),
+                        )
+                    }),
+            );
+        }
+        let total = failing.len();
+        let order = |(a_failures, a): &(u32, ValidKey), (b_failures, b): &(u32, ValidKey)| {
+            b_failures
+                .cmp(a_failures)
+                .then(a.controller().cmp(&b.controller()))
+                .then_with(|| a.namespace().cmp(b.namespace()))
+                .then_with(|| a.name().cmp(b.name()))
+        };
+        if failing.len() > limit {
+            failing.select_nth_unstable_by(limit, order);
+            failing.truncate(limit);
+        }
+        failing.sort_unstable_by(order);
+        let described = failing
+            .into_iter()
+            .filter_map(|(_, key)| self.describe(&key).map(|view| (key, view)))
+            .collect();
+        (described, total)
     }
 
     /// Records how lease `id` ends, before it is finished. Nothing for an unknown lease.
@@ -246,5 +293,46 @@ mod tests {
             q.describe(&c).is_none(),
             "a shard not served is not described"
         );
+    }
+
+    #[test]
+    fn failing_keys_come_most_failures_first_within_the_limit() {
+        let (mut q, space, now) = queue(8);
+        let fail = |q: &mut Queue, at: Instant| {
+            q.advance(at);
+            let lease = q.lease(1, &[], at).unwrap();
+            q.complete_with_error(
+                1,
+                lease.shard(),
+                lease.epoch,
+                lease.id,
+                Outcome::Failed,
+                Some("refused"),
+                at,
+            )
+            .unwrap();
+        };
+        let key = |name| space.validate_parts(RS, "ns", name).unwrap();
+        for name in ["b", "a", "done"] {
+            q.add(&key(name), Priority::Normal, Duration::ZERO, now)
+                .unwrap();
+        }
+        // Leased in the order added: b, a, done.
+        fail(&mut q, now);
+        fail(&mut q, now);
+        let lease = q.lease(1, &[], now).unwrap();
+        q.complete(1, lease.shard(), lease.epoch, lease.id, Outcome::Done, now)
+            .unwrap();
+        // b is retried first (its backoff ends first) and fails again.
+        fail(&mut q, now + Duration::from_secs(60));
+
+        let (all, total) = q.failing(None, 10);
+        let names: Vec<_> = all.iter().map(|(k, v)| (k.name(), v.failures)).collect();
+        assert_eq!((names, total), (vec![("b", 2), ("a", 1)], 2));
+        assert_eq!(all[0].1.last.unwrap().error.as_deref(), Some("refused"));
+
+        let (first, total) = q.failing(Some(key("a").controller()), 1);
+        assert_eq!((first.len(), first[0].0.name(), total), (1, "b", 2));
+        assert_eq!(q.failing(Some(3), 10).1, 0, "another controller has none");
     }
 }
