@@ -18,7 +18,7 @@ help:
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
-	@echo "make deps          install the distribution packages the tests need (prometheus; apt-get)"
+	@echo "make deps          install the distribution packages the tests need (prometheus, chromium; apt-get)"
 	@echo "make bench         run every benchmark; make bench-<area> one area (queue, elector, watcher, e2e, gc)"
 
 testenv:
