@@ -7,7 +7,8 @@
 //!            ▼
 //!  run: per shard with an active owner, a batch of up to BATCH keys ─► Enqueue at the owner
 //!       acknowledged ─► gone;   not owner / unavailable / full ─► back into pending, retried
-//!       after a backoff or as soon as the shard map changes; invalid ─► dropped and logged
+//!       after a backoff or as soon as the shard map changes; refused as invalid ─► sent again
+//!       in halves until only the keys at fault are left, which are dropped and logged
 //! ```
 //!
 //! Nothing is dropped because a queue is slow, down or moving: keys wait in the pending set,
@@ -282,9 +283,11 @@ impl Enqueuer {
             let mut sends = FuturesUnordered::new();
             let mut retry = false;
             let mut batches = batches.into_iter();
+            // Halves of batches refused as invalid, sent again to find the keys at fault.
+            let mut halves: Vec<(u32, Batch)> = Vec::new();
             loop {
                 while sends.len() < MAX_IN_FLIGHT
-                    && let Some((shard, batch)) = batches.next()
+                    && let Some((shard, batch)) = halves.pop().or_else(|| batches.next())
                 {
                     let Some(owner) = current.owner(shard) else {
                         self.put_back(shard, batch);
@@ -303,6 +306,14 @@ impl Enqueuer {
                     Ok(()) => {
                         self.metrics.sent(batch.len());
                         self.room.notify_waiters();
+                    }
+                    // The queue refuses a batch as a whole: the valid keys beside an invalid
+                    // one go again, in halves, until only the invalid keys are dropped.
+                    Err(Error::Invalid(_)) if batch.len() > 1 => {
+                        let mut batch = batch;
+                        let second = batch.split_off(batch.len() / 2);
+                        halves.push((shard, batch));
+                        halves.push((shard, second));
                     }
                     Err(error) if !error.is_retryable() => {
                         self.metrics.dropped(batch.len());

@@ -165,12 +165,29 @@ async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
     let mut expected = keys.to_vec();
     expected.sort();
     assert_eq!(leased, expected, "namespace and name arrive apart, as sent");
-    // A name with a slash is no object's name: the queue refuses the key as invalid. (Pushed
-    // after the others were leased: the queue refuses a request as a whole, so an invalid key
-    // sent in one batch with valid ones of its shard takes them with it.)
+    // A name with a slash is no object's name: the queue refuses the key as invalid, and a
+    // request with it as a whole. Pushed with three valid keys of its shard, only it is lost.
+    let bad = WorkKey::new(RS, "default", "x/y");
+    let mut beside: Vec<WorkKey> = (0..)
+        .map(|i| WorkKey::new(RS, "default", format!("beside-{i}")))
+        .filter(|k| k.shard(SHARDS) == bad.shard(SHARDS))
+        .take(3)
+        .collect();
+    beside.sort();
     enqueuer
-        .push([WorkKey::new(RS, "default", "x/y")], Priority::Low, None)
+        .push(beside.iter().cloned().chain([bad]), Priority::Low, None)
         .await;
+    let mut leased = Vec::new();
+    for _ in 0..beside.len() {
+        let lease = next_lease(&mut session).await;
+        session
+            .replies()
+            .complete(&lease, Outcome::Done, Duration::from_millis(1))
+            .unwrap();
+        leased.push(lease.key);
+    }
+    leased.sort();
+    assert_eq!(leased, beside, "the valid keys beside the invalid one");
     tokio::time::timeout(PATIENCE, async {
         while counts.0.dropped.load(Ordering::Relaxed) == 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -178,7 +195,8 @@ async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
     })
     .await
     .expect("the invalid key is dropped");
-    assert_eq!(counts.0.sent.load(Ordering::Relaxed), 2);
+    assert_eq!(counts.0.dropped.load(Ordering::Relaxed), 1);
+    assert_eq!(counts.0.sent.load(Ordering::Relaxed), 2 + beside.len());
     assert_eq!(enqueuer.pending(), 0);
 }
 
