@@ -201,8 +201,9 @@ struct ControllerQueue {
     /// The entries; a free slot is reused by the next new key.
     slots: Vec<Option<Entry>>,
     free: Vec<Slot>,
-    /// The slot of each held key, found by the key's hash.
-    index: HashTable<Slot>,
+    /// The slot of each held key, found by the key's hash, and the hash's upper half (the
+    /// table grows without reading the entries: see [`index_hash`]).
+    index: HashTable<(Slot, u32)>,
     /// Indexed by `Priority as usize`; items carry the entry's `seq` when pushed.
     ready: [VecDeque<(Slot, u64)>; 2],
     /// Causes of the adds not yet handed to a worker, of the keys that have any. Beside the
@@ -225,12 +226,12 @@ impl ControllerQueue {
     fn find(&self, key: &ObjectName, hash: u64) -> Option<Slot> {
         let slots = &self.slots;
         self.index
-            .find(hash, |&slot| {
+            .find(index_hash(hash), |&(slot, _)| {
                 slots[slot as usize]
                     .as_ref()
                     .is_some_and(|entry| entry.key == *key)
             })
-            .copied()
+            .map(|&(slot, _)| slot)
     }
 
     fn get(&self, slot: Slot) -> Option<&Entry> {
@@ -254,17 +255,20 @@ impl ControllerQueue {
                 (self.slots.len() - 1) as Slot
             }
         };
-        let slots = &self.slots;
-        self.index.insert_unique(hash, slot, |&s| {
-            slots[s as usize].as_ref().map_or(0, |entry| entry.hash)
-        });
+        self.index
+            .insert_unique(index_hash(hash), (slot, upper(hash)), |&(_, upper)| {
+                spread(upper)
+            });
         slot
     }
 
     /// Forgets the key in `slot`, and its causes.
     fn remove(&mut self, slot: Slot) -> Option<Entry> {
         let entry = self.slots.get_mut(slot as usize)?.take()?;
-        if let Ok(found) = self.index.find_entry(entry.hash, |&s| s == slot) {
+        if let Ok(found) = self
+            .index
+            .find_entry(index_hash(entry.hash), |&(s, _)| s == slot)
+        {
             found.remove();
         }
         self.free.push(slot);
@@ -292,6 +296,23 @@ impl ControllerQueue {
     fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.slots.iter().flatten()
     }
+}
+
+/// The hash a key's index entry is filed under: from the upper half of its hash alone, which
+/// the entry keeps beside its slot, so that growing the index reads no entry (a key's entry
+/// is anywhere in the slab; a million of them are a million cache misses).
+fn index_hash(hash: u64) -> u64 {
+    spread(upper(hash))
+}
+
+fn upper(hash: u64) -> u32 {
+    (hash >> 32) as u32
+}
+
+/// 32 bits to 64 for the table, which takes its control tag from the top bits and the
+/// bucket from the bottom ones: Fibonacci hashing puts the input in both.
+fn spread(upper: u32) -> u64 {
+    u64::from(upper).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// Ready time, entry seq when scheduled, controller, slot.
