@@ -22,8 +22,8 @@ use super::{Cause, WorkerId};
 use crate::key::ValidKey;
 
 /// Keys remembered by default: a replica of a busy installation finishes this many keys in
-/// a few seconds, a quiet one in hours; at about 250 bytes each (without errors) it is
-/// 25 MB at most, a tenth of what a million queued keys take.
+/// a few seconds, a quiet one in hours; at about 230 bytes each (without errors) it is
+/// 23 MB at most, an eighth of what a million queued keys take.
 pub const DEFAULT_OUTCOME_HISTORY: usize = 100_000;
 /// Bytes of a failure's reason kept: a line of an apiserver error and its cause, not a
 /// whole response body someone's reconciler put in it.
