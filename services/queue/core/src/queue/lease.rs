@@ -17,11 +17,12 @@ use crate::key::{ControllerId, ValidKey};
 pub const MAX_LEASE_EXTENSION: Duration = Duration::from_secs(3600);
 
 /// Deadlines of ended or extended leases stay in the deadline heap until they come due;
-/// when they outnumber the live ones by this many, the heap is rebuilt from the live leases.
+/// when they outnumber the live ones by more than this many, the heap is rebuilt from the
+/// live leases.
 /// A heap of stale deadlines would otherwise hold every lease of the last lease timeout
 /// (at 100,000 keys/s and 60 s, six million of them); 1,024 keeps the rebuilds rare at any
 /// rate, each costing one pass over the live leases.
-const STALE_DEADLINES: usize = 1024;
+pub(super) const STALE_DEADLINES: usize = 1024;
 
 /// Names a lease: 128 bits, written as 32 lowercase hex digits. With the stream that holds
 /// it, all a worker shows to answer or extend a lease, so a served queue draws them at
@@ -120,8 +121,8 @@ impl Lease {
 
 /// Hashes lease ids, which this replica draws (at random, or in sequence in tests): nobody
 /// outside can choose them to collide, so a seeded hash's flooding protection buys nothing
-/// here (keys, which users name, keep one: see `KeyHasher`). Folding the halves and Fibonacci hashing spread a
-/// sequence over the table as well as random ids.
+/// here (keys, which users name, keep one: see `KeyHasher`). Folding the halves and
+/// Fibonacci hashing spread a sequence over the table as well as random ids.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct LeaseIdHasher(u64);
 
