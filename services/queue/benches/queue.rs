@@ -1,6 +1,10 @@
 //! `make bench-queue`: the queue's figures, each printed as `bench queue.<figure> <value> <unit>`.
 //!
 //! - `core_ops`: the in-process core alone (add, lease, done), the ceiling of the service;
+//! - `core_keys`, `core_keys_client_go`: the same run in keys per second (each key added,
+//!   leased and done), beside client-go's own work queue (`workqueue.Typed`: Add, Get, Done)
+//!   doing the same in the Go program `benches/workqueue-go`, which the benchmark builds from
+//!   the Go module proxy into the target directory; `core_keys_vs_client_go` is the ratio;
 //! - `bytes_per_key`: heap bytes per queued key, 1,000,000 keys with 40-character names;
 //! - `history_bytes_per_key`, `history_bytes_per_failed_key`: heap bytes per key whose latest
 //!   outcome the replica remembers for `DescribeKey` (`--outcome-history`, 100,000 keys),
@@ -28,6 +32,8 @@ use std::{
     alloc::{GlobalAlloc, Layout, System},
     collections::HashMap,
     net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -118,8 +124,26 @@ fn keys(n: usize) -> Vec<WorkKey> {
         .collect()
 }
 
+/// Keys the core figures move through add, lease and done, in both queues.
+const CORE_KEYS: usize = 1_000_000;
+
+/// `core_ops` and `core_keys`, then `core_keys_client_go` from the Go program: one thread
+/// drives each queue, all keys added first, then each leased (taken) and done in turn.
 fn bench_core() {
-    const N: usize = 1_000_000;
+    let keys_per_second = core_keys_per_second();
+    println!("bench queue.core_ops {:.0} ops/s", 3.0 * keys_per_second);
+    println!("bench queue.core_keys {keys_per_second:.0} keys/s");
+    let client_go = client_go_keys_per_second();
+    println!("bench queue.core_keys_client_go {client_go:.0} keys/s");
+    println!(
+        "bench queue.core_keys_vs_client_go {:.2} x",
+        keys_per_second / client_go
+    );
+}
+
+/// Keys per second through the core: add (each key validated first), lease, done.
+fn core_keys_per_second() -> f64 {
+    const N: usize = CORE_KEYS;
     let keys = keys(N);
     let mut queue = core_queue(N);
     let space = queue.key_space().clone();
@@ -140,8 +164,54 @@ fn bench_core() {
         done += 1;
     }
     assert_eq!(done, N);
-    let ops = (3 * N) as f64 / start.elapsed().as_secs_f64();
-    println!("bench queue.core_ops {ops:.0} ops/s");
+    N as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Where the Go program is built: beside the benchmark's profile directory in the target
+/// directory (`target/release/workqueue-go`), so `cargo clean` removes it too; Go's own
+/// build and module caches make a second build take about a second.
+fn client_go_build_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // <target>/<profile>/deps/queue-<hash>
+    let profile = exe.ancestors().nth(2).unwrap();
+    profile.join("workqueue-go")
+}
+
+/// Keys per second through client-go's work queue: builds `benches/workqueue-go` (its
+/// `go.mod` and `go.sum` pin client-go) with the local Go toolchain, as
+/// `scripts/testenv.sh` builds the control plane, and runs it over [`CORE_KEYS`] keys.
+fn client_go_keys_per_second() -> f64 {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/workqueue-go");
+    let binary = client_go_build_dir().join("workqueue-bench");
+    let built = Command::new("go")
+        .args(["build", "-trimpath", "-buildvcs=false", "-o"])
+        .arg(&binary)
+        .arg(".")
+        .current_dir(&source)
+        // The checked-in go.sum pins every module: a build never rewrites go.mod.
+        .env("GOFLAGS", "-mod=readonly")
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "0")
+        .status()
+        .unwrap_or_else(|error| {
+            panic!("queue.core_keys_client_go needs Go 1.25 or newer on PATH: {error}")
+        });
+    assert!(built.success(), "building {} failed", source.display());
+    let output = Command::new(&binary)
+        .arg(CORE_KEYS.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{} failed: {}",
+        binary.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn bench_memory() {
@@ -543,7 +613,11 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let wanted = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
-    if wanted("core_ops") {
+    // The core figures come from one run of each queue, side by side.
+    if ["core_ops", "core_keys", "core_keys_client_go"]
+        .iter()
+        .any(|figure| wanted(figure))
+    {
         bench_core();
     }
     if wanted("bytes_per_key") {

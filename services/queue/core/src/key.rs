@@ -183,7 +183,8 @@ pub struct KeySpace {
 #[derive(Debug, Default)]
 struct Names {
     by_id: Vec<Arc<str>>,
-    by_name: HashMap<Arc<str>, ControllerId>,
+    /// Looked up once per key validated; seeded, as the names come from callers.
+    by_name: HashMap<Arc<str>, ControllerId, foldhash::fast::RandomState>,
 }
 
 impl KeySpace {

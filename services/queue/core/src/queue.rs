@@ -6,12 +6,29 @@
 //! - [`floor`]: per shard, the cache versions its reconciles read at, handed out with leases;
 //! - [`stats`]: figures per controller and shard, and running totals;
 //! - [`inspect`] and [`history`]: one key now, and how its latest lease ended.
+//!
+//! Each controller's keys live in a slab: a key is hashed once, when it is added (with a
+//! seeded hasher: users name keys, so the hash must not be one they can aim collisions at),
+//! and from then on the ready queue, the delayed heap and the lease table carry its slot.
+//!
+//! ```text
+//!  add(key) ── hash once ─► index: hash ─► slot      slots: [entry | free | entry | …]
+//!                                             │          ▲       ▲
+//!  ready: (slot, seq) … ───────────────────────┴──────────┘       │
+//!  delayed: (at, seq, controller, slot)      leases: id ─► (key, slot, seq, hash)
+//! ```
+//!
+//! An item names the entry as it was when the item was made (its `seq`): an entry
+//! rescheduled, removed or replaced in a reused slot has another, and the item is stale.
 
 use std::{
     cmp::Reverse,
     collections::{BinaryHeap, HashMap, VecDeque},
+    hash::BuildHasher,
     time::{Duration, Instant},
 };
+
+use hashbrown::HashTable;
 
 use crate::{
     Backoff, BackoffConfig, RateLimit,
@@ -40,6 +57,13 @@ pub use lease::{
 };
 use lease::{LeaseInfo, LeaseMap};
 pub use stats::{ShardStats, Totals};
+
+/// Hashes keys (and the small maps by shard): seeded at random per queue, so that nobody
+/// who names keys can make them collide, and fast enough to hash each key once per cycle.
+type KeyHasher = foldhash::fast::RandomState;
+
+/// Where an entry lives in its controller's slab.
+type Slot = u32;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
@@ -160,6 +184,9 @@ enum State {
 
 #[derive(Debug)]
 struct Entry {
+    key: ObjectName,
+    /// The key's hash under the queue's [`KeyHasher`], computed when it was added.
+    hash: u64,
     shard: u32,
     state: State,
     failures: u32,
@@ -171,34 +198,129 @@ struct Entry {
 
 #[derive(Debug)]
 struct ControllerQueue {
-    entries: HashMap<ObjectName, Entry>,
+    /// The entries; a free slot is reused by the next new key.
+    slots: Vec<Option<Entry>>,
+    free: Vec<Slot>,
+    /// The slot of each held key, found by the key's hash, and the hash's upper half (the
+    /// table grows without reading the entries: see [`index_hash`]).
+    index: HashTable<(Slot, u32)>,
     /// Indexed by `Priority as usize`; items carry the entry's `seq` when pushed.
-    ready: [VecDeque<(ObjectName, u64)>; 2],
+    ready: [VecDeque<(Slot, u64)>; 2],
     /// Causes of the adds not yet handed to a worker, of the keys that have any. Beside the
     /// entries rather than in them: without traces it stays empty and costs no byte per key.
-    causes: HashMap<ObjectName, Causes>,
+    causes: HashMap<Slot, Causes, KeyHasher>,
 }
 
 impl ControllerQueue {
     fn new() -> Self {
         Self {
-            entries: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            index: HashTable::new(),
             ready: [VecDeque::new(), VecDeque::new()],
-            causes: HashMap::new(),
+            causes: HashMap::default(),
         }
     }
 
-    /// Forgets the causes of keys no longer held.
-    fn prune_causes(&mut self) {
-        if !self.causes.is_empty() {
-            let entries = &self.entries;
-            self.causes.retain(|key, _| entries.contains_key(key));
+    /// The slot of `key`, whose hash is `hash`.
+    fn find(&self, key: &ObjectName, hash: u64) -> Option<Slot> {
+        let slots = &self.slots;
+        self.index
+            .find(index_hash(hash), |&(slot, _)| {
+                slots[slot as usize]
+                    .as_ref()
+                    .is_some_and(|entry| entry.key == *key)
+            })
+            .map(|&(slot, _)| slot)
+    }
+
+    fn get(&self, slot: Slot) -> Option<&Entry> {
+        self.slots.get(slot as usize)?.as_ref()
+    }
+
+    fn get_mut(&mut self, slot: Slot) -> Option<&mut Entry> {
+        self.slots.get_mut(slot as usize)?.as_mut()
+    }
+
+    /// Holds a new key (not held yet) and returns its slot.
+    fn insert(&mut self, entry: Entry) -> Slot {
+        let hash = entry.hash;
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(entry);
+                slot
+            }
+            None => {
+                self.slots.push(Some(entry));
+                (self.slots.len() - 1) as Slot
+            }
+        };
+        self.index
+            .insert_unique(index_hash(hash), (slot, upper(hash)), |&(_, upper)| {
+                spread(upper)
+            });
+        slot
+    }
+
+    /// Forgets the key in `slot`, and its causes.
+    fn remove(&mut self, slot: Slot) -> Option<Entry> {
+        let entry = self.slots.get_mut(slot as usize)?.take()?;
+        if let Ok(found) = self
+            .index
+            .find_entry(index_hash(entry.hash), |&(s, _)| s == slot)
+        {
+            found.remove();
         }
+        self.free.push(slot);
+        if !self.causes.is_empty() {
+            self.causes.remove(&slot);
+        }
+        Some(entry)
+    }
+
+    /// Forgets every key `keep` refuses; returns how many.
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) -> usize {
+        let gone: Vec<Slot> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, entry)| entry.as_ref().is_some_and(|e| !keep(e)))
+            .map(|(slot, _)| slot as Slot)
+            .collect();
+        for slot in &gone {
+            self.remove(*slot);
+        }
+        gone.len()
+    }
+
+    fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.slots.iter().flatten()
     }
 }
 
-/// Ready time, entry seq when scheduled, controller, key.
-type DelayedItem = (Instant, u64, ControllerId, ObjectName);
+/// The hash a key's index entry is filed under: from the upper half of its hash alone, which
+/// the entry keeps beside its slot, so that growing the index reads no entry (a key's entry
+/// is anywhere in the slab; a million of them are a million cache misses).
+fn index_hash(hash: u64) -> u64 {
+    spread(upper(hash))
+}
+
+fn upper(hash: u64) -> u32 {
+    (hash >> 32) as u32
+}
+
+/// 32 bits to 64 for the table, which takes its control tag from the top bits and the
+/// bucket from the bottom ones: Fibonacci hashing puts the input in both.
+fn spread(upper: u32) -> u64 {
+    u64::from(upper).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Ready time, entry seq when scheduled, controller, slot.
+type DelayedItem = (Instant, u64, ControllerId, Slot);
+
+/// Maps by shard number: the elector chooses the shards a queue holds, so a fast hasher
+/// suffices; a worker's outcome may name any shard, but only looks one up.
+type ShardMap<V> = HashMap<u32, V, KeyHasher>;
 
 /// The queue of one replica: every known controller's keys in every shard it serves.
 ///
@@ -211,9 +333,11 @@ pub struct Queue {
     backoff: Backoff,
     keys: KeySpace,
     controllers: Vec<ControllerQueue>,
-    shards: HashMap<u32, ShardState>,
+    /// Hashes every key this queue holds (see [`KeyHasher`]).
+    hasher: KeyHasher,
+    shards: ShardMap<ShardState>,
     /// The read floor of each shard served that has one.
-    floors: HashMap<u32, ReadFloor>,
+    floors: ShardMap<ReadFloor>,
     leases: LeaseMap<LeaseInfo>,
     lease_deadlines: BinaryHeap<Reverse<(Instant, LeaseId)>>,
     delayed: BinaryHeap<Reverse<DelayedItem>>,
@@ -241,8 +365,9 @@ impl Queue {
             keys,
             config,
             controllers: (0..known).map(|_| ControllerQueue::new()).collect(),
-            shards: HashMap::new(),
-            floors: HashMap::new(),
+            hasher: KeyHasher::default(),
+            shards: ShardMap::default(),
+            floors: ShardMap::default(),
             leases: LeaseMap::default(),
             lease_deadlines: BinaryHeap::new(),
             delayed: BinaryHeap::new(),
@@ -425,44 +550,44 @@ impl Queue {
         if controller as usize >= self.controllers.len() {
             self.know_controllers();
         }
+        // The one hash of this key until it leaves the queue.
+        let hash = self.hasher.hash_one(key.object());
         let queue = &mut self.controllers[controller as usize];
-        let Some(entry) = queue.entries.get_mut(key.object()) else {
+        let Some(slot) = queue.find(key.object(), hash) else {
             if self.len >= self.config.capacity {
                 return Err(Error::Full {
                     capacity: self.config.capacity,
                 });
             }
-            let key = key.object().clone();
             let seq = self.next_seq;
             self.next_seq += 1;
-            // Scheduled here rather than through `schedule`, which would look the key up again.
             let state = match due {
-                Due::Now(priority) => {
-                    queue.ready[priority as usize].push_back((key.clone(), seq));
-                    State::Ready(priority)
-                }
-                Due::At(at) => {
-                    self.delayed
-                        .push(Reverse((at, seq, controller, key.clone())));
-                    State::Delayed(at)
-                }
+                Due::Now(priority) => State::Ready(priority),
+                Due::At(at) => State::Delayed(at),
             };
-            if let Some(cause) = cause {
-                queue.causes.entry(key.clone()).or_default().push(cause);
+            let slot = queue.insert(Entry {
+                key: key.object().clone(),
+                hash,
+                shard,
+                state,
+                failures: 0,
+                ready_since: now,
+                seq,
+            });
+            // Scheduled here rather than through `schedule`, which would look the slot up again.
+            match due {
+                Due::Now(priority) => queue.ready[priority as usize].push_back((slot, seq)),
+                Due::At(at) => self.delayed.push(Reverse((at, seq, controller, slot))),
             }
-            queue.entries.insert(
-                key,
-                Entry {
-                    shard,
-                    state,
-                    failures: 0,
-                    ready_since: now,
-                    seq,
-                },
-            );
+            if let Some(cause) = cause {
+                queue.causes.entry(slot).or_default().push(cause);
+            }
             self.len += 1;
             self.totals.adds += 1;
             return Ok(AddOutcome::Added);
+        };
+        let Some(entry) = queue.get_mut(slot) else {
+            return Ok(AddOutcome::Coalesced);
         };
         let reschedule = match entry.state {
             State::Ready(current) => matches!(due, Due::Now(p) if p > current),
@@ -478,24 +603,21 @@ impl Queue {
                 false
             }
         };
-        if reschedule || cause.is_some() {
-            let key = key.object().clone();
-            if let Some(cause) = cause {
-                queue.causes.entry(key.clone()).or_default().push(cause);
-            }
-            if reschedule {
-                self.schedule(controller, key, due, now);
-            }
+        if let Some(cause) = cause {
+            queue.causes.entry(slot).or_default().push(cause);
+        }
+        if reschedule {
+            self.schedule(controller, slot, due, now);
         }
         Ok(AddOutcome::Coalesced)
     }
 
     /// Puts an existing entry in the ready queue or the delayed heap.
-    fn schedule(&mut self, controller: ControllerId, key: ObjectName, due: Due, now: Instant) {
+    fn schedule(&mut self, controller: ControllerId, slot: Slot, due: Due, now: Instant) {
         let seq = self.next_seq;
         self.next_seq += 1;
         let queue = &mut self.controllers[controller as usize];
-        let Some(entry) = queue.entries.get_mut(&key) else {
+        let Some(entry) = queue.get_mut(slot) else {
             return;
         };
         entry.seq = seq;
@@ -505,14 +627,14 @@ impl Queue {
                     entry.ready_since = now;
                 }
                 entry.state = State::Ready(priority);
-                queue.ready[priority as usize].push_back((key, seq));
+                queue.ready[priority as usize].push_back((slot, seq));
             }
             Due::At(at) if at <= now => {
-                self.schedule(controller, key, Due::Now(Priority::Normal), now)
+                self.schedule(controller, slot, Due::Now(Priority::Normal), now)
             }
             Due::At(at) => {
                 entry.state = State::Delayed(at);
-                self.delayed.push(Reverse((at, seq, controller, key)));
+                self.delayed.push(Reverse((at, seq, controller, slot)));
             }
         }
     }
@@ -524,21 +646,14 @@ impl Queue {
         self.floors.remove(&shard);
         self.leases.retain(|_, l| l.key.shard() != shard);
         for queue in &mut self.controllers {
-            let before = queue.entries.len();
-            queue.entries.retain(|_, e| e.shard != shard);
-            self.len -= before - queue.entries.len();
-            queue.prune_causes();
+            self.len -= queue.retain(|e| e.shard != shard);
         }
     }
 
     fn drop_waiting(&mut self, shard: u32) {
         for queue in &mut self.controllers {
-            let before = queue.entries.len();
-            queue
-                .entries
-                .retain(|_, e| e.shard != shard || matches!(e.state, State::Leased { .. }));
-            self.len -= before - queue.entries.len();
-            queue.prune_causes();
+            self.len -=
+                queue.retain(|e| e.shard != shard || matches!(e.state, State::Leased { .. }));
         }
     }
 }

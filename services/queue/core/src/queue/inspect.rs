@@ -1,7 +1,7 @@
 //! One key, looked at: where it stands now and how its latest lease ended (`DescribeKey`,
 //! `kubectl switchyard why`).
 
-use std::time::Instant;
+use std::{hash::BuildHasher, time::Instant};
 
 use super::{
     LeaseId, Queue, ShardState, State, WorkerId,
@@ -55,9 +55,15 @@ impl Queue {
         let epoch = match self.shards.get(&key.shard())? {
             ShardState::Active(e) | ShardState::Draining(e) => *e,
         };
-        let entry = self.controllers[key.controller() as usize]
-            .entries
-            .get(key.object());
+        let hash = self.hasher.hash_one(key.object());
+        let entry = self
+            .controllers
+            .get(key.controller() as usize)
+            .and_then(|queue| {
+                queue
+                    .find(key.object(), hash)
+                    .and_then(|slot| queue.get(slot))
+            });
         let phase = match entry.map(|e| &e.state) {
             None => KeyPhase::Absent,
             Some(State::Ready(_)) => KeyPhase::Queued {
@@ -81,7 +87,7 @@ impl Queue {
             epoch,
             phase,
             failures: entry.map_or(0, |e| e.failures),
-            last: self.history.get(key),
+            last: self.history.get(key, hash),
         })
     }
 
@@ -147,8 +153,8 @@ impl Queue {
             return;
         };
         let failures = self.controllers[info.key.controller() as usize]
-            .entries
-            .get(info.key.object())
+            .get(info.slot)
+            .filter(|e| e.seq == info.seq)
             .map_or(0, |e| e.failures);
         let outcome = LastOutcome {
             kind,
@@ -159,8 +165,8 @@ impl Queue {
             worker: info.worker,
             duration: now.saturating_duration_since(info.leased_at),
         };
-        let key = info.key.clone();
-        self.history.record(&key, outcome);
+        let (key, hash) = (info.key.clone(), info.hash);
+        self.history.record(&key, hash, outcome);
     }
 }
 

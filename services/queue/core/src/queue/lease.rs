@@ -8,13 +8,21 @@ use std::{
 
 use super::{
     Cause, Causes, Due, Outcome, OutcomeKind, Priority, Queue, ReadFloor, Refused, ShardState,
-    State,
+    Slot, State,
 };
 use crate::key::{ControllerId, ValidKey};
 
 /// Lease extensions longer than this are refused: a reconcile that needs more should extend
 /// again, so a dead worker's key is not held for hours.
 pub const MAX_LEASE_EXTENSION: Duration = Duration::from_secs(3600);
+
+/// Deadlines of ended or extended leases stay in the deadline heap until they come due;
+/// when they outnumber the live ones by more than this many, the heap is rebuilt from the
+/// live leases.
+/// A heap of stale deadlines would otherwise hold every lease of the last lease timeout
+/// (at 100,000 keys/s and 60 s, six million of them); 1,024 keeps the rebuilds rare at any
+/// rate, each costing one pass over the live leases.
+pub(super) const STALE_DEADLINES: usize = 1024;
 
 /// Names a lease: 128 bits, written as 32 lowercase hex digits. With the stream that holds
 /// it, all a worker shows to answer or extend a lease, so a served queue draws them at
@@ -112,9 +120,9 @@ impl Lease {
 }
 
 /// Hashes lease ids, which this replica draws (at random, or in sequence in tests): nobody
-/// outside can choose them to collide, so SipHash's flooding protection buys nothing here
-/// (keys, which users name, keep SipHash). Folding the halves and Fibonacci hashing spread a
-/// sequence over the table as well as random ids.
+/// outside can choose them to collide, so a seeded hash's flooding protection buys nothing
+/// here (keys, which users name, keep one: see `KeyHasher`). Folding the halves and
+/// Fibonacci hashing spread a sequence over the table as well as random ids.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct LeaseIdHasher(u64);
 
@@ -138,6 +146,11 @@ pub(super) type LeaseMap<V> = HashMap<LeaseId, V, std::hash::BuildHasherDefault<
 #[derive(Debug)]
 pub(super) struct LeaseInfo {
     pub(super) key: ValidKey,
+    /// Where the key's entry is, and its `seq` when leased (unchanged while it is leased).
+    pub(super) slot: Slot,
+    pub(super) seq: u64,
+    /// The key's hash, as its entry carries it.
+    pub(super) hash: u64,
     pub(super) worker: WorkerId,
     pub(super) deadline: Instant,
     pub(super) leased_at: Instant,
@@ -164,20 +177,17 @@ impl Queue {
                 self.finish(id, Finish::Retry, now);
             }
         }
-        while let Some(Reverse((at, seq, controller, _))) = self.delayed.peek() {
-            if *at > now {
+        while let Some(&Reverse((at, seq, controller, slot))) = self.delayed.peek() {
+            if at > now {
                 break;
             }
-            let (at, seq, controller) = (*at, *seq, *controller);
-            let Some(Reverse((_, _, _, key))) = self.delayed.pop() else {
-                break;
-            };
-            let queue = &mut self.controllers[controller as usize];
-            if let Some(entry) = queue.entries.get(&key)
+            self.delayed.pop();
+            let queue = &self.controllers[controller as usize];
+            if let Some(entry) = queue.get(slot)
                 && entry.seq == seq
                 && matches!(entry.state, State::Delayed(a) if a == at)
             {
-                self.schedule(controller, key, Due::Now(Priority::Normal), now);
+                self.schedule(controller, slot, Due::Now(Priority::Normal), now);
             }
         }
         expired
@@ -225,8 +235,8 @@ impl Queue {
         now: Instant,
     ) -> Option<Lease> {
         let queue = &mut self.controllers[controller as usize];
-        while let Some((key, seq)) = queue.ready[priority as usize].pop_front() {
-            let Some(entry) = queue.entries.get_mut(&key) else {
+        while let Some((slot, seq)) = queue.ready[priority as usize].pop_front() {
+            let Some(entry) = queue.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
                 continue;
             };
             if entry.seq != seq || !matches!(entry.state, State::Ready(p) if p == priority) {
@@ -241,9 +251,9 @@ impl Queue {
             let causes = if queue.causes.is_empty() {
                 Causes::default()
             } else {
-                queue.causes.remove(&key).unwrap_or_default()
+                queue.causes.remove(&slot).unwrap_or_default()
             };
-            let key = ValidKey::from_parts(controller, entry.shard, key);
+            let key = ValidKey::from_parts(controller, entry.shard, entry.key.clone());
             let lease = Lease {
                 id,
                 key: key.clone(),
@@ -259,13 +269,16 @@ impl Queue {
                 id,
                 LeaseInfo {
                     key,
+                    slot,
+                    seq,
+                    hash: entry.hash,
                     worker,
                     deadline,
                     leased_at: now,
                     causes,
                 },
             );
-            self.lease_deadlines.push(Reverse((deadline, id)));
+            self.push_deadline(deadline, id);
             return Some(lease);
         }
         None
@@ -336,8 +349,21 @@ impl Queue {
         if let Some(info) = self.leases.get_mut(&lease) {
             info.deadline = deadline;
         }
-        self.lease_deadlines.push(Reverse((deadline, lease)));
+        self.push_deadline(deadline, lease);
         Ok(deadline)
+    }
+
+    /// Schedules lease `id`'s expiry check; rebuilds the heap from the live leases when
+    /// stale deadlines pile up (see [`STALE_DEADLINES`]).
+    fn push_deadline(&mut self, deadline: Instant, id: LeaseId) {
+        self.lease_deadlines.push(Reverse((deadline, id)));
+        if self.lease_deadlines.len() > 2 * self.leases.len() + STALE_DEADLINES {
+            self.lease_deadlines = self
+                .leases
+                .iter()
+                .map(|(id, info)| Reverse((info.deadline, *id)))
+                .collect();
+        }
     }
 
     /// The controller of a live lease.
@@ -398,9 +424,14 @@ impl Queue {
             Some(ShardState::Draining(_))
         );
         let controller = info.key.controller();
-        let key = info.key.object();
+        let slot = info.slot;
         let queue = &mut self.controllers[controller as usize];
-        let Some(entry) = queue.entries.get_mut(key) else {
+        let Some(entry) = queue
+            .slots
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+            .filter(|e| e.seq == info.seq)
+        else {
             return;
         };
         let State::Leased { pending, .. } = entry.state else {
@@ -408,10 +439,10 @@ impl Queue {
         };
         if matches!(how, Finish::Retry | Finish::Return) && !info.causes.is_empty() {
             // Not settled: the next attempt covers the same events.
-            match queue.causes.get_mut(key) {
+            match queue.causes.get_mut(&slot) {
                 Some(newer) => newer.restore(info.causes),
                 None => {
-                    queue.causes.insert(key.clone(), info.causes);
+                    queue.causes.insert(slot, info.causes);
                 }
             }
         }
@@ -431,12 +462,9 @@ impl Queue {
         };
         match next {
             // A draining shard keeps nothing waiting: its next owner resyncs it.
-            Some(due) if !draining => self.schedule(controller, key.clone(), due, now),
+            Some(due) if !draining => self.schedule(controller, slot, due, now),
             _ => {
-                queue.entries.remove(key);
-                if !queue.causes.is_empty() {
-                    queue.causes.remove(key);
-                }
+                queue.remove(slot);
                 self.len -= 1;
             }
         }

@@ -2,6 +2,7 @@
 
 use std::{
     collections::HashMap,
+    hash::BuildHasher,
     time::{Duration, Instant},
 };
 
@@ -61,7 +62,7 @@ impl Queue {
             }
         }
         for (controller, queue) in self.controllers.iter().enumerate() {
-            for entry in queue.entries.values() {
+            for entry in queue.entries() {
                 let Some(s) = stats.get_mut(&(controller as ControllerId, entry.shard)) else {
                     continue;
                 };
@@ -94,8 +95,9 @@ impl Queue {
 
     /// Whether `key` is ready, delayed or leased (for tests).
     pub fn contains(&self, key: &ValidKey) -> bool {
+        let hash = self.hasher.hash_one(key.object());
         self.controllers
             .get(key.controller() as usize)
-            .is_some_and(|queue| queue.entries.contains_key(key.object()))
+            .is_some_and(|queue| queue.find(key.object(), hash).is_some())
     }
 }

@@ -574,3 +574,69 @@ fn a_controller_named_after_start_is_queued_leased_and_counted() {
     assert_eq!(idle.len(), 4, "one entry per served shard");
     assert!(idle.iter().all(|s| s.depth == 0 && s.in_flight == 0));
 }
+
+#[test]
+fn leases_expire_on_time_when_the_deadline_heap_sheds_stale_deadlines() {
+    let mut q = Queue::new(
+        QueueConfig {
+            shard_count: 4,
+            lease_timeout: Duration::from_secs(10),
+            capacity: 4 * lease::STALE_DEADLINES,
+            max_controllers: 4,
+            backoff: BackoffConfig {
+                qps: 0.0,
+                ..Default::default()
+            },
+        },
+        &CONTROLLERS,
+        SequentialLeaseIds::default(),
+    );
+    for shard in 0..4 {
+        q.acquire(shard, 7);
+    }
+    let now = Instant::now();
+    q.add(&key("kept"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let kept = lease(&mut q, now).unwrap();
+    q.add(&key("extended"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let extended = lease(&mut q, now).unwrap();
+    q.extend(
+        W,
+        extended.shard(),
+        extended.epoch,
+        extended.id,
+        Duration::from_secs(30),
+        now,
+    )
+    .unwrap();
+    // Leases answered at once leave only stale deadlines behind.
+    for i in 0..3 * lease::STALE_DEADLINES {
+        q.add(
+            &key(&format!("k{i}")),
+            Priority::Normal,
+            Duration::ZERO,
+            now,
+        )
+        .unwrap();
+        let l = lease(&mut q, now).unwrap();
+        q.complete(W, l.shard(), l.epoch, l.id, Outcome::Done, now)
+            .unwrap();
+    }
+    assert!(q.lease_deadlines.len() <= 2 * q.in_flight() + lease::STALE_DEADLINES + 1);
+    // The two live leases still expire, each at its own deadline and not before.
+    assert!(
+        q.advance(kept.deadline - Duration::from_millis(1))
+            .is_empty()
+    );
+    assert_eq!(
+        q.advance(kept.deadline),
+        vec![(kept.controller(), kept.shard())]
+    );
+    assert!(q.advance(now + Duration::from_secs(29)).is_empty());
+    assert_eq!(
+        q.advance(now + Duration::from_secs(30)),
+        vec![(extended.controller(), extended.shard())]
+    );
+    assert_eq!(q.in_flight(), 0);
+}
