@@ -107,13 +107,12 @@ impl Queue {
             }
             failing.extend(
                 queue
-                    .entries
-                    .iter()
-                    .filter(|(_, entry)| entry.failures > 0)
-                    .map(|(name, entry)| {
+                    .entries()
+                    .filter(|entry| entry.failures > 0)
+                    .map(|entry| {
                         (
                             entry.failures,
-                            ValidKey::from_parts(id, entry.shard, name.clone()),
+                            ValidKey::from_parts(id, entry.shard, entry.key.clone()),
                         )
                     }),
             );
