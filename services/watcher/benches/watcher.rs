@@ -658,7 +658,7 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
 {
     let (reader, writer) = reflector::store::<K>();
-    let mut feed = std::pin::pin!(reflector::reflector(writer, events.default_backoff()));
+    let mut feed = Box::pin(reflector::reflector(writer, events.default_backoff()));
     tokio::select! {
         ready = reader.wait_until_ready() => ready.unwrap(),
         () = async { while feed.next().await.is_some() {} } => panic!("the watch ended"),
