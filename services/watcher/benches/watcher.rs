@@ -665,7 +665,10 @@ where
     }
     drop(feed);
     assert_eq!(reader.len(), count);
-    held(reader)
+    let heap = held(reader);
+    // Zero would mean something still holds the store (the watch was not dropped).
+    assert!(heap.requested > 0, "the reflector's store was not freed");
+    heap
 }
 
 async fn list_50k(plane: &ControlPlane, client: &Client) {
