@@ -6,6 +6,8 @@
 //!   doing the same in the Go program `benches/workqueue-go`, which the benchmark builds from
 //!   the Go module proxy into the target directory; `core_keys_vs_client_go` is the ratio;
 //! - `bytes_per_key`: heap bytes per queued key, 1,000,000 keys with 40-character names;
+//!   heap here (and below) is what the allocator holds, each block's usable size
+//!   (`malloc_usable_size`), not the size asked for, which earlier runs counted;
 //! - `history_bytes_per_key`, `history_bytes_per_failed_key`: heap bytes per key whose latest
 //!   outcome the replica remembers for `DescribeKey` (`--outcome-history`, 100,000 keys),
 //!   once a key is done (with a trace id) and once it failed with a 120-byte error: the
@@ -56,28 +58,53 @@ use switchyard_testenv::Pki;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+/// Forwards to the system allocator (glibc's malloc) and counts the live heap as the allocator
+/// holds it: each block's usable size (`malloc_usable_size`, size-class rounding included),
+/// not the size asked for.
 struct Counting;
 
 static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+
+/// The usable size of a block the system allocator handed out.
+///
+/// # Safety
+///
+/// `ptr` must be a live block from `System` (glibc's `malloc` family).
+#[allow(unsafe_code)]
+unsafe fn usable(ptr: *mut u8) -> usize {
+    // SAFETY: the caller's contract; glibc reads the size from the block's header.
+    unsafe { libc::malloc_usable_size(ptr.cast()) }
+}
 
 // SAFETY: forwards to the system allocator and only counts bytes.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATED.fetch_add(layout.size(), Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            // SAFETY: `ptr` was just allocated by `System`.
+            ALLOCATED.fetch_add(unsafe { usable(ptr) }, Ordering::Relaxed);
+        }
+        ptr
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: `ptr` is live until the `dealloc` below.
+        ALLOCATED.fetch_sub(unsafe { usable(ptr) }, Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATED.fetch_add(new_size, Ordering::Relaxed);
-        ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: `ptr` is live until the `realloc` below.
+        let old = unsafe { usable(ptr) };
         // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        if !new.is_null() {
+            // SAFETY: `new` was just allocated by `System` (on failure `ptr` stays as it was).
+            ALLOCATED.fetch_add(unsafe { usable(new) }, Ordering::Relaxed);
+            ALLOCATED.fetch_sub(old, Ordering::Relaxed);
+        }
+        new
     }
 }
 
