@@ -99,6 +99,16 @@ impl Selector {
         }
     }
 
+    /// The `key=value` pairs every matching set has (its `key=value` and single-value
+    /// `key in (value)` requirements): what an index by label can look candidates up by.
+    pub fn equalities(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.requirements.iter().filter_map(|r| match r {
+            Requirement::Equals(k, v) => Some((k.as_str(), v.as_str())),
+            Requirement::In(k, vs) if vs.len() == 1 => Some((k.as_str(), vs[0].as_str())),
+            _ => None,
+        })
+    }
+
     /// Whether `labels` satisfy every requirement.
     pub fn matches(&self, labels: impl Labels) -> bool {
         self.requirements.iter().all(|r| r.matches(&labels))
@@ -227,6 +237,28 @@ mod tests {
         assert!(!selector.matches(labels(&[("app", "web")])));
         assert_eq!(selector.to_string(), "app=web,tier=front");
         assert!(Selector::from_labels(labels(&[])).matches(labels(&[])));
+    }
+
+    #[test]
+    fn equalities_are_the_values_every_match_has() {
+        let pairs = |text: &str| -> Vec<(String, String)> {
+            Selector::parse(text)
+                .unwrap()
+                .equalities()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        };
+        let owned = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+        assert_eq!(
+            pairs("app=web,tier in (front),x in (a,b),y!=z,w,!v,flag="),
+            [
+                owned("app", "web"),
+                owned("tier", "front"),
+                owned("flag", "")
+            ]
+        );
+        assert!(pairs("").is_empty());
+        assert!(pairs("x notin (a)").is_empty());
     }
 
     #[test]
