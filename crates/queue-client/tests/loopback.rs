@@ -138,6 +138,25 @@ async fn leased_within(session: &mut WorkSession, wait: Duration) -> Option<Leas
     }
 }
 
+/// Leases `count` keys, each a first attempt of its own shard with a deadline ahead, and
+/// reports them done; the keys, sorted.
+async fn reconcile(session: &mut WorkSession, count: usize) -> Vec<WorkKey> {
+    let mut leased = Vec::new();
+    for _ in 0..count {
+        let lease = next_lease(session).await;
+        assert_eq!(lease.attempt, 1);
+        assert_eq!(lease.shard, lease.key.shard(SHARDS));
+        assert!(lease.remaining().is_some(), "a lease has a deadline ahead");
+        session
+            .replies()
+            .complete(&lease, Outcome::Done, Duration::from_millis(1))
+            .unwrap();
+        leased.push(lease.key);
+    }
+    leased.sort();
+    leased
+}
+
 #[tokio::test]
 async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
     let (addr, _queue) = queue().await;
@@ -149,19 +168,7 @@ async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
         WorkKey::new(RS, "", "cluster-scoped"),
     ];
     enqueuer.push(keys.clone(), Priority::Normal, None).await;
-    let mut leased = Vec::new();
-    for _ in 0..2 {
-        let lease = next_lease(&mut session).await;
-        assert_eq!(lease.attempt, 1);
-        assert_eq!(lease.shard, lease.key.shard(SHARDS));
-        assert!(lease.remaining().is_some(), "a lease has a deadline ahead");
-        session
-            .replies()
-            .complete(&lease, Outcome::Done, Duration::from_millis(1))
-            .unwrap();
-        leased.push(lease.key);
-    }
-    leased.sort();
+    let leased = reconcile(&mut session, 2).await;
     let mut expected = keys.to_vec();
     expected.sort();
     assert_eq!(leased, expected, "namespace and name arrive apart, as sent");
@@ -177,16 +184,7 @@ async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
     enqueuer
         .push(beside.iter().cloned().chain([bad]), Priority::Low, None)
         .await;
-    let mut leased = Vec::new();
-    for _ in 0..beside.len() {
-        let lease = next_lease(&mut session).await;
-        session
-            .replies()
-            .complete(&lease, Outcome::Done, Duration::from_millis(1))
-            .unwrap();
-        leased.push(lease.key);
-    }
-    leased.sort();
+    let leased = reconcile(&mut session, beside.len()).await;
     assert_eq!(leased, beside, "the valid keys beside the invalid one");
     tokio::time::timeout(PATIENCE, async {
         while counts.0.dropped.load(Ordering::Relaxed) == 0 {
