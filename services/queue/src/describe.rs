@@ -7,7 +7,7 @@ use switchyard_queue_core::{KeyError, KeyPhase, OutcomeKind};
 
 use crate::{
     actor::Described,
-    grpc::{EdgeError, QueueService, duration, timestamp},
+    grpc::{EdgeError, QueueService, duration, proto_key, timestamp},
 };
 
 /// Bytes of a worker's id kept from its hello: a pod name and a suffix fit.
@@ -55,12 +55,7 @@ impl QueueService {
         &self,
         request: pb::ListFailingRequest,
     ) -> Result<pb::ListFailingResponse, EdgeError> {
-        let controller = match request.controller.as_str() {
-            "" => None,
-            name => Some(self.keys().controller_id(name).ok_or_else(|| {
-                EdgeError::Invalid(format!("controller: unknown controller {name:?}"))
-            })?),
-        };
+        let controller = self.controller_filter(&request.controller)?;
         let limit = match request.limit {
             0 => DEFAULT_FAILING,
             n if n > MAX_FAILING => {
@@ -75,12 +70,7 @@ impl QueueService {
             keys: keys
                 .into_iter()
                 .map(|(key, described)| {
-                    let name = ProtoKey {
-                        controller: self.keys().name(key.controller()).to_string(),
-                        namespace: key.namespace().to_owned(),
-                        name: key.name().to_owned(),
-                    };
-                    response(name, key.shard(), described)
+                    response(proto_key(self.keys(), &key), key.shard(), described)
                 })
                 .collect(),
             total: total as u64,

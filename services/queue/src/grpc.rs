@@ -112,8 +112,14 @@ impl QueueService {
         &self.handle
     }
 
-    fn controller_id(&self, name: &str) -> Option<ControllerId> {
-        self.keys.controller_id(name)
+    /// A request's `controller` filter: empty for all, else a controller the queue knows.
+    pub(crate) fn controller_filter(&self, name: &str) -> Result<Option<ControllerId>, EdgeError> {
+        match name {
+            "" => Ok(None),
+            name => self.keys.controller_id(name).map(Some).ok_or_else(|| {
+                EdgeError::Invalid(format!("controller: unknown controller {name:?}"))
+            }),
+        }
     }
 
     /// Checks a whole batch, every key validated and in the batch's shard, before any of it
@@ -310,13 +316,7 @@ impl queue_server::Queue for QueueService {
         &self,
         request: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsResponse>, Status> {
-        let controller = request.into_inner().controller;
-        let filter = match controller.as_str() {
-            "" => None,
-            name => Some(self.controller_id(name).ok_or_else(|| {
-                EdgeError::Invalid(format!("controller: unknown controller {name:?}"))
-            })?),
-        };
+        let filter = self.controller_filter(&request.into_inner().controller)?;
         let stats = self.handle.stats(filter).await.map_err(EdgeError::from)?;
         let workers = self.handle.workers().await.map_err(EdgeError::from)?;
         Ok(Response::new(pb::StatsResponse {
@@ -636,15 +636,20 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
     }
 }
 
+/// A held key as callers name it.
+pub(crate) fn proto_key(keys: &KeySpace, key: &ValidKey) -> ProtoKey {
+    ProtoKey {
+        controller: keys.name(key.controller()).to_string(),
+        namespace: key.namespace().to_owned(),
+        name: key.name().to_owned(),
+    }
+}
+
 fn leased_item(keys: &KeySpace, lease: &Lease) -> pb::LeasedItem {
     let controller = keys.name(lease.controller());
     let now = Instant::now();
     pb::LeasedItem {
-        key: Some(ProtoKey {
-            controller: controller.to_string(),
-            namespace: lease.key.namespace().to_owned(),
-            name: lease.key.name().to_owned(),
-        }),
+        key: Some(proto_key(keys, &lease.key)),
         shard: lease.shard(),
         epoch: lease.epoch,
         lease_id: lease.id.to_string(),
