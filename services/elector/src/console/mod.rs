@@ -152,13 +152,11 @@ pub(crate) struct Reconciler {
 /// What the page shows, as of the last sample.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Snapshot {
-    pub sampled_at: Option<SystemTime>,
     pub interval: Duration,
     /// `None` until the map is read from etcd.
     pub map: Option<elector_pb::ShardMap>,
     pub replicas: Vec<Replica>,
-    pub backlog: BTreeMap<String, Backlog>,
-    /// Oldest first: when, and each controller's backlog then.
+    /// Oldest first: when, and each controller's backlog then; the last is the latest sample.
     pub history: VecDeque<(SystemTime, BTreeMap<String, Backlog>)>,
     pub reconcilers: Vec<Reconciler>,
 }
@@ -335,11 +333,9 @@ impl Console {
         if snapshot.history.len() == self.config.samples {
             snapshot.history.pop_front();
         }
-        snapshot.history.push_back((at, backlog.clone()));
-        snapshot.sampled_at = Some(at);
+        snapshot.history.push_back((at, backlog));
         snapshot.map = map;
         snapshot.replicas = replicas;
-        snapshot.backlog = backlog;
         snapshot.reconcilers = reconcilers;
     }
 
@@ -393,11 +389,7 @@ impl Console {
 
     async fn render(&self, caller: Option<&Caller>) -> String {
         let failing = self.failing(caller).await;
-        let snapshot = self
-            .snapshot
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let snapshot = self.snapshot.read().unwrap_or_else(|e| e.into_inner());
         page::body(
             &snapshot,
             &failing,

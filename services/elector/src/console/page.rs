@@ -68,7 +68,7 @@ pub(crate) fn body(
         || "anyone (plaintext)".to_owned(),
         |c| c.identity.to_string(),
     );
-    let sampled = snapshot.sampled_at.map_or_else(
+    let sampled = snapshot.history.back().map(|(at, _)| *at).map_or_else(
         || "not yet".to_owned(),
         |at| humantime::format_rfc3339_seconds(at).to_string(),
     );
@@ -169,7 +169,8 @@ fn backlog(html: &mut String, snapshot: &Snapshot) {
         r#"<h2>Backlog</h2><table id="backlog"><tr><th>controller</th><th>queued</th><th>in flight</th><th>retrying</th><th>oldest</th><th>queued + in flight, last {}</th></tr>"#,
         short(span)
     );
-    for (controller, now) in &snapshot.backlog {
+    let latest = snapshot.history.back().map(|(_, backlog)| backlog);
+    for (controller, now) in latest.into_iter().flatten() {
         let _ = write!(
             html,
             r#"<tr data-controller="{}"><td>{}</td><td class="n depth">{}</td><td class="n in-flight">{}</td><td class="n retrying">{}</td><td class="n">{}</td><td>{}</td></tr>"#,
