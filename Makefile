@@ -9,7 +9,7 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help deps run test soak lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc
+.PHONY: help deps run test soak lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity
 
 help:
 	@echo "make run           start a local control plane and every service against it"
@@ -73,7 +73,7 @@ cluster-down:
 
 # Each benchmark prints `bench <area>.<figure> <value> <unit>` lines; results are recorded
 # in docs/benchmarks.md.
-bench: bench-queue bench-elector bench-watcher bench-e2e bench-gc
+bench: bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity
 
 bench-queue:
 	$(CARGO) bench --locked -p switchyard-queue --bench queue
@@ -87,6 +87,11 @@ bench-watcher: testenv
 # Deployments converged under kube-controller-manager and under Switchyard (about 15 minutes).
 bench-e2e: testenv
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench e2e
+
+# The highest rate of Deployment changes kept within a queue-wait and a time-to-ready service
+# level: kube-controller-manager, and Switchyard with 1 and 4 reconcilers.
+bench-capacity: testenv
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench capacity
 
 # The garbage collector beside kube-controller-manager's: a 10,000-Pod cascade and memory per
 # object (the watcher runs as a process of its own, built first).

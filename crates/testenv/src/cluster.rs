@@ -88,6 +88,8 @@ impl Drop for ApiServer {
 #[derive(Debug)]
 pub struct ControllerManager {
     process: ManagedProcess,
+    /// The secure port, serving `/healthz` and `/metrics`.
+    port: u16,
 }
 
 impl ControllerManager {
@@ -98,6 +100,23 @@ impl ControllerManager {
     /// The process id, for resident-set readings.
     pub fn pid(&self) -> u32 {
         self.process.pid()
+    }
+
+    /// Its Prometheus metrics (the work queues' among them). Read without credentials, so
+    /// it must have been started with `/metrics` in `--authorization-always-allow-paths`.
+    pub async fn metrics(&self) -> Result<String> {
+        let url = format!("https://127.0.0.1:{}/metrics", self.port);
+        let response = insecure_http()?
+            .get(&url)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| Error::Setup(format!("GET {url}: {e}")))?;
+        response
+            .text()
+            .await
+            .map_err(|e| Error::Setup(format!("GET {url}: {e}")))
     }
 }
 
@@ -348,7 +367,7 @@ impl ControlPlane {
         controllers: &[&str],
         extra_args: &[&str],
     ) -> Result<ControllerManager> {
-        let process = start_on_free_ports("kube-controller-manager", || async {
+        let (process, port) = start_on_free_ports("kube-controller-manager", || async {
             let port = free_port()?;
             let mut args = vec![
                 format!("--kubeconfig={}", self.kubeconfig.display()),
@@ -377,10 +396,10 @@ impl ControlPlane {
             let http = insecure_http()?;
             let url = format!("https://127.0.0.1:{port}/healthz");
             wait_healthy(&mut process, START_TIMEOUT, || http_ok(&http, &url)).await?;
-            Ok(process)
+            Ok((process, port))
         })
         .await?;
-        Ok(ControllerManager { process })
+        Ok(ControllerManager { process, port })
     }
 
     /// Stops every process (newest first) and removes a temporary directory. Idempotent.

@@ -38,6 +38,15 @@
 //!   `e2e.<run>_plane_cpu` (s): by the control plane (etcd, kube-apiserver, kube-scheduler,
 //!   kwok). On this 2-core machine the two share 2 CPU-seconds per second.
 //!   `e2e.<run>_bench_process_cpu` (s) is this process's part of the first.
+//! - `e2e.<run>_conflicts` (requests): the controllers' writes the apiserver refused with 409
+//!   Conflict until convergence (each is a reconcile that acted on an older object and runs
+//!   again); `e2e.<run>_queue_adds` (keys): keys added to the Deployment and ReplicaSet
+//!   controllers' work queues until convergence (`workqueue_adds_total`). client-go counts
+//!   an add unless the key is already waiting, and each such add is one sync later, so for
+//!   kube-controller-manager it is its number of syncs; Switchyard's queue also merges an add
+//!   into a key being reconciled, so its count is lower than its reconciles.
+//!   `e2e.<run>_reconciles` (Switchyard only): reconciles the reconcilers finished. The adds,
+//!   retries and reconciles by controller and the apiserver's reads by resource go to stderr.
 //!
 //! `SWITCHYARD_BENCH_RUNS=sy1_converge,kcm_converge` runs only the named measurements;
 //! `SWITCHYARD_BENCH_WATCHER_CONFIG=<file>` runs the watcher with that configuration instead
@@ -45,13 +54,13 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::{
     collections::BTreeMap,
-    path::Path,
     time::{Duration, Instant},
 };
 
-use clap::Parser;
 use futures::{StreamExt, stream};
 use serde_json::json;
 use switchyard_k8s::{
@@ -59,61 +68,17 @@ use switchyard_k8s::{
     k8s_openapi::api::core::v1::{Event, ServiceAccount},
     kube::api::ListParams,
 };
-use switchyard_runtime::Role;
-use switchyard_testenv::{
-    ControlPlane, ControlPlaneOptions, InProcess, Pki, ServiceProcess, manifests,
-};
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, manifests};
+
+use crate::support::{Controllers, Under, counter, cpu_of};
 
 const REPLICAS: i32 = 4;
 const NODES: usize = 10;
 const NAMESPACE: &str = "bench";
-const CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=100", "--kube-api-burst=200"];
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(900);
-/// The shipped watcher configuration: what the built-in controllers watch.
-const WATCHER_CONFIG: &str = include_str!("../../../deploy/kustomize/base/watcher-config.yaml");
-const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace";
 /// How long after convergence the Events are counted: both controllers write them in the
 /// background, kube-controller-manager's a few seconds behind.
 const EVENTS_SETTLE: Duration = Duration::from_secs(15);
-
-#[derive(Clone, Copy, Debug)]
-enum Under {
-    ControllerManager,
-    Switchyard {
-        reconcilers: usize,
-        latency_ms: u64,
-        /// Mutual TLS between the services (the default); plaintext otherwise.
-        mtls: bool,
-    },
-}
-
-impl Under {
-    /// In plaintext, as every figure before mutual TLS was measured, so they compare.
-    const fn switchyard(reconcilers: usize, latency_ms: u64) -> Self {
-        Self::Switchyard {
-            reconcilers,
-            latency_ms,
-            mtls: false,
-        }
-    }
-
-    const fn switchyard_mtls(reconcilers: usize) -> Self {
-        Self::Switchyard {
-            reconcilers,
-            latency_ms: 0,
-            mtls: true,
-        }
-    }
-}
-
-/// The flags that give a service `role`'s certificate, or plaintext.
-fn security(mtls: bool, role: Role) -> Vec<String> {
-    if mtls {
-        Pki::shared().flags(role)
-    } else {
-        vec!["--insecure-plaintext".to_owned()]
-    }
-}
 
 fn deployments() -> usize {
     std::env::var("SWITCHYARD_BENCH_DEPLOYMENTS")
@@ -136,194 +101,46 @@ fn available(deployment: &Deployment) -> bool {
         && status.replicas == Some(REPLICAS)
 }
 
-/// CPU seconds used so far by `pids` and this process.
-fn cpu_of(pids: &[u32]) -> f64 {
-    pids.iter()
-        .chain([&std::process::id()])
-        .filter_map(|pid| switchyard_testenv::cpu_seconds(*pid))
-        .sum()
+/// One series of the apiserver's `apiserver_request_total`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Request {
+    verb: String,
+    resource: String,
+    subresource: String,
+    code: String,
 }
 
-/// What runs the controllers during one measurement; stopped on drop.
-enum Controllers {
-    Kcm(switchyard_testenv::ControllerManager),
-    Switchyard {
-        queue: InProcess,
-        watcher: InProcess,
-        reconcilers: Vec<ServiceProcess>,
-    },
-}
-
-impl Controllers {
-    /// The controller processes (the queue and the watcher run in this one).
-    fn pids(&self) -> Vec<u32> {
-        match self {
-            Self::Kcm(kcm) => vec![kcm.pid()],
-            Self::Switchyard { reconcilers, .. } => reconcilers.iter().map(|r| r.pid()).collect(),
-        }
+impl Request {
+    /// A write of the controllers: a write verb on Pods (not their binding or status, which
+    /// the scheduler and kwok write), ReplicaSets, Deployments (not their creation, which the
+    /// benchmark makes) and Events.
+    fn controller_write(&self) -> bool {
+        matches!(self.verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
+            && match (self.resource.as_str(), self.subresource.as_str()) {
+                ("pods" | "replicasets" | "events", "")
+                | ("replicasets" | "deployments", "status") => true,
+                ("deployments", "") => self.verb != "POST",
+                _ => false,
+            }
     }
 
-    async fn start(plane: &ControlPlane, under: Under) -> Self {
-        match under {
-            Under::ControllerManager => Self::Kcm(
-                plane
-                    .start_controller_manager(
-                        // The controllers a Switchyard reconciler runs by default.
-                        &[
-                            "deployment-controller",
-                            "replicaset-controller",
-                            "garbage-collector-controller",
-                            "namespace-controller",
-                        ],
-                        &[
-                            CLIENT_LIMITS[0],
-                            CLIENT_LIMITS[1],
-                            "--use-service-account-credentials=false",
-                        ],
-                    )
-                    .await
-                    .unwrap(),
-            ),
-            Under::Switchyard {
-                reconcilers,
-                latency_ms,
-                mtls,
-            } => {
-                let queue = in_process_queue(mtls).await;
-                let watcher = in_process_watcher(plane, queue.grpc(), mtls).await;
-                watcher.wait_ready(Duration::from_secs(60)).await;
-                let mut started = Vec::new();
-                for i in 0..reconcilers {
-                    let mut args = vec![
-                        format!("--kubeconfig={}", plane.kubeconfig().display()),
-                        format!("--queue-addr={}", queue.grpc()),
-                        format!("--watcher-addr={}", watcher.grpc()),
-                        format!("--worker-id=bench-{i}"),
-                        format!("--simulated-latency={latency_ms}ms"),
-                        // Slow reconciles run one at a time per replica: a replica's
-                        // capacity (50 reconciles/s at 20 ms) stays below what this machine's
-                        // control plane absorbs, so replicas, not the apiserver, bound it.
-                        format!("--concurrency={}", if latency_ms > 0 { 1 } else { 10 }),
-                        "--log-format=json".to_owned(),
-                    ];
-                    args.extend(CLIENT_LIMITS.iter().map(|a| (*a).to_owned()));
-                    args.extend(security(mtls, Role::Reconciler));
-                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                    let mut process = ServiceProcess::start(
-                        Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
-                        &args,
-                        &[("SWITCHYARD_LOG", "warn")],
-                    )
-                    .await
-                    .unwrap();
-                    process.wait_ready().await.unwrap();
-                    started.push(process);
-                }
-                Self::Switchyard {
-                    queue,
-                    watcher,
-                    reconcilers: started,
-                }
-            }
-        }
+    fn read(&self) -> bool {
+        matches!(self.verb.as_str(), "GET" | "LIST")
     }
 
-    async fn stop(self) {
-        if let Self::Switchyard {
-            queue,
-            watcher,
-            reconcilers,
-        } = self
-        {
-            let mut requests: BTreeMap<String, f64> = BTreeMap::new();
-            for reconciler in &reconcilers {
-                let (_, text) = reconciler.admin_get("/metrics").await.unwrap();
-                for line in text.lines() {
-                    let Some(rest) = line.strip_prefix("switchyard_apiserver_requests_total{")
-                    else {
-                        continue;
-                    };
-                    if let Some((labels, value)) = rest.rsplit_once("} ") {
-                        *requests.entry(labels.to_owned()).or_default() +=
-                            value.parse::<f64>().unwrap_or(0.0);
-                    }
-                }
-            }
-            eprintln!("reconciler apiserver requests: {requests:?}");
-            for reconciler in reconcilers {
-                let _ = reconciler.terminate().await;
-            }
-            watcher.stop().await;
-            queue.stop().await;
-        }
+    /// `resource/subresource verb`.
+    fn name(&self) -> String {
+        format!("{}/{} {}", self.resource, self.subresource, self.verb)
     }
 }
 
-async fn in_process_queue(mtls: bool) -> InProcess {
-    let args = [
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        "--shard-count=256".into(),
-        format!("--controllers={CONTROLLERS}"),
-        "--log-level=warn".into(),
-    ]
-    .into_iter()
-    .chain(security(mtls, Role::Queue));
-    let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
-    InProcess::spawn(rt, Some(grpc))
-}
-
-async fn in_process_watcher(
-    plane: &ControlPlane,
-    queue: std::net::SocketAddr,
-    mtls: bool,
-) -> InProcess {
-    let config = plane.dir().join("watcher-bench.yaml");
-    let text = match std::env::var_os("SWITCHYARD_BENCH_WATCHER_CONFIG") {
-        Some(file) => std::fs::read_to_string(&file)
-            .unwrap_or_else(|e| panic!("SWITCHYARD_BENCH_WATCHER_CONFIG={file:?}: {e}")),
-        None => WATCHER_CONFIG.to_owned(),
-    };
-    std::fs::write(&config, text).unwrap();
-    let args = vec![
-        "switchyard-watcher".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        format!("--kubeconfig={}", plane.kubeconfig().display()),
-        format!("--config={}", config.display()),
-        format!("--queue-addr={queue}"),
-        "--log-level=warn".into(),
-    ]
-    .into_iter()
-    .chain(security(mtls, Role::Watcher));
-    let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
-    InProcess::spawn(rt, Some(grpc))
-}
-
-/// The apiserver's write requests so far (`apiserver_request_total` with a write verb and a
-/// 2xx code), by `resource/subresource verb`, for the resources the two controllers write:
-/// Pods (not their binding or status, which the scheduler and kwok write), ReplicaSets,
-/// Deployments (not their creation, which the benchmark makes) and Events.
-async fn controller_writes(client: &switchyard_k8s::Client) -> BTreeMap<String, f64> {
+/// The apiserver's requests so far, by verb, resource, subresource and code (summed over the
+/// other labels: group, version, scope, component).
+async fn apiserver_requests(client: &switchyard_k8s::Client) -> BTreeMap<Request, f64> {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client.request_text(request).await.unwrap();
-    let mut writes = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
+    let mut requests = BTreeMap::new();
+    for (labels, value) in counter(&text, "apiserver_request_total") {
         let label = |name: &str| {
             labels
                 .split(',')
@@ -331,34 +148,41 @@ async fn controller_writes(client: &switchyard_k8s::Client) -> BTreeMap<String, 
                 .map(|v| v.trim_end_matches('"').to_owned())
                 .unwrap_or_default()
         };
-        let (verb, resource, subresource) =
-            (label("verb"), label("resource"), label("subresource"));
-        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
-            || !label("code").starts_with('2')
-        {
-            continue;
-        }
-        let counted = match (resource.as_str(), subresource.as_str()) {
-            ("pods" | "replicasets" | "events", "") | ("replicasets" | "deployments", "status") => {
-                true
-            }
-            ("deployments", "") => verb != "POST",
-            _ => false,
+        let series = Request {
+            verb: label("verb"),
+            resource: label("resource"),
+            subresource: label("subresource"),
+            code: label("code"),
         };
-        if counted {
-            *writes
-                .entry(format!("{resource}/{subresource} {verb}"))
-                .or_default() += value.parse::<f64>().unwrap_or(0.0);
-        }
+        *requests.entry(series).or_default() += value;
     }
-    writes
+    requests
+}
+
+/// The requests of `requests` that `keep` keeps, summed by `resource/subresource verb`.
+fn requests_by_name(
+    requests: &BTreeMap<Request, f64>,
+    keep: impl Fn(&Request) -> bool,
+) -> BTreeMap<String, f64> {
+    let mut sums = BTreeMap::new();
+    for (request, value) in requests.iter().filter(|(r, _)| keep(r)) {
+        *sums.entry(request.name()).or_default() += value;
+    }
+    sums
+}
+
+/// The controllers' successful writes (2xx) by `resource/subresource verb`.
+fn controller_writes(requests: &BTreeMap<Request, f64>) -> BTreeMap<String, f64> {
+    requests_by_name(requests, |r| {
+        r.controller_write() && r.code.starts_with('2')
+    })
 }
 
 /// `after - before`, without the zeros.
-fn writes_between(
-    before: &BTreeMap<String, f64>,
-    after: &BTreeMap<String, f64>,
-) -> BTreeMap<String, f64> {
+fn between<K: Clone + Ord>(
+    before: &BTreeMap<K, f64>,
+    after: &BTreeMap<K, f64>,
+) -> BTreeMap<K, f64> {
     after
         .iter()
         .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
@@ -391,7 +215,8 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
     let controllers = Controllers::start(&plane, under).await;
     let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
 
-    let writes_before = controller_writes(&client).await;
+    let (requests_before, work_before) =
+        (apiserver_requests(&client).await, controllers.work().await);
     let (controllers_cpu, bench_cpu, plane_cpu) = (
         cpu_of(&controllers.pids()),
         cpu_of(&[]),
@@ -439,18 +264,50 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
     println!("bench e2e.{run}_bench_process_cpu {bench_cpu:.1} s");
     println!("bench e2e.{run}_plane_cpu {plane_cpu:.1} s");
     // The writes that converged them, counted by the apiserver for both controllers alike.
-    let converged = writes_between(&writes_before, &controller_writes(&client).await);
+    let requests = between(&requests_before, &apiserver_requests(&client).await);
+    let work = between(&work_before, &controllers.work().await);
+    let converged = controller_writes(&requests);
     let objects: f64 = converged
         .iter()
         .filter(|(k, _)| !k.starts_with("events"))
         .map(|(_, v)| v)
         .sum();
     eprintln!("{under:?}: apiserver writes until converged: {converged:?}");
+    let conflicts = requests_by_name(&requests, |r| r.controller_write() && r.code == "409");
+    eprintln!("{under:?}: writes refused with 409 Conflict: {conflicts:?}");
+    println!(
+        "bench e2e.{run}_conflicts {:.0} requests",
+        conflicts.values().fold(0.0, |sum, n| sum + n)
+    );
+    // Everyone's reads (the controllers', the scheduler's, kwok's and this benchmark's own
+    // polling), for comparing runs of one side.
+    eprintln!(
+        "{under:?}: apiserver reads until converged: {:?}",
+        requests_by_name(&requests, Request::read)
+    );
+    eprintln!("{under:?}: work until converged: {work:?}");
+    let adds: f64 = work
+        .iter()
+        .filter(|(k, _)| k.starts_with("workqueue_adds_total"))
+        .map(|(_, v)| v)
+        .sum();
+    println!("bench e2e.{run}_queue_adds {adds:.0} keys");
+    if matches!(under, Under::Switchyard { .. }) {
+        let reconciles: f64 = work
+            .iter()
+            .filter(|(k, _)| k.starts_with("reconciles"))
+            .map(|(_, v)| v)
+            .sum();
+        println!("bench e2e.{run}_reconciles {reconciles:.0} reconciles");
+    }
     println!("bench e2e.{run}_object_writes {objects:.0} requests");
     // The controllers' Events, a write each (a repeat of one, a patch): what their apiserver
     // writes include besides the objects themselves. Read once the writers caught up.
     tokio::time::sleep(EVENTS_SETTLE).await;
-    let settled = writes_between(&writes_before, &controller_writes(&client).await);
+    let settled = controller_writes(&between(
+        &requests_before,
+        &apiserver_requests(&client).await,
+    ));
     let event_writes: f64 = settled
         .iter()
         .filter(|(k, _)| k.starts_with("events"))

@@ -1,0 +1,371 @@
+//! `make bench-capacity`: the highest rate of Deployment changes the controllers keep up with
+//! while meeting two service levels, measured the way timebertt's
+//! kubernetes-controller-sharding measures a controller's capacity: a load generator changes
+//! Deployment specs at a rising rate in fixed steps, and the figure is the highest rate whose
+//! step met both
+//! - **queue wait**: 99 % of the Deployment and ReplicaSet controllers' keys waited at most
+//!   1 s in their work queue before a worker took them (`workqueue_queue_duration_seconds`,
+//!   client-go's buckets on both sides, read from kube-controller-manager's `/metrics` and the
+//!   queue's), and
+//! - **time to ready**: 99 % of the step's changes were rolled out, from the change's PATCH
+//!   until the Deployment's status shows that generation with every replica updated and
+//!   available and no old one left, within 5 s (seen by a watch on the Deployments; a change
+//!   not rolled out [`DRAIN`] after its step counts as too slow).
+//!
+//! Each subject runs on a fresh control plane (etcd, kube-apiserver, kube-scheduler, kwok with
+//! 10 Nodes) with [`DEPLOYMENTS`] Deployments of [`REPLICAS`] replicas created and rolled
+//! out first. A change sets an annotation on the Pod template, so every change is a rollout:
+//! a new ReplicaSet's Pods created, the old ones deleted. Changes are sent open loop, at
+//! their rate whatever the apiserver's latency, round robin over the Deployments. A step
+//! lasts [`STEP`]; between steps everything is left to settle. The rate starts at 0.5
+//! changes/s and rises by a quarter at each step (0.5, 0.63, 0.78, 0.98, 1.22, 1.53, ...); the
+//! run stops at the first step that misses a service level.
+//!
+//! - `capacity.kcm` (changes/s): kube-controller-manager's deployment, replicaset, garbage
+//!   collector and namespace controllers, as in `make bench-e2e`;
+//! - `capacity.sy1_unslowed` (changes/s): Switchyard with one reconciler running the same
+//!   controllers, at the same per-reconcile latency as kube-controller-manager (nothing added);
+//! - `capacity.sy1`, `capacity.sy4` (changes/s): Switchyard with 1 and 4 reconciler processes,
+//!   every reconcile waiting 20 ms first as if it called an external system
+//!   (`--simulated-latency`, one reconcile at a time per replica), as `make bench-e2e`'s slow
+//!   runs: without it the 2-core machine's control plane, not the reconcilers, is the limit.
+//!   A change is about 25 reconciles of the two controllers, so one replica's 50 reconciles/s
+//!   bound it near 2 changes/s;
+//! - `capacity.sy1_unslowed_vs_kcm`, `capacity.sy4_vs_sy1` (ratios).
+//!
+//! Each step's figures go to stderr: the rate sent, changes rolled out, time-to-ready p50 and
+//! p99, the share of keys within the 1 s queue wait. `SWITCHYARD_BENCH_RUNS=kcm,sy1_unslowed`
+//! runs only the named subjects.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, TryStreamExt, stream};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, Deployment, Namespace, PostParams,
+    k8s_openapi::api::core::v1::ServiceAccount,
+    kube::api::{Patch, PatchParams},
+    watcher,
+};
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, manifests};
+
+use crate::support::{Buckets, Controllers, Under};
+
+const DEPLOYMENTS: usize = 200;
+const REPLICAS: i32 = 2;
+const NODES: usize = 10;
+const NAMESPACE: &str = "capacity";
+/// How long each step sends changes.
+const STEP: Duration = Duration::from_secs(30);
+/// How long after its step a change may still roll out; later, it counts as too slow.
+const DRAIN: Duration = Duration::from_secs(30);
+/// The longest wait for everything to settle between steps.
+const SETTLE: Duration = Duration::from_secs(120);
+const FIRST_RATE: f64 = 0.5;
+const RATE_FACTOR: f64 = 1.25;
+const HIGHEST_RATE: f64 = 200.0;
+const QUEUE_WAIT_SLO: f64 = 1.0;
+const READY_SLO: Duration = Duration::from_secs(5);
+/// Both service levels hold for 99 % of what they measure.
+const QUANTILE: f64 = 0.99;
+
+/// The subjects, by figure name, in the order they run.
+const SUBJECTS: [(&str, Under); 4] = [
+    ("kcm", Under::ControllerManager),
+    ("sy1_unslowed", Under::switchyard(1, 0)),
+    ("sy1", Under::switchyard(1, 20)),
+    ("sy4", Under::switchyard(4, 20)),
+];
+
+/// The ratios printed when both of their subjects ran: (figure, numerator, denominator).
+const RATIOS: [(&str, &str, &str); 2] = [
+    ("sy1_unslowed_vs_kcm", "sy1_unslowed", "kcm"),
+    ("sy4_vs_sy1", "sy4", "sy1"),
+];
+
+fn deployment(name: &str) -> Deployment {
+    manifests::deployment(name, REPLICAS, serde_json::Value::Null)
+}
+
+/// The generation this Deployment's status shows rolled out completely, if any.
+fn rolled_out(deployment: &Deployment) -> Option<i64> {
+    let status = deployment.status.as_ref()?;
+    let replicas = deployment.spec.as_ref()?.replicas.unwrap_or(1);
+    let complete = status.updated_replicas == Some(replicas)
+        && status.available_replicas == Some(replicas)
+        && status.replicas == Some(replicas);
+    complete.then_some(status.observed_generation?)
+}
+
+/// Changes sent and not yet rolled out, and how long the rolled-out ones took.
+#[derive(Default)]
+struct Changes {
+    /// By Deployment: (generation, when its PATCH was answered), oldest first.
+    pending: BTreeMap<String, Vec<(i64, Instant)>>,
+    /// Every Deployment's latest rolled-out generation, as the watch saw it.
+    rolled_out: BTreeMap<String, i64>,
+    took: Vec<Duration>,
+}
+
+impl Changes {
+    fn sent(&mut self, name: &str, generation: i64, at: Instant) {
+        if self.rolled_out.get(name).is_some_and(|g| *g >= generation) {
+            self.took.push(at.elapsed());
+            return;
+        }
+        self.pending
+            .entry(name.to_owned())
+            .or_default()
+            .push((generation, at));
+    }
+
+    fn seen(&mut self, deployment: &Deployment) {
+        let Some(generation) = rolled_out(deployment) else {
+            return;
+        };
+        let name = deployment.metadata.name.clone().unwrap_or_default();
+        self.rolled_out.insert(name.clone(), generation);
+        if let Some(pending) = self.pending.get_mut(&name) {
+            let now = Instant::now();
+            pending.retain(|(g, at)| {
+                let done = *g <= generation;
+                if done {
+                    self.took.push(now - *at);
+                }
+                !done
+            });
+        }
+    }
+
+    fn unfinished(&self) -> usize {
+        self.pending.values().map(Vec::len).sum()
+    }
+}
+
+/// What one step measured.
+struct Step {
+    rate: f64,
+    sent: usize,
+    /// Times to ready, sorted; changes not rolled out by the end of the drain count as
+    /// [`Duration::MAX`].
+    took: Vec<Duration>,
+    queue_wait: Buckets,
+}
+
+impl Step {
+    fn quantile(&self, q: f64) -> Duration {
+        if self.took.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = ((self.took.len() as f64) * q).ceil() as usize;
+        self.took[rank.clamp(1, self.took.len()) - 1]
+    }
+
+    fn met(&self) -> bool {
+        self.quantile(QUANTILE) <= READY_SLO
+            && self.queue_wait.share_within(QUEUE_WAIT_SLO) >= QUANTILE
+    }
+
+    fn print(&self, subject: &str) {
+        let shown = |d: Duration| {
+            if d == Duration::MAX {
+                "never".to_owned()
+            } else {
+                format!("{:.2} s", d.as_secs_f64())
+            }
+        };
+        eprintln!(
+            "{subject}: {:.2} changes/s: {} sent, {} rolled out in time; time to ready p50 {}, \
+             p99 {}; {:.2} % of {} keys waited <= 1 s in the queue: {}",
+            self.rate,
+            self.sent,
+            self.took.iter().filter(|d| **d <= READY_SLO).count(),
+            shown(self.quantile(0.5)),
+            shown(self.quantile(QUANTILE)),
+            self.queue_wait.share_within(QUEUE_WAIT_SLO) * 100.0,
+            self.queue_wait.count(),
+            if self.met() { "met" } else { "missed" }
+        );
+    }
+}
+
+/// Waits until no change is pending and every Deployment is rolled out at its generation.
+async fn settle(api: &Api<Deployment>, changes: &Mutex<Changes>, within: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        let pending = changes.lock().unwrap().unfinished();
+        if pending == 0 {
+            let list = api.list(&Default::default()).await.unwrap();
+            if list
+                .items
+                .iter()
+                .all(|d| rolled_out(d) >= d.metadata.generation)
+            {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    false
+}
+
+/// Sends changes at `rate` for [`STEP`], then waits up to [`DRAIN`] for them to roll out.
+async fn step(
+    api: &Api<Deployment>,
+    controllers: &Controllers,
+    changes: &Arc<Mutex<Changes>>,
+    rate: f64,
+    next_change: &mut usize,
+) -> Step {
+    changes.lock().unwrap().took.clear();
+    let queue_before = controllers.queue_wait().await;
+    let count = (rate * STEP.as_secs_f64()).round() as usize;
+    let start = tokio::time::Instant::now();
+    let mut sending = Vec::with_capacity(count);
+    for i in 0..count {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        let change = *next_change;
+        *next_change += 1;
+        let (api, changes) = (api.clone(), changes.clone());
+        sending.push(tokio::spawn(async move {
+            let name = format!("d{:03}", change % DEPLOYMENTS);
+            let patch = json!({"spec": {"template": {"metadata": {"annotations": {
+                "bench.switchyard.io/change": change.to_string()}}}}});
+            let patched = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+            let generation = patched.metadata.generation.unwrap_or_default();
+            changes
+                .lock()
+                .unwrap()
+                .sent(&name, generation, Instant::now());
+        }));
+    }
+    for sent in sending {
+        sent.await.unwrap();
+    }
+    let drained = Instant::now();
+    while changes.lock().unwrap().unfinished() > 0 && drained.elapsed() < DRAIN {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let queue_wait = controllers.queue_wait().await.since(&queue_before);
+    let mut changes = changes.lock().unwrap();
+    let mut took = std::mem::take(&mut changes.took);
+    took.extend(std::iter::repeat_n(Duration::MAX, changes.unfinished()));
+    took.sort();
+    Step {
+        rate,
+        sent: count,
+        took,
+        queue_wait,
+    }
+}
+
+/// The highest rate whose step met both service levels, 0 if the first did not.
+async fn capacity(subject: &str, under: Under) -> f64 {
+    let plane = ControlPlane::start(ControlPlaneOptions {
+        nodes: NODES,
+        dir: None,
+    })
+    .await
+    .unwrap();
+    let client = plane.client().await.unwrap();
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    // No serviceaccount controller runs here, and Pods need the namespace's default one.
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    let controllers = Controllers::start(&plane, under).await;
+    let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let changes = Arc::new(Mutex::new(Changes::default()));
+    let watch = tokio::spawn({
+        let (api, changes) = (api.clone(), changes.clone());
+        async move {
+            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+            while let Some(event) = events.try_next().await.unwrap() {
+                if let watcher::Event::Apply(d) | watcher::Event::InitApply(d) = event {
+                    changes.lock().unwrap().seen(&d);
+                }
+            }
+        }
+    });
+    stream::iter(0..DEPLOYMENTS)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &deployment(&format!("d{i:03}")))
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<()>()
+        .await;
+    assert!(
+        settle(&api, &changes, SETTLE).await,
+        "{subject}: the {DEPLOYMENTS} Deployments did not roll out within {SETTLE:?}"
+    );
+
+    let (mut rate, mut met, mut next_change) = (FIRST_RATE, 0.0, 0);
+    while rate <= HIGHEST_RATE {
+        let step = step(&api, &controllers, &changes, rate, &mut next_change).await;
+        step.print(subject);
+        if !step.met() {
+            break;
+        }
+        met = rate;
+        if !settle(&api, &changes, SETTLE).await {
+            eprintln!("{subject}: not settled {SETTLE:?} after the step at {rate:.2} changes/s");
+            break;
+        }
+        rate = (rate * RATE_FACTOR * 100.0).round() / 100.0;
+    }
+    watch.abort();
+    controllers.stop().await;
+    plane.stop();
+    met
+}
+
+async fn run() {
+    let mut measured = BTreeMap::new();
+    for (name, under) in SUBJECTS {
+        if !switchyard_testenv::bench_selected(name) {
+            continue;
+        }
+        let rate = capacity(name, under).await;
+        println!("bench capacity.{name} {rate:.2} changes/s");
+        measured.insert(name, rate);
+    }
+    for (name, numerator, denominator) in RATIOS {
+        if let (Some(n), Some(d)) = (measured.get(numerator), measured.get(denominator))
+            && *d > 0.0
+        {
+            println!("bench capacity.{name} {:.2} ratio", n / d);
+        }
+    }
+}
+
+fn main() {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(run());
+}

@@ -1,0 +1,383 @@
+//! What the end-to-end benchmarks share: the controllers under test, kube-controller-manager
+//! or Switchyard (a queue and a watcher in the benchmark's process, reconcilers as processes
+//! of their own), started on a control plane and read through their metrics.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use clap::Parser;
+use switchyard_runtime::Role;
+use switchyard_testenv::{ControlPlane, InProcess, Pki, ServiceProcess};
+
+/// Every controller process gets the same client limits, on both sides.
+pub const CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=100", "--kube-api-burst=200"];
+/// The shipped watcher configuration: what the built-in controllers watch.
+const WATCHER_CONFIG: &str = include_str!("../../../../deploy/kustomize/base/watcher-config.yaml");
+const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace";
+
+#[derive(Clone, Copy, Debug)]
+pub enum Under {
+    ControllerManager,
+    Switchyard {
+        reconcilers: usize,
+        latency_ms: u64,
+        /// Mutual TLS between the services (the default); plaintext otherwise.
+        mtls: bool,
+    },
+}
+
+impl Under {
+    /// In plaintext, as every figure before mutual TLS was measured, so they compare.
+    pub const fn switchyard(reconcilers: usize, latency_ms: u64) -> Self {
+        Self::Switchyard {
+            reconcilers,
+            latency_ms,
+            mtls: false,
+        }
+    }
+
+    pub const fn switchyard_mtls(reconcilers: usize) -> Self {
+        Self::Switchyard {
+            reconcilers,
+            latency_ms: 0,
+            mtls: true,
+        }
+    }
+}
+
+/// The flags that give a service `role`'s certificate, or plaintext.
+fn security(mtls: bool, role: Role) -> Vec<String> {
+    if mtls {
+        Pki::shared().flags(role)
+    } else {
+        vec!["--insecure-plaintext".to_owned()]
+    }
+}
+
+/// CPU seconds used so far by `pids` and this process.
+pub fn cpu_of(pids: &[u32]) -> f64 {
+    pids.iter()
+        .chain([&std::process::id()])
+        .filter_map(|pid| switchyard_testenv::cpu_seconds(*pid))
+        .sum()
+}
+
+/// What runs the controllers during one measurement; stopped on drop.
+pub enum Controllers {
+    Kcm(switchyard_testenv::ControllerManager),
+    Switchyard {
+        queue: InProcess,
+        watcher: InProcess,
+        reconcilers: Vec<ServiceProcess>,
+    },
+}
+
+impl Controllers {
+    /// The controller processes (the queue and the watcher run in this one).
+    pub fn pids(&self) -> Vec<u32> {
+        match self {
+            Self::Kcm(kcm) => vec![kcm.pid()],
+            Self::Switchyard { reconcilers, .. } => reconcilers.iter().map(|r| r.pid()).collect(),
+        }
+    }
+
+    pub async fn start(plane: &ControlPlane, under: Under) -> Self {
+        match under {
+            Under::ControllerManager => Self::Kcm(
+                plane
+                    .start_controller_manager(
+                        // The controllers a Switchyard reconciler runs by default.
+                        &[
+                            "deployment-controller",
+                            "replicaset-controller",
+                            "garbage-collector-controller",
+                            "namespace-controller",
+                        ],
+                        &[
+                            CLIENT_LIMITS[0],
+                            CLIENT_LIMITS[1],
+                            "--use-service-account-credentials=false",
+                            // Its work queues' metrics, read without credentials.
+                            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                        ],
+                    )
+                    .await
+                    .unwrap(),
+            ),
+            Under::Switchyard {
+                reconcilers,
+                latency_ms,
+                mtls,
+            } => {
+                let queue = in_process_queue(mtls).await;
+                let watcher = in_process_watcher(plane, queue.grpc(), mtls).await;
+                watcher.wait_ready(Duration::from_secs(60)).await;
+                let mut started = Vec::new();
+                for i in 0..reconcilers {
+                    let mut args = vec![
+                        format!("--kubeconfig={}", plane.kubeconfig().display()),
+                        format!("--queue-addr={}", queue.grpc()),
+                        format!("--watcher-addr={}", watcher.grpc()),
+                        format!("--worker-id=bench-{i}"),
+                        format!("--simulated-latency={latency_ms}ms"),
+                        // Slow reconciles run one at a time per replica: a replica's
+                        // capacity (50 reconciles/s at 20 ms) stays below what this machine's
+                        // control plane absorbs, so replicas, not the apiserver, bound it.
+                        format!("--concurrency={}", if latency_ms > 0 { 1 } else { 10 }),
+                        "--log-format=json".to_owned(),
+                    ];
+                    args.extend(CLIENT_LIMITS.iter().map(|a| (*a).to_owned()));
+                    args.extend(security(mtls, Role::Reconciler));
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let mut process = ServiceProcess::start(
+                        Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
+                        &args,
+                        &[("SWITCHYARD_LOG", "warn")],
+                    )
+                    .await
+                    .unwrap();
+                    process.wait_ready().await.unwrap();
+                    started.push(process);
+                }
+                Self::Switchyard {
+                    queue,
+                    watcher,
+                    reconcilers: started,
+                }
+            }
+        }
+    }
+
+    pub async fn stop(self) {
+        if let Self::Switchyard {
+            queue,
+            watcher,
+            reconcilers,
+        } = self
+        {
+            let requests =
+                reconciler_counters(&reconcilers, "switchyard_apiserver_requests_total").await;
+            eprintln!("reconciler apiserver requests: {requests:?}");
+            for reconciler in reconcilers {
+                let _ = reconciler.terminate().await;
+            }
+            watcher.stop().await;
+            queue.stop().await;
+        }
+    }
+}
+
+/// The samples of the counter `name` in a Prometheus text exposition, by label set.
+pub fn counter(text: &str, name: &str) -> BTreeMap<String, f64> {
+    let mut samples = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else {
+            continue;
+        };
+        if let Some((labels, value)) = rest.rsplit_once("} ") {
+            *samples.entry(labels.to_owned()).or_default() += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    samples
+}
+
+/// The counter `name` summed over the reconcilers, by label set.
+async fn reconciler_counters(reconcilers: &[ServiceProcess], name: &str) -> BTreeMap<String, f64> {
+    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    for reconciler in reconcilers {
+        let (_, text) = reconciler.admin_get("/metrics").await.unwrap();
+        for (labels, value) in counter(&text, name) {
+            *sums.entry(labels).or_default() += value;
+        }
+    }
+    sums
+}
+
+/// The work queues' adds and retries of the controllers named `names`, summed over the other
+/// labels (Switchyard's shards), keyed `metric{name="..."}`.
+fn queue_counters(text: &str, names: &[&str]) -> BTreeMap<String, f64> {
+    let mut sums = BTreeMap::new();
+    for family in ["workqueue_adds_total", "workqueue_retries_total"] {
+        for (labels, value) in counter(text, family) {
+            let Some(name) = labels.split(',').find_map(|l| l.strip_prefix("name=")) else {
+                continue;
+            };
+            if names.contains(&name.trim_matches('"')) {
+                *sums.entry(format!("{family}{{name={name}}}")).or_default() += value;
+            }
+        }
+    }
+    sums
+}
+
+impl Controllers {
+    /// The work counters so far, each keyed `metric{labels}`: the work queues' adds and
+    /// retries by controller (kube-controller-manager's Deployment and ReplicaSet queues, or
+    /// Switchyard's queue summed over its shards) and, for Switchyard, the reconciles by
+    /// controller and result.
+    pub async fn work(&self) -> BTreeMap<String, f64> {
+        let (queue, reconcilers) = match self {
+            Self::Kcm(kcm) => {
+                return queue_counters(
+                    &kcm.metrics().await.unwrap(),
+                    &["deployment", "replicaset"],
+                );
+            }
+            Self::Switchyard {
+                queue, reconcilers, ..
+            } => (queue, reconcilers),
+        };
+        let mut work = BTreeMap::new();
+        for (labels, value) in reconciler_counters(reconcilers, "switchyard_reconcile_total").await
+        {
+            work.insert(format!("reconciles{{{labels}}}"), value);
+        }
+        work.extend(queue_counters(
+            &queue.admin_get("/metrics").await.1,
+            &["apps/v1/Deployment", "apps/v1/ReplicaSet"],
+        ));
+        work
+    }
+}
+
+async fn in_process_queue(mtls: bool) -> InProcess {
+    let args = [
+        "switchyard-queue".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        "--shard-count=256".into(),
+        format!("--controllers={CONTROLLERS}"),
+        "--log-level=warn".into(),
+    ]
+    .into_iter()
+    .chain(security(mtls, Role::Queue));
+    let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    InProcess::spawn(rt, Some(grpc))
+}
+
+async fn in_process_watcher(
+    plane: &ControlPlane,
+    queue: std::net::SocketAddr,
+    mtls: bool,
+) -> InProcess {
+    let config = plane.dir().join("watcher-bench.yaml");
+    let text = match std::env::var_os("SWITCHYARD_BENCH_WATCHER_CONFIG") {
+        Some(file) => std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("SWITCHYARD_BENCH_WATCHER_CONFIG={file:?}: {e}")),
+        None => WATCHER_CONFIG.to_owned(),
+    };
+    std::fs::write(&config, text).unwrap();
+    let args = vec![
+        "switchyard-watcher".to_owned(),
+        "--admin-addr=127.0.0.1:0".into(),
+        "--grpc-addr=127.0.0.1:0".into(),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--config={}", config.display()),
+        format!("--queue-addr={queue}"),
+        "--log-level=warn".into(),
+    ]
+    .into_iter()
+    .chain(security(mtls, Role::Watcher));
+    let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    InProcess::spawn(rt, Some(grpc))
+}
+
+/// A histogram's cumulative counts by upper bound (`le`), smallest bound first.
+#[derive(Clone, Debug, Default)]
+pub struct Buckets(pub Vec<(f64, f64)>);
+
+impl Buckets {
+    /// The buckets of `family` (`<family>_bucket` series) in a Prometheus text exposition,
+    /// summed over the series whose `name` label is one of `names`.
+    pub fn parse(text: &str, family: &str, names: &[&str]) -> Self {
+        let mut sums: Vec<(f64, f64)> = Vec::new();
+        for (labels, value) in counter(text, &format!("{family}_bucket")) {
+            let label = |wanted: &str| {
+                labels.split(',').find_map(|l| {
+                    let (key, value) = l.split_once('=')?;
+                    (key == wanted).then(|| value.trim_matches('"').to_owned())
+                })
+            };
+            if !label("name").is_some_and(|n| names.contains(&n.as_str())) {
+                continue;
+            }
+            let Some(le) = label("le").and_then(|le| le.parse::<f64>().ok()) else {
+                continue;
+            };
+            match sums.iter_mut().find(|(bound, _)| *bound == le) {
+                Some((_, sum)) => *sum += value,
+                None => sums.push((le, value)),
+            }
+        }
+        sums.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Self(sums)
+    }
+
+    /// The counts observed since `before`.
+    pub fn since(&self, before: &Self) -> Self {
+        Self(
+            self.0
+                .iter()
+                .map(|(le, count)| {
+                    let earlier = before
+                        .0
+                        .iter()
+                        .find(|(bound, _)| bound == le)
+                        .map_or(0.0, |(_, c)| *c);
+                    (*le, count - earlier)
+                })
+                .collect(),
+        )
+    }
+
+    /// Observations in all (the `+Inf` bucket).
+    pub fn count(&self) -> f64 {
+        self.0.last().map_or(0.0, |(_, c)| *c)
+    }
+
+    /// The share of observations at or below `bound`, which must be a bucket's bound; 1 when
+    /// nothing was observed.
+    pub fn share_within(&self, bound: f64) -> f64 {
+        let count = self.count();
+        if count == 0.0 {
+            return 1.0;
+        }
+        let within = self
+            .0
+            .iter()
+            .find(|(le, _)| *le == bound)
+            .unwrap_or_else(|| panic!("no bucket with the bound {bound}"))
+            .1;
+        within / count
+    }
+}
+
+impl Controllers {
+    /// How long keys of the Deployment and ReplicaSet controllers waited in their work queue
+    /// before a worker took them (`workqueue_queue_duration_seconds`, with client-go's buckets
+    /// on both sides), the two controllers together.
+    pub async fn queue_wait(&self) -> Buckets {
+        const FAMILY: &str = "workqueue_queue_duration_seconds";
+        match self {
+            Self::Kcm(kcm) => Buckets::parse(
+                &kcm.metrics().await.unwrap(),
+                FAMILY,
+                &["deployment", "replicaset"],
+            ),
+            Self::Switchyard { queue, .. } => Buckets::parse(
+                &queue.admin_get("/metrics").await.1,
+                FAMILY,
+                &["apps/v1/Deployment", "apps/v1/ReplicaSet"],
+            ),
+        }
+    }
+}
