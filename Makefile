@@ -19,7 +19,7 @@ help:
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
 	@echo "make deps          install the distribution packages the tests need (prometheus, chromium; apt-get)"
-	@echo "make bench         run every benchmark; make bench-<area> one area (queue, elector, watcher, e2e, gc)"
+	@echo "make bench         run every benchmark; make bench-<area> one area (queue, elector, watcher, e2e, gc, capacity)"
 
 testenv:
 	@scripts/testenv.sh build >/dev/null

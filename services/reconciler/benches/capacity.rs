@@ -17,7 +17,7 @@
 //! out first. A change sets an annotation on the Pod template, so every change is a rollout:
 //! a new ReplicaSet's Pods created, the old ones deleted. Changes are sent open loop, at
 //! their rate whatever the apiserver's latency, round robin over the Deployments. A step
-//! lasts [`STEP`]; between steps everything is left to settle. The rate starts at 0.5
+//! lasts [`STEP`]; between steps everything is left to settle, the work queues empty. The rate starts at 0.5
 //! changes/s and rises by a quarter at each step (0.5, 0.63, 0.78, 0.98, 1.22, 1.53, ...); the
 //! run stops at the first step that misses a service level.
 //!
@@ -26,11 +26,12 @@
 //! - `capacity.sy1_unslowed` (changes/s): Switchyard with one reconciler running the same
 //!   controllers, at the same per-reconcile latency as kube-controller-manager (nothing added);
 //! - `capacity.sy1`, `capacity.sy4` (changes/s): Switchyard with 1 and 4 reconciler processes,
-//!   every reconcile waiting 20 ms first as if it called an external system
-//!   (`--simulated-latency`, one reconcile at a time per replica), as `make bench-e2e`'s slow
-//!   runs: without it the 2-core machine's control plane, not the reconcilers, is the limit.
-//!   A change is about 25 reconciles of the two controllers, so one replica's 50 reconciles/s
-//!   bound it near 2 changes/s;
+//!   every reconcile waiting 100 ms first as if it called an external system
+//!   (`--simulated-latency`), 5 at a time per replica: at most 50 reconciles/s per replica, as
+//!   in `make bench-e2e`'s slow runs, so that the reconcilers and not the 2-core machine's
+//!   control plane are the limit. (`make bench-e2e`'s 20 ms one at a time misses the queue
+//!   level at 0.5 changes/s already: a change is about 30 reconciles, which arrive in bursts
+//!   and wait behind one another in a single slot.)
 //! - `capacity.sy1_unslowed_vs_kcm`, `capacity.sy4_vs_sy1` (ratios).
 //!
 //! Each step's figures go to stderr: the rate sent, changes rolled out, time-to-ready p50 and
@@ -69,6 +70,8 @@ const STEP: Duration = Duration::from_secs(30);
 const DRAIN: Duration = Duration::from_secs(30);
 /// The longest wait for everything to settle between steps.
 const SETTLE: Duration = Duration::from_secs(120);
+/// The longest wait for the first rollout of every Deployment to settle.
+const FIRST_SETTLE: Duration = Duration::from_secs(600);
 const FIRST_RATE: f64 = 0.5;
 const RATE_FACTOR: f64 = 1.25;
 const HIGHEST_RATE: f64 = 200.0;
@@ -76,13 +79,17 @@ const QUEUE_WAIT_SLO: f64 = 1.0;
 const READY_SLO: Duration = Duration::from_secs(5);
 /// Both service levels hold for 99 % of what they measure.
 const QUANTILE: f64 = 0.99;
+/// The slowed subjects' reconciles: each waits this long first, this many at a time per
+/// replica (50 reconciles/s per replica at most).
+const SLOW_MS: u64 = 100;
+const SLOW_CONCURRENCY: usize = 5;
 
 /// The subjects, by figure name, in the order they run.
 const SUBJECTS: [(&str, Under); 4] = [
     ("kcm", Under::ControllerManager),
     ("sy1_unslowed", Under::switchyard(1, 0)),
-    ("sy1", Under::switchyard(1, 20)),
-    ("sy4", Under::switchyard(4, 20)),
+    ("sy1", Under::switchyard_slow(1, SLOW_MS, SLOW_CONCURRENCY)),
+    ("sy4", Under::switchyard_slow(4, SLOW_MS, SLOW_CONCURRENCY)),
 ];
 
 /// The ratios printed when both of their subjects ran: (figure, numerator, denominator).
@@ -197,22 +204,36 @@ impl Step {
     }
 }
 
-/// Waits until no change is pending and every Deployment is rolled out at its generation.
-async fn settle(api: &Api<Deployment>, changes: &Mutex<Changes>, within: Duration) -> bool {
+/// Waits until no change is pending, every Deployment is rolled out at its generation and
+/// the controllers' work queues stayed empty for a second: a backlog left from before a step
+/// would count against it.
+async fn settle(
+    api: &Api<Deployment>,
+    controllers: &Controllers,
+    changes: &Mutex<Changes>,
+    within: Duration,
+) -> bool {
     let start = Instant::now();
+    let mut idle_since: Option<Instant> = None;
     while start.elapsed() < within {
         let pending = changes.lock().unwrap().unfinished();
-        if pending == 0 {
-            let list = api.list(&Default::default()).await.unwrap();
-            if list
+        let rolled_out = pending == 0
+            && api
+                .list(&Default::default())
+                .await
+                .unwrap()
                 .items
                 .iter()
-                .all(|d| rolled_out(d) >= d.metadata.generation)
-            {
+                .all(|d| rolled_out(d) >= d.metadata.generation);
+        if rolled_out && controllers.queue_depth().await == 0.0 {
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= Duration::from_secs(1) {
                 return true;
             }
+        } else {
+            idle_since = None;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     false
 }
@@ -319,8 +340,8 @@ async fn capacity(subject: &str, under: Under) -> f64 {
         .collect::<()>()
         .await;
     assert!(
-        settle(&api, &changes, SETTLE).await,
-        "{subject}: the {DEPLOYMENTS} Deployments did not roll out within {SETTLE:?}"
+        settle(&api, &controllers, &changes, FIRST_SETTLE).await,
+        "{subject}: the {DEPLOYMENTS} Deployments did not roll out within {FIRST_SETTLE:?}"
     );
 
     let (mut rate, mut met, mut next_change) = (FIRST_RATE, 0.0, 0);
@@ -331,13 +352,23 @@ async fn capacity(subject: &str, under: Under) -> f64 {
             break;
         }
         met = rate;
-        if !settle(&api, &changes, SETTLE).await {
+        if !settle(&api, &controllers, &changes, SETTLE).await {
             eprintln!("{subject}: not settled {SETTLE:?} after the step at {rate:.2} changes/s");
             break;
         }
         rate = (rate * RATE_FACTOR * 100.0).round() / 100.0;
     }
     watch.abort();
+    eprintln!("{subject}: work: {:?}", controllers.work().await);
+    let took = controllers.reconcile_time().await;
+    if took.count() > 0.0 {
+        eprintln!(
+            "{subject}: {} reconciles, p50 <= {} s, p99 <= {} s (bucket bounds)",
+            took.count(),
+            took.quantile_bound(0.5),
+            took.quantile_bound(0.99)
+        );
+    }
     controllers.stop().await;
     plane.stop();
     met

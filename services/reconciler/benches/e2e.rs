@@ -17,6 +17,10 @@
 //! - `e2e.sy1_converge`, `e2e.sy2_converge`, `e2e.sy4_converge` (s): Switchyard with 1, 2 and
 //!   4 reconciler processes (a queue and a watcher in this process), in plaintext
 //!   (`--insecure-plaintext`) so that they compare with the figures measured before mutual TLS;
+//! - `e2e.sy4_converge_shared_limits` (s): 4 reconcilers sharing one process's client limits
+//!   (25 requests/s and a burst of 50 each per controller), so that together they may write
+//!   no faster than one: what separates its writes from `sy4_converge`'s is the speed the
+//!   extra limits allow, not the number of replicas;
 //! - `e2e.sy1_converge_mtls` (s): `sy1_converge` with mutual TLS between the services, the
 //!   shipped default, run right after it; `e2e.sy1_mtls_vs_plaintext` is the ratio of the two;
 //! - `e2e.sy1_converge_slow`, `e2e.sy4_converge_slow` (s): the same with every reconcile
@@ -334,12 +338,16 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
 }
 
 /// The measurements, by figure name, in the order they run.
-const RUNS: [(&str, Under); 9] = [
+const RUNS: [(&str, Under); 10] = [
     ("kcm_converge", Under::ControllerManager),
     ("sy1_converge", Under::switchyard(1, 0)),
     ("sy1_converge_mtls", Under::switchyard_mtls(1)),
     ("sy2_converge", Under::switchyard(2, 0)),
     ("sy4_converge", Under::switchyard(4, 0)),
+    (
+        "sy4_converge_shared_limits",
+        Under::switchyard_shared_limits(4),
+    ),
     ("sy1_converge_slow", Under::switchyard(1, 20)),
     ("sy4_converge_slow", Under::switchyard(4, 20)),
     ("sy1_converge_slow50", Under::switchyard(1, 50)),

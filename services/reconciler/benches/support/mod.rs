@@ -10,8 +10,10 @@ use clap::Parser;
 use switchyard_runtime::Role;
 use switchyard_testenv::{ControlPlane, InProcess, Pki, ServiceProcess};
 
-/// Every controller process gets the same client limits, on both sides.
-pub const CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=100", "--kube-api-burst=200"];
+/// Every controller process gets the same client limits, on both sides: requests per second
+/// and burst of each controller's client.
+const CLIENT_QPS: u32 = 100;
+const CLIENT_BURST: u32 = 200;
 /// The shipped watcher configuration: what the built-in controllers watch.
 const WATCHER_CONFIG: &str = include_str!("../../../../deploy/kustomize/base/watcher-config.yaml");
 const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace";
@@ -22,18 +24,50 @@ pub enum Under {
     Switchyard {
         reconcilers: usize,
         latency_ms: u64,
+        /// Reconciles at a time per reconciler (`--concurrency`).
+        concurrency: usize,
         /// Mutual TLS between the services (the default); plaintext otherwise.
         mtls: bool,
+        /// The reconcilers share one process's client limits (each gets its share of the
+        /// requests per second and burst), so together they write no faster than one.
+        shared_limits: bool,
     },
 }
 
 impl Under {
     /// In plaintext, as every figure before mutual TLS was measured, so they compare.
+    /// Slow reconciles (`latency_ms` above 0) run one at a time per replica: a replica's
+    /// capacity (50 reconciles/s at 20 ms) stays below what this machine's control plane
+    /// absorbs, so replicas, not the apiserver, bound it. Others run 10 at a time.
     pub const fn switchyard(reconcilers: usize, latency_ms: u64) -> Self {
         Self::Switchyard {
             reconcilers,
             latency_ms,
+            concurrency: if latency_ms > 0 { 1 } else { 10 },
             mtls: false,
+            shared_limits: false,
+        }
+    }
+
+    /// `reconcilers` running `concurrency` reconciles at a time, each waiting `latency_ms`.
+    pub const fn switchyard_slow(reconcilers: usize, latency_ms: u64, concurrency: usize) -> Self {
+        Self::Switchyard {
+            reconcilers,
+            latency_ms,
+            concurrency,
+            mtls: false,
+            shared_limits: false,
+        }
+    }
+
+    /// [`Under::switchyard`], the reconcilers sharing one process's client limits.
+    pub const fn switchyard_shared_limits(reconcilers: usize) -> Self {
+        Self::Switchyard {
+            reconcilers,
+            latency_ms: 0,
+            concurrency: 10,
+            mtls: false,
+            shared_limits: true,
         }
     }
 
@@ -41,7 +75,9 @@ impl Under {
         Self::Switchyard {
             reconcilers,
             latency_ms: 0,
+            concurrency: 10,
             mtls: true,
+            shared_limits: false,
         }
     }
 }
@@ -95,8 +131,8 @@ impl Controllers {
                             "namespace-controller",
                         ],
                         &[
-                            CLIENT_LIMITS[0],
-                            CLIENT_LIMITS[1],
+                            &format!("--kube-api-qps={CLIENT_QPS}"),
+                            &format!("--kube-api-burst={CLIENT_BURST}"),
                             "--use-service-account-credentials=false",
                             // Its work queues' metrics, read without credentials.
                             "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
@@ -108,7 +144,9 @@ impl Controllers {
             Under::Switchyard {
                 reconcilers,
                 latency_ms,
+                concurrency,
                 mtls,
+                shared_limits,
             } => {
                 let queue = in_process_queue(mtls).await;
                 let watcher = in_process_watcher(plane, queue.grpc(), mtls).await;
@@ -121,13 +159,12 @@ impl Controllers {
                         format!("--watcher-addr={}", watcher.grpc()),
                         format!("--worker-id=bench-{i}"),
                         format!("--simulated-latency={latency_ms}ms"),
-                        // Slow reconciles run one at a time per replica: a replica's
-                        // capacity (50 reconciles/s at 20 ms) stays below what this machine's
-                        // control plane absorbs, so replicas, not the apiserver, bound it.
-                        format!("--concurrency={}", if latency_ms > 0 { 1 } else { 10 }),
+                        format!("--concurrency={concurrency}"),
                         "--log-format=json".to_owned(),
                     ];
-                    args.extend(CLIENT_LIMITS.iter().map(|a| (*a).to_owned()));
+                    let share = if shared_limits { reconcilers as u32 } else { 1 };
+                    args.push(format!("--kube-api-qps={}", CLIENT_QPS / share));
+                    args.push(format!("--kube-api-burst={}", CLIENT_BURST / share));
                     args.extend(security(mtls, Role::Reconciler));
                     let args: Vec<&str> = args.iter().map(String::as_str).collect();
                     let mut process = ServiceProcess::start(
@@ -297,8 +334,8 @@ pub struct Buckets(pub Vec<(f64, f64)>);
 
 impl Buckets {
     /// The buckets of `family` (`<family>_bucket` series) in a Prometheus text exposition,
-    /// summed over the series whose `name` label is one of `names`.
-    pub fn parse(text: &str, family: &str, names: &[&str]) -> Self {
+    /// summed over the series whose label `label` is one of `names`.
+    pub fn parse(text: &str, family: &str, label_name: &str, names: &[&str]) -> Self {
         let mut sums: Vec<(f64, f64)> = Vec::new();
         for (labels, value) in counter(text, &format!("{family}_bucket")) {
             let label = |wanted: &str| {
@@ -307,7 +344,7 @@ impl Buckets {
                     (key == wanted).then(|| value.trim_matches('"').to_owned())
                 })
             };
-            if !label("name").is_some_and(|n| names.contains(&n.as_str())) {
+            if !label(label_name).is_some_and(|n| names.contains(&n.as_str())) {
                 continue;
             }
             let Some(le) = label("le").and_then(|le| le.parse::<f64>().ok()) else {
@@ -371,13 +408,87 @@ impl Controllers {
             Self::Kcm(kcm) => Buckets::parse(
                 &kcm.metrics().await.unwrap(),
                 FAMILY,
+                "name",
                 &["deployment", "replicaset"],
             ),
             Self::Switchyard { queue, .. } => Buckets::parse(
                 &queue.admin_get("/metrics").await.1,
                 FAMILY,
+                "name",
                 &["apps/v1/Deployment", "apps/v1/ReplicaSet"],
             ),
         }
+    }
+}
+
+impl Controllers {
+    /// How long the Deployment and ReplicaSet controllers' reconciles took
+    /// (`switchyard_reconcile_time_seconds`, summed over the reconcilers); none for
+    /// kube-controller-manager.
+    pub async fn reconcile_time(&self) -> Buckets {
+        let Self::Switchyard { reconcilers, .. } = self else {
+            return Buckets::default();
+        };
+        let mut all = Buckets::default();
+        for reconciler in reconcilers {
+            let (_, text) = reconciler.admin_get("/metrics").await.unwrap();
+            let one = Buckets::parse(
+                &text,
+                "switchyard_reconcile_time_seconds",
+                "controller",
+                &["apps/v1/Deployment", "apps/v1/ReplicaSet"],
+            );
+            all = all.plus(&one);
+        }
+        all
+    }
+}
+
+impl Buckets {
+    /// Both histograms' counts added, bound by bound.
+    fn plus(&self, other: &Self) -> Self {
+        if self.0.is_empty() {
+            return other.clone();
+        }
+        Self(
+            self.0
+                .iter()
+                .zip(&other.0)
+                .map(|((le, a), (_, b))| (*le, a + b))
+                .collect(),
+        )
+    }
+
+    /// The smallest bucket bound with at least `q` of the observations at or below it.
+    pub fn quantile_bound(&self, q: f64) -> f64 {
+        let count = self.count();
+        self.0
+            .iter()
+            .find(|(_, c)| *c >= q * count)
+            .map_or(f64::INFINITY, |(le, _)| *le)
+    }
+}
+
+impl Controllers {
+    /// Keys of the Deployment and ReplicaSet controllers waiting in their work queues now
+    /// (`workqueue_depth`; keys held back for later are not counted, on either side).
+    pub async fn queue_depth(&self) -> f64 {
+        let (text, names) = match self {
+            Self::Kcm(kcm) => (kcm.metrics().await.unwrap(), ["deployment", "replicaset"]),
+            Self::Switchyard { queue, .. } => (
+                queue.admin_get("/metrics").await.1,
+                ["apps/v1/Deployment", "apps/v1/ReplicaSet"],
+            ),
+        };
+        counter(&text, "workqueue_depth")
+            .into_iter()
+            .filter(|(labels, _)| {
+                labels.split(',').any(|l| {
+                    l.strip_prefix("name=")
+                        .is_some_and(|n| names.contains(&n.trim_matches('"')))
+                })
+            })
+            .map(|(_, depth)| depth)
+            .sum()
     }
 }
