@@ -28,10 +28,10 @@
 //! - `capacity.sy1`, `capacity.sy4` (changes/s): Switchyard with 1 and 4 reconciler processes,
 //!   every reconcile waiting 100 ms first as if it called an external system
 //!   (`--simulated-latency`), 5 at a time per replica: at most 50 reconciles/s per replica, as
-//!   in `make bench-e2e`'s slow runs, so that the reconcilers and not the 2-core machine's
-//!   control plane are the limit. (`make bench-e2e`'s 20 ms one at a time misses the queue
-//!   level at 0.5 changes/s already: a change is about 30 reconciles, which arrive in bursts
-//!   and wait behind one another in a single slot.)
+//!   in `make bench-e2e`'s slow runs, so that the reconcilers, not the control plane, bound
+//!   one replica. A change is about 24 reconciles. Four replicas would keep up with about 8
+//!   changes/s, above the 6-7 changes/s where this 2-core machine's control plane stops
+//!   keeping up (the unslowed subjects' capacity), so `sy4` meets that ceiling first.
 //! - `capacity.sy1_unslowed_vs_kcm`, `capacity.sy4_vs_sy1` (ratios).
 //!
 //! Each step's figures go to stderr: the rate sent, changes rolled out, time-to-ready p50 and
