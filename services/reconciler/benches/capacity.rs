@@ -48,17 +48,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::TryStreamExt;
 use serde_json::json;
 use switchyard_k8s::{
-    Api, Deployment, Namespace, PostParams,
-    k8s_openapi::api::core::v1::ServiceAccount,
+    Api, Deployment,
     kube::api::{Patch, PatchParams},
     watcher,
 };
-use switchyard_testenv::{ControlPlane, ControlPlaneOptions, manifests};
+use switchyard_testenv::manifests;
 
-use crate::support::{Buckets, Controllers, Under};
+use crate::support::{Buckets, Controllers, Under, create_all, plane_with_namespace};
 
 const DEPLOYMENTS: usize = 200;
 const REPLICAS: i32 = 2;
@@ -293,26 +292,7 @@ async fn step(
 
 /// The highest rate whose step met both service levels, 0 if the first did not.
 async fn capacity(subject: &str, under: Under) -> f64 {
-    let plane = ControlPlane::start(ControlPlaneOptions {
-        nodes: NODES,
-        dir: None,
-    })
-    .await
-    .unwrap();
-    let client = plane.client().await.unwrap();
-    let namespace: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
-    // No serviceaccount controller runs here, and Pods need the namespace's default one.
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
-        .create(&PostParams::default(), &account)
-        .await
-        .unwrap();
+    let (plane, client) = plane_with_namespace(NODES, NAMESPACE).await;
     let controllers = Controllers::start(&plane, under).await;
     let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     let changes = Arc::new(Mutex::new(Changes::default()));
@@ -327,18 +307,7 @@ async fn capacity(subject: &str, under: Under) -> f64 {
             }
         }
     });
-    stream::iter(0..DEPLOYMENTS)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &deployment(&format!("d{i:03}")))
-                    .await
-                    .unwrap();
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<()>()
-        .await;
+    create_all(&api, DEPLOYMENTS, |i| deployment(&format!("d{i:03}"))).await;
     assert!(
         settle(&api, &controllers, &changes, FIRST_SETTLE).await,
         "{subject}: the {DEPLOYMENTS} Deployments did not roll out within {FIRST_SETTLE:?}"

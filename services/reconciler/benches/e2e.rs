@@ -65,16 +65,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, stream};
-use serde_json::json;
-use switchyard_k8s::{
-    Api, Deployment, Namespace, PostParams,
-    k8s_openapi::api::core::v1::{Event, ServiceAccount},
-    kube::api::ListParams,
-};
-use switchyard_testenv::{ControlPlane, ControlPlaneOptions, manifests};
+use switchyard_k8s::{Api, Deployment, k8s_openapi::api::core::v1::Event, kube::api::ListParams};
+use switchyard_testenv::manifests;
 
-use crate::support::{Controllers, Under, counter, cpu_of};
+use crate::support::{Controllers, Under, counter, cpu_of, create_all, plane_with_namespace};
 
 const REPLICAS: i32 = 4;
 const NODES: usize = 10;
@@ -196,26 +190,7 @@ fn between<K: Clone + Ord>(
 
 /// Seconds from the first create until every Deployment is Available.
 async fn converge(name: &str, under: Under, count: usize) -> f64 {
-    let plane = ControlPlane::start(ControlPlaneOptions {
-        nodes: NODES,
-        dir: None,
-    })
-    .await
-    .unwrap();
-    let client = plane.client().await.unwrap();
-    let namespace: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
-    // No serviceaccount controller runs here, and Pods need the namespace's default one.
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
-        .create(&PostParams::default(), &account)
-        .await
-        .unwrap();
+    let (plane, client) = plane_with_namespace(NODES, NAMESPACE).await;
     let controllers = Controllers::start(&plane, under).await;
     let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
 
@@ -227,18 +202,7 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
         plane.cpu_seconds(),
     );
     let start = Instant::now();
-    stream::iter(0..count)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &deployment(&format!("d{i:04}")))
-                    .await
-                    .unwrap();
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<()>()
-        .await;
+    create_all(&api, count, |i| deployment(&format!("d{i:04}"))).await;
     let created = start.elapsed();
     loop {
         let done = api

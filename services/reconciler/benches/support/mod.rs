@@ -7,8 +7,13 @@
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use clap::Parser;
+use futures::{StreamExt, stream};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, Client, Deployment, Namespace, PostParams, k8s_openapi::api::core::v1::ServiceAccount,
+};
 use switchyard_runtime::Role;
-use switchyard_testenv::{ControlPlane, InProcess, Pki, ServiceProcess};
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, Pki, ServiceProcess};
 
 /// Every controller process gets the same client limits, on both sides: requests per second
 /// and burst of each controller's client.
@@ -80,6 +85,48 @@ impl Under {
             shared_limits: false,
         }
     }
+}
+
+/// A fresh control plane with `nodes` kwok Nodes and the namespace `namespace`, which gets
+/// the `default` ServiceAccount its Pods need (no serviceaccount controller runs here).
+pub async fn plane_with_namespace(nodes: usize, namespace: &str) -> (ControlPlane, Client) {
+    let plane = ControlPlane::start(ControlPlaneOptions { nodes, dir: None })
+        .await
+        .unwrap();
+    let client = plane.client().await.unwrap();
+    let object: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    (plane, client)
+}
+
+/// Creates the Deployments `deployment(0..count)` made, 16 at a time.
+pub async fn create_all(
+    api: &Api<Deployment>,
+    count: usize,
+    deployment: impl Fn(usize) -> Deployment,
+) {
+    stream::iter(0..count)
+        .map(|i| {
+            let (api, deployment) = (api.clone(), deployment(i));
+            async move {
+                api.create(&PostParams::default(), &deployment)
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<()>()
+        .await;
 }
 
 /// The flags that give a service `role`'s certificate, or plaintext.
