@@ -17,9 +17,10 @@
 //! out first. A change sets an annotation on the Pod template, so every change is a rollout:
 //! a new ReplicaSet's Pods created, the old ones deleted. Changes are sent open loop, at
 //! their rate whatever the apiserver's latency, round robin over the Deployments. A step
-//! lasts [`STEP`]; between steps everything is left to settle, the work queues empty. The rate starts at 0.5
-//! changes/s and rises by a quarter at each step (0.5, 0.63, 0.78, 0.98, 1.22, 1.53, ...); the
-//! run stops at the first step that misses a service level.
+//! lasts [`STEP`]; between steps everything is left to settle, the work queues empty. The
+//! rate starts at 0.5 changes/s and rises by a quarter at each step, rounded to hundredths
+//! (0.5, 0.63, 0.79, 0.99, 1.24, 1.55, 1.94, 2.42, 3.03, 3.79, 4.74, 5.93, 7.41, 9.26, ...);
+//! the run stops at the first step that misses a service level.
 //!
 //! - `capacity.kcm` (changes/s): kube-controller-manager's deployment, replicaset, garbage
 //!   collector and namespace controllers, as in `make bench-e2e`;
