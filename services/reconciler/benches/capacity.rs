@@ -58,7 +58,7 @@ use switchyard_k8s::{
 };
 use switchyard_testenv::manifests;
 
-use crate::support::{Buckets, Controllers, Under, create_all, plane_with_namespace};
+use crate::support::{Buckets, Controllers, Under, create_all, plane_with_namespace, print_ratios};
 
 const DEPLOYMENTS: usize = 200;
 const REPLICAS: i32 = 2;
@@ -354,13 +354,7 @@ async fn run() {
         println!("bench capacity.{name} {rate:.2} changes/s");
         measured.insert(name, rate);
     }
-    for (name, numerator, denominator) in RATIOS {
-        if let (Some(n), Some(d)) = (measured.get(numerator), measured.get(denominator))
-            && *d > 0.0
-        {
-            println!("bench capacity.{name} {:.2} ratio", n / d);
-        }
-    }
+    print_ratios("capacity", &measured, &RATIOS);
 }
 
 fn main() {

@@ -68,7 +68,9 @@ use std::{
 use switchyard_k8s::{Api, Deployment, k8s_openapi::api::core::v1::Event, kube::api::ListParams};
 use switchyard_testenv::manifests;
 
-use crate::support::{Controllers, Under, counter, cpu_of, create_all, plane_with_namespace};
+use crate::support::{
+    Controllers, Under, counter, cpu_of, create_all, label, plane_with_namespace, print_ratios,
+};
 
 const REPLICAS: i32 = 4;
 const NODES: usize = 10;
@@ -139,18 +141,12 @@ async fn apiserver_requests(client: &switchyard_k8s::Client) -> BTreeMap<Request
     let text = client.request_text(request).await.unwrap();
     let mut requests = BTreeMap::new();
     for (labels, value) in counter(&text, "apiserver_request_total") {
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"').to_owned())
-                .unwrap_or_default()
-        };
+        let of = |name: &str| label(&labels, name).unwrap_or_default().to_owned();
         let series = Request {
-            verb: label("verb"),
-            resource: label("resource"),
-            subresource: label("subresource"),
-            code: label("code"),
+            verb: of("verb"),
+            resource: of("resource"),
+            subresource: of("subresource"),
+            code: of("code"),
         };
         *requests.entry(series).or_default() += value;
     }
@@ -343,11 +339,7 @@ async fn run() {
         println!("bench e2e.{name} {seconds:.1} s");
         took.insert(name, seconds);
     }
-    for (name, numerator, denominator) in RATIOS {
-        if let (Some(n), Some(d)) = (took.get(numerator), took.get(denominator)) {
-            println!("bench e2e.{name} {:.2} ratio", n / d);
-        }
-    }
+    print_ratios("e2e", &took, &RATIOS);
 }
 
 fn main() {

@@ -278,50 +278,102 @@ async fn reconciler_counters(reconcilers: &[ServiceProcess], name: &str) -> BTre
     sums
 }
 
+/// The value of the label `name` in a series' label set (`a="x",b="y"`).
+pub fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    labels.split(',').find_map(|l| {
+        let (key, value) = l.split_once('=')?;
+        (key == name).then(|| value.trim_matches('"'))
+    })
+}
+
 /// The work queues' adds and retries of the controllers named `names`, summed over the other
 /// labels (Switchyard's shards), keyed `metric{name="..."}`.
 fn queue_counters(text: &str, names: &[&str]) -> BTreeMap<String, f64> {
     let mut sums = BTreeMap::new();
     for family in ["workqueue_adds_total", "workqueue_retries_total"] {
         for (labels, value) in counter(text, family) {
-            let Some(name) = labels.split(',').find_map(|l| l.strip_prefix("name=")) else {
-                continue;
-            };
-            if names.contains(&name.trim_matches('"')) {
-                *sums.entry(format!("{family}{{name={name}}}")).or_default() += value;
+            if let Some(name) = label(&labels, "name").filter(|n| names.contains(n)) {
+                *sums
+                    .entry(format!("{family}{{name=\"{name}\"}}"))
+                    .or_default() += value;
             }
         }
     }
     sums
 }
 
+/// The names of the Deployment and ReplicaSet controllers' work queues in
+/// kube-controller-manager's metrics and in Switchyard's.
+const KCM_QUEUES: [&str; 2] = ["deployment", "replicaset"];
+const SWITCHYARD_QUEUES: [&str; 2] = ["apps/v1/Deployment", "apps/v1/ReplicaSet"];
+
 impl Controllers {
+    /// The metrics of whatever holds the work queues (kube-controller-manager, or the
+    /// queue), and the names of the Deployment and ReplicaSet controllers' queues in them.
+    async fn queue_metrics(&self) -> (String, [&'static str; 2]) {
+        match self {
+            Self::Kcm(kcm) => (kcm.metrics().await.unwrap(), KCM_QUEUES),
+            Self::Switchyard { queue, .. } => {
+                (queue.admin_get("/metrics").await.1, SWITCHYARD_QUEUES)
+            }
+        }
+    }
+
     /// The work counters so far, each keyed `metric{labels}`: the work queues' adds and
     /// retries by controller (kube-controller-manager's Deployment and ReplicaSet queues, or
     /// Switchyard's queue summed over its shards) and, for Switchyard, the reconciles by
     /// controller and result.
     pub async fn work(&self) -> BTreeMap<String, f64> {
-        let (queue, reconcilers) = match self {
-            Self::Kcm(kcm) => {
-                return queue_counters(
-                    &kcm.metrics().await.unwrap(),
-                    &["deployment", "replicaset"],
-                );
+        let (text, names) = self.queue_metrics().await;
+        let mut work = queue_counters(&text, &names);
+        if let Self::Switchyard { reconcilers, .. } = self {
+            for (labels, value) in
+                reconciler_counters(reconcilers, "switchyard_reconcile_total").await
+            {
+                work.insert(format!("reconciles{{{labels}}}"), value);
             }
-            Self::Switchyard {
-                queue, reconcilers, ..
-            } => (queue, reconcilers),
-        };
-        let mut work = BTreeMap::new();
-        for (labels, value) in reconciler_counters(reconcilers, "switchyard_reconcile_total").await
-        {
-            work.insert(format!("reconciles{{{labels}}}"), value);
         }
-        work.extend(queue_counters(
-            &queue.admin_get("/metrics").await.1,
-            &["apps/v1/Deployment", "apps/v1/ReplicaSet"],
-        ));
         work
+    }
+
+    /// How long keys of the Deployment and ReplicaSet controllers waited in their work queue
+    /// before a worker took them (`workqueue_queue_duration_seconds`, with client-go's buckets
+    /// on both sides), the two controllers together.
+    pub async fn queue_wait(&self) -> Buckets {
+        let (text, names) = self.queue_metrics().await;
+        Buckets::parse(&text, "workqueue_queue_duration_seconds", "name", &names)
+    }
+
+    /// Keys of the Deployment and ReplicaSet controllers waiting in their work queues now
+    /// (`workqueue_depth`; keys held back for later are not counted, on either side).
+    pub async fn queue_depth(&self) -> f64 {
+        let (text, names) = self.queue_metrics().await;
+        counter(&text, "workqueue_depth")
+            .into_iter()
+            .filter(|(labels, _)| label(labels, "name").is_some_and(|n| names.contains(&n)))
+            .map(|(_, depth)| depth)
+            .sum()
+    }
+
+    /// How long the Deployment and ReplicaSet controllers' reconciles took
+    /// (`switchyard_reconcile_time_seconds`, summed over the reconcilers); none for
+    /// kube-controller-manager.
+    pub async fn reconcile_time(&self) -> Buckets {
+        let Self::Switchyard { reconcilers, .. } = self else {
+            return Buckets::default();
+        };
+        let mut all = Buckets::default();
+        for reconciler in reconcilers {
+            let (_, text) = reconciler.admin_get("/metrics").await.unwrap();
+            let one = Buckets::parse(
+                &text,
+                "switchyard_reconcile_time_seconds",
+                "controller",
+                &SWITCHYARD_QUEUES,
+            );
+            all = all.plus(&one);
+        }
+        all
     }
 }
 
@@ -385,16 +437,10 @@ impl Buckets {
     pub fn parse(text: &str, family: &str, label_name: &str, names: &[&str]) -> Self {
         let mut sums: Vec<(f64, f64)> = Vec::new();
         for (labels, value) in counter(text, &format!("{family}_bucket")) {
-            let label = |wanted: &str| {
-                labels.split(',').find_map(|l| {
-                    let (key, value) = l.split_once('=')?;
-                    (key == wanted).then(|| value.trim_matches('"').to_owned())
-                })
-            };
-            if !label(label_name).is_some_and(|n| names.contains(&n.as_str())) {
+            if !label(&labels, label_name).is_some_and(|n| names.contains(&n)) {
                 continue;
             }
-            let Some(le) = label("le").and_then(|le| le.parse::<f64>().ok()) else {
+            let Some(le) = label(&labels, "le").and_then(|le| le.parse::<f64>().ok()) else {
                 continue;
             };
             match sums.iter_mut().find(|(bound, _)| *bound == le) {
@@ -443,55 +489,6 @@ impl Buckets {
             .1;
         within / count
     }
-}
-
-impl Controllers {
-    /// How long keys of the Deployment and ReplicaSet controllers waited in their work queue
-    /// before a worker took them (`workqueue_queue_duration_seconds`, with client-go's buckets
-    /// on both sides), the two controllers together.
-    pub async fn queue_wait(&self) -> Buckets {
-        const FAMILY: &str = "workqueue_queue_duration_seconds";
-        match self {
-            Self::Kcm(kcm) => Buckets::parse(
-                &kcm.metrics().await.unwrap(),
-                FAMILY,
-                "name",
-                &["deployment", "replicaset"],
-            ),
-            Self::Switchyard { queue, .. } => Buckets::parse(
-                &queue.admin_get("/metrics").await.1,
-                FAMILY,
-                "name",
-                &["apps/v1/Deployment", "apps/v1/ReplicaSet"],
-            ),
-        }
-    }
-}
-
-impl Controllers {
-    /// How long the Deployment and ReplicaSet controllers' reconciles took
-    /// (`switchyard_reconcile_time_seconds`, summed over the reconcilers); none for
-    /// kube-controller-manager.
-    pub async fn reconcile_time(&self) -> Buckets {
-        let Self::Switchyard { reconcilers, .. } = self else {
-            return Buckets::default();
-        };
-        let mut all = Buckets::default();
-        for reconciler in reconcilers {
-            let (_, text) = reconciler.admin_get("/metrics").await.unwrap();
-            let one = Buckets::parse(
-                &text,
-                "switchyard_reconcile_time_seconds",
-                "controller",
-                &["apps/v1/Deployment", "apps/v1/ReplicaSet"],
-            );
-            all = all.plus(&one);
-        }
-        all
-    }
-}
-
-impl Buckets {
     /// Both histograms' counts added, bound by bound.
     fn plus(&self, other: &Self) -> Self {
         if self.0.is_empty() {
@@ -516,26 +513,14 @@ impl Buckets {
     }
 }
 
-impl Controllers {
-    /// Keys of the Deployment and ReplicaSet controllers waiting in their work queues now
-    /// (`workqueue_depth`; keys held back for later are not counted, on either side).
-    pub async fn queue_depth(&self) -> f64 {
-        let (text, names) = match self {
-            Self::Kcm(kcm) => (kcm.metrics().await.unwrap(), ["deployment", "replicaset"]),
-            Self::Switchyard { queue, .. } => (
-                queue.admin_get("/metrics").await.1,
-                ["apps/v1/Deployment", "apps/v1/ReplicaSet"],
-            ),
-        };
-        counter(&text, "workqueue_depth")
-            .into_iter()
-            .filter(|(labels, _)| {
-                labels.split(',').any(|l| {
-                    l.strip_prefix("name=")
-                        .is_some_and(|n| names.contains(&n.trim_matches('"')))
-                })
-            })
-            .map(|(_, depth)| depth)
-            .sum()
+/// Prints each ratio `(figure, numerator, denominator)` of `area` whose two figures were
+/// measured (and whose denominator is not 0).
+pub fn print_ratios(area: &str, measured: &BTreeMap<&str, f64>, ratios: &[(&str, &str, &str)]) {
+    for (name, numerator, denominator) in ratios {
+        if let (Some(n), Some(d)) = (measured.get(numerator), measured.get(denominator))
+            && *d > 0.0
+        {
+            println!("bench {area}.{name} {:.2} ratio", n / d);
+        }
     }
 }
