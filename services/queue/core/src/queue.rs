@@ -28,8 +28,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hashbrown::HashTable;
-
 use crate::{
     Backoff, BackoffConfig, RateLimit,
     key::{ControllerId, KeySpace, ObjectName, ValidKey},
@@ -40,6 +38,7 @@ mod floor;
 mod history;
 mod inspect;
 mod lease;
+mod slot_index;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -56,13 +55,14 @@ pub use lease::{
     InvalidLeaseId, Lease, LeaseId, LeaseIds, MAX_LEASE_EXTENSION, SequentialLeaseIds, WorkerId,
 };
 use lease::{LeaseInfo, LeaseMap};
+use slot_index::SlotIndex;
 pub use stats::{ShardStats, Totals};
 
 /// Hashes keys (and the small maps by shard): seeded at random per queue, so that nobody
 /// who names keys can make them collide, and fast enough to hash each key once per cycle.
 type KeyHasher = foldhash::fast::RandomState;
 
-/// Where an entry lives in its controller's slab.
+/// Where an entry lives in its controller's slab (or a node in the outcome history's).
 type Slot = u32;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -201,9 +201,8 @@ struct ControllerQueue {
     /// The entries; a free slot is reused by the next new key.
     slots: Vec<Option<Entry>>,
     free: Vec<Slot>,
-    /// The slot of each held key, found by the key's hash, and the hash's upper half (the
-    /// table grows without reading the entries: see [`index_hash`]).
-    index: HashTable<(Slot, u32)>,
+    /// The slot of each held key, filed under the upper half of the key's hash.
+    index: SlotIndex,
     /// Indexed by `Priority as usize`; items carry the entry's `seq` when pushed.
     ready: [VecDeque<(Slot, u64)>; 2],
     /// Causes of the adds not yet handed to a worker, of the keys that have any. Beside the
@@ -216,7 +215,7 @@ impl ControllerQueue {
         Self {
             slots: Vec::new(),
             free: Vec::new(),
-            index: HashTable::new(),
+            index: SlotIndex::new(),
             ready: [VecDeque::new(), VecDeque::new()],
             causes: HashMap::default(),
         }
@@ -225,13 +224,11 @@ impl ControllerQueue {
     /// The slot of `key`, whose hash is `hash`.
     fn find(&self, key: &ObjectName, hash: u64) -> Option<Slot> {
         let slots = &self.slots;
-        self.index
-            .find(index_hash(hash), |&(slot, _)| {
-                slots[slot as usize]
-                    .as_ref()
-                    .is_some_and(|entry| entry.key == *key)
-            })
-            .map(|&(slot, _)| slot)
+        self.index.find(tag(hash), |slot| {
+            slots[slot as usize]
+                .as_ref()
+                .is_some_and(|entry| entry.key == *key)
+        })
     }
 
     fn get(&self, slot: Slot) -> Option<&Entry> {
@@ -255,22 +252,14 @@ impl ControllerQueue {
                 (self.slots.len() - 1) as Slot
             }
         };
-        self.index
-            .insert_unique(index_hash(hash), (slot, upper(hash)), |&(_, upper)| {
-                spread(upper)
-            });
+        self.index.insert(tag(hash), slot);
         slot
     }
 
     /// Forgets the key in `slot`, and its causes.
     fn remove(&mut self, slot: Slot) -> Option<Entry> {
         let entry = self.slots.get_mut(slot as usize)?.take()?;
-        if let Ok(found) = self
-            .index
-            .find_entry(index_hash(entry.hash), |&(s, _)| s == slot)
-        {
-            found.remove();
-        }
+        self.index.remove(tag(entry.hash), slot);
         self.free.push(slot);
         if !self.causes.is_empty() {
             self.causes.remove(&slot);
@@ -298,21 +287,9 @@ impl ControllerQueue {
     }
 }
 
-/// The hash a key's index entry is filed under: from the upper half of its hash alone, which
-/// the entry keeps beside its slot, so that growing the index reads no entry (a key's entry
-/// is anywhere in the slab; a million of them are a million cache misses).
-fn index_hash(hash: u64) -> u64 {
-    spread(upper(hash))
-}
-
-fn upper(hash: u64) -> u32 {
+/// What a key is filed under in a [`SlotIndex`]: the upper half of its hash.
+fn tag(hash: u64) -> u32 {
     (hash >> 32) as u32
-}
-
-/// 32 bits to 64 for the table, which takes its control tag from the top bits and the
-/// bucket from the bottom ones: Fibonacci hashing puts the input in both.
-fn spread(upper: u32) -> u64 {
-    u64::from(upper).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// Ready time, entry seq when scheduled, controller, slot.

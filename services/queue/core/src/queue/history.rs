@@ -16,9 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use hashbrown::HashTable;
-
-use super::{Cause, WorkerId};
+use super::{Cause, Slot, SlotIndex, WorkerId, tag};
 use crate::key::ValidKey;
 
 /// Keys remembered by default: a replica of a busy installation finishes this many keys in
@@ -115,7 +113,8 @@ struct Node {
 #[derive(Debug)]
 pub struct History {
     capacity: usize,
-    index: HashTable<u32>,
+    /// The slot of each remembered key, filed under its hash's tag.
+    index: SlotIndex,
     slab: Vec<Node>,
     head: u32,
     tail: u32,
@@ -126,7 +125,7 @@ impl History {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.min(NIL as usize - 1),
-            index: HashTable::new(),
+            index: SlotIndex::new(),
             slab: Vec::new(),
             head: NIL,
             tail: NIL,
@@ -145,10 +144,9 @@ impl History {
         self.index.is_empty()
     }
 
-    fn find(&self, key: &ValidKey, hash: u64) -> Option<u32> {
+    fn find(&self, key: &ValidKey, hash: u64) -> Option<Slot> {
         self.index
-            .find(hash, |&slot| self.slab[slot as usize].key == *key)
-            .copied()
+            .find(tag(hash), |slot| self.slab[slot as usize].key == *key)
     }
 
     /// The latest outcome of `key`, whose hash is `hash`.
@@ -181,21 +179,14 @@ impl History {
         } else {
             let slot = self.tail;
             self.unlink(slot);
-            if let Ok(found) = self
-                .index
-                .find_entry(self.slab[slot as usize].hash, |&s| s == slot)
-            {
-                found.remove();
-            }
+            self.index.remove(tag(self.slab[slot as usize].hash), slot);
             let node = &mut self.slab[slot as usize];
             node.key = key.clone();
             node.hash = hash;
             node.outcome = outcome;
             slot
         };
-        let slab = &self.slab;
-        self.index
-            .insert_unique(hash, slot, |&s| slab[s as usize].hash);
+        self.index.insert(tag(hash), slot);
         self.push_front(slot);
     }
 
