@@ -179,7 +179,12 @@ impl Due {
 enum State {
     Ready(Priority),
     Delayed(Instant),
-    Leased { pending: Option<Due> },
+    Leased {
+        pending: Option<Due>,
+    },
+    /// Not held: the entry stays only while the outcome history remembers the key (it is
+    /// dropped when the history forgets it), and an add makes it held again.
+    Finished,
 }
 
 #[derive(Debug)]
@@ -194,6 +199,14 @@ struct Entry {
     ready_since: Instant,
     /// Bumped on every reschedule; queue and heap items with an older value are stale.
     seq: u64,
+    /// The key's node in the outcome history, or [`history::NIL`].
+    history: u32,
+}
+
+impl Entry {
+    fn is_held(&self) -> bool {
+        !matches!(self.state, State::Finished)
+    }
 }
 
 #[derive(Debug)]
@@ -267,8 +280,13 @@ impl ControllerQueue {
         Some(entry)
     }
 
-    /// Forgets every key `keep` refuses; returns how many.
-    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) -> usize {
+    /// Forgets every entry `keep` refuses, its node in `history` too; returns how many of
+    /// them held their key.
+    fn retain(
+        &mut self,
+        history: &mut OutcomeHistory,
+        mut keep: impl FnMut(&Entry) -> bool,
+    ) -> usize {
         let gone: Vec<Slot> = self
             .slots
             .iter()
@@ -276,14 +294,22 @@ impl ControllerQueue {
             .filter(|(_, entry)| entry.as_ref().is_some_and(|e| !keep(e)))
             .map(|(slot, _)| slot as Slot)
             .collect();
-        for slot in &gone {
-            self.remove(*slot);
-        }
-        gone.len()
+        gone.into_iter()
+            .filter_map(|slot| self.forget(history, slot))
+            .filter(Entry::is_held)
+            .count()
     }
 
+    /// Forgets the entry in `slot` and its node in `history`.
+    fn forget(&mut self, history: &mut OutcomeHistory, slot: Slot) -> Option<Entry> {
+        let entry = self.remove(slot)?;
+        history.forget(entry.history);
+        Some(entry)
+    }
+
+    /// The entries of the keys held (queued, delayed or leased).
     fn entries(&self) -> impl Iterator<Item = &Entry> {
-        self.slots.iter().flatten()
+        self.slots.iter().flatten().filter(|e| e.is_held())
     }
 }
 
@@ -550,6 +576,7 @@ impl Queue {
                 failures: 0,
                 ready_since: now,
                 seq,
+                history: history::NIL,
             });
             // Scheduled here rather than through `schedule`, which would look the slot up again.
             match due {
@@ -566,6 +593,35 @@ impl Queue {
         let Some(entry) = queue.get_mut(slot) else {
             return Ok(AddOutcome::Coalesced);
         };
+        if !entry.is_held() {
+            // Finished, remembered by the history: held again, as a new key would be.
+            if self.len >= self.config.capacity {
+                return Err(Error::Full {
+                    capacity: self.config.capacity,
+                });
+            }
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            entry.seq = seq;
+            entry.failures = 0;
+            entry.ready_since = now;
+            match due {
+                Due::Now(priority) => {
+                    entry.state = State::Ready(priority);
+                    queue.ready[priority as usize].push_back((slot, seq));
+                }
+                Due::At(at) => {
+                    entry.state = State::Delayed(at);
+                    self.delayed.push(Reverse((at, seq, controller, slot)));
+                }
+            }
+            if let Some(cause) = cause {
+                queue.causes.entry(slot).or_default().push(cause);
+            }
+            self.len += 1;
+            self.totals.adds += 1;
+            return Ok(AddOutcome::Added);
+        }
         let reschedule = match entry.state {
             State::Ready(current) => matches!(due, Due::Now(p) if p > current),
             State::Delayed(at) => match due {
@@ -579,6 +635,7 @@ impl Queue {
                 *pending = Some(due.merge(*pending));
                 false
             }
+            State::Finished => false,
         };
         if let Some(cause) = cause {
             queue.causes.entry(slot).or_default().push(cause);
@@ -623,14 +680,15 @@ impl Queue {
         self.floors.remove(&shard);
         self.leases.retain(|_, l| l.key.shard() != shard);
         for queue in &mut self.controllers {
-            self.len -= queue.retain(|e| e.shard != shard);
+            self.len -= queue.retain(&mut self.history, |e| e.shard != shard);
         }
     }
 
     fn drop_waiting(&mut self, shard: u32) {
         for queue in &mut self.controllers {
-            self.len -=
-                queue.retain(|e| e.shard != shard || matches!(e.state, State::Leased { .. }));
+            self.len -= queue.retain(&mut self.history, |e| {
+                e.shard != shard || matches!(e.state, State::Leased { .. })
+            });
         }
     }
 }

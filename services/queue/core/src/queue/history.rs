@@ -3,25 +3,30 @@
 //!
 //! Bounded: at most `capacity` keys, the least recently finished forgotten first (an LRU).
 //! The nodes live in one slab linked most recent first, so recording and evicting cost no
-//! allocation beyond the error text; the key shares its text with the queue's own entry
-//! while the key is held.
+//! allocation beyond the error text.
+//!
+//! A node belongs to one of the queue's entries (its controller and slot), and the entry
+//! keeps its node: the history has no index of its own, the queue's finds the key. A key the
+//! queue no longer holds keeps its entry, marked finished and not counted as held, for as long
+//! as the history remembers it; forgetting it drops the entry. So recording an outcome looks
+//! nothing up, where a history indexed by key looked up the key recorded and the key forgotten,
+//! two cache misses per outcome in a large history.
 //!
 //! ```text
-//!  index: hash ─► slot       slab: [head] ⇄ … ⇄ [tail]   (most recently finished → least)
-//!  record(key): move or insert at head; beyond capacity the tail's slot is reused
+//!  entry.history ─► node     slab: [head] ⇄ … ⇄ [tail]   (most recently finished → least)
+//!  record(entry): move or insert at head; beyond capacity the tail's node is reused, and
+//!                 its entry told (dropped if finished, else it just loses its node)
 //! ```
-//!
-//! The caller gives each key's hash (the queue's, which its entry carries), so recording
-//! an outcome hashes nothing.
 
 use std::time::{Duration, Instant};
 
-use super::{Cause, Slot, SlotIndex, WorkerId, tag};
-use crate::key::ValidKey;
+use super::{Cause, Slot, WorkerId};
+use crate::key::ControllerId;
 
 /// Keys remembered by default: a replica of a busy installation finishes this many keys in
-/// a few seconds, a quiet one in hours; at about 230 bytes each (without errors) it is
-/// 23 MB at most, an eighth of what a million queued keys take.
+/// a few seconds, a quiet one in hours; at about 330 bytes each (the node, and the entry of
+/// a key no longer held; without errors) it is 33 MB at most, a sixth of what a million
+/// queued keys take.
 pub const DEFAULT_OUTCOME_HISTORY: usize = 100_000;
 /// Bytes of a failure's reason kept: a line of an apiserver error and its cause, not a
 /// whole response body someone's reconciler put in it.
@@ -96,12 +101,15 @@ pub fn truncate_error(reason: &str) -> Box<str> {
     reason[..end].into()
 }
 
-const NIL: u32 = u32::MAX;
+/// No node: an entry the history does not remember, or the end of the list.
+pub(super) const NIL: u32 = u32::MAX;
+
+/// The queue entry whose outcome a node holds: its controller and its slot there.
+pub(super) type Owner = (ControllerId, Slot);
 
 #[derive(Debug)]
 struct Node {
-    key: ValidKey,
-    hash: u64,
+    owner: Owner,
     outcome: LastOutcome,
     /// Towards the head (more recent).
     prev: u32,
@@ -113,9 +121,9 @@ struct Node {
 #[derive(Debug)]
 pub struct History {
     capacity: usize,
-    /// The slot of each remembered key, filed under its hash's tag.
-    index: SlotIndex,
     slab: Vec<Node>,
+    /// Nodes forgotten before they reached the tail, reused first.
+    free: Vec<u32>,
     head: u32,
     tail: u32,
 }
@@ -125,8 +133,8 @@ impl History {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.min(NIL as usize - 1),
-            index: SlotIndex::new(),
             slab: Vec::new(),
+            free: Vec::new(),
             head: NIL,
             tail: NIL,
         }
@@ -137,57 +145,71 @@ impl History {
     }
 
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.slab.len() - self.free.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len() == 0
     }
 
-    fn find(&self, key: &ValidKey, hash: u64) -> Option<Slot> {
-        self.index
-            .find(tag(hash), |slot| self.slab[slot as usize].key == *key)
+    /// The outcome in `node` (an entry's), if it has one.
+    pub(super) fn get(&self, node: u32) -> Option<&LastOutcome> {
+        self.slab.get(node as usize).map(|n| &n.outcome)
     }
 
-    /// The latest outcome of `key`, whose hash is `hash`.
-    pub fn get(&self, key: &ValidKey, hash: u64) -> Option<&LastOutcome> {
-        self.find(key, hash)
-            .map(|slot| &self.slab[slot as usize].outcome)
-    }
-
-    /// Records `outcome` as the latest of `key` (whose hash is `hash`), making it the most
-    /// recent; beyond capacity the least recently finished key is forgotten.
-    pub fn record(&mut self, key: &ValidKey, hash: u64, outcome: LastOutcome) {
+    /// Records `outcome` as the latest of the entry `owner`, whose node is `*node` (replaced
+    /// when it is [`NIL`]), and makes it the most recent. Beyond capacity the least recently
+    /// finished entry is forgotten and returned: the caller clears that entry's node, or drops
+    /// the entry if the queue no longer holds its key.
+    pub(super) fn record(
+        &mut self,
+        node: &mut u32,
+        owner: Owner,
+        outcome: LastOutcome,
+    ) -> Option<Owner> {
         if self.capacity == 0 {
-            return;
+            return None;
         }
-        if let Some(slot) = self.find(key, hash) {
-            self.slab[slot as usize].outcome = outcome;
-            self.unlink(slot);
-            self.push_front(slot);
-            return;
+        if let Some(n) = self.slab.get_mut(*node as usize) {
+            debug_assert_eq!(n.owner, owner, "a node belongs to one entry");
+            n.outcome = outcome;
+            self.unlink(*node);
+            self.push_front(*node);
+            return None;
         }
-        let slot = if self.slab.len() < self.capacity {
+        let mut forgotten = None;
+        let slot = if let Some(slot) = self.free.pop() {
+            slot
+        } else if self.slab.len() < self.capacity {
             self.slab.push(Node {
-                key: key.clone(),
-                hash,
+                owner,
                 outcome,
                 prev: NIL,
                 next: NIL,
             });
-            (self.slab.len() - 1) as u32
+            *node = (self.slab.len() - 1) as u32;
+            self.push_front(*node);
+            return None;
         } else {
             let slot = self.tail;
             self.unlink(slot);
-            self.index.remove(tag(self.slab[slot as usize].hash), slot);
-            let node = &mut self.slab[slot as usize];
-            node.key = key.clone();
-            node.hash = hash;
-            node.outcome = outcome;
+            forgotten = Some(self.slab[slot as usize].owner);
             slot
         };
-        self.index.insert(tag(hash), slot);
+        let n = &mut self.slab[slot as usize];
+        n.owner = owner;
+        n.outcome = outcome;
+        *node = slot;
         self.push_front(slot);
+        forgotten
+    }
+
+    /// Forgets `node` (an entry's, whose key the queue drops), if it is one.
+    pub(super) fn forget(&mut self, node: u32) {
+        if (node as usize) < self.slab.len() {
+            self.unlink(node);
+            self.free.push(node);
+        }
     }
 
     fn unlink(&mut self, slot: u32) {
@@ -223,27 +245,6 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::{KeySpace, WorkKey};
-
-    /// Any hash serves the history, as long as a key always has the same one.
-    fn hash(key: &ValidKey) -> u64 {
-        use std::hash::BuildHasher;
-        foldhash::fast::FixedState::default().hash_one(key.object())
-    }
-
-    fn record(history: &mut History, key: &ValidKey, outcome: LastOutcome) {
-        history.record(key, hash(key), outcome);
-    }
-
-    fn get<'h>(history: &'h History, key: &ValidKey) -> Option<&'h LastOutcome> {
-        history.get(key, hash(key))
-    }
-
-    fn key(space: &KeySpace, name: &str) -> ValidKey {
-        space
-            .validate(&WorkKey::new("rs", "ns", name))
-            .expect("valid key")
-    }
 
     fn outcome(attempt: u32) -> LastOutcome {
         LastOutcome {
@@ -257,40 +258,77 @@ mod tests {
         }
     }
 
+    /// Entries as the queue keeps them: each its node (or [`NIL`]).
+    struct Entries(Vec<u32>);
+
+    impl Entries {
+        fn new(n: usize) -> Self {
+            Self(vec![NIL; n])
+        }
+
+        /// Records `attempt` for entry `e`, clearing the node of the entry forgotten.
+        fn record(&mut self, history: &mut History, e: Slot, attempt: u32) {
+            if let Some((_, gone)) =
+                history.record(&mut self.0[e as usize], (0, e), outcome(attempt))
+            {
+                self.0[gone as usize] = NIL;
+            }
+        }
+
+        fn attempt(&self, history: &History, e: Slot) -> Option<u32> {
+            history.get(self.0[e as usize]).map(|o| o.attempt)
+        }
+    }
+
     #[test]
     fn the_least_recently_finished_key_goes_first() {
-        let space = KeySpace::new(&["rs"], 16);
         let mut history = History::new(2);
-        let (a, b, c) = (key(&space, "a"), key(&space, "b"), key(&space, "c"));
-        record(&mut history, &a, outcome(1));
-        record(&mut history, &b, outcome(1));
+        let mut entries = Entries::new(200);
+        let (a, b, c) = (0, 1, 2);
+        entries.record(&mut history, a, 1);
+        entries.record(&mut history, b, 1);
         // a finishes again: b is now the least recent.
-        record(&mut history, &a, outcome(2));
-        record(&mut history, &c, outcome(1));
+        entries.record(&mut history, a, 2);
+        entries.record(&mut history, c, 1);
         assert_eq!(history.len(), 2);
-        assert_eq!(get(&history, &a).map(|o| o.attempt), Some(2));
-        assert!(get(&history, &b).is_none(), "b was the least recent");
-        assert!(get(&history, &c).is_some());
-        for i in 0..100 {
-            record(&mut history, &key(&space, &format!("k{i}")), outcome(i));
+        assert_eq!(entries.attempt(&history, a), Some(2));
+        assert_eq!(entries.attempt(&history, b), None, "b was the least recent");
+        assert!(entries.attempt(&history, c).is_some());
+        for e in 100..200 {
+            entries.record(&mut history, e, e);
         }
         assert_eq!(history.len(), 2);
+        assert_eq!(entries.attempt(&history, 199), Some(199));
+        assert_eq!(entries.attempt(&history, 198), Some(198));
+        assert_eq!(entries.0.iter().filter(|&&n| n != NIL).count(), 2);
+    }
+
+    #[test]
+    fn a_forgotten_node_is_reused_before_the_least_recent_is_evicted() {
+        let mut history = History::new(2);
+        let mut entries = Entries::new(3);
+        entries.record(&mut history, 0, 1);
+        entries.record(&mut history, 1, 1);
+        history.forget(entries.0[1]);
+        entries.0[1] = NIL;
+        assert_eq!(history.len(), 1);
+        entries.record(&mut history, 2, 1);
+        assert_eq!(history.len(), 2);
         assert_eq!(
-            get(&history, &key(&space, "k99")).map(|o| o.attempt),
-            Some(99)
+            entries.attempt(&history, 0),
+            Some(1),
+            "room was made by forgetting"
         );
-        assert_eq!(
-            get(&history, &key(&space, "k98")).map(|o| o.attempt),
-            Some(98)
-        );
+        assert_eq!(entries.attempt(&history, 2), Some(1));
     }
 
     #[test]
     fn zero_capacity_remembers_nothing() {
-        let space = KeySpace::new(&["rs"], 16);
         let mut history = History::new(0);
-        record(&mut history, &key(&space, "a"), outcome(1));
+        let mut entries = Entries::new(1);
+        entries.record(&mut history, 0, 1);
         assert!(history.is_empty());
+        assert_eq!(entries.0[0], NIL);
     }
 
     #[test]

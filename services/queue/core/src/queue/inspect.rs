@@ -5,7 +5,7 @@ use std::{hash::BuildHasher, time::Instant};
 
 use super::{
     LeaseId, Queue, ShardState, State, WorkerId,
-    history::{History, LastOutcome, OutcomeKind, TraceId, truncate_error},
+    history::{self, History, LastOutcome, OutcomeKind, TraceId, truncate_error},
 };
 use crate::key::{ControllerId, ValidKey};
 
@@ -65,7 +65,7 @@ impl Queue {
                     .and_then(|slot| queue.get(slot))
             });
         let phase = match entry.map(|e| &e.state) {
-            None => KeyPhase::Absent,
+            None | Some(State::Finished) => KeyPhase::Absent,
             Some(State::Ready(_)) => KeyPhase::Queued {
                 since: entry.map_or_else(Instant::now, |e| e.ready_since),
             },
@@ -87,7 +87,7 @@ impl Queue {
             epoch,
             phase,
             failures: entry.map_or(0, |e| e.failures),
-            last: self.history.get(key, hash),
+            last: entry.and_then(|e| self.history.get(e.history)),
         })
     }
 
@@ -151,21 +151,33 @@ impl Queue {
         let Some(info) = self.leases.get(&id) else {
             return;
         };
-        let failures = self.controllers[info.key.controller() as usize]
-            .get(info.slot)
-            .filter(|e| e.seq == info.seq)
-            .map_or(0, |e| e.failures);
+        let controller = info.key.controller();
+        let queue = &mut self.controllers[controller as usize];
+        let Some(entry) = queue.get_mut(info.slot).filter(|e| e.seq == info.seq) else {
+            return;
+        };
         let outcome = LastOutcome {
             kind,
             finished_at: now,
-            attempt: failures.saturating_add(1),
+            attempt: entry.failures.saturating_add(1),
             error: error.map(truncate_error),
             trace_id: TraceId::of_causes(&info.causes.kept),
             worker: info.worker,
             duration: now.saturating_duration_since(info.leased_at),
         };
-        let (key, hash) = (info.key.clone(), info.hash);
-        self.history.record(&key, hash, outcome);
+        let owner = (controller, info.slot);
+        let Some((controller, slot)) = self.history.record(&mut entry.history, owner, outcome)
+        else {
+            return;
+        };
+        // The least recently finished key, forgotten: dropped if no longer held.
+        let queue = &mut self.controllers[controller as usize];
+        if let Some(entry) = queue.get_mut(slot) {
+            entry.history = history::NIL;
+            if !entry.is_held() {
+                queue.remove(slot);
+            }
+        }
     }
 }
 
@@ -175,7 +187,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        BackoffConfig, KeySpace, Outcome, Priority, QueueConfig, SequentialLeaseIds, queue::Cause,
+        AddOutcome, BackoffConfig, KeySpace, Outcome, Priority, QueueConfig, SequentialLeaseIds,
+        queue::Cause,
     };
 
     const RS: &str = "apps/v1/ReplicaSet";
@@ -269,6 +282,105 @@ mod tests {
         assert_eq!((last.worker, last.attempt), (4, 2));
         assert_eq!(last.error, None);
         assert_eq!(q.describe(&key).unwrap().failures, 2);
+    }
+
+    /// Adds, leases and finishes `name` with `outcome`; returns the add's outcome.
+    fn cycle(q: &mut Queue, space: &KeySpace, name: &str, outcome: Outcome) -> AddOutcome {
+        let now = Instant::now();
+        let key = space.validate_parts(RS, "ns", name).unwrap();
+        let added = q.add(&key, Priority::Normal, Duration::ZERO, now).unwrap();
+        let lease = q.lease(1, &[], now).unwrap();
+        assert_eq!(lease.key, key);
+        q.complete(1, lease.shard(), lease.epoch, lease.id, outcome, now)
+            .unwrap();
+        added
+    }
+
+    /// Entries in the slabs: held keys and finished ones the history remembers.
+    fn entries(q: &Queue) -> usize {
+        q.controllers
+            .iter()
+            .map(|c| c.slots.iter().flatten().count())
+            .sum()
+    }
+
+    #[test]
+    fn a_remembered_key_added_again_is_held_as_a_new_key() {
+        let (mut q, space, _) = queue(4);
+        assert_eq!(cycle(&mut q, &space, "a", Outcome::Done), AddOutcome::Added);
+        let a = space.validate_parts(RS, "ns", "a").unwrap();
+        assert!(!q.contains(&a));
+        assert_eq!((q.len(), q.totals().adds), (0, 1));
+        assert_eq!(q.describe(&a).unwrap().phase, KeyPhase::Absent);
+        // Its entry stays for the history, and the next add makes it held again.
+        assert_eq!(entries(&q), 1);
+        assert_eq!(
+            cycle(&mut q, &space, "a", Outcome::Failed),
+            AddOutcome::Added
+        );
+        assert_eq!((q.len(), q.totals().adds), (1, 2));
+        let view = q.describe(&a).unwrap();
+        assert!(matches!(view.phase, KeyPhase::Delayed { .. }));
+        assert_eq!((view.failures, view.last.unwrap().attempt), (1, 1));
+        assert_eq!(entries(&q), 1, "one entry per key");
+    }
+
+    #[test]
+    fn finished_keys_count_against_neither_the_length_nor_the_capacity() {
+        let (mut q, space, _) = queue(1_000);
+        for i in 0..100 {
+            cycle(&mut q, &space, &format!("k{i}"), Outcome::Done);
+        }
+        assert_eq!((q.len(), q.outcomes_remembered()), (0, 100));
+        // The queue holds 100 keys at most: all can still be added.
+        let now = Instant::now();
+        for i in 0..100 {
+            let key = space.validate_parts(RS, "ns", &format!("new{i}")).unwrap();
+            q.add(&key, Priority::Normal, Duration::ZERO, now).unwrap();
+        }
+        let full = space.validate_parts(RS, "ns", "k0").unwrap();
+        assert_eq!(
+            q.add(&full, Priority::Normal, Duration::ZERO, now),
+            Err(crate::Error::Full { capacity: 100 }),
+            "a remembered key added again is held again, and counts"
+        );
+    }
+
+    #[test]
+    fn a_forgotten_key_frees_its_entry_and_a_released_shard_its_memories() {
+        let (mut q, space, _) = queue(3);
+        for i in 0..50 {
+            cycle(&mut q, &space, &format!("k{i}"), Outcome::Done);
+            assert!(entries(&q) <= 3, "{} entries after {i} keys", entries(&q));
+        }
+        assert_eq!(q.outcomes_remembered(), 3);
+        // A held key whose memory is forgotten keeps its entry.
+        let now = Instant::now();
+        let held = space.validate_parts(RS, "ns", "held").unwrap();
+        q.add(&held, Priority::Normal, Duration::ZERO, now).unwrap();
+        let lease = q.lease(1, &[], now).unwrap();
+        q.complete(
+            1,
+            lease.shard(),
+            lease.epoch,
+            lease.id,
+            Outcome::Failed,
+            now,
+        )
+        .unwrap();
+        // The held key waits out its backoff; the others pass it.
+        for i in 50..60 {
+            cycle(&mut q, &space, &format!("k{i}"), Outcome::Done);
+        }
+        let view = q.describe(&held).unwrap();
+        assert!(matches!(view.phase, KeyPhase::Delayed { .. }));
+        assert_eq!(view.failures, 1);
+        assert!(view.last.is_none(), "forgotten by the history, still held");
+        assert_eq!(q.len(), 1);
+        for shard in 0..4 {
+            q.release(shard);
+        }
+        assert_eq!((entries(&q), q.outcomes_remembered(), q.len()), (0, 0, 0));
     }
 
     #[test]

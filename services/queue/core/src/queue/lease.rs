@@ -8,7 +8,7 @@ use std::{
 
 use super::{
     Cause, Causes, Due, Outcome, OutcomeKind, Priority, Queue, ReadFloor, Refused, ShardState,
-    Slot, State,
+    Slot, State, history,
 };
 use crate::key::{ControllerId, ValidKey};
 
@@ -149,8 +149,6 @@ pub(super) struct LeaseInfo {
     /// Where the key's entry is, and its `seq` when leased (unchanged while it is leased).
     pub(super) slot: Slot,
     pub(super) seq: u64,
-    /// The key's hash, as its entry carries it.
-    pub(super) hash: u64,
     pub(super) worker: WorkerId,
     pub(super) deadline: Instant,
     pub(super) leased_at: Instant,
@@ -271,7 +269,6 @@ impl Queue {
                     key,
                     slot,
                     seq,
-                    hash: entry.hash,
                     worker,
                     deadline,
                     leased_at: now,
@@ -463,8 +460,13 @@ impl Queue {
         match next {
             // A draining shard keeps nothing waiting: its next owner resyncs it.
             Some(due) if !draining => self.schedule(controller, slot, due, now),
+            // Remembered by the history: the entry stays, no longer held, until forgotten.
+            None if !draining && entry.history != history::NIL => {
+                entry.state = State::Finished;
+                self.len -= 1;
+            }
             _ => {
-                queue.remove(slot);
+                queue.forget(&mut self.history, slot);
                 self.len -= 1;
             }
         }

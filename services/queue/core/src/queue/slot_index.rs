@@ -40,12 +40,9 @@ impl SlotIndex {
         Self::default()
     }
 
-    pub(super) fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.len
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The slot of the first entry with `tag` whose slot `is` accepts (the caller compares

@@ -75,6 +75,8 @@ impl Queue {
                     }
                     State::Delayed(_) => s.depth += 1,
                     State::Leased { .. } => s.in_flight += 1,
+                    // `entries` yields held keys only.
+                    State::Finished => {}
                 }
                 if entry.failures > 0 {
                     s.retrying += 1;
@@ -98,6 +100,11 @@ impl Queue {
         let hash = self.hasher.hash_one(key.object());
         self.controllers
             .get(key.controller() as usize)
-            .is_some_and(|queue| queue.find(key.object(), hash).is_some())
+            .is_some_and(|queue| {
+                queue
+                    .find(key.object(), hash)
+                    .and_then(|slot| queue.get(slot))
+                    .is_some_and(|entry| entry.is_held())
+            })
     }
 }
