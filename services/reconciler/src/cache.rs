@@ -199,6 +199,15 @@ impl CacheClient {
         floor.get(kind).copied()
     }
 
+    /// Raises the floor of `K`'s kind to the version of `object`, which this reconcile
+    /// wrote. The outcome then carries the write even if the reconcile ends before a read
+    /// reflects it (a read that fails, a cancelled reconcile), so the key's next reconcile,
+    /// through any watcher, still sees it: a Pod created under a generated name would
+    /// otherwise be created again by a retry that read a watcher without it.
+    pub fn wrote<K: Resource<DynamicType = ()>>(&self, object: &K) {
+        self.raise(kind_key::<K>(), None, std::slice::from_ref(object));
+    }
+
     /// Raises the floor of `kind` to the newest of the objects read and the read's own
     /// minimum: each is the version of a change to an object of that kind, which every
     /// watcher's stream of the kind carries, so another watcher reaches it as soon as it has
@@ -341,6 +350,29 @@ mod tests {
     fn kinds_are_named_as_controllers_are() {
         assert_eq!(kind_key::<Pod>(), "v1/Pod");
         assert_eq!(kind_key::<ReplicaSet>(), "apps/v1/ReplicaSet");
+    }
+
+    #[test]
+    fn a_write_raises_the_floor_the_outcome_reports_without_a_read() {
+        let pod = |rv: &str| {
+            let mut pod = Pod::default();
+            pod.metadata.resource_version = Some(rv.to_owned());
+            pod
+        };
+        let client = CacheClient {
+            replicas: Arc::from(Vec::new()),
+            next: Arc::default(),
+            floor: None,
+        };
+        client.wrote(&pod("99"));
+        assert!(client.observed().is_empty(), "no floor outside a reconcile");
+        let mut lease = Versions::default();
+        lease.insert("v1/Pod".to_owned(), 40);
+        let reconcile = client.reading_at(lease);
+        reconcile.wrote(&pod("57"));
+        reconcile.wrote(&pod("12"));
+        assert_eq!(reconcile.observed().get("v1/Pod"), Some(&57));
+        assert_eq!(reconcile.observed().get("apps/v1/ReplicaSet"), None);
     }
 
     #[test]

@@ -35,7 +35,7 @@ use switchyard_reconciler_core::replicaset::{
 use tracing::{debug, warn};
 
 use crate::{
-    cache::ListFilter,
+    cache::{CacheClient, ListFilter},
     sdk::{
         Action, Context, Controller, Error, EventType, Request, Result, is_namespace_terminating,
         status_message,
@@ -64,14 +64,21 @@ impl Controller for ReplicaSetController {
     }
 }
 
-/// The highest resourceVersion of this reconcile's Pod writes.
-#[derive(Debug, Default)]
-struct Writes {
+/// The highest resourceVersion of this reconcile's Pod writes, each also raising the
+/// reconcile's read floor as it is made ([`CacheClient::wrote`]).
+#[derive(Debug)]
+struct Writes<'a> {
+    cache: &'a CacheClient,
     max: Option<(u64, String)>,
 }
 
-impl Writes {
+impl<'a> Writes<'a> {
+    fn new(cache: &'a CacheClient) -> Self {
+        Self { cache, max: None }
+    }
+
     fn saw(&mut self, pod: &Pod) {
+        self.cache.wrote(pod);
         let Some(rv) = pod.metadata.resource_version.as_deref() else {
             return;
         };
@@ -260,7 +267,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     let pods = read_pods(ctx, &spec, None).await?;
     let claim = core::claim(&spec, &pods);
 
-    let mut writes = Writes::default();
+    let mut writes = Writes::new(&ctx.cache);
     let mut first_error: Option<Error> = None;
 
     if !claim.adopt.is_empty() {
