@@ -556,7 +556,10 @@ impl Queue {
         // The one hash of this key until it leaves the queue.
         let hash = self.hasher.hash_one(key.object());
         let queue = &mut self.controllers[controller as usize];
-        let Some(slot) = queue.find(key.object(), hash) else {
+        let found = queue.find(key.object(), hash);
+        // A key the history remembers but the queue no longer holds is held again as new.
+        let finished = found.filter(|&slot| queue.get(slot).is_some_and(|e| !e.is_held()));
+        let Some(slot) = found.filter(|_| finished.is_none()) else {
             if self.len >= self.config.capacity {
                 return Err(Error::Full {
                     capacity: self.config.capacity,
@@ -568,16 +571,25 @@ impl Queue {
                 Due::Now(priority) => State::Ready(priority),
                 Due::At(at) => State::Delayed(at),
             };
-            let slot = queue.insert(Entry {
-                key: key.object().clone(),
-                hash,
-                shard,
-                state,
-                failures: 0,
-                ready_since: now,
-                seq,
-                history: history::NIL,
-            });
+            let slot = match finished {
+                Some(slot) => {
+                    if let Some(entry) = queue.get_mut(slot) {
+                        (entry.state, entry.failures, entry.ready_since, entry.seq) =
+                            (state, 0, now, seq);
+                    }
+                    slot
+                }
+                None => queue.insert(Entry {
+                    key: key.object().clone(),
+                    hash,
+                    shard,
+                    state,
+                    failures: 0,
+                    ready_since: now,
+                    seq,
+                    history: history::NIL,
+                }),
+            };
             // Scheduled here rather than through `schedule`, which would look the slot up again.
             match due {
                 Due::Now(priority) => queue.ready[priority as usize].push_back((slot, seq)),
@@ -593,35 +605,6 @@ impl Queue {
         let Some(entry) = queue.get_mut(slot) else {
             return Ok(AddOutcome::Coalesced);
         };
-        if !entry.is_held() {
-            // Finished, remembered by the history: held again, as a new key would be.
-            if self.len >= self.config.capacity {
-                return Err(Error::Full {
-                    capacity: self.config.capacity,
-                });
-            }
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            entry.seq = seq;
-            entry.failures = 0;
-            entry.ready_since = now;
-            match due {
-                Due::Now(priority) => {
-                    entry.state = State::Ready(priority);
-                    queue.ready[priority as usize].push_back((slot, seq));
-                }
-                Due::At(at) => {
-                    entry.state = State::Delayed(at);
-                    self.delayed.push(Reverse((at, seq, controller, slot)));
-                }
-            }
-            if let Some(cause) = cause {
-                queue.causes.entry(slot).or_default().push(cause);
-            }
-            self.len += 1;
-            self.totals.adds += 1;
-            return Ok(AddOutcome::Added);
-        }
         let reschedule = match entry.state {
             State::Ready(current) => matches!(due, Due::Now(p) if p > current),
             State::Delayed(at) => match due {
