@@ -7,6 +7,7 @@
 
 use std::{
     path::Path,
+    sync::OnceLock,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -92,7 +93,10 @@ impl Caller {
 /// Every kind of caller that must be refused, when the method wants `role`.
 fn intruders(role: Role) -> Vec<Caller> {
     let shared = Pki::shared();
-    let foreign = Box::leak(Box::new(Pki::temporary("foreign CA").unwrap()));
+    // Written under the shared PKI's directory, which is removed when the test process exits.
+    static FOREIGN: OnceLock<Pki> = OnceLock::new();
+    let foreign = FOREIGN
+        .get_or_init(|| Pki::create(&shared.dir().join("foreign-ca"), "foreign CA").unwrap());
     let now = SystemTime::now();
     let expired = shared
         .ca()

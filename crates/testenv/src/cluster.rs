@@ -14,7 +14,7 @@ use crate::{
     Binaries, Error, Etcd, Result, kubeconfig,
     pki::Pki,
     ports::free_port,
-    process::{ManagedProcess, start_on_free_ports, wait_healthy},
+    process::{ManagedProcess, register_at_exit, start_on_free_ports, wait_healthy},
 };
 
 /// How long each component gets to become healthy. Generous: on 2 busy cores a cold
@@ -676,12 +676,4 @@ pub(crate) async fn http_ok(http: &reqwest::Client, url: &str) -> bool {
         .send()
         .await
         .is_ok_and(|r| r.status().is_success())
-}
-
-#[allow(unsafe_code)]
-fn register_at_exit(f: extern "C" fn()) {
-    // SAFETY: atexit only stores the function pointer; `f` does not unwind.
-    unsafe {
-        libc::atexit(f);
-    }
 }

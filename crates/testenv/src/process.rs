@@ -222,3 +222,13 @@ pub(crate) fn send_signal(pid: libc::pid_t, signal: libc::c_int) {
         libc::kill(pid, signal);
     }
 }
+
+/// Runs `f` when the process exits normally (a test binary returns from `main` even when
+/// tests failed), for what lives in a `static` and so is never dropped.
+#[allow(unsafe_code)]
+pub(crate) fn register_at_exit(f: extern "C" fn()) {
+    // SAFETY: atexit only stores the function pointer; `f` does not unwind.
+    unsafe {
+        libc::atexit(f);
+    }
+}

@@ -45,17 +45,53 @@ impl Files {
     }
 }
 
+/// A shared PKI's directory is this and the id of the process that made it.
+const SHARED_PREFIX: &str = "switchyard-pki-";
+
+/// Removes the shared PKI directories under `temp` whose process is gone (killed before it
+/// could remove its own). A directory named after a live process is left, even if that
+/// process is not the one that made it.
+fn remove_orphaned(temp: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(SHARED_PREFIX))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// The service account of etcd's own (serving) certificate.
 pub const ETCD_ACCOUNT: &str = "switchyard-etcd";
 
 impl Pki {
     /// The test process's PKI, made on first use. Its directory lives as long as the
-    /// process (services started from it read the files until they stop).
+    /// process (services started from it read the files until they stop) and is removed
+    /// when the process exits; the directories of test processes that were killed instead
+    /// are removed by the next one to make its own.
     pub fn shared() -> &'static Pki {
         static SHARED: OnceLock<Pki> = OnceLock::new();
+        extern "C" fn remove_shared() {
+            if let Some(pki) = SHARED.get() {
+                let _ = std::fs::remove_dir_all(&pki.dir);
+            }
+        }
         SHARED.get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("switchyard-pki-{}", std::process::id()));
-            Pki::create(&dir, "switchyard test CA").expect("the test PKI is written")
+            let temp = std::env::temp_dir();
+            remove_orphaned(&temp);
+            let dir = temp.join(format!("{SHARED_PREFIX}{}", std::process::id()));
+            let pki = Pki::create(&dir, "switchyard test CA").expect("the test PKI is written");
+            crate::process::register_at_exit(remove_shared);
+            pki
         })
     }
 
@@ -63,7 +99,7 @@ impl Pki {
     /// foreign CA.
     pub fn temporary(name: &str) -> crate::Result<Pki> {
         let temp = tempfile::Builder::new()
-            .prefix("switchyard-pki-")
+            .prefix("switchyard-pki-temporary-")
             .tempdir()?;
         let mut pki = Pki::create(temp.path(), name)?;
         pki._temp = Some(temp);
@@ -164,4 +200,36 @@ pub fn role_of_program(program: &Path) -> Option<Role> {
     Role::ALL
         .into_iter()
         .find(|role| role.service_account() == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shared_directories_of_gone_processes_are_removed_and_others_kept() {
+        let temp = tempfile::tempdir().unwrap();
+        let mut exited = std::process::Command::new("true").spawn().unwrap();
+        exited.wait().unwrap();
+        let gone = temp.path().join(format!("{SHARED_PREFIX}{}", exited.id()));
+        let live = temp
+            .path()
+            .join(format!("{SHARED_PREFIX}{}", std::process::id()));
+        let temporary = temp.path().join("switchyard-pki-temporary-123456");
+        for dir in [&gone, &live, &temporary] {
+            std::fs::create_dir_all(dir.join("switchyard-queue")).unwrap();
+        }
+
+        remove_orphaned(temp.path());
+
+        assert!(
+            !gone.exists(),
+            "the directory of an exited process is removed"
+        );
+        assert!(live.exists(), "a live process's directory is kept");
+        assert!(
+            temporary.exists(),
+            "a temporary PKI is its owner's to remove"
+        );
+    }
 }
