@@ -38,7 +38,8 @@ test: lint testenv
 	@# The integration tests run the workspace's binaries (services, tools, examples); cargo test
 	@# builds a binary beside the tests only for its own package's tests, so build them all first.
 	$(CARGO) build --locked --workspace --bins
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) test --locked --workspace
+	@# What `cargo test --workspace` runs, with several test binaries at a time (docs/testing.md).
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) CARGO=$(CARGO) $(DEV) test
 	@# The smoke run uses its own control plane, never the cluster KUBECONFIG may name.
 	env -u KUBECONFIG SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run --exit-when-ready
 	scripts/check-no-orphans.sh

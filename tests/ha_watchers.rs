@@ -1,8 +1,8 @@
 //! Read-your-writes across watcher replicas, in the `ha` overlay's shape: 3 electors, 3 queue
 //! replicas, 2 watchers and 4 reconcilers, each its own process. Every reconciler reads from
 //! both watchers in turn, so consecutive reconciles of one key are answered by caches that lag
-//! one another. 200 Deployments are created and rolled out twice while one watcher is killed
-//! with SIGKILL and started again every 10 s.
+//! one another. 100 Deployments are created and rolled out twice while one watcher is killed
+//! with SIGKILL and started again every 5 s.
 //!
 //! - No ReplicaSet ever has more active Pods than `replicas + maxSurge` (a watch on the Pods
 //!   checks at every event). The most active Pods of one Deployment's ReplicaSets together is
@@ -37,13 +37,16 @@ use switchyard_tests::{
 };
 use tokio::sync::Mutex;
 
-const DEPLOYMENTS: usize = 200;
+/// Enough that every watcher kill lands among reconciles in flight; the script's cost grows
+/// with it, and this test runs beside others in `make test`.
+const DEPLOYMENTS: usize = 100;
 const REPLICAS: i32 = 2;
 const MAX_SURGE: i32 = 1;
 /// The images the script rolls through after the first.
 const ROLLOUTS: [&str; 2] = ["registry.example/ha:2", "registry.example/ha:3"];
 const SHARDS: u32 = 32;
-const KILL_EVERY: Duration = Duration::from_secs(10);
+/// A watcher comes back after a relist of a few seconds, so one of the two is often down.
+const KILL_EVERY: Duration = Duration::from_secs(5);
 const CONVERGE: Duration = Duration::from_secs(420);
 const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 

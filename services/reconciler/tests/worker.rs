@@ -12,6 +12,7 @@ use std::{
     time::Duration,
 };
 
+use switchyard_k8s::Pod;
 use switchyard_proto::{
     common::v1::WorkKey,
     queue::v1::{EnqueueItem, EnqueueRequest, Priority},
@@ -25,6 +26,7 @@ const SCRIPTED: &str = "example.com/v1/Scripted";
 
 static REQUEUED: AtomicBool = AtomicBool::new(false);
 static RETRIED: AtomicBool = AtomicBool::new(false);
+static WROTE: AtomicBool = AtomicBool::new(false);
 
 /// Records `"<name>#<attempt>"` when a reconcile starts and `"<name> finished"` when it
 /// ends; behaves by the key's name.
@@ -35,13 +37,15 @@ impl Controller for Scripted {
         SCRIPTED
     }
 
-    async fn reconcile(&self, _ctx: &Context, request: &Request) -> Result {
+    async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
         {
             let name = request.name.as_str();
             let _ = self.0.send(format!("{name}#{}", request.attempt));
             let first = request.attempt == 1;
             let action = match name {
-                "panics" if first => panic!("scripted panic"),
+                // Unwinds without the panic hook, whose backtrace (RUST_BACKTRACE=1) can take
+                // longer than the reconcile timeout to print on a loaded machine.
+                "panics" if first => std::panic::resume_unwind(Box::new("scripted panic")),
                 "hangs" if first => {
                     tokio::time::sleep(Duration::from_secs(3600)).await;
                     Action::Done
@@ -58,6 +62,19 @@ impl Controller for Scripted {
                     Action::Done
                 }
                 "requeue" if !self.requeued() => Action::RequeueAfter(Duration::from_millis(300)),
+                // The first time, reports a write of a Pod at version 77, as a controller
+                // reports what it writes; after that, says what its reads start from.
+                "floor" if !Self::once(&WROTE) => {
+                    let mut written = Pod::default();
+                    written.metadata.resource_version = Some("77".to_owned());
+                    ctx.cache.wrote(&written);
+                    Action::Done
+                }
+                "floor" => {
+                    let floor = ctx.cache.observed().get("v1/Pod").copied();
+                    let _ = self.0.send(format!("floor reads Pods at {floor:?}"));
+                    Action::Done
+                }
                 _ => Action::Done,
             };
             let _ = self.0.send(format!("{name} finished"));
@@ -249,6 +266,24 @@ async fn failures_panics_and_timeouts_are_failed_outcomes_and_the_worker_lives_o
     ] {
         assert_eq!(reconciler.metric(&series).await, count, "{series}");
     }
+
+    reconciler.stop().await;
+    queue.stop().await;
+}
+
+/// The lease's read floor reaches the reconcile's reads: what the key's last reconcile wrote,
+/// reported with its outcome, is where the next one's reads start, on any watcher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_reads_from_where_the_last_one_of_its_shard_wrote() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let queue = support::queue(&[SCRIPTED], &[]).await;
+    let (reconciler, mut events) = worker(plane, queue.grpc(), &[]).await;
+    let within = Duration::from_secs(10);
+
+    enqueue(queue.grpc(), "floor").await;
+    events.expect("floor finished", within).await;
+    enqueue(queue.grpc(), "floor").await;
+    events.expect("floor reads Pods at Some(77)", within).await;
 
     reconciler.stop().await;
     queue.stop().await;
