@@ -5,11 +5,18 @@
 //!            │  full (capacity): push waits, so the caller stops producing instead of
 //!            │  growing
 //!            ▼
-//!  run: per shard with an active owner, a batch of up to BATCH keys ─► Enqueue at the owner
-//!       acknowledged ─► gone;   not owner / unavailable / full ─► back into pending, retried
-//!       after a backoff or as soon as the shard map changes; refused as invalid ─► sent again
-//!       in halves until only the keys at fault are left, which are dropped and logged
+//!  run: per shard with an active owner and no request in flight, a batch of up to BATCH
+//!       keys ─► Enqueue at the owner (at most MAX_IN_FLIGHT requests at once)
+//!       acknowledged ─► gone;   not owner / unavailable / full ─► back into pending, and the
+//!       shard waits out a backoff (or the next shard map) before it is sent again; refused as
+//!       invalid ─► sent again in halves until only the keys at fault are left, which are
+//!       dropped and logged
 //! ```
+//!
+//! Sending is a pipeline, not rounds: as soon as a shard's request is answered, the keys that
+//! arrived for it meanwhile go, whatever other shards' requests are still waiting for. A key
+//! waits at most for its own shard's request in flight, and keys of one shard that arrive
+//! during it go together in the next.
 //!
 //! Nothing is dropped because a queue is slow, down or moving: keys wait in the pending set,
 //! whose size is bounded by the number of distinct keys.
@@ -22,7 +29,7 @@
 //! so that the queue keeps every one with the key.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     fmt,
     pin::pin,
     sync::{Arc, Mutex, PoisonError},
@@ -34,7 +41,10 @@ use switchyard_proto::queue::v1::{EnqueueRequest, queue_client::QueueClient};
 use switchyard_queue_core::{MAX_CAUSES, Priority, WorkKey};
 use switchyard_runtime::{Backoff, Dialer, Drain, Role, trace::TraceFields};
 use switchyard_shards::ShardView;
-use tokio::sync::{Notify, watch};
+use tokio::{
+    sync::{Notify, watch},
+    time::Instant,
+};
 use tonic::transport::Channel;
 use tracing::{debug, error, warn};
 
@@ -124,8 +134,11 @@ type Batch = Vec<(WorkKey, Waiting)>;
 
 #[derive(Debug, Default)]
 struct Pending {
-    by_shard: HashMap<u32, HashMap<WorkKey, Waiting>>,
+    by_shard: BTreeMap<u32, HashMap<WorkKey, Waiting>>,
     total: usize,
+    /// Where the next [`Pending::take`] starts, so that a limit does not always favour the
+    /// same shards.
+    next: u32,
 }
 
 impl Pending {
@@ -140,11 +153,24 @@ impl Pending {
         }
     }
 
-    /// Takes up to [`BATCH`] keys of every shard that has an owner.
-    fn take(&mut self, view: &ShardView) -> Vec<(u32, Batch)> {
+    /// Takes up to [`BATCH`] keys of every shard that has an owner and is not `held`, for at
+    /// most `limit` shards, starting after the last shard the previous call took.
+    fn take(
+        &mut self,
+        view: &ShardView,
+        held: impl Fn(u32) -> bool,
+        limit: usize,
+    ) -> Vec<(u32, Batch)> {
         let mut batches = Vec::new();
-        for (&shard, keys) in &mut self.by_shard {
-            if view.owner(shard).is_none() || keys.is_empty() {
+        let (after, before): (Vec<_>, Vec<_>) = self
+            .by_shard
+            .iter_mut()
+            .partition(|(shard, _)| **shard >= self.next);
+        for (&shard, keys) in after.into_iter().chain(before) {
+            if batches.len() == limit {
+                break;
+            }
+            if view.owner(shard).is_none() || keys.is_empty() || held(shard) {
                 continue;
             }
             let batch: Batch = if keys.len() <= BATCH {
@@ -157,6 +183,7 @@ impl Pending {
                     .collect()
             };
             self.total -= batch.len();
+            self.next = shard.wrapping_add(1);
             batches.push((shard, batch));
         }
         self.by_shard.retain(|_, keys| !keys.is_empty());
@@ -264,31 +291,30 @@ impl Enqueuer {
         drain: Drain,
     ) {
         let mut clients: HashMap<Arc<str>, QueueClient<Channel>> = HashMap::new();
-        let mut backoff = Backoff::new(RETRY_BACKOFF.0, RETRY_BACKOFF.1);
+        let mut sends = FuturesUnordered::new();
+        // Requests in flight per shard: a shard's new keys wait for its answer.
+        let mut in_flight: HashMap<u32, usize> = HashMap::new();
+        // Shards whose last request failed in a way that may pass: each backs off on its own,
+        // so one replica that is down does not hold back the others' shards.
+        let mut retries: HashMap<u32, Retry> = HashMap::new();
+        // Halves of batches refused as invalid, sent again to find the keys at fault.
+        let mut halves: Vec<(u32, Batch)> = Vec::new();
         loop {
             let current = view.borrow_and_update().clone();
-            let batches = match &current {
-                Some(current) => self.lock().take(current),
-                None => Vec::new(),
-            };
-            if batches.is_empty() {
-                tokio::select! {
-                    _ = self.arrived.notified() => {}
-                    changed = view.changed() => if changed.is_err() { return },
-                    _ = drain.clone().signaled() => return,
+            if let Some(current) = &current {
+                let now = Instant::now();
+                let room = MAX_IN_FLIGHT.saturating_sub(sends.len());
+                let mut batches = std::mem::take(&mut halves);
+                if batches.len() > room {
+                    halves = batches.split_off(room);
+                } else if room > batches.len() {
+                    let held = |shard| {
+                        in_flight.contains_key(&shard)
+                            || retries.get(&shard).is_some_and(|r| r.until > now)
+                    };
+                    batches.extend(self.lock().take(current, held, room - batches.len()));
                 }
-                continue;
-            }
-            let Some(current) = current else { continue };
-            let mut sends = FuturesUnordered::new();
-            let mut retry = false;
-            let mut batches = batches.into_iter();
-            // Halves of batches refused as invalid, sent again to find the keys at fault.
-            let mut halves: Vec<(u32, Batch)> = Vec::new();
-            loop {
-                while sends.len() < MAX_IN_FLIGHT
-                    && let Some((shard, batch)) = halves.pop().or_else(|| batches.next())
-                {
+                for (shard, batch) in batches {
                     let Some(owner) = current.owner(shard) else {
                         self.put_back(shard, batch);
                         continue;
@@ -297,49 +323,80 @@ impl Enqueuer {
                         .entry(owner.address.clone())
                         .or_insert_with(|| connect(&self.dialer, &owner.address))
                         .clone();
+                    *in_flight.entry(shard).or_default() += 1;
                     sends.push(send(client, shard, batch));
                 }
-                let Some((shard, batch, result)) = sends.next().await else {
-                    break;
-                };
-                match result {
-                    Ok(()) => {
-                        self.metrics.sent(batch.len());
-                        self.room.notify_waiters();
-                    }
-                    // The queue refuses a batch as a whole: the valid keys beside an invalid
-                    // one go again, in halves, until only the invalid keys are dropped.
-                    Err(Error::Invalid(_)) if batch.len() > 1 => {
-                        let mut batch = batch;
-                        let second = batch.split_off(batch.len() / 2);
-                        halves.push((shard, batch));
-                        halves.push((shard, second));
-                    }
-                    Err(error) if !error.is_retryable() => {
-                        self.metrics.dropped(batch.len());
-                        error!(shard, keys = batch.len(), %error, "the queue refused keys as invalid; dropped (check the controllers the queue serves)");
-                    }
-                    Err(error) => {
-                        warn!(shard, keys = batch.len(), %error, "enqueue failed; keys kept for retry");
-                        self.metrics.retried();
-                        self.put_back(shard, batch);
-                        retry = true;
-                    }
-                }
             }
-            self.metrics.pending(self.pending());
-            if retry {
-                tokio::select! {
-                    _ = backoff.wait(&drain) => {}
-                    _ = view.changed() => {}
+            let now = Instant::now();
+            let cooled = retries.values().map(|r| r.until).filter(|u| *u > now).min();
+            tokio::select! {
+                Some((shard, batch, result)) = sends.next() => {
+                    if let Some(count) = in_flight.get_mut(&shard) {
+                        *count -= 1;
+                        if *count == 0 {
+                            in_flight.remove(&shard);
+                        }
+                    }
+                    match result {
+                        Ok(()) => {
+                            self.metrics.sent(batch.len());
+                            self.room.notify_waiters();
+                            retries.remove(&shard);
+                        }
+                        // The queue refuses a batch as a whole: the valid keys beside an
+                        // invalid one go again, in halves, until only the invalid keys are
+                        // dropped.
+                        Err(Error::Invalid(_)) if batch.len() > 1 => {
+                            let mut batch = batch;
+                            let second = batch.split_off(batch.len() / 2);
+                            halves.push((shard, batch));
+                            halves.push((shard, second));
+                        }
+                        Err(error) if !error.is_retryable() => {
+                            self.metrics.dropped(batch.len());
+                            error!(shard, keys = batch.len(), %error, "the queue refused keys as invalid; dropped (check the controllers the queue serves)");
+                        }
+                        Err(error) => {
+                            warn!(shard, keys = batch.len(), %error, "enqueue failed; keys kept for retry");
+                            self.metrics.retried();
+                            self.put_back(shard, batch);
+                            let retry = retries.entry(shard).or_insert_with(|| Retry {
+                                backoff: Backoff::new(RETRY_BACKOFF.0, RETRY_BACKOFF.1),
+                                until: Instant::now(),
+                            });
+                            retry.until = Instant::now() + retry.backoff.advance();
+                        }
+                    }
+                    self.metrics.pending(self.pending());
                 }
-                if drain.is_draining() {
-                    return;
+                _ = self.arrived.notified() => {}
+                _ = sleep_until(cooled) => {}
+                changed = view.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    // A new owner may take what the old one refused: try at once.
+                    let now = Instant::now();
+                    for retry in retries.values_mut() {
+                        retry.until = now;
+                    }
                 }
-            } else {
-                backoff = Backoff::new(RETRY_BACKOFF.0, RETRY_BACKOFF.1);
+                _ = drain.clone().signaled() => return,
             }
         }
+    }
+}
+
+/// A shard waiting to be sent again after a failure.
+struct Retry {
+    backoff: Backoff,
+    until: Instant,
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -386,6 +443,10 @@ mod tests {
         WorkKey::new("c", "ns", name)
     }
 
+    fn take_all(pending: &mut Pending, view: &ShardView) -> Vec<(u32, Batch)> {
+        pending.take(view, |_| false, usize::MAX)
+    }
+
     fn low() -> Waiting {
         Waiting {
             priority: Priority::Low,
@@ -418,7 +479,9 @@ mod tests {
         pending.insert(0, key("a"), delayed(100));
         pending.insert(0, key("b"), delayed(100));
         pending.insert(0, key("b"), low());
-        let mut batch = pending.take(&ShardView::single("q:1", 1)).remove(0).1;
+        let mut batch = take_all(&mut pending, &ShardView::single("q:1", 1))
+            .remove(0)
+            .1;
         batch.sort_by(|a, b| a.0.name.cmp(&b.0.name));
         assert_eq!(batch[0].1.delay, Duration::from_millis(50));
         assert_eq!(batch[1].1.delay, Duration::ZERO);
@@ -433,7 +496,7 @@ mod tests {
         pending.insert(1, key("b"), low());
         assert_eq!(pending.total, 2);
         let view = ShardView::single("q:1", 2);
-        let mut batches = pending.take(&view);
+        let mut batches = take_all(&mut pending, &view);
         batches.sort_by_key(|(s, _)| *s);
         let a = &batches[0].1[0].1;
         assert_eq!(a.priority, Priority::Normal);
@@ -449,7 +512,7 @@ mod tests {
         for n in 0..MAX_CAUSES + 3 {
             pending.insert(0, key("a"), caused(Priority::Normal, n));
         }
-        let batches = pending.take(&ShardView::single("q:1", 1));
+        let batches = take_all(&mut pending, &ShardView::single("q:1", 1));
         let causes = &batches[0].1[0].1.causes;
         assert_eq!(causes.len(), MAX_CAUSES);
         assert_eq!(causes[0]["traceparent"], "3");
@@ -464,13 +527,34 @@ mod tests {
         pending.insert(1, key("x"), low());
         let mut view = ShardView::single("q:1", 2);
         view.owners[1] = None;
-        let batches = pending.take(&view);
+        let batches = take_all(&mut pending, &view);
         assert_eq!(batches.len(), 1);
         assert_eq!(batches[0].1.len(), BATCH);
         assert_eq!(pending.total, 11);
-        let batches = pending.take(&view);
+        let batches = take_all(&mut pending, &view);
         assert_eq!(batches[0].1.len(), 10);
         assert_eq!(pending.total, 1);
+    }
+
+    #[test]
+    fn held_shards_wait_and_a_limit_takes_the_next_shards_in_turn() {
+        let mut pending = Pending::default();
+        for shard in 0..4 {
+            pending.insert(shard, key(&shard.to_string()), low());
+        }
+        let view = ShardView::single("q:1", 4);
+        let shards =
+            |batches: Vec<(u32, Batch)>| batches.into_iter().map(|(s, _)| s).collect::<Vec<_>>();
+
+        // Shard 0 has a request in flight: its keys stay.
+        assert_eq!(shards(pending.take(&view, |s| s == 0, 2)), [1, 2]);
+        for shard in 0..4 {
+            pending.insert(shard, key("again"), low());
+        }
+        // The next take starts after shard 2, and wraps around.
+        assert_eq!(shards(pending.take(&view, |_| false, 3)), [3, 0, 1]);
+        assert_eq!(shards(pending.take(&view, |_| false, 3)), [2]);
+        assert_eq!(pending.total, 0);
     }
 
     #[tokio::test]
@@ -489,7 +573,7 @@ mod tests {
             "push must wait while the pending set is full"
         );
         let view = ShardView::single("q:1", 1);
-        let taken = enqueuer.lock().take(&view);
+        let taken = take_all(&mut enqueuer.lock(), &view);
         assert_eq!(taken[0].1.len(), 2);
         enqueuer.room.notify_waiters();
         tokio::time::timeout(Duration::from_secs(5), blocked)

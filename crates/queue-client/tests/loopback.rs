@@ -71,13 +71,17 @@ impl EnqueueMetrics for Counted {
 
 /// An enqueuer sending to the one queue at `addr`, as a watcher.
 fn enqueuer(addr: SocketAddr, metrics: Counted) -> (Arc<Enqueuer>, ShutdownHandle) {
+    enqueuer_to(ShardView::single(&addr.to_string(), SHARDS), metrics)
+}
+
+/// An enqueuer sending to the owners `view` names, as a watcher.
+fn enqueuer_to(view: ShardView, metrics: Counted) -> (Arc<Enqueuer>, ShutdownHandle) {
     let enqueuer = Arc::new(Enqueuer::new(
         1000,
         SHARDS,
         metrics,
         Pki::shared().dialer(Role::Watcher),
     ));
-    let view = ShardView::single(&addr.to_string(), SHARDS);
     let (_tx, view) = watch::channel(Some(Arc::new(view)));
     let (stop, drain) = switchyard_runtime::drain_channel();
     tokio::spawn({
@@ -196,6 +200,55 @@ async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
     assert_eq!(counts.0.dropped.load(Ordering::Relaxed), 1);
     assert_eq!(counts.0.sent.load(Ordering::Relaxed), 2 + beside.len());
     assert_eq!(enqueuer.pending(), 0);
+}
+
+/// A queue replica that is down holds back only its own shards' keys: each shard backs off
+/// on its own, so a key of a live replica's shard goes at once, however long another
+/// shard's sends have been failing, and the failing shard's key is kept.
+#[tokio::test]
+async fn a_replica_that_is_down_holds_back_only_its_own_shards() {
+    let (addr, stop) = queue().await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut view = ShardView::single(&addr.to_string(), SHARDS);
+    let mut owner = view.owners[0].clone().unwrap();
+    owner.address = dead.to_string().into();
+    view.owners[0] = Some(owner);
+    let key_of_shard = |shard: u32, tag: &str| {
+        (0..)
+            .map(|i| WorkKey::new(RS, "ns", format!("{tag}-{i}").as_str()))
+            .find(|k| k.shard(SHARDS) == shard)
+            .unwrap()
+    };
+    let counts = Counted::default();
+    let (enqueuer, enqueuer_stop) = enqueuer_to(view, counts.clone());
+    let mut session = open(addr, 100).await;
+
+    enqueuer
+        .push([key_of_shard(0, "stranded")], Priority::Normal, None)
+        .await;
+    // Long enough for a shared backoff to have grown to its 2 s cap.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for i in 0..8 {
+        let key = key_of_shard(1 + i % (SHARDS - 1), &format!("live{i}"));
+        enqueuer.push([key.clone()], Priority::Normal, None).await;
+        let lease = leased_within(&mut session, Duration::from_secs(1))
+            .await
+            .unwrap_or_else(|| panic!("{key:?} was not leased within 1 s"));
+        assert_eq!(lease.key, key);
+        session
+            .replies()
+            .complete(&lease, Outcome::Done, Duration::from_millis(1))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(enqueuer.pending(), 1, "the down replica's key is kept");
+    assert_eq!(counts.0.dropped.load(Ordering::Relaxed), 0);
+
+    enqueuer_stop.trigger();
+    stop.trigger();
 }
 
 #[tokio::test]
