@@ -189,10 +189,12 @@ pub(crate) async fn test(jobs: usize, args: Vec<String>) -> anyhow::Result<()> {
             "--message-format=json-render-diagnostics",
         ])
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .output()
-        .await
-        .context("running cargo test --no-run")?;
+        .spawn()
+        .context("running cargo test --no-run")?
+        .wait_with_output()
+        .await?;
     if !built.status.success() {
         bail!("building the tests failed ({})", built.status);
     }
