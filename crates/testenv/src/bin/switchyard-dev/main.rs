@@ -74,11 +74,11 @@ enum Cmd {
         #[arg(long)]
         crd: Vec<PathBuf>,
     },
-    /// Build every test binary of the workspace and run several at a time (most wait on a
-    /// control plane), then the doc tests; fails if any test failed. Run from the workspace
+    /// Build every test binary of the workspace and run them and the doc tests, several at a
+    /// time (most wait on a control plane); fails if any test failed. Run from the workspace
     #[command(name = "test")]
     Test {
-        /// Test binaries run at once
+        /// Test binaries run at once (0 counts as 1)
         #[arg(long, env = "SWITCHYARD_TEST_JOBS", default_value_t = DEFAULT_TEST_JOBS)]
         jobs: usize,
         /// Arguments for every test binary (a test name filter, --nocapture)
