@@ -39,7 +39,7 @@ use std::{
 use futures::{StreamExt, stream::FuturesUnordered};
 use switchyard_proto::queue::v1::{EnqueueRequest, queue_client::QueueClient};
 use switchyard_queue_core::{MAX_CAUSES, Priority, WorkKey};
-use switchyard_runtime::{Backoff, Dialer, Drain, Role, trace::TraceFields};
+use switchyard_runtime::{Backoff, Dialer, Drain, Role, sleep_until, trace::TraceFields};
 use switchyard_shards::ShardView;
 use tokio::{
     sync::{Notify, watch},
@@ -360,10 +360,7 @@ impl Enqueuer {
                             warn!(shard, keys = batch.len(), %error, "enqueue failed; keys kept for retry");
                             self.metrics.retried();
                             self.put_back(shard, batch);
-                            let retry = retries.entry(shard).or_insert_with(|| Retry {
-                                backoff: Backoff::new(RETRY_BACKOFF.0, RETRY_BACKOFF.1),
-                                until: Instant::now(),
-                            });
+                            let retry = retries.entry(shard).or_insert_with(Retry::new);
                             retry.until = Instant::now() + retry.backoff.advance();
                         }
                     }
@@ -393,10 +390,12 @@ struct Retry {
     until: Instant,
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
+impl Retry {
+    fn new() -> Self {
+        Self {
+            backoff: Backoff::new(RETRY_BACKOFF.0, RETRY_BACKOFF.1),
+            until: Instant::now(),
+        }
     }
 }
 

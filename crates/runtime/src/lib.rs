@@ -23,6 +23,7 @@ mod metrics;
 mod shutdown;
 mod supervise;
 mod telemetry;
+mod timer;
 pub mod tls;
 
 /// Trace context across processes, and whether this process exports traces at all.
@@ -45,6 +46,7 @@ pub use kube_client::{KubeArgs, KubeError, await_apiserver};
 pub use metrics::Metrics;
 pub use shutdown::{Drain, ShutdownHandle, Stop, drain_channel};
 pub use supervise::panic_message;
+pub use timer::sleep_until;
 pub use tls::{Identity, Role, ServingKey, Tls, TlsArgs, TlsError};
 
 /// Errors of the runtime shell.

@@ -21,7 +21,7 @@ use switchyard_queue_core::{
     AddOutcome, Cause, ControllerId, Error as CoreError, KeyPhase, KeyView, LastOutcome, Lease,
     LeaseId, Outcome, Priority, Queue, ReadFloor, Refused, ShardStats, ValidKey, WorkerId,
 };
-use switchyard_runtime::Drain;
+use switchyard_runtime::{Drain, sleep_until};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info};
 
@@ -713,13 +713,6 @@ impl Actor {
         if let Some(handle) = &self.on_drained {
             handle.trigger();
         }
-    }
-}
-
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -26,7 +26,7 @@ use std::{
 
 use switchyard_queue_client::{Error, Event, Lease, Outcome, Replies, WorkSession};
 use switchyard_runtime::{
-    Backoff, Drain, Gate, ShutdownHandle, drain_channel, panic_message,
+    Backoff, Drain, Gate, ShutdownHandle, drain_channel, panic_message, sleep_until,
     trace::{self, TraceFields},
 };
 use switchyard_shards::ShardView;
@@ -460,13 +460,6 @@ fn reconcile_span(lease: &Lease) -> tracing::Span {
         trace::add_link(&span, cause);
     }
     span
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Renews the lease every half lease, by the lease's original length, until dropped.

@@ -12,7 +12,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     path::{Path, PathBuf},
-    process::Stdio,
+    process::{ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
@@ -143,8 +143,7 @@ pub(crate) fn counts(output: &str) -> Counts {
 struct Finished {
     key: String,
     log: PathBuf,
-    success: bool,
-    status: String,
+    status: ExitStatus,
     counts: Counts,
     took: Duration,
 }
@@ -164,8 +163,7 @@ async fn run_one(key: String, log: PathBuf, mut command: Command) -> anyhow::Res
     Ok(Finished {
         key,
         log,
-        success: status.success(),
-        status: status.to_string(),
+        status,
         counts: counts(&output),
         took: begun.elapsed(),
     })
@@ -248,7 +246,7 @@ pub(crate) async fn test(jobs: usize, args: Vec<String>) -> anyhow::Result<()> {
         total.failed += finished.counts.failed;
         total.ignored += finished.counts.ignored;
         let seconds = finished.took.as_secs_f64();
-        if finished.success {
+        if finished.status.success() {
             println!(
                 "ok      {seconds:7.1} s  {} ({} passed)",
                 finished.key, finished.counts.passed
