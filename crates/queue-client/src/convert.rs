@@ -30,21 +30,24 @@ fn key(key: &WorkKey) -> ProtoKey {
 }
 
 /// One item per cause (repeats of a key coalesce at the queue, which keeps each cause), or
-/// one without a trace context.
+/// one without a trace context. Each names when the key's earliest event was observed.
 pub(crate) fn enqueue_items<'a>(
     work_key: &'a WorkKey,
     priority_: Priority,
     delay: Duration,
     causes: &'a [Cause],
+    observed_at: Option<SystemTime>,
 ) -> impl Iterator<Item = pb::EnqueueItem> + 'a {
     let delay = (!delay.is_zero())
         .then(|| prost_types::Duration::try_from(delay).ok())
         .flatten();
+    let observed_at = observed_at.map(prost_types::Timestamp::from);
     let item = move |trace_context: TraceFields| pb::EnqueueItem {
         key: Some(key(work_key)),
         priority: priority(priority_) as i32,
         delay,
         trace_context,
+        observed_at,
     };
     let uncaused = causes.is_empty().then(|| item(TraceFields::new()));
     causes
@@ -126,6 +129,7 @@ fn lease(item: pb::LeasedItem) -> Lease {
         attempt: item.attempt,
         deadline: time(item.lease_deadline),
         queued_at: time(item.queued_at),
+        observed_at: time(item.observed_at),
         causes: item.causes.into_iter().map(|c| c.fields).collect(),
         causes_dropped: item.causes_dropped,
         trace_context: item.trace_context,
@@ -170,15 +174,30 @@ mod tests {
         let causes: Vec<Cause> = (1..=2)
             .map(|n| Arc::new(TraceFields::from([("traceparent".into(), n.to_string())])))
             .collect();
-        let items: Vec<_> =
-            enqueue_items(&key, Priority::Normal, Duration::ZERO, &causes).collect();
+        let observed = SystemTime::UNIX_EPOCH + Duration::from_millis(1_500);
+        let items: Vec<_> = enqueue_items(
+            &key,
+            Priority::Normal,
+            Duration::ZERO,
+            &causes,
+            Some(observed),
+        )
+        .collect();
         assert_eq!(items.len(), 2);
         assert_eq!(items[1].trace_context["traceparent"], "2");
+        assert!(items.iter().all(|item| {
+            item.observed_at
+                == Some(prost_types::Timestamp {
+                    seconds: 1,
+                    nanos: 500_000_000,
+                })
+        }));
         assert_eq!(items[0].priority, pb::Priority::Normal as i32);
         assert_eq!(items[0].delay, None);
         let items: Vec<_> =
-            enqueue_items(&key, Priority::Low, Duration::from_millis(250), &[]).collect();
+            enqueue_items(&key, Priority::Low, Duration::from_millis(250), &[], None).collect();
         assert_eq!(items.len(), 1);
+        assert_eq!(items[0].observed_at, None);
         assert_eq!(items[0].priority, pb::Priority::Low as i32);
         assert_eq!(
             items[0].delay,

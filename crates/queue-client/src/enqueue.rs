@@ -26,19 +26,20 @@
 //!
 //! A key may carry the trace contexts of the events that caused it (the latest
 //! [`MAX_CAUSES`] when repeats coalesce here), and goes to the queue as one item per cause,
-//! so that the queue keeps every one with the key.
+//! so that the queue keeps every one with the key. It may also carry when the earliest of
+//! those events was observed (repeats keep the earliest), which the lease hands on.
 
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
     pin::pin,
     sync::{Arc, Mutex, PoisonError},
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use futures::{StreamExt, stream::FuturesUnordered};
 use switchyard_proto::queue::v1::{EnqueueRequest, queue_client::QueueClient};
-use switchyard_queue_core::{MAX_CAUSES, Priority, WorkKey};
+use switchyard_queue_core::{MAX_CAUSES, Priority, WorkKey, earliest};
 use switchyard_runtime::{Backoff, Dialer, Drain, Role, sleep_until, trace::TraceFields};
 use switchyard_shards::ShardView;
 use tokio::{
@@ -55,6 +56,11 @@ use crate::{Error, convert};
 const BATCH: usize = 500;
 /// Requests in flight at once across all queue replicas.
 const MAX_IN_FLIGHT: usize = 32;
+/// Requests in flight at once for one shard. More than one, so that keys of a shard that
+/// arrive while its last request is out need not wait for the answer; an add is a set
+/// insert at the queue (the highest priority and the earliest ready time win), so
+/// requests of one shard may arrive in any order.
+const MAX_IN_FLIGHT_PER_SHARD: usize = 4;
 /// First and last delay before retrying keys a queue did not take.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(2));
 
@@ -109,18 +115,21 @@ impl From<(WorkKey, Option<Duration>)> for Add {
     }
 }
 
-/// A key waiting to be sent: its priority, its delay and what caused it.
+/// A key waiting to be sent: its priority, its delay, what caused it and when the earliest
+/// of its events was observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Waiting {
     priority: Priority,
     delay: Duration,
     causes: Vec<Cause>,
+    observed_at: Option<SystemTime>,
 }
 
 impl Waiting {
     fn merge(&mut self, other: Waiting) {
         self.priority = self.priority.max(other.priority);
         self.delay = self.delay.min(other.delay);
+        self.observed_at = earliest(self.observed_at, other.observed_at);
         for cause in other.causes {
             if self.causes.len() == MAX_CAUSES {
                 self.causes.remove(0);
@@ -236,12 +245,13 @@ impl Enqueuer {
     }
 
     /// Queues keys for sending; waits while the pending set is full. `cause` is the trace
-    /// context of the event the keys come from.
+    /// context of the event the keys come from, and `observed_at` when that event arrived.
     pub async fn push(
         &self,
         keys: impl IntoIterator<Item = impl Into<Add>>,
         priority: Priority,
         cause: Option<Cause>,
+        observed_at: Option<SystemTime>,
     ) {
         let mut keys = keys.into_iter().peekable();
         if keys.peek().is_none() {
@@ -260,6 +270,7 @@ impl Enqueuer {
                             priority,
                             delay,
                             causes: cause.iter().cloned().collect(),
+                            observed_at,
                         };
                         pending.insert(shard, key, waiting);
                     }
@@ -274,6 +285,7 @@ impl Enqueuer {
             room.await;
         }
         self.arrived.notify_one();
+        tokio::task::yield_now().await;
     }
 
     fn put_back(&self, shard: u32, batch: Batch) {
@@ -309,7 +321,9 @@ impl Enqueuer {
                     halves = batches.split_off(room);
                 } else if room > batches.len() {
                     let held = |shard| {
-                        in_flight.contains_key(&shard)
+                        in_flight
+                            .get(&shard)
+                            .is_some_and(|n| *n >= MAX_IN_FLIGHT_PER_SHARD)
                             || retries.get(&shard).is_some_and(|r| r.until > now)
                     };
                     batches.extend(self.lock().take(current, held, room - batches.len()));
@@ -422,7 +436,13 @@ async fn send(
         items: batch
             .iter()
             .flat_map(|(key, waiting)| {
-                convert::enqueue_items(key, waiting.priority, waiting.delay, &waiting.causes)
+                convert::enqueue_items(
+                    key,
+                    waiting.priority,
+                    waiting.delay,
+                    &waiting.causes,
+                    waiting.observed_at,
+                )
             })
             .collect(),
     };
@@ -451,6 +471,7 @@ mod tests {
             priority: Priority::Low,
             delay: Duration::ZERO,
             causes: Vec::new(),
+            observed_at: None,
         }
     }
 
@@ -460,6 +481,7 @@ mod tests {
             priority,
             delay: Duration::ZERO,
             causes: vec![Arc::new(fields)],
+            observed_at: None,
         }
     }
 
@@ -560,11 +582,11 @@ mod tests {
     async fn a_full_enqueuer_makes_push_wait_until_room() {
         let enqueuer = Arc::new(Enqueuer::new(2, 1, NoMetrics, Dialer::plaintext()));
         enqueuer
-            .push([key("a"), key("b")], Priority::Low, None)
+            .push([key("a"), key("b")], Priority::Low, None, None)
             .await;
         let blocked = tokio::spawn({
             let enqueuer = enqueuer.clone();
-            async move { enqueuer.push([key("c")], Priority::Low, None).await }
+            async move { enqueuer.push([key("c")], Priority::Low, None, None).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(

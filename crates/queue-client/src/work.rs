@@ -38,6 +38,9 @@ pub struct Lease {
     pub deadline: Option<SystemTime>,
     /// When the key was queued.
     pub queued_at: Option<SystemTime>,
+    /// When the watcher received the event behind the oldest add the lease covers (the
+    /// watcher's clock); none when no event caused it.
+    pub observed_at: Option<SystemTime>,
     /// Trace contexts of the adds the lease covers, oldest first.
     pub causes: Vec<TraceFields>,
     /// Causes the queue dropped beyond those it keeps.

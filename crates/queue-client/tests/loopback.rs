@@ -171,7 +171,9 @@ async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
         WorkKey::new(RS, "default", "web"),
         WorkKey::new(RS, "", "cluster-scoped"),
     ];
-    enqueuer.push(keys.clone(), Priority::Normal, None).await;
+    enqueuer
+        .push(keys.clone(), Priority::Normal, None, None)
+        .await;
     let leased = reconcile(&mut session, 2).await;
     let mut expected = keys.to_vec();
     expected.sort();
@@ -186,7 +188,12 @@ async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
         .collect();
     beside.sort();
     enqueuer
-        .push(beside.iter().cloned().chain([bad]), Priority::Low, None)
+        .push(
+            beside.iter().cloned().chain([bad]),
+            Priority::Low,
+            None,
+            None,
+        )
         .await;
     let leased = reconcile(&mut session, beside.len()).await;
     assert_eq!(leased, beside, "the valid keys beside the invalid one");
@@ -200,6 +207,44 @@ async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
     assert_eq!(counts.0.dropped.load(Ordering::Relaxed), 1);
     assert_eq!(counts.0.sent.load(Ordering::Relaxed), 2 + beside.len());
     assert_eq!(enqueuer.pending(), 0);
+}
+
+/// Keys pushed one after another, as an informer pushes them in a burst of watch events, are
+/// each taken by the sender before the next push: a push lets the sender run before the
+/// pusher goes on, and a key of a shard with a request out does not wait for its answer.
+/// (A test runtime has one thread, so nothing else could take them.)
+#[tokio::test]
+async fn a_burst_of_pushes_goes_out_as_it_comes() {
+    let (addr, stop) = queue().await;
+    let (enqueuer, enqueuer_stop) = enqueuer(addr, Counted::default());
+    // Two keys of every shard, the second of each pushed while the first's request is out.
+    let keys: Vec<WorkKey> = (0..SHARDS)
+        .flat_map(|shard| {
+            (0..)
+                .map(|i| WorkKey::new(RS, "ns", format!("burst-{i}").as_str()))
+                .filter(move |k| k.shard(SHARDS) == shard)
+                .take(2)
+        })
+        .collect();
+    let mut waiting = Vec::new();
+    for key in &keys {
+        enqueuer
+            .push([key.clone()], Priority::Normal, None, None)
+            .await;
+        waiting.push(enqueuer.pending());
+    }
+    assert_eq!(
+        waiting,
+        vec![0; keys.len()],
+        "keys left waiting after each push"
+    );
+    let mut session = open(addr, 100).await;
+    let mut expected = keys.clone();
+    expected.sort();
+    assert_eq!(reconcile(&mut session, keys.len()).await, expected);
+
+    enqueuer_stop.trigger();
+    stop.trigger();
 }
 
 /// A queue replica that is down holds back only its own shards' keys: each shard backs off
@@ -227,13 +272,15 @@ async fn a_replica_that_is_down_holds_back_only_its_own_shards() {
     let mut session = open(addr, 100).await;
 
     enqueuer
-        .push([key_of_shard(0, "stranded")], Priority::Normal, None)
+        .push([key_of_shard(0, "stranded")], Priority::Normal, None, None)
         .await;
     // Long enough for a shared backoff to have grown to its 2 s cap.
     tokio::time::sleep(Duration::from_secs(4)).await;
     for i in 0..8 {
         let key = key_of_shard(1 + i % (SHARDS - 1), &format!("live{i}"));
-        enqueuer.push([key.clone()], Priority::Normal, None).await;
+        enqueuer
+            .push([key.clone()], Priority::Normal, None, None)
+            .await;
         let lease = leased_within(&mut session, Duration::from_secs(1))
             .await
             .unwrap_or_else(|| panic!("{key:?} was not leased within 1 s"));
@@ -257,12 +304,21 @@ async fn outcomes_are_applied_refused_retried_and_extended_as_the_queue_promises
     let (enqueuer, _stop) = enqueuer(addr, Counted::default());
     let mut session = open(addr, 10).await;
     let replies = session.replies().clone();
+    // When the watcher received the event behind the add goes with the lease, and with its
+    // retry.
+    let observed = std::time::SystemTime::now() - Duration::from_millis(1_234);
     enqueuer
-        .push([WorkKey::new(RS, "ns", "a")], Priority::Normal, None)
+        .push(
+            [WorkKey::new(RS, "ns", "a")],
+            Priority::Normal,
+            None,
+            Some(observed),
+        )
         .await;
 
     // Extended, then failed: leased again, as the second attempt.
     let lease = next_lease(&mut session).await;
+    assert_eq!(lease.observed_at, Some(observed));
     replies.extend(&lease, Duration::from_secs(120)).unwrap();
     match next(&mut session).await {
         Event::Extended { lease_id, deadline } => {
@@ -282,6 +338,11 @@ async fn outcomes_are_applied_refused_retried_and_extended_as_the_queue_promises
     );
     let retry = next_lease(&mut session).await;
     assert_eq!((retry.key.clone(), retry.attempt), (lease.key.clone(), 2));
+    assert_eq!(
+        retry.observed_at,
+        Some(observed),
+        "the retry answers the same event"
+    );
 
     // An outcome for a lease already answered is refused, and says so.
     replies
@@ -321,7 +382,7 @@ async fn credits_bound_the_leases_and_large_grants_are_split() {
     let keys: Vec<WorkKey> = (0..3)
         .map(|i| WorkKey::new(RS, "ns", format!("k{i}")))
         .collect();
-    enqueuer.push(keys, Priority::Normal, None).await;
+    enqueuer.push(keys, Priority::Normal, None, None).await;
 
     let mut session = open(addr, 1).await;
     let first = next_lease(&mut session).await;

@@ -288,7 +288,7 @@ fn retained_after(
                 &k,
                 Priority::Normal,
                 Duration::ZERO,
-                Some(cause.clone()),
+                switchyard_queue_core::Origin::traced(cause.clone()),
                 now,
             )
             .unwrap();

@@ -18,8 +18,8 @@ use std::{
 };
 
 use switchyard_queue_core::{
-    AddOutcome, Cause, ControllerId, Error as CoreError, KeyPhase, KeyView, LastOutcome, Lease,
-    LeaseId, Outcome, Priority, Queue, ReadFloor, Refused, ShardStats, ValidKey, WorkerId,
+    AddOutcome, ControllerId, Error as CoreError, KeyPhase, KeyView, LastOutcome, Lease, LeaseId,
+    Origin, Outcome, Priority, Queue, ReadFloor, Refused, ShardStats, ValidKey, WorkerId,
 };
 use switchyard_runtime::{Drain, sleep_until};
 use tokio::sync::{mpsc, oneshot};
@@ -47,8 +47,9 @@ pub struct Add {
     pub key: ValidKey,
     pub priority: Priority,
     pub delay: Duration,
-    /// The trace context of what caused the add, kept with the key.
-    pub cause: Option<Cause>,
+    /// What caused the add (its trace context, when its event was observed), kept with the
+    /// key.
+    pub origin: Origin,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -606,7 +607,7 @@ impl Actor {
         while let Some(add) = blocked.adds.front() {
             match self
                 .queue
-                .add_caused(&add.key, add.priority, add.delay, add.cause.clone(), now)
+                .add_caused(&add.key, add.priority, add.delay, add.origin.clone(), now)
             {
                 Ok(AddOutcome::Added) => {
                     blocked.done.added += 1;

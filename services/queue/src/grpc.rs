@@ -22,7 +22,7 @@ use switchyard_proto::{
 };
 use switchyard_queue_core::{
     Cause, ControllerId, KeyError, KeySpace, Lease, LeaseId, MAX_CREDIT, MAX_FLOOR_KIND_LEN,
-    MAX_FLOOR_KINDS, Outcome, Priority, ReadFloor, ShardStats, ValidKey,
+    MAX_FLOOR_KINDS, Origin, Outcome, Priority, ReadFloor, ShardStats, ValidKey,
 };
 use switchyard_runtime::trace::{self, TraceFields};
 use switchyard_shards::member::Member;
@@ -462,11 +462,21 @@ impl QueueService {
         let cause = trace_context
             .contains_key("traceparent")
             .then(|| self.enqueue_cause(&key, trace_context));
+        let observed_at = item
+            .observed_at
+            .map(|at| valid_timestamp(at).ok_or(()))
+            .transpose()
+            .map_err(|()| {
+                EdgeError::Invalid(format!(
+                    "{}: not a valid timestamp (0001-01-01 to 9999-12-31, nanos 0 to 999999999)",
+                    field("observed_at")
+                ))
+            })?;
         Ok(Add {
             key,
             priority,
             delay,
-            cause,
+            origin: Origin { cause, observed_at },
         })
     }
 
@@ -664,6 +674,7 @@ fn leased_item(keys: &KeySpace, lease: &Lease) -> pb::LeasedItem {
             })
             .collect(),
         causes_dropped: lease.causes_dropped,
+        observed_at: lease.observed_at.map(prost_types::Timestamp::from),
         trace_context: lease_context(&controller, lease),
         read_floor: lease
             .read_floor
@@ -671,6 +682,15 @@ fn leased_item(keys: &KeySpace, lease: &Lease) -> pb::LeasedItem {
             .map(|(kind, rv)| (kind.to_owned(), rv))
             .collect(),
     }
+}
+
+/// A `google.protobuf.Timestamp` as its definition allows it: from 0001-01-01T00:00:00Z to
+/// 9999-12-31T23:59:59.999999999Z, nanos not negative and below a second.
+fn valid_timestamp(at: prost_types::Timestamp) -> Option<SystemTime> {
+    const SECONDS: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
+    (SECONDS.contains(&at.seconds) && (0..1_000_000_000).contains(&at.nanos))
+        .then(|| SystemTime::try_from(at).ok())
+        .flatten()
 }
 
 /// A monotonic instant as wall-clock time.

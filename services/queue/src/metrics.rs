@@ -2,7 +2,12 @@
 //! so existing dashboards read Switchyard's queue, plus lease expirations and refused outcomes
 //! (by reason, foreign leases among them).
 
-use std::{collections::HashMap, sync::Arc, sync::atomic::AtomicU64, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    sync::atomic::AtomicU64,
+    time::{Duration, SystemTime},
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -24,6 +29,11 @@ struct QueueLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    name: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusedLabels {
     reason: &'static str,
 }
@@ -35,6 +45,11 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1e-8, 10.0, 10))
 }
 
+fn age_histogram() -> Histogram {
+    // 1 ms to 32 s: a change's age spans the watcher's and queue's milliseconds and a backlog.
+    Histogram::new(exponential_buckets(1e-3, 2.0, 16))
+}
+
 #[derive(Clone)]
 struct Handles {
     adds: Counter,
@@ -42,6 +57,7 @@ struct Handles {
     expirations: Counter,
     queue_duration: Histogram,
     work_duration: Histogram,
+    event_age: Histogram,
 }
 
 #[derive(Debug)]
@@ -55,6 +71,8 @@ pub struct QueueMetrics {
     expirations: Family<QueueLabels, Counter>,
     queue_duration: Family<QueueLabels, Histogram, fn() -> Histogram>,
     work_duration: Family<QueueLabels, Histogram, fn() -> Histogram>,
+    event_age: Family<ControllerLabels, Histogram, fn() -> Histogram>,
+    event_age_skewed: Counter,
     unfinished: Family<QueueLabels, FloatGauge>,
     longest_running: Family<QueueLabels, FloatGauge>,
     refused: Family<RefusedLabels, Counter>,
@@ -79,6 +97,8 @@ impl QueueMetrics {
             expirations: Family::default(),
             queue_duration: Family::new_with_constructor(duration_histogram),
             work_duration: Family::new_with_constructor(duration_histogram),
+            event_age: Family::new_with_constructor(age_histogram),
+            event_age_skewed: Counter::default(),
             unfinished: Family::default(),
             longest_running: Family::default(),
             refused: Family::default(),
@@ -129,6 +149,21 @@ impl QueueMetrics {
             this.work_duration.clone(),
         );
         metrics.register_with_unit(
+            "switchyard_queue_event_age",
+            "How old the oldest change a lease answers is when the lease is granted: from the \
+             watcher receiving its watch event (the add's observed_at) to the lease, so the \
+             watcher's share, the queue's and the wait in the queue. Read with the watcher's \
+             and the queue's clocks in step",
+            Unit::Seconds,
+            this.event_age.clone(),
+        );
+        metrics.register(
+            "switchyard_queue_event_age_skewed",
+            "Leases whose oldest change was observed after the lease by this replica's clock \
+             (the watcher's clock ahead of it); not in switchyard_queue_event_age",
+            this.event_age_skewed.clone(),
+        );
+        metrics.register_with_unit(
             "workqueue_unfinished_work",
             "Sum of the ages of the leases in flight",
             Unit::Seconds,
@@ -164,6 +199,12 @@ impl QueueMetrics {
                 expirations: self.expirations.get_or_create(&labels).clone(),
                 queue_duration: self.queue_duration.get_or_create(&labels).clone(),
                 work_duration: self.work_duration.get_or_create(&labels).clone(),
+                event_age: self
+                    .event_age
+                    .get_or_create(&ControllerLabels {
+                        name: labels.name.clone(),
+                    })
+                    .clone(),
             };
             self.handles.insert((controller, shard), handles);
         }
@@ -175,9 +216,17 @@ impl QueueMetrics {
     }
 
     pub fn leased(&mut self, lease: &Lease) {
-        self.handles(lease.controller(), lease.shard())
-            .queue_duration
-            .observe(lease.waited.as_secs_f64());
+        let age = lease
+            .observed_at
+            .map(|observed| SystemTime::now().duration_since(observed));
+        if let Some(Err(_)) = age {
+            self.event_age_skewed.inc();
+        }
+        let handles = self.handles(lease.controller(), lease.shard());
+        handles.queue_duration.observe(lease.waited.as_secs_f64());
+        if let Some(Ok(age)) = age {
+            handles.event_age.observe(age.as_secs_f64());
+        }
     }
 
     pub fn completed(

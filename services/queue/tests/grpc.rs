@@ -625,6 +625,28 @@ async fn bad_input_is_refused_naming_the_field_and_changes_nothing() {
         status.message(),
         "items[1].trace_context: 1110 bytes, at most 1024"
     );
+    let malformed = EnqueueItem {
+        observed_at: Some(prost_types::Timestamp {
+            seconds: 1_790_000_000,
+            nanos: -5,
+        }),
+        ..item(good.clone())
+    };
+    let status = client
+        .enqueue(EnqueueRequest {
+            batch_id: 1,
+            shard,
+            items: vec![item(good.clone()), malformed],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::InvalidArgument,
+            "items[1].observed_at: not a valid timestamp (0001-01-01 to 9999-12-31, nanos 0 to 999999999)"
+        )
+    );
     let status = client
         .enqueue(EnqueueRequest {
             batch_id: 1,

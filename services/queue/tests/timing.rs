@@ -46,7 +46,7 @@ fn add(name: &str, delay: Duration) -> Add {
             .unwrap(),
         priority: Priority::Normal,
         delay,
-        cause: None,
+        origin: Default::default(),
     }
 }
 

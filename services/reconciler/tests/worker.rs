@@ -123,6 +123,7 @@ async fn enqueue(queue: SocketAddr, name: &str) {
                 priority: Priority::Normal as i32,
                 delay: None,
                 trace_context: Default::default(),
+                observed_at: None,
             }],
         })
         .await

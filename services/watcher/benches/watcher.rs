@@ -9,10 +9,18 @@
 //!   `unmatched_queued_before_sent`, `unmatched_leases`, `skipped_no_free_key`.
 //!   `watcher.write_latency_p50` / `_p99` (ms): from sending the same writes to their
 //!   response, the apiserver's part; `watcher.own_latency_p50` / `_p99` (ms): from the
-//!   write's event (by name and `seq`) reaching an independent watch in the same process
-//!   until its key was enqueued, the watcher's and the queue's part, signed and not clamped
-//!   (`own_latency_negative` counts the samples where the independent watch heard last;
-//!   `own_unseen_by_observer` those it never heard);
+//!   watcher receiving the write's event (the time it stamps on the key, which the lease
+//!   carries as `observed_at`) until the queue enqueued the key, the watcher's and the
+//!   queue's own part, signed and not clamped (`own_latency_negative` counts samples below
+//!   zero, `own_unstamped` matched leases without the stamp);
+//!   `watcher.own_vs_watch_p50` / `_p99` (ms): the same part seen from outside, from the
+//!   write's event (by name and `seq`) reaching an independent watch in this process until
+//!   its key was enqueued (`own_vs_watch_negative`: where that watch heard last;
+//!   `own_unseen_by_observer`: writes it never heard of); `watcher.observer_spread_p50` /
+//!   `_p99` (ms): how far apart two independent watches heard of the same write, the error
+//!   the outside view carries; `watcher.wakeup_delay_p50` / `_p99` (ms): how late a thread
+//!   of this process that sleeps 1 ms wakes while the writes run, the wait for a CPU any
+//!   hand-off between threads can meet;
 //!   `watcher.apiserver_patch_over_25ms` (%): the share of those writes the apiserver itself
 //!   (its request duration histogram) took more than 25 ms to handle;
 //! - `watcher.bytes_per_pod_full` / `_meta` (bytes): heap the watcher's cache holds per cached
@@ -299,27 +307,13 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     // An independent watch on the same ConfigMaps, in this process: when each write's event
     // (its name and seq) arrives from the apiserver. Enqueue time minus this is the
     // watcher's and queue's share.
-    let seen: Arc<Mutex<HashMap<(String, u64), SystemTime>>> = Arc::default();
-    // Each matched write and when its key was enqueued.
-    let enqueued: Arc<Mutex<Vec<(String, u64, SystemTime)>>> = Arc::default();
-    let observer = tokio::spawn({
-        let (maps, seen) = (maps.clone(), seen.clone());
-        async move {
-            let mut events = std::pin::pin!(kube_watch(maps, kube_watcher::Config::default()));
-            while let Some(event) = events.next().await {
-                if let Ok(kube_watcher::Event::Apply(cm)) = event {
-                    let seq = cm
-                        .data
-                        .as_ref()
-                        .and_then(|d| d.get("seq"))
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(0);
-                    let name = cm.metadata.name.unwrap_or_default();
-                    seen.lock().unwrap().insert((name, seq), SystemTime::now());
-                }
-            }
-        }
-    });
+    let (observer, seen) = observe(maps.clone());
+    // A second independent watch, to measure how far apart the apiserver delivers one event
+    // to two watches: the spread any measurement against a separate watch carries.
+    let (second_observer, second_seen) = observe(maps.clone());
+    // Each matched write, when its key was enqueued, and when the watcher received its event
+    // (the lease's `observed_at`).
+    let enqueued: Arc<Mutex<Vec<Enqueued>>> = Arc::default();
     let worker = tokio::spawn({
         let (sent, latencies, measuring) = (sent.clone(), latencies.clone(), measuring.clone());
         let (enqueued, tally) = (enqueued.clone(), tally.clone());
@@ -329,6 +323,8 @@ async fn latency(plane: &ControlPlane, client: &Client) {
                     continue;
                 };
                 let queued_at: SystemTime = item.queued_at.unwrap().try_into().unwrap();
+                let observed_at: Option<SystemTime> =
+                    item.observed_at.map(|at| at.try_into().unwrap());
                 let name = item.key.as_ref().unwrap().name.clone();
                 if measuring.load(Ordering::Relaxed) {
                     let write = sent.lock().unwrap().remove(&name);
@@ -342,10 +338,12 @@ async fn latency(plane: &ControlPlane, client: &Client) {
                                 latencies.lock().unwrap().push(took.as_secs_f64() * 1e3);
                                 // Resolved once the run is over: the independent watch
                                 // may hear of the write after its lease came.
-                                enqueued
-                                    .lock()
-                                    .unwrap()
-                                    .push((name.clone(), seq, queued_at));
+                                enqueued.lock().unwrap().push(Enqueued {
+                                    name: name.clone(),
+                                    seq,
+                                    queued_at,
+                                    observed_at,
+                                });
                             }
                         },
                     }
@@ -359,6 +357,7 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     // Let the initial list's keys drain before measuring.
     tokio::time::sleep(Duration::from_secs(2)).await;
     measuring.store(true, Ordering::Relaxed);
+    let probe = wakeup_probe(measuring.clone());
 
     let rate: u64 = std::env::var("SWITCHYARD_BENCH_RATE")
         .ok()
@@ -410,6 +409,9 @@ async fn latency(plane: &ControlPlane, client: &Client) {
         });
     }
     let achieved = total as f64 / start.elapsed().as_secs_f64();
+    measuring.store(false, Ordering::Relaxed);
+    let mut wakeups = probe.join().unwrap();
+    wakeups.sort_by(f64::total_cmp);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut all = latencies.lock().unwrap().clone();
     all.sort_by(f64::total_cmp);
@@ -435,27 +437,48 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     writes.sort_by(f64::total_cmp);
     figure("write_latency_p50", percentile(&writes, 0.50), "ms");
     figure("write_latency_p99", percentile(&writes, 0.99), "ms");
-    // Signed: where the independent watch heard of a write after the watcher enqueued it,
-    // the sample is negative and stays in, as it is.
+    let enqueued = std::mem::take(&mut *enqueued.lock().unwrap());
+    // The watcher's and the queue's own share: from the watcher receiving a write's event to
+    // the queue enqueueing its key. Signed, as it is; a lease without the watcher's stamp is
+    // counted apart.
     let mut own = Vec::new();
-    {
-        let seen = seen.lock().unwrap();
-        for (name, seq, queued_at) in enqueued.lock().unwrap().iter() {
-            match seen.get(&(name.clone(), *seq)) {
-                Some(heard) => own.push(signed_ms(*queued_at, *heard)),
-                None => tally.unseen += 1,
-            }
+    for write in enqueued.iter() {
+        match write.observed_at {
+            Some(observed) => own.push(signed_ms(write.queued_at, observed)),
+            None => tally.unstamped += 1,
         }
     }
-    own.sort_by(f64::total_cmp);
-    figure("own_unseen_by_observer", tally.unseen as f64, "writes");
-    figure(
-        "own_latency_negative",
-        own.iter().filter(|ms| **ms < 0.0).count() as f64,
-        "samples",
+    figure("own_unstamped", tally.unstamped as f64, "writes");
+    signed_figures("own_latency", own);
+    // The same share seen from outside: from an independent watch in this process hearing of
+    // the write to its key being enqueued. Signed: where that watch heard last, the sample is
+    // negative and stays in. It carries how far apart the apiserver delivers one event to two
+    // watches, which two independent watches measure (`observer_spread`).
+    let (seen, second_seen) = (
+        std::mem::take(&mut *seen.lock().unwrap()),
+        std::mem::take(&mut *second_seen.lock().unwrap()),
     );
-    figure("own_latency_p50", percentile(&own, 0.50), "ms");
-    figure("own_latency_p99", percentile(&own, 0.99), "ms");
+    let mut outside = Vec::new();
+    let mut spread = Vec::new();
+    for write in enqueued.iter() {
+        let key = (write.name.clone(), write.seq);
+        match seen.get(&key) {
+            Some(heard) => outside.push(signed_ms(write.queued_at, *heard)),
+            None => tally.unseen += 1,
+        }
+        if let (Some(a), Some(b)) = (seen.get(&key), second_seen.get(&key)) {
+            spread.push(signed_ms(*a, *b).abs());
+        }
+    }
+    spread.sort_by(f64::total_cmp);
+    figure("own_unseen_by_observer", tally.unseen as f64, "writes");
+    signed_figures("own_vs_watch", outside);
+    figure("observer_spread_p50", percentile(&spread, 0.50), "ms");
+    figure("observer_spread_p99", percentile(&spread, 0.99), "ms");
+    // How long a thread of this process that wakes waits for a CPU while the writes run: the
+    // delay every hand-off between the watcher's and the queue's threads can meet.
+    figure("wakeup_delay_p50", percentile(&wakeups, 0.50), "ms");
+    figure("wakeup_delay_p99", percentile(&wakeups, 0.99), "ms");
     // The apiserver's own account of the same writes (its request duration histogram): the
     // share it took longer than 25 ms to handle, past which no event can be enqueued sooner.
     let histogram = apiserver_patch_histogram(plane);
@@ -467,9 +490,65 @@ async fn latency(plane: &ControlPlane, client: &Client) {
         );
     }
     observer.abort();
+    second_observer.abort();
     worker.abort();
     watcher.stop().await;
     queue.stop().await;
+}
+
+/// When an independent watch heard of each write, by ConfigMap name and `seq`.
+type Heard = Arc<Mutex<HashMap<(String, u64), SystemTime>>>;
+
+/// When each write's event (its ConfigMap's name and `seq`) reached an independent watch of
+/// `maps`, in this process.
+fn observe(maps: Api<ConfigMap>) -> (tokio::task::JoinHandle<()>, Heard) {
+    let seen: Heard = Arc::default();
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut events = std::pin::pin!(kube_watch(maps, kube_watcher::Config::default()));
+            while let Some(event) = events.next().await {
+                if let Ok(kube_watcher::Event::Apply(cm)) = event {
+                    let seq = cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("seq"))
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                    let name = cm.metadata.name.unwrap_or_default();
+                    seen.lock().unwrap().insert((name, seq), SystemTime::now());
+                }
+            }
+        }
+    });
+    (task, seen)
+}
+
+/// A thread that sleeps 1 ms at a time while `running`, and returns by how much each sleep
+/// overran, in ms: how long a thread of this process that wakes waits for a CPU (the timer's
+/// own slack, tens of microseconds, included).
+fn wakeup_probe(running: Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<Vec<f64>> {
+    std::thread::spawn(move || {
+        let mut late = Vec::new();
+        while running.load(Ordering::Relaxed) {
+            let asked = Duration::from_millis(1);
+            let at = Instant::now();
+            std::thread::sleep(asked);
+            // A sleep never ends early, so nothing is clamped here.
+            late.push(at.elapsed().saturating_sub(asked).as_secs_f64() * 1e3);
+        }
+        late
+    })
+}
+
+/// A write matched to the lease of its key.
+struct Enqueued {
+    name: String,
+    seq: u64,
+    /// When the queue enqueued the key (the lease's `queued_at`).
+    queued_at: SystemTime,
+    /// When the watcher received the write's event (the lease's `observed_at`).
+    observed_at: Option<SystemTime>,
 }
 
 /// What the latency run could not match, by why.
@@ -481,8 +560,20 @@ struct Tally {
     queued_before_sent: u64,
     /// Matched writes whose event the independent watch never reported.
     unseen: u64,
+    /// Matched writes whose lease carried no `observed_at` from the watcher.
+    unstamped: u64,
     /// Send ticks with every ConfigMap's write still waiting for its lease.
     skipped: u64,
+}
+
+/// `<name>_negative` (how many samples are below zero, all of them kept), `<name>_p50` and
+/// `<name>_p99` of signed samples in ms.
+fn signed_figures(name: &str, mut samples: Vec<f64>) {
+    samples.sort_by(f64::total_cmp);
+    let negative = samples.iter().filter(|ms| **ms < 0.0).count();
+    figure(&format!("{name}_negative"), negative as f64, "samples");
+    figure(&format!("{name}_p50"), percentile(&samples, 0.50), "ms");
+    figure(&format!("{name}_p99"), percentile(&samples, 0.99), "ms");
 }
 
 /// `a - b` in milliseconds, negative when `a` is earlier.

@@ -17,6 +17,7 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    time::SystemTime,
 };
 
 use futures::StreamExt;
@@ -261,7 +262,7 @@ impl GraphInformers {
         };
         info!(group = %key.0, resource = %key.1, removed, "collector graph: resource no longer served");
         self.after_change();
-        self.enqueuer.push(keys, Priority::Normal, None).await;
+        self.enqueuer.push(keys, Priority::Normal, None, None).await;
     }
 
     async fn watch(
@@ -300,6 +301,8 @@ impl GraphInformers {
                     continue;
                 }
             };
+            // When the change reached this watcher, handed on with its keys.
+            let received = SystemTime::now();
             let first_list = listed.is_some();
             let priority = {
                 let mut graph = self.cache.write();
@@ -346,7 +349,10 @@ impl GraphInformers {
                 }
             };
             self.after_change();
-            self.enqueuer.push(keys.drain(..), priority, None).await;
+            let observed_at = (priority == Priority::Normal).then_some(received);
+            self.enqueuer
+                .push(keys.drain(..), priority, None, observed_at)
+                .await;
         }
     }
 

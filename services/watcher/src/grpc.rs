@@ -378,7 +378,7 @@ pub async fn resync(
         keys = count,
         "resync"
     );
-    enqueuer.push(keys, Priority::Low, None).await;
+    enqueuer.push(keys, Priority::Low, None, None).await;
     count
 }
 

@@ -26,7 +26,7 @@ use std::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use futures::{StreamExt, stream::BoxStream};
@@ -197,6 +197,8 @@ impl Informer {
                 },
                 _ = drain.clone().signaled() => return,
             };
+            // When the change reached this watcher, handed on with its keys.
+            let received = SystemTime::now();
             let scope = scopes[stream].as_deref();
             let event = match event {
                 Ok(event) => event,
@@ -282,7 +284,11 @@ impl Informer {
                 .map(|span| trace::inject(&span))
                 .filter(|fields| !fields.is_empty())
                 .map(Arc::new);
-            self.enqueuer.push(keys.drain(..), priority, cause).await;
+            // A first list is a sync, not a change: nothing was observed changing.
+            let observed_at = (priority == Priority::Normal).then_some(received);
+            self.enqueuer
+                .push(keys.drain(..), priority, cause, observed_at)
+                .await;
         }
     }
 

@@ -239,7 +239,10 @@ impl Informers {
             keys = keys.len(),
             "keying cached objects for new rules"
         );
-        self.deps.enqueuer.push(keys, Priority::Low, None).await;
+        self.deps
+            .enqueuer
+            .push(keys, Priority::Low, None, None)
+            .await;
     }
 
     fn unregister(&self, id: RegistrationId, registrant: &str, controllers: &[String]) {

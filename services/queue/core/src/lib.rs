@@ -20,6 +20,8 @@
 //! - Each add may carry a cause (opaque here: the service keeps a trace context in it). Causes
 //!   of coalesced adds are kept, the latest [`MAX_CAUSES`] of them, and handed out with the
 //!   next lease; a lease that fails, expires or is returned puts them back for the retry.
+//!   An add may also say when its sender observed the event behind it (the sender's clock);
+//!   the lease carries the earliest of the adds it covers.
 //! - Each shard keeps a read floor: per kind, the highest cache version its reconciles
 //!   reported reading at. Every lease carries it; workers read at least there, so a key's
 //!   next reconcile never sees an older state than its last, whichever cache answers.
@@ -46,8 +48,9 @@ pub use key::{
 pub use queue::{
     AddOutcome, Cause, DEFAULT_OUTCOME_HISTORY, Error, History, InvalidLeaseId, KeyPhase, KeyView,
     LastOutcome, Lease, LeaseId, LeaseIds, MAX_CAUSES, MAX_ERROR_BYTES, MAX_FLOOR_KIND_LEN,
-    MAX_FLOOR_KINDS, MAX_LEASE_EXTENSION, Outcome, OutcomeKind, Priority, Queue, QueueConfig,
-    ReadFloor, Refused, Result, SequentialLeaseIds, ShardStats, Totals, TraceId, WorkerId,
+    MAX_FLOOR_KINDS, MAX_LEASE_EXTENSION, Origin, Outcome, OutcomeKind, Priority, Queue,
+    QueueConfig, ReadFloor, Refused, Result, SequentialLeaseIds, ShardStats, Totals, TraceId,
+    WorkerId, earliest,
 };
 
 /// Credits one message of a work stream may grant: the queue refuses more, and the queue

@@ -44,7 +44,7 @@ mod stats;
 mod tests;
 
 use causes::Causes;
-pub use causes::{Cause, MAX_CAUSES};
+pub use causes::{Cause, MAX_CAUSES, Origin, earliest};
 pub use floor::{MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, ReadFloor};
 use history::History as OutcomeHistory;
 pub use history::{
@@ -231,6 +231,14 @@ impl ControllerQueue {
             index: SlotIndex::new(),
             ready: [VecDeque::new(), VecDeque::new()],
             causes: HashMap::default(),
+        }
+    }
+
+    /// Keeps where an add to `slot` came from, when it names anything (most adds name
+    /// nothing, and their key has no entry in `causes`).
+    fn keep_origin(&mut self, slot: Slot, origin: Origin) {
+        if !origin.is_empty() {
+            self.causes.entry(slot).or_default().add(origin);
         }
     }
 
@@ -528,17 +536,17 @@ impl Queue {
         delay: Duration,
         now: Instant,
     ) -> Result<AddOutcome> {
-        self.add_caused(key, priority, delay, None, now)
+        self.add_caused(key, priority, delay, Origin::default(), now)
     }
 
-    /// Adds a key with what caused the add; coalesced adds keep their causes (bounded), and
-    /// the next lease of the key carries them.
+    /// Adds a key with where the add came from; coalesced adds keep their causes (bounded)
+    /// and the earliest time one was observed, and the next lease of the key carries them.
     pub fn add_caused(
         &mut self,
         key: &ValidKey,
         priority: Priority,
         delay: Duration,
-        cause: Option<Cause>,
+        origin: Origin,
         now: Instant,
     ) -> Result<AddOutcome> {
         let (controller, shard) = (key.controller(), key.shard());
@@ -595,9 +603,7 @@ impl Queue {
                 Due::Now(priority) => queue.ready[priority as usize].push_back((slot, seq)),
                 Due::At(at) => self.delayed.push(Reverse((at, seq, controller, slot))),
             }
-            if let Some(cause) = cause {
-                queue.causes.entry(slot).or_default().push(cause);
-            }
+            queue.keep_origin(slot, origin);
             self.len += 1;
             self.totals.adds += 1;
             return Ok(AddOutcome::Added);
@@ -620,9 +626,7 @@ impl Queue {
             }
             State::Finished => false,
         };
-        if let Some(cause) = cause {
-            queue.causes.entry(slot).or_default().push(cause);
-        }
+        queue.keep_origin(slot, origin);
         if reschedule {
             self.schedule(controller, slot, due, now);
         }

@@ -193,7 +193,8 @@ impl Context {
         })?;
         let fields = switchyard_runtime::trace::inject(&tracing::Span::current());
         let cause = (!fields.is_empty()).then(|| Arc::new(fields));
-        queue.push(keys, Priority::Normal, cause).await;
+        // Caused by a reconcile, not by a watch event: no observation time to hand on.
+        queue.push(keys, Priority::Normal, cause, None).await;
         Ok(())
     }
 }

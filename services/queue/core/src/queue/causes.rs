@@ -1,7 +1,7 @@
-//! The causes of a key's adds (trace contexts), kept beside the key and handed out with its
-//! next lease.
+//! The causes of a key's adds (trace contexts, and when the earliest event behind them was
+//! observed), kept beside the key and handed out with its next lease.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::SystemTime};
 
 /// Causes kept per key: a key added a thousand times while leased is reconciled once, and
 /// its trace links to the latest adds only. 16 links are what a trace view still shows.
@@ -10,14 +10,53 @@ pub const MAX_CAUSES: usize = 16;
 /// What caused an add, opaque to the queue (the service keeps a W3C trace context in it).
 pub type Cause = Arc<[(String, String)]>;
 
-/// The causes of a key's adds: the latest [`MAX_CAUSES`], and how many older ones went.
+/// Where an add came from: the trace context of the event that caused it, and when the
+/// sender observed that event (wall-clock time: the sender's clock, not this process's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    pub cause: Option<Cause>,
+    pub observed_at: Option<SystemTime>,
+}
+
+impl Origin {
+    /// An add caused by the event whose trace context is `cause`.
+    pub fn traced(cause: Cause) -> Self {
+        Self {
+            cause: Some(cause),
+            observed_at: None,
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.cause.is_none() && self.observed_at.is_none()
+    }
+}
+
+/// The earlier of two observation times, either of which may be missing.
+pub fn earliest(a: Option<SystemTime>, b: Option<SystemTime>) -> Option<SystemTime> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The causes of a key's adds: the latest [`MAX_CAUSES`], how many older ones went, and the
+/// earliest time any of them was observed.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Causes {
     pub(super) kept: Vec<Cause>,
     pub(super) dropped: u32,
+    pub(super) observed_at: Option<SystemTime>,
 }
 
 impl Causes {
+    pub(super) fn add(&mut self, origin: Origin) {
+        if let Some(cause) = origin.cause {
+            self.push(cause);
+        }
+        self.observed_at = earliest(self.observed_at, origin.observed_at);
+    }
+
     pub(super) fn push(&mut self, cause: Cause) {
         if self.kept.len() == MAX_CAUSES {
             self.kept.remove(0);
@@ -30,12 +69,13 @@ impl Causes {
     pub(super) fn restore(&mut self, older: Causes) {
         let newer = std::mem::replace(self, older);
         self.dropped = self.dropped.saturating_add(newer.dropped);
+        self.observed_at = earliest(self.observed_at, newer.observed_at);
         for cause in newer.kept {
             self.push(cause);
         }
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.kept.is_empty() && self.dropped == 0
+        self.kept.is_empty() && self.dropped == 0 && self.observed_at.is_none()
     }
 }

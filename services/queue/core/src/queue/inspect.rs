@@ -187,8 +187,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        AddOutcome, BackoffConfig, KeySpace, Outcome, Priority, QueueConfig, SequentialLeaseIds,
-        queue::Cause,
+        AddOutcome, BackoffConfig, KeySpace, Origin, Outcome, Priority, QueueConfig,
+        SequentialLeaseIds, queue::Cause,
     };
 
     const RS: &str = "apps/v1/ReplicaSet";
@@ -228,8 +228,14 @@ mod tests {
         let (mut q, space, now) = queue(8);
         let key = space.validate_parts(RS, "web", "api").unwrap();
         assert_eq!(q.describe(&key).unwrap().phase, KeyPhase::Absent);
-        q.add_caused(&key, Priority::Normal, Duration::ZERO, Some(traced()), now)
-            .unwrap();
+        q.add_caused(
+            &key,
+            Priority::Normal,
+            Duration::ZERO,
+            Origin::traced(traced()),
+            now,
+        )
+        .unwrap();
         assert_eq!(
             q.describe(&key).unwrap().phase,
             KeyPhase::Queued { since: now }

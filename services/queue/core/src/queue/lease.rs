@@ -105,6 +105,8 @@ pub struct Lease {
     pub causes: Vec<Cause>,
     /// Causes beyond [`MAX_CAUSES`](super::MAX_CAUSES) that were dropped (the oldest go first).
     pub causes_dropped: u32,
+    /// The earliest time a sender observed an event behind the adds this lease covers.
+    pub observed_at: Option<std::time::SystemTime>,
     /// The shard's read floor when the lease was granted.
     pub read_floor: ReadFloor,
 }
@@ -261,6 +263,7 @@ impl Queue {
                 waited: now.saturating_duration_since(entry.ready_since),
                 causes: causes.kept.clone(),
                 causes_dropped: causes.dropped,
+                observed_at: causes.observed_at,
                 read_floor: self.floors.get(&entry.shard).cloned().unwrap_or_default(),
             };
             self.leases.insert(

@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::{sync::Arc, time::SystemTime};
 
 use super::*;
 
@@ -50,7 +50,7 @@ fn caused(q: &mut Queue, name: &str, n: usize, now: Instant) -> AddOutcome {
         &key(name),
         Priority::Normal,
         Duration::ZERO,
-        Some(cause(n)),
+        Origin::traced(cause(n)),
         now,
     )
     .unwrap()
@@ -103,6 +103,42 @@ fn a_failed_lease_puts_its_causes_back_for_the_retry() {
     q.add(&key("a"), Priority::Normal, Duration::ZERO, later)
         .unwrap();
     assert!(lease(&mut q, later).unwrap().causes.is_empty());
+}
+
+fn observed(q: &mut Queue, name: &str, at: SystemTime, now: Instant) {
+    let origin = Origin {
+        cause: None,
+        observed_at: Some(at),
+    };
+    q.add_caused(&key(name), Priority::Normal, Duration::ZERO, origin, now)
+        .unwrap();
+}
+
+#[test]
+fn a_lease_carries_the_earliest_observation_of_the_adds_it_covers() {
+    let (mut q, now) = queue();
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+    observed(&mut q, "a", t + Duration::from_millis(5), now);
+    observed(&mut q, "a", t, now);
+    observed(&mut q, "a", t + Duration::from_millis(9), now);
+    let l = lease(&mut q, now).unwrap();
+    assert_eq!(l.observed_at, Some(t));
+    assert!(l.causes.is_empty());
+    // Observed while leased: the next lease's, not this one's; a failed lease hands its own
+    // (earlier) one to the retry.
+    observed(&mut q, "a", t + Duration::from_millis(20), now);
+    q.complete(W, l.shard(), l.epoch, l.id, Outcome::Failed, now)
+        .unwrap();
+    let later = now + Duration::from_secs(60);
+    let l = lease(&mut q, later).unwrap();
+    assert_eq!(l.observed_at, Some(t));
+    q.complete(W, l.shard(), l.epoch, l.id, Outcome::Done, later)
+        .unwrap();
+    // An add that names no event leaves the lease without one.
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, later)
+        .unwrap();
+    assert_eq!(lease(&mut q, later).unwrap().observed_at, None);
+    assert!(q.controllers.iter().all(|c| c.causes.is_empty()));
 }
 
 #[test]
