@@ -56,11 +56,6 @@ use crate::{Error, convert};
 const BATCH: usize = 500;
 /// Requests in flight at once across all queue replicas.
 const MAX_IN_FLIGHT: usize = 32;
-/// Requests in flight at once for one shard. More than one, so that keys of a shard that
-/// arrive while its last request is out need not wait for the answer; an add is a set
-/// insert at the queue (the highest priority and the earliest ready time win), so
-/// requests of one shard may arrive in any order.
-const MAX_IN_FLIGHT_PER_SHARD: usize = 4;
 /// First and last delay before retrying keys a queue did not take.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(2));
 
@@ -285,7 +280,6 @@ impl Enqueuer {
             room.await;
         }
         self.arrived.notify_one();
-        tokio::task::yield_now().await;
     }
 
     fn put_back(&self, shard: u32, batch: Batch) {
@@ -321,9 +315,7 @@ impl Enqueuer {
                     halves = batches.split_off(room);
                 } else if room > batches.len() {
                     let held = |shard| {
-                        in_flight
-                            .get(&shard)
-                            .is_some_and(|n| *n >= MAX_IN_FLIGHT_PER_SHARD)
+                        in_flight.contains_key(&shard)
                             || retries.get(&shard).is_some_and(|r| r.until > now)
                     };
                     batches.extend(self.lock().take(current, held, room - batches.len()));
