@@ -462,16 +462,15 @@ impl QueueService {
         let cause = trace_context
             .contains_key("traceparent")
             .then(|| self.enqueue_cause(&key, trace_context));
-        let observed_at = item
-            .observed_at
-            .map(|at| valid_timestamp(at).ok_or(()))
-            .transpose()
-            .map_err(|()| {
+        let observed_at = match item.observed_at {
+            None => None,
+            Some(at) => Some(valid_timestamp(at).ok_or_else(|| {
                 EdgeError::Invalid(format!(
                     "{}: not a valid timestamp (0001-01-01 to 9999-12-31, nanos 0 to 999999999)",
                     field("observed_at")
                 ))
-            })?;
+            })?),
+        };
         Ok(Add {
             key,
             priority,

@@ -218,8 +218,9 @@ struct ControllerQueue {
     index: SlotIndex,
     /// Indexed by `Priority as usize`; items carry the entry's `seq` when pushed.
     ready: [VecDeque<(Slot, u64)>; 2],
-    /// Causes of the adds not yet handed to a worker, of the keys that have any. Beside the
-    /// entries rather than in them: without traces it stays empty and costs no byte per key.
+    /// Causes of the adds not yet handed to a worker (trace contexts, observation times), of
+    /// the keys that have any. Beside the entries rather than in them: adds that name neither
+    /// (lists, resyncs, and every add without traces or a watcher's stamp) cost no byte here.
     causes: HashMap<Slot, Causes, KeyHasher>,
 }
 
