@@ -299,6 +299,7 @@ async fn drain_all(channel: Channel, leased: Arc<Mutex<Vec<String>>>) {
                 result: Some(outcome::Result::Done(Done {})),
                 duration: None,
                 observed: Default::default(),
+                namespace_observed: Default::default(),
             };
             for request in [
                 work_request::Request::Outcome(outcome),

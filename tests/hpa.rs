@@ -178,6 +178,7 @@ async fn drain(client: &mut QueueClient<tonic::transport::Channel>, n: usize) {
                     result: Some(outcome::Result::Done(Done {})),
                     duration: None,
                     observed: Default::default(),
+                    namespace_observed: Default::default(),
                 })))
                 .await
                 .unwrap();

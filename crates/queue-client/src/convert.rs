@@ -1,6 +1,9 @@
 //! The proto conversions of the queue protocol, client side, in one place.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::HashMap,
+    time::{Duration, SystemTime},
+};
 
 use switchyard_proto::{
     common::v1::WorkKey as ProtoKey,
@@ -12,7 +15,7 @@ use switchyard_proto::{
 use switchyard_queue_core::{Priority, WorkKey};
 use switchyard_runtime::trace::TraceFields;
 
-use crate::{Cause, Event, Lease, Outcome, Versions};
+use crate::{Cause, Event, Lease, Outcome, ReadFloor, Versions};
 
 fn priority(priority: Priority) -> pb::Priority {
     match priority {
@@ -77,7 +80,7 @@ pub(crate) fn outcome(
     lease: &Lease,
     outcome: Outcome,
     took: Duration,
-    observed: &Versions,
+    observed: &ReadFloor,
 ) -> pb::WorkRequest {
     let result = match outcome {
         Outcome::Done => Verdict::Done(pb::Done {}),
@@ -93,11 +96,16 @@ pub(crate) fn outcome(
         lease_id: lease.id.clone(),
         result: Some(result),
         duration: prost_types::Duration::try_from(took).ok(),
-        observed: observed
-            .iter()
-            .map(|(kind, rv)| (kind.clone(), *rv))
-            .collect(),
+        observed: proto_versions(&observed.kinds),
+        namespace_observed: proto_versions(&observed.namespace),
     }))
+}
+
+fn proto_versions(versions: &Versions) -> HashMap<String, u64> {
+    versions
+        .iter()
+        .map(|(kind, rv)| (kind.clone(), *rv))
+        .collect()
 }
 
 pub(crate) fn extend(lease: &Lease, by: Duration) -> pb::WorkRequest {
@@ -133,14 +141,17 @@ fn lease(item: pb::LeasedItem) -> Lease {
         causes: item.causes.into_iter().map(|c| c.fields).collect(),
         causes_dropped: item.causes_dropped,
         trace_context: item.trace_context,
-        read_floor: item.read_floor.into_iter().collect(),
+        read_floor: ReadFloor {
+            kinds: item.read_floor.into_iter().collect(),
+            namespace: item.namespace_read_floor.into_iter().collect(),
+        },
     }
 }
 
 /// The event a response carries; `None` for an empty response.
 pub(crate) fn event(response: pb::WorkResponse) -> Option<Event> {
     Some(match response.response? {
-        Reply::Item(item) => Event::Lease(lease(item)),
+        Reply::Item(item) => Event::Lease(Box::new(lease(item))),
         Reply::OutcomeAck(ack) if ack.applied => Event::Applied {
             lease_id: ack.lease_id,
         },

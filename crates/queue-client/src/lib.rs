@@ -29,7 +29,7 @@ mod work;
 pub use enqueue::{Add, Cause, EnqueueMetrics, Enqueuer, NoMetrics};
 pub use error::{Error, Result};
 pub use switchyard_queue_core::{MAX_CREDIT, Priority, WorkKey};
-pub use work::{Event, Lease, Outcome, Replies, Versions, WorkSession};
+pub use work::{Event, Lease, Outcome, ReadFloor, Replies, Versions, WorkSession};
 
 /// The gRPC endpoint of a queue replica at `address` (`host:port`, as the shard map and the
 /// flags name it).

@@ -47,13 +47,26 @@ pub struct Lease {
     pub causes_dropped: u32,
     /// The queue's lease span, the parent of the reconcile's; empty when not traced.
     pub trace_context: TraceFields,
-    /// The shard's read floor: read each kind at least at this cache version.
-    pub read_floor: Versions,
+    /// The shard's read floor: read each kind at least at these cache versions.
+    pub read_floor: ReadFloor,
 }
 
-/// Per kind ("group/version/Kind", "v1/Pod" for the core group), a cache resourceVersion:
-/// a lease's read floor, or what a reconcile read at.
+/// Per kind ("group/version/Kind", "v1/Pod" for the core group), a cache resourceVersion.
 pub type Versions = BTreeMap<String, u64>;
+
+/// A lease's read floor, or what a reconcile read at: per kind over every namespace, and per
+/// kind in the lease key's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadFloor {
+    pub kinds: Versions,
+    pub namespace: Versions,
+}
+
+impl ReadFloor {
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty() && self.namespace.is_empty()
+    }
+}
 
 impl Lease {
     /// How long the lease has left, if it has a deadline still ahead.
@@ -81,7 +94,7 @@ pub enum Outcome {
 /// What the queue sent on a work stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    Lease(Lease),
+    Lease(Box<Lease>),
     /// The outcome of the lease was applied.
     Applied {
         lease_id: String,
@@ -111,7 +124,7 @@ impl Replies {
 
     /// Answers a lease; `took` is how long the reconcile ran.
     pub fn complete(&self, lease: &Lease, outcome: Outcome, took: Duration) -> Result<()> {
-        self.complete_observed(lease, outcome, took, &Versions::new())
+        self.complete_observed(lease, outcome, took, &ReadFloor::default())
     }
 
     /// Answers a lease with the cache versions the reconcile read at, which raise its
@@ -121,7 +134,7 @@ impl Replies {
         lease: &Lease,
         outcome: Outcome,
         took: Duration,
-        observed: &Versions,
+        observed: &ReadFloor,
     ) -> Result<()> {
         self.send(convert::outcome(lease, outcome, took, observed))
     }

@@ -122,7 +122,7 @@ async fn next(session: &mut WorkSession) -> Event {
 async fn next_lease(session: &mut WorkSession) -> Lease {
     loop {
         if let Event::Lease(lease) = next(session).await {
-            return lease;
+            return *lease;
         }
     }
 }
@@ -135,7 +135,7 @@ async fn leased_within(session: &mut WorkSession, wait: Duration) -> Option<Leas
             Err(_) => return None,
             Ok(event) => {
                 if let Some(Event::Lease(lease)) = event.unwrap() {
-                    return Some(lease);
+                    return Some(*lease);
                 }
             }
         }

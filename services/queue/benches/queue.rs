@@ -473,6 +473,7 @@ async fn worker(
                     result: Some(outcome::Result::Done(Done {})),
                     duration: None,
                     observed: Default::default(),
+                    namespace_observed: Default::default(),
                 })),
             })
             .await

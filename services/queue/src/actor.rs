@@ -453,7 +453,8 @@ impl Actor {
                 observed,
                 error,
             } => {
-                let controller = self.queue.lease_controller(lease);
+                let key = self.queue.lease_key(lease).cloned();
+                let controller = key.as_ref().map(ValidKey::controller);
                 let result = self.queue.complete_with_error(
                     worker,
                     shard,
@@ -463,8 +464,8 @@ impl Actor {
                     error.as_deref(),
                     now,
                 );
-                if result.is_ok() {
-                    self.queue.raise_floor(shard, observed.iter());
+                if let (Ok(_), Some(key)) = (&result, &key) {
+                    self.queue.raise_floor(shard, key.namespace(), &observed);
                     if let Some(w) = self.workers.get_mut(&worker) {
                         w.finished += 1;
                     }

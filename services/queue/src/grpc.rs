@@ -21,8 +21,9 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::{
-    Cause, ControllerId, KeyError, KeySpace, Lease, LeaseId, MAX_CREDIT, MAX_FLOOR_KIND_LEN,
-    MAX_FLOOR_KINDS, Origin, Outcome, Priority, ReadFloor, ShardStats, ValidKey,
+    Cause, ControllerId, KeyError, KeySpace, KindVersions, Lease, LeaseId, MAX_CREDIT,
+    MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, Origin, Outcome, Priority, ReadFloor, ShardStats,
+    ValidKey,
 };
 use switchyard_runtime::trace::{self, TraceFields};
 use switchyard_shards::member::Member;
@@ -550,10 +551,18 @@ fn name_error(field: &str, error: KeyError) -> EdgeError {
 }
 
 /// What an outcome reports it read at, checked against the floor's bounds.
-fn read_floor(observed: &HashMap<String, u64>) -> Result<ReadFloor, String> {
+fn read_floor(outcome: &pb::Outcome) -> Result<ReadFloor, String> {
+    Ok(ReadFloor {
+        kinds: kind_versions("outcome.observed", &outcome.observed)?,
+        namespace: kind_versions("outcome.namespace_observed", &outcome.namespace_observed)?,
+    })
+}
+
+/// One map of an outcome's report, `field` being where the request gave it.
+fn kind_versions(field: &str, observed: &HashMap<String, u64>) -> Result<KindVersions, String> {
     if observed.len() > MAX_FLOOR_KINDS {
         return Err(format!(
-            "outcome.observed: {} kinds, at most {MAX_FLOOR_KINDS}",
+            "{field}: {} kinds, at most {MAX_FLOOR_KINDS}",
             observed.len()
         ));
     }
@@ -562,7 +571,7 @@ fn read_floor(observed: &HashMap<String, u64>) -> Result<ReadFloor, String> {
         .find(|kind| kind.is_empty() || kind.len() > MAX_FLOOR_KIND_LEN)
     {
         return Err(format!(
-            "outcome.observed: kind {:?} must be 1 to {MAX_FLOOR_KIND_LEN} bytes",
+            "{field}: kind {:?} must be 1 to {MAX_FLOOR_KIND_LEN} bytes",
             kind.chars().take(64).collect::<String>()
         ));
     }
@@ -624,7 +633,7 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
                 epoch: outcome.epoch,
                 lease: lease_id(&outcome.lease_id),
                 outcome: result,
-                observed: read_floor(&outcome.observed)?,
+                observed: read_floor(&outcome)?,
                 error,
             })
         }
@@ -675,12 +684,16 @@ fn leased_item(keys: &KeySpace, lease: &Lease) -> pb::LeasedItem {
         causes_dropped: lease.causes_dropped,
         observed_at: lease.observed_at.map(prost_types::Timestamp::from),
         trace_context: lease_context(&controller, lease),
-        read_floor: lease
-            .read_floor
-            .iter()
-            .map(|(kind, rv)| (kind.to_owned(), rv))
-            .collect(),
+        read_floor: proto_versions(&lease.read_floor.kinds),
+        namespace_read_floor: proto_versions(&lease.read_floor.namespace),
     }
+}
+
+fn proto_versions(versions: &KindVersions) -> HashMap<String, u64> {
+    versions
+        .iter()
+        .map(|(kind, rv)| (kind.to_owned(), rv))
+        .collect()
 }
 
 /// A `google.protobuf.Timestamp` as its definition allows it: from 0001-01-01T00:00:00Z to

@@ -137,6 +137,7 @@ async fn lease_and_complete(replica: &ServiceProcess) -> (String, u64) {
         result: Some(outcome::Result::Done(Done {})),
         duration: None,
         observed: Default::default(),
+        namespace_observed: Default::default(),
     })))
     .await
     .unwrap();

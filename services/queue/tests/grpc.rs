@@ -203,7 +203,7 @@ impl Worker {
         result: outcome::Result,
         epoch: u64,
     ) -> (bool, String) {
-        self.finish_observed(item, result, epoch, HashMap::new())
+        self.finish_observed(item, result, epoch, HashMap::new(), HashMap::new())
             .await
     }
 
@@ -213,6 +213,7 @@ impl Worker {
         result: outcome::Result,
         epoch: u64,
         observed: HashMap<String, u64>,
+        namespace_observed: HashMap<String, u64>,
     ) -> (bool, String) {
         self.send(Msg::Outcome(Outcome {
             shard: item.shard,
@@ -221,6 +222,7 @@ impl Worker {
             result: Some(result),
             duration: None,
             observed,
+            namespace_observed,
         }))
         .await;
         loop {
@@ -293,6 +295,7 @@ async fn many_workers_lease_every_key_exactly_once() {
                                 result: Some(outcome::Result::Done(Done {})),
                                 duration: None,
                                 observed: Default::default(),
+                                namespace_observed: Default::default(),
                             }))
                             .await;
                         worker.credit(1).await;
@@ -909,6 +912,7 @@ async fn a_worker_that_sends_outcomes_without_reading_replies_is_held_back_and_l
                 result: Some(outcome::Result::Done(Done {})),
                 duration: None,
                 observed: Default::default(),
+                namespace_observed: Default::default(),
             };
             let request = WorkRequest {
                 request: Some(Msg::Outcome(outcome)),
@@ -1054,10 +1058,12 @@ async fn applied_outcomes_raise_the_shards_read_floor_that_leases_carry() {
         .unwrap();
     let first = worker.item().await;
     assert!(first.read_floor.is_empty(), "{first:?}");
+    assert!(first.namespace_read_floor.is_empty(), "{first:?}");
     let observed = kinds(&[("v1/Pod", 40), (RS, 12)]);
+    let here = kinds(&[("v1/Pod", 38)]);
     assert!(
         worker
-            .finish_observed(&first, done(), first.epoch, observed.clone())
+            .finish_observed(&first, done(), first.epoch, observed.clone(), here.clone())
             .await
             .0
     );
@@ -1068,14 +1074,27 @@ async fn applied_outcomes_raise_the_shards_read_floor_that_leases_carry() {
         .unwrap();
     let second = worker.item().await;
     assert_eq!(second.read_floor, observed);
+    assert_eq!(second.namespace_read_floor, here);
     // A refused outcome (a stale epoch) raises nothing; a lower version lowers nothing.
     let (applied, _) = worker
-        .finish_observed(&second, done(), second.epoch + 1, kinds(&[("v1/Pod", 99)]))
+        .finish_observed(
+            &second,
+            done(),
+            second.epoch + 1,
+            kinds(&[("v1/Pod", 99)]),
+            kinds(&[("v1/Pod", 99)]),
+        )
         .await;
     assert!(!applied);
     assert!(
         worker
-            .finish_observed(&second, done(), second.epoch, kinds(&[("v1/Pod", 7)]))
+            .finish_observed(
+                &second,
+                done(),
+                second.epoch,
+                kinds(&[("v1/Pod", 7)]),
+                kinds(&[("v1/Pod", 7)]),
+            )
             .await
             .0
     );
@@ -1085,6 +1104,7 @@ async fn applied_outcomes_raise_the_shards_read_floor_that_leases_carry() {
         .unwrap();
     let third = worker.item().await;
     assert_eq!(third.read_floor, observed);
+    assert_eq!(third.namespace_read_floor, here);
 
     // Too many kinds is a malformed outcome: the stream ends naming the field.
     let many: HashMap<String, u64> = (0..65).map(|i| (format!("g/v1/K{i}"), 1)).collect();
@@ -1095,7 +1115,8 @@ async fn applied_outcomes_raise_the_shards_read_floor_that_leases_carry() {
             lease_id: third.lease_id.clone(),
             result: Some(done()),
             duration: None,
-            observed: many,
+            observed: HashMap::new(),
+            namespace_observed: many,
         }))
         .await;
     let status = loop {
@@ -1112,7 +1133,7 @@ async fn applied_outcomes_raise_the_shards_read_floor_that_leases_carry() {
     assert!(
         status
             .message()
-            .contains("outcome.observed: 65 kinds, at most 64"),
+            .contains("outcome.namespace_observed: 65 kinds, at most 64"),
         "{status:?}"
     );
     server.stop().await;

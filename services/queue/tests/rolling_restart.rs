@@ -159,6 +159,7 @@ async fn worker(address: String, id: String, book: Shared) {
                         result: Some(outcome::Result::Done(Done {})),
                         duration: None,
                         observed: Default::default(),
+                        namespace_observed: Default::default(),
                     };
                     let _ = tx.send(send(work_request::Request::Outcome(outcome))).await;
                     let _ = tx

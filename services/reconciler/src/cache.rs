@@ -10,6 +10,13 @@
 //! lease's read floor (what earlier reconciles of its shard read) and raised by every answer.
 //! A replica behind the floor waits until it catches up, or the read fails; it never answers
 //! older than what the shard has seen. The floor goes back to the queue with the outcome.
+//!
+//! The floor is kept twice: over every namespace, and in the key's namespace. A watcher with
+//! one stream per namespace (`namespaces.include`) compares a read with its namespace's
+//! stream only, which a version reached in another namespace may never reach; a read of the
+//! key's namespace asks for that namespace's floor (`min_resource_version`), and for the
+//! floor over every namespace as well (`kind_min_resource_version`), which a watcher with one
+//! stream of the kind waits for.
 
 use std::{
     sync::{
@@ -28,7 +35,7 @@ use switchyard_proto::{
         cache_client::CacheClient as Grpc,
     },
 };
-use switchyard_queue_client::Versions;
+use switchyard_queue_client::ReadFloor;
 use switchyard_runtime::{Dialer, Role};
 use tonic::transport::Channel;
 
@@ -104,7 +111,15 @@ pub struct ListFilter<'a> {
 pub struct CacheClient {
     replicas: Arc<[Grpc<Channel>]>,
     next: Arc<AtomicUsize>,
-    floor: Option<Arc<Mutex<Versions>>>,
+    floor: Option<Arc<Mutex<Floor>>>,
+}
+
+/// One reconcile's floor: its lease's, raised by what it reads and writes.
+#[derive(Debug)]
+struct Floor {
+    versions: ReadFloor,
+    /// The namespace of the reconciled key, which `versions.namespace` is of.
+    namespace: String,
 }
 
 fn gvk<K: Resource<DynamicType = ()>>() -> GroupVersionKind {
@@ -126,22 +141,35 @@ pub fn kind_key<K: Resource<DynamicType = ()>>() -> String {
     }
 }
 
-/// The later of a read's own minimum (a write of this reconcile) and the floor. A minimum
-/// that is not a number goes as it is, for the watcher to refuse by name.
-fn freshness(min_resource_version: Option<&str>, floor: Option<u64>) -> Option<Freshness> {
-    let wanted = match (min_resource_version, floor) {
-        (None, None) => return None,
-        (Some(rv), None) => rv.to_owned(),
-        (None, Some(floor)) => floor.to_string(),
-        (Some(rv), Some(floor)) => match rv.parse::<u64>() {
+/// What a read asks for: the later of its own minimum (a write of this reconcile) and the
+/// floor in the namespace read, and the floor over every namespace. A minimum that is not a
+/// number goes as it is, for the watcher to refuse by name.
+fn freshness(
+    min_resource_version: Option<&str>,
+    floor: (Option<u64>, Option<u64>),
+) -> Option<Freshness> {
+    let (namespace, kind) = floor;
+    let wanted = match (min_resource_version, namespace) {
+        (None, None) => None,
+        (Some(rv), None) => Some(rv.to_owned()),
+        (None, Some(floor)) => Some(floor.to_string()),
+        (Some(rv), Some(floor)) => Some(match rv.parse::<u64>() {
             Ok(own) => own.max(floor).to_string(),
             Err(_) => rv.to_owned(),
-        },
+        }),
     };
+    if wanted.is_none() && kind.is_none() {
+        return None;
+    }
     Some(Freshness {
-        min_resource_version: wanted,
+        min_resource_version: wanted.unwrap_or_default(),
         max_wait: prost_types::Duration::try_from(FRESHNESS_WAIT).ok(),
+        kind_min_resource_version: kind.map(|rv| rv.to_string()).unwrap_or_default(),
     })
+}
+
+fn lock(floor: &Mutex<Floor>) -> std::sync::MutexGuard<'_, Floor> {
+    floor.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn decode<K: Resource<DynamicType = ()> + DeserializeOwned>(json: &[u8]) -> Result<K, CacheError> {
@@ -172,31 +200,38 @@ impl CacheClient {
         })
     }
 
-    /// A client for one reconcile: every read is at least at `floor` (the lease's), and
-    /// raises it to the newest object version it returned.
-    pub fn reading_at(&self, floor: Versions) -> Self {
+    /// A client for one reconcile of a key of `namespace`: every read is at least at
+    /// `floor` (the lease's), and raises it to the newest object version it returned.
+    pub fn reading_at(&self, floor: ReadFloor, namespace: &str) -> Self {
         Self {
-            floor: Some(Arc::new(Mutex::new(floor))),
+            floor: Some(Arc::new(Mutex::new(Floor {
+                versions: floor,
+                namespace: namespace.to_owned(),
+            }))),
             ..self.clone()
         }
     }
 
     /// Per kind, the newest object version this client's reads returned or waited for (with
-    /// the floor it started from).
-    pub fn observed(&self) -> Versions {
+    /// the floor it started from), over every namespace and in the key's.
+    pub fn observed(&self) -> ReadFloor {
         self.floor
             .as_ref()
-            .map(|floor| floor.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .map(|floor| lock(floor).versions.clone())
             .unwrap_or_default()
     }
 
-    fn floor_of(&self, kind: &str) -> Option<u64> {
-        let floor = self
-            .floor
-            .as_ref()?
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        floor.get(kind).copied()
+    /// The floors of `kind` a read of `namespace` asks for: in that namespace (when it is
+    /// the key's, the only one the lease carries), and over every namespace.
+    fn floor_of(&self, kind: &str, namespace: &str) -> (Option<u64>, Option<u64>) {
+        let Some(floor) = &self.floor else {
+            return (None, None);
+        };
+        let floor = lock(floor);
+        let own = (floor.namespace == namespace)
+            .then(|| floor.versions.namespace.get(kind).copied())
+            .flatten();
+        (own, floor.versions.kinds.get(kind).copied())
     }
 
     /// Raises the floor of `K`'s kind to the version of `object`, which this reconcile
@@ -205,28 +240,55 @@ impl CacheClient {
     /// through any watcher, still sees it: a Pod created under a generated name would
     /// otherwise be created again by a retry that read a watcher without it.
     pub fn wrote<K: Resource<DynamicType = ()>>(&self, object: &K) {
-        self.raise(kind_key::<K>(), None, std::slice::from_ref(object));
+        let namespace = object.meta().namespace.as_deref().unwrap_or_default();
+        self.raise(
+            kind_key::<K>(),
+            namespace,
+            None,
+            std::slice::from_ref(object),
+        );
     }
 
-    /// Raises the floor of `kind` to the newest of the objects read and the read's own
-    /// minimum: each is the version of a change to an object of that kind, which every
-    /// watcher's stream of the kind carries, so another watcher reaches it as soon as it has
-    /// that change. (The cache's own version may be a relist's, which a watcher that lists no
-    /// later reaches only at the kind's next change.)
-    fn raise<K: Resource>(&self, kind: String, own: Option<&str>, read: &[K]) {
+    /// Raises the floors of `kind` to the newest of the objects read and the read's own
+    /// minimum (of a read of `namespace`): each is the version of a change to an object of
+    /// that kind, which every watcher's stream of the kind (or of the object's namespace)
+    /// carries, so another watcher reaches it as soon as it has that change. (The cache's
+    /// own version may be a relist's, which a watcher that lists no later reaches only at the
+    /// kind's next change.)
+    fn raise<K: Resource>(&self, kind: String, namespace: &str, own: Option<&str>, read: &[K]) {
         let Some(floor) = &self.floor else {
             return;
         };
-        let newest = read
+        let mut floor = lock(floor);
+        let Floor {
+            versions: floor,
+            namespace: key_namespace,
+        } = &mut *floor;
+        let version = |rv: Option<&str>| rv.and_then(|rv| rv.parse::<u64>().ok());
+        let versions = read
             .iter()
-            .filter_map(|object| object.meta().resource_version.as_deref())
-            .chain(own)
-            .filter_map(|rv| rv.parse::<u64>().ok())
-            .max();
-        if let Some(rv) = newest {
-            let mut floor = floor.lock().unwrap_or_else(|e| e.into_inner());
-            let at = floor.entry(kind).or_default();
-            *at = (*at).max(rv);
+            .map(|object| {
+                let meta = object.meta();
+                let in_namespace =
+                    meta.namespace.as_deref().unwrap_or_default() == key_namespace.as_str();
+                (version(meta.resource_version.as_deref()), in_namespace)
+            })
+            .chain([(version(own), namespace == key_namespace.as_str())]);
+        let (mut newest, mut newest_here) = (None, None);
+        for (rv, in_namespace) in versions {
+            newest = newest.max(rv);
+            if in_namespace {
+                newest_here = newest_here.max(rv);
+            }
+        }
+        for (versions, newest) in [
+            (&mut floor.kinds, newest),
+            (&mut floor.namespace, newest_here),
+        ] {
+            if let Some(rv) = newest {
+                let at = versions.entry(kind.clone()).or_default();
+                *at = (*at).max(rv);
+            }
         }
     }
 
@@ -271,7 +333,7 @@ impl CacheClient {
             gvk: Some(gvk::<K>()),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-            freshness: freshness(min_resource_version, self.floor_of(&kind)),
+            freshness: freshness(min_resource_version, self.floor_of(&kind, namespace)),
         };
         let response = self
             .call("Get", |mut grpc| {
@@ -284,7 +346,7 @@ impl CacheClient {
         } else {
             None
         };
-        self.raise(kind, min_resource_version, object.as_slice());
+        self.raise(kind, namespace, min_resource_version, object.as_slice());
         Ok(object)
     }
 
@@ -299,7 +361,7 @@ impl CacheClient {
             namespace: namespace.to_owned(),
             label_selector: filter.label_selector.to_owned(),
             controller_uid: filter.controller_uid.to_owned(),
-            freshness: freshness(filter.min_resource_version, self.floor_of(&kind)),
+            freshness: freshness(filter.min_resource_version, self.floor_of(&kind, namespace)),
         };
         let mut chunks = self
             .call("List", |mut grpc| {
@@ -314,7 +376,7 @@ impl CacheClient {
                 objects.push(decode(json)?);
             }
         }
-        self.raise(kind, filter.min_resource_version, &objects);
+        self.raise(kind, namespace, filter.min_resource_version, &objects);
         Ok(objects)
     }
 }
@@ -354,8 +416,9 @@ mod tests {
 
     #[test]
     fn a_write_raises_the_floor_the_outcome_reports_without_a_read() {
-        let pod = |rv: &str| {
+        let pod = |namespace: &str, rv: &str| {
             let mut pod = Pod::default();
+            pod.metadata.namespace = Some(namespace.to_owned());
             pod.metadata.resource_version = Some(rv.to_owned());
             pod
         };
@@ -364,25 +427,52 @@ mod tests {
             next: Arc::default(),
             floor: None,
         };
-        client.wrote(&pod("99"));
+        client.wrote(&pod("a", "99"));
         assert!(client.observed().is_empty(), "no floor outside a reconcile");
-        let mut lease = Versions::default();
-        lease.insert("v1/Pod".to_owned(), 40);
-        let reconcile = client.reading_at(lease);
-        reconcile.wrote(&pod("57"));
-        reconcile.wrote(&pod("12"));
-        assert_eq!(reconcile.observed().get("v1/Pod"), Some(&57));
-        assert_eq!(reconcile.observed().get("apps/v1/ReplicaSet"), None);
+        let mut lease = ReadFloor::default();
+        lease.kinds.insert("v1/Pod".to_owned(), 40);
+        let reconcile = client.reading_at(lease, "a");
+        reconcile.wrote(&pod("a", "57"));
+        reconcile.wrote(&pod("a", "12"));
+        reconcile.wrote(&pod("b", "64"));
+        let observed = reconcile.observed();
+        assert_eq!(observed.kinds.get("v1/Pod"), Some(&64));
+        assert_eq!(
+            observed.namespace.get("v1/Pod"),
+            Some(&57),
+            "b is not the key's"
+        );
+        assert_eq!(observed.kinds.get("apps/v1/ReplicaSet"), None);
+    }
+
+    #[test]
+    fn a_read_of_the_keys_namespace_asks_for_its_floor_there_and_over_every_namespace() {
+        let floor = ReadFloor {
+            kinds: [("v1/Pod".to_owned(), 90)].into(),
+            namespace: [("v1/Pod".to_owned(), 40)].into(),
+        };
+        let reconcile = CacheClient {
+            replicas: Arc::from(Vec::new()),
+            next: Arc::default(),
+            floor: None,
+        }
+        .reading_at(floor, "a");
+        assert_eq!(reconcile.floor_of("v1/Pod", "a"), (Some(40), Some(90)));
+        assert_eq!(reconcile.floor_of("v1/Pod", "b"), (None, Some(90)));
+        assert_eq!(reconcile.floor_of("v1/Secret", "a"), (None, None));
     }
 
     #[test]
     fn a_read_waits_for_the_later_of_its_own_minimum_and_the_floor() {
-        let wanted = |own, floor| freshness(own, floor).map(|f| f.min_resource_version);
+        let wanted = |own, floor| freshness(own, (floor, None)).map(|f| f.min_resource_version);
         assert_eq!(wanted(None, None), None);
         assert_eq!(wanted(Some("12"), None).as_deref(), Some("12"));
         assert_eq!(wanted(None, Some(9)).as_deref(), Some("9"));
         assert_eq!(wanted(Some("12"), Some(30)).as_deref(), Some("30"));
         assert_eq!(wanted(Some("42"), Some(30)).as_deref(), Some("42"));
         assert_eq!(wanted(Some("x"), Some(30)).as_deref(), Some("x"));
+        let kind_only = freshness(None, (None, Some(70))).unwrap();
+        assert_eq!(kind_only.min_resource_version, "");
+        assert_eq!(kind_only.kind_min_resource_version, "70");
     }
 }

@@ -225,7 +225,7 @@ impl Session {
                         None => {
                             let replies = session.replies().clone();
                             let id = lease.id.clone();
-                            let reconcile = self.reconcile(lease, replies, drain.clone());
+                            let reconcile = self.reconcile(*lease, replies, drain.clone());
                             let handle = running.spawn({
                                 let id = id.clone();
                                 async move {
@@ -304,7 +304,9 @@ impl Session {
             .clone();
         // Reads at least at the shard's read floor; what they were answered at goes back
         // with the outcome and raises it.
-        ctx.cache = ctx.cache.reading_at(lease.read_floor.clone());
+        ctx.cache = ctx
+            .cache
+            .reading_at(lease.read_floor.clone(), &key.namespace);
         let reads = ctx.cache.clone();
         let span = reconcile_span(&lease);
         async move {

@@ -66,13 +66,17 @@ impl Controller for Scripted {
                 // reports what it writes; after that, says what its reads start from.
                 "floor" if !Self::once(&WROTE) => {
                     let mut written = Pod::default();
+                    written.metadata.namespace = Some("ns".to_owned());
                     written.metadata.resource_version = Some("77".to_owned());
                     ctx.cache.wrote(&written);
                     Action::Done
                 }
                 "floor" => {
-                    let floor = ctx.cache.observed().get("v1/Pod").copied();
-                    let _ = self.0.send(format!("floor reads Pods at {floor:?}"));
+                    let floor = ctx.cache.observed();
+                    let (kinds, here) = (floor.kinds.get("v1/Pod"), floor.namespace.get("v1/Pod"));
+                    let _ = self
+                        .0
+                        .send(format!("floor reads Pods at {kinds:?}, {here:?} in ns"));
                     Action::Done
                 }
                 _ => Action::Done,
@@ -284,7 +288,9 @@ async fn a_reconcile_reads_from_where_the_last_one_of_its_shard_wrote() {
     enqueue(queue.grpc(), "floor").await;
     events.expect("floor finished", within).await;
     enqueue(queue.grpc(), "floor").await;
-    events.expect("floor reads Pods at Some(77)", within).await;
+    events
+        .expect("floor reads Pods at Some(77), Some(77) in ns", within)
+        .await;
 
     reconciler.stop().await;
     queue.stop().await;

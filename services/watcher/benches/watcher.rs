@@ -597,6 +597,7 @@ async fn continue_lease(
         result: Some(outcome::Result::Done(Done {})),
         duration: None,
         observed: Default::default(),
+        namespace_observed: Default::default(),
     };
     tx.send(msg(Msg::Outcome(done))).await.is_ok()
         && tx.send(msg(Msg::Credit(Credit { items: 1 }))).await.is_ok()

@@ -14,8 +14,8 @@
 //! ```
 
 use std::{
-    collections::HashSet,
-    sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    collections::{HashMap, HashSet},
+    sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
 use switchyard_watcher_core::{
@@ -31,8 +31,11 @@ use crate::graph::GraphCache;
 pub struct ResourceCache {
     pub resource: ResourceConfig,
     store: RwLock<Store>,
-    /// The store's resourceVersion, for "at least resourceVersion R" reads.
+    /// The highest resourceVersion any stream of the resource reached outside a list: with
+    /// one stream, what "at least resourceVersion R" reads wait for.
     resource_version: watch::Sender<u64>,
+    /// The resource's watch streams, once its informer opened them.
+    streams: OnceLock<Streams>,
     /// True once every stream of the resource finished its initial list.
     synced: watch::Sender<bool>,
     /// Why the apiserver refused the initial list (a kind the watcher may not list), while
@@ -46,6 +49,7 @@ impl ResourceCache {
             resource,
             store: RwLock::new(Store::default()),
             resource_version: watch::channel(0).0,
+            streams: OnceLock::new(),
             synced: watch::channel(false).0,
             refused: watch::channel(None).0,
         }
@@ -59,19 +63,43 @@ impl ResourceCache {
         self.store.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Publishes the store's resourceVersion to readers waiting for one.
-    pub fn publish_resource_version(&self, rv: u64) {
-        self.resource_version.send_if_modified(|current| {
-            let newer = rv > *current;
-            if newer {
-                *current = rv;
-            }
-            newer
-        });
+    /// Records the streams the informer opened: `None` for one stream of every namespace,
+    /// a namespace for each stream of one. Once: a cache keeps its informer.
+    pub fn open_streams(&self, scopes: &[Option<String>]) {
+        let streams = match scopes {
+            [None] => Streams::One,
+            scopes => Streams::PerNamespace(
+                scopes
+                    .iter()
+                    .flatten()
+                    .map(|namespace| (Arc::from(namespace.as_str()), watch::channel(0).0))
+                    .collect(),
+            ),
+        };
+        let _ = self.streams.set(streams);
     }
 
-    pub fn resource_versions(&self) -> watch::Receiver<u64> {
-        self.resource_version.subscribe()
+    /// Publishes that the stream of `scope` (a namespace, or `None` for every namespace)
+    /// has every change up to `rv`, to readers waiting for one.
+    pub fn publish_resource_version(&self, scope: Option<&str>, rv: u64) {
+        raise(&self.resource_version, rv);
+        if let (Some(namespace), Some(Streams::PerNamespace(streams))) = (scope, self.streams.get())
+            && let Some(stream) = streams.get(namespace)
+        {
+            raise(stream, rv);
+        }
+    }
+
+    /// The versions a read of `namespace` (empty: every namespace) waits on.
+    pub fn fence(&self, namespace: &str) -> Fence {
+        match self.streams.get() {
+            None | Some(Streams::One) => Fence::Kind(self.resource_version.subscribe()),
+            Some(Streams::PerNamespace(_)) if namespace.is_empty() => Fence::EveryNamespace,
+            Some(Streams::PerNamespace(streams)) => match streams.get(namespace) {
+                Some(stream) => Fence::Namespace(stream.subscribe()),
+                None => Fence::NotWatched,
+            },
+        }
     }
 
     /// Marks the initial list done; false when it already was (a restarted informer).
@@ -102,6 +130,38 @@ impl ResourceCache {
     pub fn gvk(&self) -> &Gvk {
         &self.resource.gvk
     }
+}
+
+/// How a resource is watched.
+#[derive(Debug)]
+enum Streams {
+    /// One stream carries every namespace (or the resource is cluster-scoped).
+    One,
+    /// One stream per included namespace, each with the resourceVersion it reached.
+    PerNamespace(HashMap<Arc<str>, watch::Sender<u64>>),
+}
+
+/// What a read waits on for the versions it asks for.
+#[derive(Debug)]
+pub enum Fence {
+    /// The resource's one stream: every change of the kind, in every namespace.
+    Kind(watch::Receiver<u64>),
+    /// The stream of the namespace read, one of several.
+    Namespace(watch::Receiver<u64>),
+    /// A read of every namespace, carried by several streams.
+    EveryNamespace,
+    /// A namespace no stream carries: nothing of it is cached, nothing to wait for.
+    NotWatched,
+}
+
+fn raise(version: &watch::Sender<u64>, rv: u64) {
+    version.send_if_modified(|current| {
+        let newer = rv > *current;
+        if newer {
+            *current = rv;
+        }
+        newer
+    });
 }
 
 /// What is watched now: every resource's cache, at its index in the configuration that the

@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 use tracing::info;
 
 use crate::{
-    cache::{Caches, ResourceCache},
+    cache::{Caches, Fence, ResourceCache},
     graph::GraphCache,
     informers::RegisterError,
     metrics::{ResyncLabels, WatcherMetrics},
@@ -63,14 +63,21 @@ pub enum ApiError {
     #[error("the garbage collector graph has not finished its initial lists")]
     GraphNotSynced,
     #[error(
-        "the cache of {gvk} is at resourceVersion {at}, not yet {wanted}, after waiting {waited:?}"
+        "the cache of {gvk}{} is at resourceVersion {at}, not yet {wanted}, after waiting {waited:?}",
+        .namespace.as_deref().map(|n| format!(" (the stream of namespace {n})")).unwrap_or_default()
     )]
     NotFresh {
         gvk: Gvk,
+        /// The namespace whose own stream was behind; none for the kind's one stream.
+        namespace: Option<Box<str>>,
         at: u64,
         wanted: u64,
         waited: Duration,
     },
+    #[error(
+        "freshness.min_resource_version: this watcher watches {0} with one stream per namespace (namespaces.include), so a read of every namespace cannot wait for a version; read one namespace"
+    )]
+    EveryNamespace(Gvk),
 }
 
 impl From<ApiError> for Status {
@@ -78,7 +85,9 @@ impl From<ApiError> for Status {
         let message = error.to_string();
         match error {
             ApiError::Invalid { .. } => Status::invalid_argument(message),
-            ApiError::Conflict { .. } => Status::failed_precondition(message),
+            ApiError::Conflict { .. } | ApiError::EveryNamespace(_) => {
+                Status::failed_precondition(message)
+            }
             ApiError::NotWatched { .. } | ApiError::NoGraph | ApiError::NotServed(_) => {
                 Status::not_found(message)
             }
@@ -153,36 +162,48 @@ impl CacheService {
 }
 
 /// Waits until `cache` has finished its initial list and reached the requested
-/// resourceVersion, within the request's (capped) wait.
-async fn fresh(cache: &ResourceCache, freshness: Option<Freshness>) -> Result<(), ApiError> {
+/// resourceVersions for a read of `namespace` (empty: every namespace), within the request's
+/// (capped) wait.
+async fn fresh(
+    cache: &ResourceCache,
+    namespace: &str,
+    freshness: Option<Freshness>,
+) -> Result<(), ApiError> {
     if !cache.is_synced() {
         return Err(ApiError::NotSynced(cache.gvk().clone()));
     }
     let Some(Freshness {
         min_resource_version,
         max_wait,
+        kind_min_resource_version,
     }) = freshness
     else {
         return Ok(());
     };
-    if min_resource_version.is_empty() {
-        return Ok(());
-    }
-    let wanted: u64 = min_resource_version.parse().map_err(|_| {
-        invalid(
-            "freshness.min_resource_version",
-            format!(
-                "{min_resource_version:?} is not a resourceVersion this cache can compare (a decimal number)"
-            ),
-        )
-    })?;
+    let own = version("freshness.min_resource_version", &min_resource_version)?;
+    let kind = version(
+        "freshness.kind_min_resource_version",
+        &kind_min_resource_version,
+    )?;
     let wait = match max_wait {
         None => DEFAULT_WAIT,
         Some(d) => Duration::try_from(d)
             .map_err(|_| invalid("freshness.max_wait", "must not be negative"))?,
     }
     .min(MAX_WAIT);
-    let mut versions = cache.resource_versions();
+    // A stream of one namespace cannot order a version of the kind's other namespaces:
+    // only the kind's one stream waits for `kind`.
+    let (mut versions, wanted, stream) = match cache.fence(namespace) {
+        Fence::Kind(versions) => (versions, own.max(kind), None),
+        Fence::Namespace(versions) => (versions, own, Some(namespace.into())),
+        Fence::EveryNamespace if own.is_some() => {
+            return Err(ApiError::EveryNamespace(cache.gvk().clone()));
+        }
+        Fence::EveryNamespace | Fence::NotWatched => return Ok(()),
+    };
+    let Some(wanted) = wanted else {
+        return Ok(());
+    };
     let reached = tokio::time::timeout(wait, versions.wait_for(|rv| *rv >= wanted))
         .await
         .is_ok_and(|r| r.is_ok());
@@ -190,11 +211,25 @@ async fn fresh(cache: &ResourceCache, freshness: Option<Freshness>) -> Result<()
         true => Ok(()),
         false => Err(ApiError::NotFresh {
             gvk: cache.gvk().clone(),
+            namespace: stream,
             at: *versions.borrow(),
             wanted,
             waited: wait,
         }),
     }
+}
+
+/// A resourceVersion a read asks for, `field` being where; `None` when empty.
+fn version(field: &str, rv: &str) -> Result<Option<u64>, ApiError> {
+    if rv.is_empty() {
+        return Ok(None);
+    }
+    rv.parse().map(Some).map_err(|_| {
+        invalid(
+            field,
+            format!("{rv:?} is not a resourceVersion this cache can compare (a decimal number)"),
+        )
+    })
 }
 
 type ListStream = Pin<Box<dyn Stream<Item = Result<ListResponse, Status>> + Send>>;
@@ -212,7 +247,7 @@ impl cache_server::Cache for CacheService {
         if name.is_empty() {
             return Err(invalid("name", "required").into());
         }
-        fresh(&cache, freshness).await?;
+        fresh(&cache, &namespace, freshness).await?;
         let store = cache.read();
         let object = store.get(&namespace, &name).map(<[u8]>::to_vec);
         Ok(Response::new(GetResponse {
@@ -235,7 +270,7 @@ impl cache_server::Cache for CacheService {
         let cache = self.resource(gvk.as_ref())?;
         let selector = Selector::parse(&label_selector)
             .map_err(|e| invalid("label_selector", e.to_string()))?;
-        fresh(&cache, freshness).await?;
+        fresh(&cache, &namespace, freshness).await?;
         let (objects, rv) = {
             let store = cache.read();
             let objects: Vec<Vec<u8>> = store

@@ -127,6 +127,7 @@ impl Informer {
                 .collect();
             config = config.fields(&selector.join(","));
         }
+        self.cache.open_streams(&scopes);
         info!(resource = %self.cache.gvk(), plural = %resource.plural, ?scopes, metadata_only = self.cache.resource.metadata_only, "watching");
         // kube's `Api<PartialObjectMeta<_>>` lists and watches through the metadata API
         // (`as=PartialObjectMetadata`): only metadata crosses the wire.
@@ -188,6 +189,10 @@ impl Informer {
             .collect();
         let mut events = futures::stream::select_all(streams);
         let mut listed_once: HashSet<usize> = HashSet::new();
+        // Per stream, the newest resourceVersion it delivered, and whether it is listing:
+        // a list comes in name order, so only its end vouches for every version below.
+        let mut reached = vec![0u64; scopes.len()];
+        let mut listing = vec![false; scopes.len()];
         let mut keys: Vec<(WorkKey, Option<Duration>)> = Vec::new();
         loop {
             let (stream, event) = tokio::select! {
@@ -212,6 +217,12 @@ impl Informer {
                 }
             };
             let first_list = !listed_once.contains(&stream);
+            if let watcher::Event::Apply(object)
+            | watcher::Event::InitApply(object)
+            | watcher::Event::Delete(object) = &event
+            {
+                reached[stream] = reached[stream].max(version_of(object));
+            }
             // The event's span: made only when traces are exported, and not for the first
             // list (a sync, not a change).
             let mut span = None;
@@ -225,6 +236,7 @@ impl Informer {
                         info!(resource = %self.cache.gvk(), ?scope, "relisting");
                     }
                     self.cache.write().begin_relist(scope);
+                    listing[stream] = true;
                     continue;
                 }
                 watcher::Event::InitApply(object) => {
@@ -241,6 +253,7 @@ impl Informer {
                 }
                 watcher::Event::InitDone => {
                     let gone = self.cache.write().finish_relist(scope);
+                    listing[stream] = false;
                     for summary in &gone {
                         self.keys(EventKind::Deleted, None, summary, &mut keys);
                     }
@@ -278,6 +291,9 @@ impl Informer {
                     Priority::Normal
                 }
             };
+            if !listing[stream] {
+                self.cache.publish_resource_version(scope, reached[stream]);
+            }
             self.after_change();
             let cause = span
                 .filter(|_| !keys.is_empty())
@@ -355,11 +371,7 @@ impl Informer {
     }
 
     fn after_change(&self) {
-        let (rv, len) = {
-            let store = self.cache.read();
-            (store.resource_version(), store.len())
-        };
-        self.cache.publish_resource_version(rv);
+        let len = self.cache.read().len();
         // A cache no longer current has had its series removed (informers.rs).
         if self.caches.current().index_of(&self.cache).is_none() {
             return;
@@ -425,6 +437,16 @@ fn refusal(error: &watcher::Error) -> Option<String> {
             status.code, status.reason, status.message
         )
     })
+}
+
+/// An object's `metadata.resourceVersion` as a number; 0 when absent.
+fn version_of<K: Resource>(object: &K) -> u64 {
+    object
+        .meta()
+        .resource_version
+        .as_deref()
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The event kind of a live change; `None` for a repeat of what is cached.

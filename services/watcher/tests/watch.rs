@@ -366,10 +366,8 @@ async fn the_cache_answers_owner_label_and_fresh_reads() {
     let fresh = |rv: &str, wait_ms: u64| {
         Some(Freshness {
             min_resource_version: rv.to_owned(),
-            max_wait: Some(prost_types::Duration {
-                seconds: 0,
-                nanos: (wait_ms * 1_000_000) as i32,
-            }),
+            max_wait: Some(millis(wait_ms)),
+            kind_min_resource_version: String::new(),
         })
     };
     let list = |label_selector: &str, controller_uid: &str| ListRequest {
@@ -501,6 +499,126 @@ async fn the_cache_answers_owner_label_and_fresh_reads() {
     let status = cache.get(get(pod_gvk, "", None)).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(status.message(), "name: required");
+
+    watcher.stop().await;
+    queue.stop().await;
+}
+
+fn millis(ms: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: 0,
+        nanos: (ms * 1_000_000) as i32,
+    }
+}
+
+/// With one stream per included namespace, a read waits for its own namespace's stream: a
+/// version another namespace's stream reached says nothing about it.
+#[tokio::test]
+async fn a_read_of_one_of_several_namespaces_waits_for_that_namespaces_stream() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let (a, b) = (
+        TestNamespace::create(plane, &client, "fence-a")
+            .await
+            .unwrap(),
+        TestNamespace::create(plane, &client, "fence-b")
+            .await
+            .unwrap(),
+    );
+    let (a, b) = (a.name().to_owned(), b.name().to_owned());
+    let queue = queue(&[RS], &[]).await;
+    let watcher = watcher(
+        plane,
+        &rs_config(&format!("{a}, {b}"), true),
+        &format!("--queue-addr={}", queue.grpc()),
+    )
+    .await;
+    watcher.wait_ready(WITHIN).await;
+    let mut cache = cache_client(watcher.grpc()).await;
+
+    // ReplicaSets of none, which nothing else here changes (a Pod would be scheduled).
+    let created = |namespace: &str| {
+        let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), namespace);
+        async move {
+            let set = sets
+                .create(&PostParams::default(), &replica_set("r", 0))
+                .await
+                .unwrap();
+            set.meta().resource_version.clone().unwrap()
+        }
+    };
+    let in_a = created(&a).await;
+    let in_b = created(&b).await;
+    assert!(in_b.parse::<u64>().unwrap() > in_a.parse::<u64>().unwrap());
+    let freshness = |own: &str, kind: &str, wait_ms: u64| {
+        Some(Freshness {
+            min_resource_version: own.to_owned(),
+            max_wait: Some(millis(wait_ms)),
+            kind_min_resource_version: kind.to_owned(),
+        })
+    };
+    let get = |namespace: &str, freshness| GetRequest {
+        gvk: gvk("apps", "v1", "ReplicaSet"),
+        namespace: namespace.to_owned(),
+        name: "r".into(),
+        freshness,
+    };
+
+    // Each namespace's own write is read back from its own stream.
+    for (namespace, rv) in [(&a, &in_a), (&b, &in_b)] {
+        let got = cache
+            .get(get(namespace, freshness(rv, "", 5_000)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(got.found, "{namespace}");
+    }
+    // b's version is past everything a's stream carries: a read of a that asks for it
+    // waits for a's stream, which does not reach it, and says so.
+    let status = cache
+        .get(get(&a, freshness(&in_b, "", 300)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        status.message().contains(&format!(
+            "(the stream of namespace {a}) is at resourceVersion {in_a}"
+        )),
+        "{}",
+        status.message()
+    );
+    // A floor over every namespace cannot be ordered against one namespace's stream: it is
+    // not waited for.
+    let got = cache
+        .get(get(&a, freshness("", &in_b, 300)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.found);
+    // A read of every namespace cannot be fenced by one version, and is told why.
+    let every = |freshness| ListRequest {
+        gvk: gvk("apps", "v1", "ReplicaSet"),
+        namespace: String::new(),
+        label_selector: String::new(),
+        controller_uid: String::new(),
+        freshness,
+    };
+    let status = cache
+        .list(every(freshness(&in_a, "", 300)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("one stream per namespace (namespaces.include)"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(
+        list_names(&mut cache, every(freshness("", &in_b, 300))).await,
+        ["r", "r"]
+    );
 
     watcher.stop().await;
     queue.stop().await;

@@ -47,10 +47,10 @@ pub use key::{
 };
 pub use queue::{
     AddOutcome, Cause, DEFAULT_OUTCOME_HISTORY, Error, History, InvalidLeaseId, KeyPhase, KeyView,
-    LastOutcome, Lease, LeaseId, LeaseIds, MAX_CAUSES, MAX_ERROR_BYTES, MAX_FLOOR_KIND_LEN,
-    MAX_FLOOR_KINDS, MAX_LEASE_EXTENSION, Origin, Outcome, OutcomeKind, Priority, Queue,
-    QueueConfig, ReadFloor, Refused, Result, SequentialLeaseIds, ShardStats, Totals, TraceId,
-    WorkerId, earliest,
+    KindVersions, LastOutcome, Lease, LeaseId, LeaseIds, MAX_CAUSES, MAX_ERROR_BYTES,
+    MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, MAX_FLOOR_NAMESPACES, MAX_LEASE_EXTENSION, Origin,
+    Outcome, OutcomeKind, Priority, Queue, QueueConfig, ReadFloor, Refused, Result,
+    SequentialLeaseIds, ShardStats, Totals, TraceId, WorkerId, earliest,
 };
 
 /// Credits one message of a work stream may grant: the queue refuses more, and the queue

@@ -45,7 +45,10 @@ mod tests;
 
 use causes::Causes;
 pub use causes::{Cause, MAX_CAUSES, Origin, earliest};
-pub use floor::{MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, ReadFloor};
+use floor::ShardFloor;
+pub use floor::{
+    KindVersions, MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, MAX_FLOOR_NAMESPACES, ReadFloor,
+};
 use history::History as OutcomeHistory;
 pub use history::{
     DEFAULT_OUTCOME_HISTORY, History, LastOutcome, MAX_ERROR_BYTES, OutcomeKind, TraceId,
@@ -349,7 +352,7 @@ pub struct Queue {
     hasher: KeyHasher,
     shards: ShardMap<ShardState>,
     /// The read floor of each shard served that has one.
-    floors: ShardMap<ReadFloor>,
+    floors: ShardMap<ShardFloor>,
     leases: LeaseMap<LeaseInfo>,
     lease_deadlines: BinaryHeap<Reverse<(Instant, LeaseId)>>,
     delayed: BinaryHeap<Reverse<DelayedItem>>,
@@ -489,15 +492,14 @@ impl Queue {
         }
     }
 
-    /// Raises `shard`'s read floor by what a reconcile of it read at (its applied outcome's
-    /// report). Nothing for a shard this replica does not serve.
-    pub fn raise_floor<'a>(
-        &mut self,
-        shard: u32,
-        observed: impl IntoIterator<Item = (&'a str, u64)>,
-    ) {
+    /// Raises `shard`'s read floor by what a reconcile of a key of `namespace` read at (its
+    /// applied outcome's report). Nothing for a shard this replica does not serve.
+    pub fn raise_floor(&mut self, shard: u32, namespace: &str, observed: &ReadFloor) {
         if self.shards.contains_key(&shard) {
-            self.floors.entry(shard).or_default().raise(observed);
+            self.floors
+                .entry(shard)
+                .or_default()
+                .raise(namespace, observed);
         }
     }
 

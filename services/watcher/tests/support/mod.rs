@@ -153,6 +153,7 @@ impl Worker {
                     result: Some(outcome::Result::Done(Done {})),
                     duration: None,
                     observed: Default::default(),
+                    namespace_observed: Default::default(),
                 };
                 if tx.send(send(Msg::Outcome(done))).await.is_err()
                     || tx

@@ -264,7 +264,11 @@ impl Queue {
                 causes: causes.kept.clone(),
                 causes_dropped: causes.dropped,
                 observed_at: causes.observed_at,
-                read_floor: self.floors.get(&entry.shard).cloned().unwrap_or_default(),
+                read_floor: self
+                    .floors
+                    .get(&entry.shard)
+                    .map(|floor| floor.of(entry.key.namespace()))
+                    .unwrap_or_default(),
             };
             self.leases.insert(
                 id,
@@ -366,9 +370,9 @@ impl Queue {
         }
     }
 
-    /// The controller of a live lease.
-    pub fn lease_controller(&self, lease: LeaseId) -> Option<ControllerId> {
-        self.leases.get(&lease).map(|l| l.key.controller())
+    /// The key a lease in flight covers.
+    pub fn lease_key(&self, lease: LeaseId) -> Option<&ValidKey> {
+        self.leases.get(&lease).map(|l| &l.key)
     }
 
     /// Returns every lease of `worker` to the queue at once (its stream closed cleanly).

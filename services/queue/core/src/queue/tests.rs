@@ -533,6 +533,13 @@ fn each_controller_retries_at_the_share_of_its_rate_that_the_served_shards_are()
     );
 }
 
+fn floor(kinds: &[(&str, u64)], namespace: &[(&str, u64)]) -> ReadFloor {
+    ReadFloor {
+        kinds: kinds.iter().copied().collect(),
+        namespace: namespace.iter().copied().collect(),
+    }
+}
+
 #[test]
 fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
     let (mut q, now) = queue();
@@ -540,30 +547,47 @@ fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
     q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
     let first = lease(&mut q, now).unwrap();
     assert!(first.read_floor.is_empty());
+    assert_eq!(q.lease_key(first.id), Some(&a));
     q.complete(W, first.shard(), 7, first.id, Outcome::Done, now)
         .unwrap();
-    q.raise_floor(first.shard(), [("v1/Pod", 40), (RS, 12)]);
+    q.raise_floor(
+        first.shard(),
+        "default",
+        &floor(&[("v1/Pod", 40), (RS, 12)], &[("v1/Pod", 40)]),
+    );
 
-    // Another key of the same shard reads at least there too.
+    // Another key of the same shard reads at least there too; one of another namespace
+    // reads at the kinds' floor only.
+    let spaces = KeySpace::new(&CONTROLLERS, 4);
     let b = (0..)
         .map(|i| key(&format!("b{i}")))
         .find(|k| k.shard() == a.shard())
         .unwrap();
-    q.add(&b, Priority::Normal, Duration::ZERO, now).unwrap();
-    let second = lease(&mut q, now).unwrap();
-    assert_eq!(
-        second.read_floor.iter().collect::<Vec<_>>(),
-        [(RS, 12), ("v1/Pod", 40)]
-    );
-    q.complete(W, second.shard(), 7, second.id, Outcome::Done, now)
+    let c = (0..)
+        .map(|i| {
+            spaces
+                .validate_parts(RS, "other", &format!("c{i}"))
+                .unwrap()
+        })
+        .find(|k| k.shard() == a.shard())
         .unwrap();
+    for (key, namespace) in [(&b, &[("v1/Pod", 40)][..]), (&c, &[])] {
+        q.add(key, Priority::Normal, Duration::ZERO, now).unwrap();
+        let leased = lease(&mut q, now).unwrap();
+        assert_eq!(
+            leased.read_floor,
+            floor(&[(RS, 12), ("v1/Pod", 40)], namespace)
+        );
+        q.complete(W, leased.shard(), 7, leased.id, Outcome::Done, now)
+            .unwrap();
+    }
 
     // A shard taken at a new epoch starts without a floor; a shard not served takes none.
     q.acquire(a.shard(), 8);
     q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
     assert!(lease(&mut q, now).unwrap().read_floor.is_empty());
     q.release(a.shard());
-    q.raise_floor(a.shard(), [("v1/Pod", 50)]);
+    q.raise_floor(a.shard(), "default", &floor(&[("v1/Pod", 50)], &[]));
     q.acquire(a.shard(), 9);
     q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
     assert!(lease(&mut q, now).unwrap().read_floor.is_empty());
