@@ -5,18 +5,23 @@
 //!            │  full (capacity): push waits, so the caller stops producing instead of
 //!            │  growing
 //!            ▼
-//!  run: per shard with an active owner and no request in flight, a batch of up to BATCH
-//!       keys ─► Enqueue at the owner (at most MAX_IN_FLIGHT requests at once)
+//!  run: per shard with an active owner and fewer than MAX_IN_FLIGHT_PER_SHARD requests in
+//!       flight, a batch of up to BATCH keys ─► Enqueue at the owner (at most MAX_IN_FLIGHT
+//!       requests at once)
 //!       acknowledged ─► gone;   not owner / unavailable / full ─► back into pending, and the
 //!       shard waits out a backoff (or the next shard map) before it is sent again; refused as
 //!       invalid ─► sent again in halves until only the keys at fault are left, which are
 //!       dropped and logged
 //! ```
 //!
-//! Sending is a pipeline, not rounds: as soon as a shard's request is answered, the keys that
-//! arrived for it meanwhile go, whatever other shards' requests are still waiting for. A key
-//! waits at most for its own shard's request in flight, and keys of one shard that arrive
-//! during it go together in the next.
+//! Sending is a pipeline, not rounds: the keys that arrive for a shard go at once, whatever
+//! other shards' requests are still waiting for, and do not wait for their own shard's
+//! request in flight either (an add is a set insert at the queue, so their order does not
+//! matter) unless it has MAX_IN_FLIGHT_PER_SHARD out; then they go together in the next.
+//!
+//! A push wakes the sender and then yields: an informer reading a burst of buffered watch
+//! events would otherwise keep its thread, and the sender it woke (in that thread's LIFO
+//! slot, which other threads cannot steal) would wait behind it.
 //!
 //! Nothing is dropped because a queue is slow, down or moving: keys wait in the pending set,
 //! whose size is bounded by the number of distinct keys.
@@ -56,6 +61,8 @@ use crate::{Error, convert};
 const BATCH: usize = 500;
 /// Requests in flight at once across all queue replicas.
 const MAX_IN_FLIGHT: usize = 32;
+/// Requests of one shard in flight at once.
+const MAX_IN_FLIGHT_PER_SHARD: usize = 4;
 /// First and last delay before retrying keys a queue did not take.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(2));
 
@@ -280,6 +287,7 @@ impl Enqueuer {
             room.await;
         }
         self.arrived.notify_one();
+        tokio::task::yield_now().await;
     }
 
     fn put_back(&self, shard: u32, batch: Batch) {
@@ -298,7 +306,8 @@ impl Enqueuer {
     ) {
         let mut clients: HashMap<Arc<str>, QueueClient<Channel>> = HashMap::new();
         let mut sends = FuturesUnordered::new();
-        // Requests in flight per shard: a shard's new keys wait for its answer.
+        // Requests in flight per shard: at MAX_IN_FLIGHT_PER_SHARD, a shard's new keys wait
+        // for an answer.
         let mut in_flight: HashMap<u32, usize> = HashMap::new();
         // Shards whose last request failed in a way that may pass: each backs off on its own,
         // so one replica that is down does not hold back the others' shards.
@@ -315,7 +324,9 @@ impl Enqueuer {
                     halves = batches.split_off(room);
                 } else if room > batches.len() {
                     let held = |shard| {
-                        in_flight.contains_key(&shard)
+                        in_flight
+                            .get(&shard)
+                            .is_some_and(|n| *n >= MAX_IN_FLIGHT_PER_SHARD)
                             || retries.get(&shard).is_some_and(|r| r.until > now)
                     };
                     batches.extend(self.lock().take(current, held, room - batches.len()));

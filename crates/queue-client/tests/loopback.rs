@@ -212,6 +212,44 @@ async fn pushed_keys_come_out_as_leases_and_invalid_ones_are_dropped() {
 /// A queue replica that is down holds back only its own shards' keys: each shard backs off
 /// on its own, so a key of a live replica's shard goes at once, however long another
 /// shard's sends have been failing, and the failing shard's key is kept.
+/// Keys pushed one after another, as an informer pushes them in a burst of watch events, are
+/// each taken by the sender before the next push: a push lets the sender run before the
+/// pusher goes on, and a key of a shard with a request out does not wait for its answer.
+/// (A test runtime has one thread, so nothing else could take them.)
+#[tokio::test]
+async fn a_burst_of_pushes_goes_out_as_it_comes() {
+    let (addr, stop) = queue().await;
+    let (enqueuer, enqueuer_stop) = enqueuer(addr, Counted::default());
+    // Two keys of every shard, the second of each pushed while the first's request is out.
+    let keys: Vec<WorkKey> = (0..SHARDS)
+        .flat_map(|shard| {
+            (0..)
+                .map(|i| WorkKey::new(RS, "ns", format!("burst-{i}").as_str()))
+                .filter(move |k| k.shard(SHARDS) == shard)
+                .take(2)
+        })
+        .collect();
+    let mut waiting = Vec::new();
+    for key in &keys {
+        enqueuer
+            .push([key.clone()], Priority::Normal, None, None)
+            .await;
+        waiting.push(enqueuer.pending());
+    }
+    assert_eq!(
+        waiting,
+        vec![0; keys.len()],
+        "keys left waiting after each push"
+    );
+    let mut session = open(addr, 100).await;
+    let mut expected = keys.clone();
+    expected.sort();
+    assert_eq!(reconcile(&mut session, keys.len()).await, expected);
+
+    enqueuer_stop.trigger();
+    stop.trigger();
+}
+
 #[tokio::test]
 async fn a_replica_that_is_down_holds_back_only_its_own_shards() {
     let (addr, stop) = queue().await;
