@@ -34,10 +34,13 @@ use switchyard_k8s::{
     Api, Client, ObjectMeta,
     kube::{
         self, Resource,
-        api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
+        api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PartialObjectMeta},
         core::DynamicResourceScope,
         discovery::{self, Scope},
-        runtime::{WatchStreamExt, watcher},
+        runtime::{
+            WatchStreamExt,
+            watcher::{self, InitialListStrategy, watcher},
+        },
     },
 };
 use switchyard_queue_client::{Enqueuer, Priority};
@@ -115,8 +118,13 @@ impl Informer {
         } else {
             vec![None]
         };
+        // A stream of one namespace is read on its own (cache.rs), so it must vouch for
+        // every version before its list: only a paged list, a quorum read the watcher can
+        // order after one of its own, lets it (`committed`). A streaming list starts at
+        // whatever the apiserver's watch cache has.
+        let streaming = self.streaming_lists && scopes == [None];
         let mut config = watcher::Config::default();
-        if self.streaming_lists {
+        if streaming {
             config = config.streaming_lists();
         }
         if namespaced && !namespaces.exclude.is_empty() {
@@ -173,15 +181,18 @@ impl Informer {
             + Send
             + 'static,
     {
-        let streams: Vec<BoxStream<'static, (usize, watcher::Result<watcher::Event<K>>)>> = scopes
+        let apis: Vec<Api<K>> = scopes
+            .iter()
+            .map(|scope| match scope {
+                Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
+                None => Api::all_with(self.client.clone(), resource),
+            })
+            .collect();
+        let streams: Vec<BoxStream<'static, (usize, watcher::Result<watcher::Event<K>>)>> = apis
             .iter()
             .enumerate()
-            .map(|(i, scope)| {
-                let api: Api<K> = match scope {
-                    Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
-                    None => Api::all_with(self.client.clone(), resource),
-                };
-                watcher(api, config.clone())
+            .map(|(i, api)| {
+                watcher(api.clone(), config.clone())
                     .default_backoff()
                     .map(move |event| (i, event))
                     .boxed()
@@ -237,6 +248,10 @@ impl Informer {
                     }
                     self.cache.write().begin_relist(scope);
                     listing[stream] = true;
+                    if config.initial_list_strategy == InitialListStrategy::ListWatch {
+                        let before = self.committed(&apis[stream], scope).await;
+                        reached[stream] = reached[stream].max(before);
+                    }
                     continue;
                 }
                 watcher::Event::InitApply(object) => {
@@ -305,6 +320,32 @@ impl Informer {
             self.enqueuer
                 .push(keys.drain(..), priority, cause, observed_at)
                 .await;
+        }
+    }
+
+    /// A version at or below which etcd had committed every change when this returns: the
+    /// version of a one-object quorum list of the stream's scope (0 when it fails).
+    ///
+    /// A stream's list (kube-runtime's default, a quorum read) starts after its `Init` event
+    /// is handled, so it is at least this version, and the stream has every change up to it
+    /// once the list is done. Without it, a stream whose namespace's newest objects were
+    /// deleted before a relist would stay below a read floor set by them (the deletions are
+    /// not in the list) until the namespace next changes, and the reads waiting for it would
+    /// time out. A streaming list starts before `Init`, so it gets no such version.
+    async fn committed<K>(&self, api: &Api<K>, scope: Option<&str>) -> u64
+    where
+        K: Clone + Debug + serde::de::DeserializeOwned,
+    {
+        match api.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(list) => list
+                .metadata
+                .resource_version
+                .and_then(|rv| rv.parse().ok())
+                .unwrap_or(0),
+            Err(error) => {
+                warn!(resource = %self.cache.gvk(), ?scope, %error, "could not read the apiserver's current resourceVersion before a list; reads wait for the list's objects instead");
+                0
+            }
         }
     }
 

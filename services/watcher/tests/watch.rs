@@ -624,6 +624,59 @@ async fn a_read_of_one_of_several_namespaces_waits_for_that_namespaces_stream() 
     queue.stop().await;
 }
 
+/// A namespace's stream has every change committed before its list: a read of a version
+/// whose object was deleted before the watcher started is answered, not left waiting for the
+/// namespace's next change.
+#[tokio::test]
+async fn a_namespaces_stream_has_every_version_before_its_list() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let (a, b) = (
+        TestNamespace::create(plane, &client, "listed-a")
+            .await
+            .unwrap(),
+        TestNamespace::create(plane, &client, "listed-b")
+            .await
+            .unwrap(),
+    );
+    let (a, b) = (a.name().to_owned(), b.name().to_owned());
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &a);
+    let gone = sets
+        .create(&PostParams::default(), &replica_set("gone", 0))
+        .await
+        .unwrap();
+    let written = gone.meta().resource_version.clone().unwrap();
+    sets.delete("gone", &DeleteParams::default()).await.unwrap();
+
+    let queue = queue(&[RS], &[]).await;
+    let watcher = watcher(
+        plane,
+        &rs_config(&format!("{a}, {b}"), true),
+        &format!("--queue-addr={}", queue.grpc()),
+    )
+    .await;
+    watcher.wait_ready(WITHIN).await;
+    let mut cache = cache_client(watcher.grpc()).await;
+    let got = cache
+        .get(GetRequest {
+            gvk: gvk("apps", "v1", "ReplicaSet"),
+            namespace: a.clone(),
+            name: "gone".into(),
+            freshness: Some(Freshness {
+                min_resource_version: written,
+                max_wait: Some(millis(2_000)),
+                kind_min_resource_version: String::new(),
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!got.found);
+
+    watcher.stop().await;
+    queue.stop().await;
+}
+
 #[tokio::test]
 async fn bad_configuration_and_flags_are_named() {
     let dir = tempfile::tempdir().unwrap();
