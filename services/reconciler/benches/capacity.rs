@@ -27,12 +27,13 @@
 //! - `capacity.sy1_unslowed` (changes/s): Switchyard with one reconciler running the same
 //!   controllers, at the same per-reconcile latency as kube-controller-manager (nothing added);
 //! - `capacity.sy1`, `capacity.sy4` (changes/s): Switchyard with 1 and 4 reconciler processes,
-//!   every reconcile waiting 100 ms first as if it called an external system
-//!   (`--simulated-latency`), 5 at a time per replica: at most 50 reconciles/s per replica, as
-//!   in `make bench-e2e`'s slow runs, so that the reconcilers, not the control plane, bound
-//!   one replica. A change is about 24 reconciles. Four replicas would keep up with about 8
-//!   changes/s, above the 6-7 changes/s where this 2-core machine's control plane stops
-//!   keeping up (the unslowed subjects' capacity), so `sy4` meets that ceiling first.
+//!   every reconcile waiting 200 ms first as if it called an external system
+//!   (`--simulated-latency`), 5 at a time per replica: at most 25 reconciles/s per replica, so
+//!   that the reconcilers, not the control plane, bound both. A change is about 24
+//!   reconciles, so one replica keeps up with about 1 change/s and four with about 4, below
+//!   the 6-7 changes/s where this 2-core machine's control plane stops keeping up (the
+//!   unslowed subjects' capacity). At 100 ms, four replicas would need about 8 and met that
+//!   ceiling first.
 //! - `capacity.sy1_unslowed_vs_kcm`, `capacity.sy4_vs_sy1` (ratios).
 //!
 //! Each step's figures go to stderr: the rate sent, changes rolled out, time-to-ready p50 and
@@ -80,8 +81,8 @@ const READY_SLO: Duration = Duration::from_secs(5);
 /// Both service levels hold for 99 % of what they measure.
 const QUANTILE: f64 = 0.99;
 /// The slowed subjects' reconciles: each waits this long first, this many at a time per
-/// replica (50 reconciles/s per replica at most).
-const SLOW_MS: u64 = 100;
+/// replica (25 reconciles/s per replica at most).
+const SLOW_MS: u64 = 200;
 const SLOW_CONCURRENCY: usize = 5;
 
 /// The subjects, by figure name, in the order they run.
