@@ -511,21 +511,25 @@ fn millis(ms: u64) -> prost_types::Duration {
     }
 }
 
-/// With one stream per included namespace, a read waits for its own namespace's stream: a
-/// version another namespace's stream reached says nothing about it.
-#[tokio::test]
-async fn a_read_of_one_of_several_namespaces_waits_for_that_namespaces_stream() {
-    let plane = ControlPlane::shared().unwrap();
-    let client = plane.client().await.unwrap();
-    let (a, b) = (
-        TestNamespace::create(plane, &client, "fence-a")
-            .await
-            .unwrap(),
-        TestNamespace::create(plane, &client, "fence-b")
-            .await
-            .unwrap(),
-    );
-    let (a, b) = (a.name().to_owned(), b.name().to_owned());
+/// Two fresh namespaces, deleted when dropped.
+async fn two_namespaces(
+    plane: &ControlPlane,
+    client: &switchyard_k8s::Client,
+    prefix: &str,
+) -> (TestNamespace, TestNamespace) {
+    let (a, b) = (format!("{prefix}-a"), format!("{prefix}-b"));
+    (
+        TestNamespace::create(plane, client, &a).await.unwrap(),
+        TestNamespace::create(plane, client, &b).await.unwrap(),
+    )
+}
+
+/// A queue, and a ready watcher with one stream per namespace, `a` and `b`.
+async fn watching_both(
+    plane: &ControlPlane,
+    a: &str,
+    b: &str,
+) -> (InProcess, InProcess, CacheClient<tonic::transport::Channel>) {
     let queue = queue(&[RS], &[]).await;
     let watcher = watcher(
         plane,
@@ -534,7 +538,22 @@ async fn a_read_of_one_of_several_namespaces_waits_for_that_namespaces_stream() 
     )
     .await;
     watcher.wait_ready(WITHIN).await;
-    let mut cache = cache_client(watcher.grpc()).await;
+    let cache = cache_client(watcher.grpc()).await;
+    (queue, watcher, cache)
+}
+
+/// With one stream per included namespace, a read waits for its own namespace's stream: a
+/// version another namespace's stream reached says nothing about it.
+#[tokio::test]
+async fn a_read_of_one_of_several_namespaces_waits_for_that_namespaces_stream() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let namespaces = two_namespaces(plane, &client, "fence").await;
+    let (a, b) = (
+        namespaces.0.name().to_owned(),
+        namespaces.1.name().to_owned(),
+    );
+    let (queue, watcher, mut cache) = watching_both(plane, &a, &b).await;
 
     // ReplicaSets of none, which nothing else here changes (a Pod would be scheduled).
     let created = |namespace: &str| {
@@ -631,15 +650,11 @@ async fn a_read_of_one_of_several_namespaces_waits_for_that_namespaces_stream() 
 async fn a_namespaces_stream_has_every_version_before_its_list() {
     let plane = ControlPlane::shared().unwrap();
     let client = plane.client().await.unwrap();
+    let namespaces = two_namespaces(plane, &client, "listed").await;
     let (a, b) = (
-        TestNamespace::create(plane, &client, "listed-a")
-            .await
-            .unwrap(),
-        TestNamespace::create(plane, &client, "listed-b")
-            .await
-            .unwrap(),
+        namespaces.0.name().to_owned(),
+        namespaces.1.name().to_owned(),
     );
-    let (a, b) = (a.name().to_owned(), b.name().to_owned());
     let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &a);
     let gone = sets
         .create(&PostParams::default(), &replica_set("gone", 0))
@@ -648,15 +663,7 @@ async fn a_namespaces_stream_has_every_version_before_its_list() {
     let written = gone.meta().resource_version.clone().unwrap();
     sets.delete("gone", &DeleteParams::default()).await.unwrap();
 
-    let queue = queue(&[RS], &[]).await;
-    let watcher = watcher(
-        plane,
-        &rs_config(&format!("{a}, {b}"), true),
-        &format!("--queue-addr={}", queue.grpc()),
-    )
-    .await;
-    watcher.wait_ready(WITHIN).await;
-    let mut cache = cache_client(watcher.grpc()).await;
+    let (queue, watcher, mut cache) = watching_both(plane, &a, &b).await;
     let got = cache
         .get(GetRequest {
             gvk: gvk("apps", "v1", "ReplicaSet"),
