@@ -363,13 +363,7 @@ async fn the_cache_answers_owner_label_and_fresh_reads() {
     // Read your own write: the last Pod's resourceVersion.
     let last = pods.get("lone").await.unwrap();
     let last_rv = last.meta().resource_version.clone().unwrap();
-    let fresh = |rv: &str, wait_ms: u64| {
-        Some(Freshness {
-            min_resource_version: rv.to_owned(),
-            max_wait: Some(millis(wait_ms)),
-            kind_min_resource_version: String::new(),
-        })
-    };
+    let fresh = |rv: &str, wait_ms: u64| freshness(rv, "", wait_ms);
     let list = |label_selector: &str, controller_uid: &str| ListRequest {
         gvk: gvk("", "v1", "Pod"),
         namespace: ns.clone(),
@@ -504,11 +498,17 @@ async fn the_cache_answers_owner_label_and_fresh_reads() {
     queue.stop().await;
 }
 
-fn millis(ms: u64) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: 0,
-        nanos: (ms * 1_000_000) as i32,
-    }
+/// A read at `own` (in the namespace read) and `kind` (over every namespace), waiting at
+/// most `wait_ms`; an empty version asks for nothing.
+fn freshness(own: &str, kind: &str, wait_ms: u64) -> Option<Freshness> {
+    Some(Freshness {
+        min_resource_version: own.to_owned(),
+        max_wait: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: (wait_ms * 1_000_000) as i32,
+        }),
+        kind_min_resource_version: kind.to_owned(),
+    })
 }
 
 /// Two fresh namespaces, deleted when dropped.
@@ -569,13 +569,6 @@ async fn a_read_of_one_of_several_namespaces_waits_for_that_namespaces_stream() 
     let in_a = created(&a).await;
     let in_b = created(&b).await;
     assert!(in_b.parse::<u64>().unwrap() > in_a.parse::<u64>().unwrap());
-    let freshness = |own: &str, kind: &str, wait_ms: u64| {
-        Some(Freshness {
-            min_resource_version: own.to_owned(),
-            max_wait: Some(millis(wait_ms)),
-            kind_min_resource_version: kind.to_owned(),
-        })
-    };
     let get = |namespace: &str, freshness| GetRequest {
         gvk: gvk("apps", "v1", "ReplicaSet"),
         namespace: namespace.to_owned(),
@@ -669,11 +662,7 @@ async fn a_namespaces_stream_has_every_version_before_its_list() {
             gvk: gvk("apps", "v1", "ReplicaSet"),
             namespace: a.clone(),
             name: "gone".into(),
-            freshness: Some(Freshness {
-                min_resource_version: written,
-                max_wait: Some(millis(2_000)),
-                kind_min_resource_version: String::new(),
-            }),
+            freshness: freshness(&written, "", 2_000),
         })
         .await
         .unwrap()

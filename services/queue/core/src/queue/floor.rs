@@ -81,6 +81,15 @@ impl ReadFloor {
     pub fn is_empty(&self) -> bool {
         self.kinds.is_empty() && self.namespace.is_empty()
     }
+
+    /// A floor of these kinds' versions, over every namespace and in the key's.
+    #[cfg(test)]
+    pub(crate) fn from_pairs(kinds: &[(&str, u64)], namespace: &[(&str, u64)]) -> Self {
+        Self {
+            kinds: kinds.iter().copied().collect(),
+            namespace: namespace.iter().copied().collect(),
+        }
+    }
 }
 
 /// One shard's floor.
@@ -147,28 +156,30 @@ mod tests {
         assert!(floor.iter().any(|kind| kind == ("v1/Pod", 11)));
     }
 
-    fn observed(kinds: &[(&str, u64)], namespace: &[(&str, u64)]) -> ReadFloor {
-        ReadFloor {
-            kinds: kinds.iter().copied().collect(),
-            namespace: namespace.iter().copied().collect(),
-        }
-    }
-
     #[test]
     fn a_key_reads_at_the_kinds_floor_and_its_own_namespaces() {
         let mut shard = ShardFloor::default();
-        shard.raise("a", &observed(&[("v1/Pod", 40)], &[("v1/Pod", 40)]));
-        shard.raise("b", &observed(&[("v1/Pod", 90)], &[("v1/Pod", 90)]));
+        shard.raise(
+            "a",
+            &ReadFloor::from_pairs(&[("v1/Pod", 40)], &[("v1/Pod", 40)]),
+        );
+        shard.raise(
+            "b",
+            &ReadFloor::from_pairs(&[("v1/Pod", 90)], &[("v1/Pod", 90)]),
+        );
         assert_eq!(
             shard.of("a"),
-            observed(&[("v1/Pod", 90)], &[("v1/Pod", 40)])
+            ReadFloor::from_pairs(&[("v1/Pod", 90)], &[("v1/Pod", 40)])
         );
         assert_eq!(
             shard.of("b"),
-            observed(&[("v1/Pod", 90)], &[("v1/Pod", 90)])
+            ReadFloor::from_pairs(&[("v1/Pod", 90)], &[("v1/Pod", 90)])
         );
-        assert_eq!(shard.of("c"), observed(&[("v1/Pod", 90)], &[]));
-        shard.raise("a", &observed(&[], &[("v1/Pod", 45), ("v1/Secret", 3)]));
+        assert_eq!(shard.of("c"), ReadFloor::from_pairs(&[("v1/Pod", 90)], &[]));
+        shard.raise(
+            "a",
+            &ReadFloor::from_pairs(&[], &[("v1/Pod", 45), ("v1/Secret", 3)]),
+        );
         assert_eq!(
             shard.of("a").namespace,
             [("v1/Pod", 45), ("v1/Secret", 3)].into_iter().collect()
@@ -182,10 +193,13 @@ mod tests {
             .map(|i| format!("ns-{i}"))
             .collect();
         for (i, namespace) in names.iter().enumerate() {
-            shard.raise(namespace, &observed(&[], &[("v1/Pod", 100 + i as u64)]));
+            shard.raise(
+                namespace,
+                &ReadFloor::from_pairs(&[], &[("v1/Pod", 100 + i as u64)]),
+            );
         }
-        shard.raise("ns-0", &observed(&[], &[("v1/Pod", 5000)]));
-        shard.raise("new", &observed(&[], &[("v1/Pod", 6000)]));
+        shard.raise("ns-0", &ReadFloor::from_pairs(&[], &[("v1/Pod", 5000)]));
+        shard.raise("new", &ReadFloor::from_pairs(&[], &[("v1/Pod", 6000)]));
         assert_eq!(shard.namespaces.len(), MAX_FLOOR_NAMESPACES);
         assert!(
             shard.of("ns-1").namespace.is_empty(),

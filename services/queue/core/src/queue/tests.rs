@@ -533,13 +533,6 @@ fn each_controller_retries_at_the_share_of_its_rate_that_the_served_shards_are()
     );
 }
 
-fn floor(kinds: &[(&str, u64)], namespace: &[(&str, u64)]) -> ReadFloor {
-    ReadFloor {
-        kinds: kinds.iter().copied().collect(),
-        namespace: namespace.iter().copied().collect(),
-    }
-}
-
 #[test]
 fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
     let (mut q, now) = queue();
@@ -553,7 +546,7 @@ fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
     q.raise_floor(
         first.shard(),
         "default",
-        &floor(&[("v1/Pod", 40), (RS, 12)], &[("v1/Pod", 40)]),
+        &ReadFloor::from_pairs(&[("v1/Pod", 40), (RS, 12)], &[("v1/Pod", 40)]),
     );
 
     // Another key of the same shard reads at least there too; one of another namespace
@@ -576,7 +569,7 @@ fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
         let leased = lease(&mut q, now).unwrap();
         assert_eq!(
             leased.read_floor,
-            floor(&[(RS, 12), ("v1/Pod", 40)], namespace)
+            ReadFloor::from_pairs(&[(RS, 12), ("v1/Pod", 40)], namespace)
         );
         q.complete(W, leased.shard(), 7, leased.id, Outcome::Done, now)
             .unwrap();
@@ -587,7 +580,11 @@ fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
     q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
     assert!(lease(&mut q, now).unwrap().read_floor.is_empty());
     q.release(a.shard());
-    q.raise_floor(a.shard(), "default", &floor(&[("v1/Pod", 50)], &[]));
+    q.raise_floor(
+        a.shard(),
+        "default",
+        &ReadFloor::from_pairs(&[("v1/Pod", 50)], &[]),
+    );
     q.acquire(a.shard(), 9);
     q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
     assert!(lease(&mut q, now).unwrap().read_floor.is_empty());
