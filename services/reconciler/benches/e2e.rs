@@ -21,6 +21,9 @@
 //!   (25 requests/s and a burst of 50 each per controller), so that together they may write
 //!   no faster than one: what separates its writes from `sy4_converge`'s is the speed the
 //!   extra limits allow, not the number of replicas;
+//! - `e2e.sy1_converge_concurrency40` (s): 1 reconciler running 40 reconciles at a time, as
+//!   many as `sy4_converge`'s four together: what separates its writes from `sy4_converge`'s
+//!   is the number of replicas, not the reconciles in flight;
 //! - `e2e.sy1_converge_mtls` (s): `sy1_converge` with mutual TLS between the services, the
 //!   shipped default, run right after it; `e2e.sy1_mtls_vs_plaintext` is the ratio of the two;
 //! - `e2e.sy1_converge_slow`, `e2e.sy4_converge_slow` (s): the same with every reconcile
@@ -51,6 +54,11 @@
 //!   into a key being reconciled, so its count is lower than its reconciles.
 //!   `e2e.<run>_reconciles` (Switchyard only): reconciles the reconcilers finished. The adds,
 //!   retries and reconciles by controller and the apiserver's reads by resource go to stderr.
+//! - On stderr too, what the status writes were: the statuses each ReplicaSet and Deployment
+//!   went through as a watch saw them (how many, the commonest sequences, and the time from
+//!   the first written to the last), and the time from a ReplicaSet's first Pod turning Ready
+//!   to its last. A status with intermediate ready counts (`4/1/1 > 4/3/3 > 4/4/4`) is one
+//!   write per count.
 //!
 //! `SWITCHYARD_BENCH_RUNS=sy1_converge,kcm_converge` runs only the named measurements;
 //! `SWITCHYARD_BENCH_WATCHER_CONFIG=<file>` runs the watcher with that configuration instead
@@ -65,7 +73,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use switchyard_k8s::{Api, Deployment, k8s_openapi::api::core::v1::Event, kube::api::ListParams};
+use futures::StreamExt;
+use switchyard_k8s::{
+    Api, Deployment, Pod, ReplicaSet, k8s_openapi::api::core::v1::Event, kube::api::ListParams,
+    watcher,
+};
 use switchyard_testenv::manifests;
 
 use crate::support::{
@@ -184,6 +196,170 @@ fn between<K: Clone + Ord>(
         .collect()
 }
 
+/// The statuses each ReplicaSet and Deployment of the namespace went through, as a watch sees
+/// them: what tells a write that carried a real intermediate count from one that repeated a
+/// status. A status is `replicas/ready/available` (and `updated` for a Deployment) with its
+/// observed generation.
+#[derive(Default)]
+struct Statuses {
+    by_object: BTreeMap<String, Vec<(String, Instant)>>,
+}
+
+impl Statuses {
+    fn record(&mut self, object: String, status: String) {
+        let seen = self.by_object.entry(object).or_default();
+        if seen.last().map(|(s, _)| s) != Some(&status) {
+            seen.push((status, Instant::now()));
+        }
+    }
+
+    /// On stderr: how many objects went through how many statuses, the commonest sequences,
+    /// and the time from each object's second status (its first written) to its last.
+    fn report(&self, under: &Under, kind: &str) {
+        let mut counts = BTreeMap::<usize, usize>::new();
+        let mut sequences = BTreeMap::<String, usize>::new();
+        let mut spans = Vec::new();
+        for seen in self.by_object.values() {
+            *counts.entry(seen.len()).or_default() += 1;
+            let sequence: Vec<_> = seen.iter().map(|(s, _)| s.as_str()).collect();
+            *sequences.entry(sequence.join(" > ")).or_default() += 1;
+            if let (Some((_, first)), Some((_, last))) = (seen.get(1), seen.last()) {
+                spans.push(last.duration_since(*first).as_millis());
+            }
+        }
+        let mut common: Vec<_> = sequences.into_iter().collect();
+        common.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        eprintln!(
+            "{under:?}: {kind} statuses per object: {counts:?}; first written to last, ms: {}",
+            spread(spans)
+        );
+        for (sequence, n) in common.iter().take(8) {
+            eprintln!("{under:?}:   {n:5} x {sequence}");
+        }
+    }
+}
+
+fn replica_set_status(rs: &ReplicaSet) -> Option<(String, String)> {
+    let name = rs.metadata.name.clone()?;
+    let status = rs.status.as_ref().map_or_else(String::new, |s| {
+        format!(
+            "g{} {}/{}/{}",
+            s.observed_generation.unwrap_or(0),
+            s.replicas,
+            s.ready_replicas.unwrap_or(0),
+            s.available_replicas.unwrap_or(0)
+        )
+    });
+    Some((name, status))
+}
+
+/// A Pod, keyed `<owner> <name>` by its first owner, and whether it is Ready.
+fn pod_readiness(pod: &Pod) -> Option<(String, String)> {
+    let owner = pod
+        .metadata
+        .owner_references
+        .as_ref()?
+        .first()?
+        .name
+        .clone();
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let name = pod.metadata.name.clone()?;
+    Some((
+        format!("{owner} {name}"),
+        if ready { "ready" } else { "not ready" }.to_owned(),
+    ))
+}
+
+/// Per ReplicaSet, the time from its first Pod turning Ready to its last.
+fn report_readiness(under: &Under, pods: &Statuses) {
+    let mut by_owner = BTreeMap::<&str, (Instant, Instant)>::new();
+    for (key, seen) in &pods.by_object {
+        let owner = key.split(' ').next().unwrap_or_default();
+        if let Some((_, at)) = seen.iter().find(|(s, _)| s == "ready") {
+            let span = by_owner.entry(owner).or_insert((*at, *at));
+            span.0 = span.0.min(*at);
+            span.1 = span.1.max(*at);
+        }
+    }
+    let spans: Vec<_> = by_owner
+        .values()
+        .map(|(a, b)| b.duration_since(*a).as_millis())
+        .collect();
+    eprintln!(
+        "{under:?}: a ReplicaSet's first Pod Ready to its last, ms: {1} (of {0})",
+        spans.len(),
+        spread(spans)
+    );
+}
+
+/// `p10 .. p50 .. p90 .. max ..` of `spans`.
+fn spread(mut spans: Vec<u128>) -> String {
+    spans.sort_unstable();
+    let at = |q: f64| {
+        spans
+            .get(((spans.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    format!(
+        "p10 {} p50 {} p90 {} max {}",
+        at(0.1),
+        at(0.5),
+        at(0.9),
+        at(1.0)
+    )
+}
+
+fn deployment_status(d: &Deployment) -> Option<(String, String)> {
+    let name = d.metadata.name.clone()?;
+    let status = d.status.as_ref().map_or_else(String::new, |s| {
+        format!(
+            "g{} {}/{}/{}/{}",
+            s.observed_generation.unwrap_or(0),
+            s.replicas.unwrap_or(0),
+            s.updated_replicas.unwrap_or(0),
+            s.ready_replicas.unwrap_or(0),
+            s.available_replicas.unwrap_or(0)
+        )
+    });
+    Some((name, status))
+}
+
+/// Watches `api` until aborted, recording every status `summary` gives.
+fn record_statuses<K>(
+    api: Api<K>,
+    summary: fn(&K) -> Option<(String, String)>,
+) -> (
+    std::sync::Arc<std::sync::Mutex<Statuses>>,
+    tokio::task::JoinHandle<()>,
+)
+where
+    K: switchyard_k8s::kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    let statuses = std::sync::Arc::new(std::sync::Mutex::new(Statuses::default()));
+    let into = statuses.clone();
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) = event
+                && let Some((name, status)) = summary(&object)
+            {
+                into.lock().unwrap().record(name, status);
+            }
+        }
+    });
+    (statuses, task)
+}
+
 /// Seconds from the first create until every Deployment is Available.
 async fn converge(name: &str, under: Under, count: usize) -> f64 {
     let (plane, client) = plane_with_namespace(NODES, NAMESPACE).await;
@@ -196,6 +372,15 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
         cpu_of(&controllers.pids()),
         cpu_of(&[]),
         plane.cpu_seconds(),
+    );
+    let (replica_sets, replica_set_watch) = record_statuses(
+        Api::<ReplicaSet>::namespaced(client.clone(), NAMESPACE),
+        replica_set_status,
+    );
+    let (deployments, deployment_watch) = record_statuses(api.clone(), deployment_status);
+    let (pods, pod_watch) = record_statuses(
+        Api::<Pod>::namespaced(client.clone(), NAMESPACE),
+        pod_readiness,
     );
     let start = Instant::now();
     create_all(&api, count, |i| deployment(&format!("d{i:04}"))).await;
@@ -219,6 +404,12 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let took = start.elapsed().as_secs_f64();
+    replica_set_watch.abort();
+    deployment_watch.abort();
+    replica_sets.lock().unwrap().report(&under, "ReplicaSet");
+    deployments.lock().unwrap().report(&under, "Deployment");
+    pod_watch.abort();
+    report_readiness(&under, &pods.lock().unwrap());
     let controllers_cpu = cpu_of(&controllers.pids()) - controllers_cpu;
     let bench_cpu = cpu_of(&[]) - bench_cpu;
     let plane_cpu = plane.cpu_seconds() - plane_cpu;
@@ -298,12 +489,16 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
 }
 
 /// The measurements, by figure name, in the order they run.
-const RUNS: [(&str, Under); 10] = [
+const RUNS: [(&str, Under); 11] = [
     ("kcm_converge", Under::ControllerManager),
     ("sy1_converge", Under::switchyard(1, 0)),
     ("sy1_converge_mtls", Under::switchyard_mtls(1)),
     ("sy2_converge", Under::switchyard(2, 0)),
     ("sy4_converge", Under::switchyard(4, 0)),
+    (
+        "sy1_converge_concurrency40",
+        Under::switchyard_slow(1, 0, 40),
+    ),
     (
         "sy4_converge_shared_limits",
         Under::switchyard_shared_limits(4),
