@@ -262,11 +262,7 @@ fn pod_readiness(pod: &Pod) -> Option<(String, String)> {
         .first()?
         .name
         .clone();
-    let ready = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let ready = switchyard_reconciler_core::replicaset::is_ready(pod);
     let name = pod.metadata.name.clone()?;
     Some((
         format!("{owner} {name}"),
