@@ -253,18 +253,24 @@ impl ControlPlane {
         client_from(&self.kubeconfig).await
     }
 
-    /// The etcd client URL under the apiserver.
     /// The CPU time its processes (etcd, kube-apiserver, kube-scheduler, kwok) have used so
     /// far, in seconds.
     pub fn cpu_seconds(&self) -> f64 {
+        self.cpu_seconds_by_process().iter().map(|(_, s)| s).sum()
+    }
+
+    /// The CPU time each of its processes has used so far, in seconds, by process name, in
+    /// the order they started.
+    pub fn cpu_seconds_by_process(&self) -> Vec<(String, f64)> {
         self.processes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
-            .filter_map(|p| crate::cpu_seconds(p.pid()))
-            .sum()
+            .filter_map(|p| Some((p.name().to_owned(), crate::cpu_seconds(p.pid())?)))
+            .collect()
     }
 
+    /// The etcd client URL under the apiserver.
     pub fn etcd_url(&self) -> &str {
         &self.etcd_url
     }

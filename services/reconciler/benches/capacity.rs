@@ -37,7 +37,10 @@
 //! - `capacity.sy1_unslowed_vs_kcm`, `capacity.sy4_vs_sy1` (ratios).
 //!
 //! Each step's figures go to stderr: the rate sent, changes rolled out, time-to-ready p50 and
-//! p99, the share of keys within the 1 s queue wait. `SWITCHYARD_BENCH_RUNS=kcm,sy1_unslowed`
+//! p99, the share of keys within the 1 s queue wait, the reconcilers' reconcile times, and
+//! the CPU cores each process used from the step's first change to the end of its drain
+//! (etcd, kube-apiserver, kube-scheduler, kwok, the controllers, and the benchmark's own
+//! process, which holds the load generator and, for Switchyard, the queue and the watcher). `SWITCHYARD_BENCH_RUNS=kcm,sy1_unslowed`
 //! runs only the named subjects.
 
 #![allow(clippy::unwrap_used)]
@@ -59,7 +62,11 @@ use switchyard_k8s::{
 };
 use switchyard_testenv::manifests;
 
-use crate::support::{Buckets, Controllers, Under, create_all, plane_with_namespace, print_ratios};
+use switchyard_testenv::ControlPlane;
+
+use crate::support::{
+    Buckets, Controllers, Under, cpu_of, create_all, plane_with_namespace, print_ratios,
+};
 
 const DEPLOYMENTS: usize = 200;
 const REPLICAS: i32 = 2;
@@ -166,6 +173,11 @@ struct Step {
     /// [`Duration::MAX`].
     took: Vec<Duration>,
     queue_wait: Buckets,
+    /// The Switchyard reconcilers' reconcile times (none for kube-controller-manager).
+    reconciles: Buckets,
+    /// CPU-seconds each process used from the step's first change to the end of its drain.
+    cpu: Vec<(String, f64)>,
+    elapsed: Duration,
 }
 
 impl Step {
@@ -202,7 +214,59 @@ impl Step {
             self.queue_wait.count(),
             if self.met() { "met" } else { "missed" }
         );
+        if self.reconciles.count() > 0.0 {
+            eprintln!(
+                "{subject}: {:.2} changes/s: {} reconciles, p50 <= {} s, p99 <= {} s (bucket \
+                 bounds)",
+                self.rate,
+                self.reconciles.count(),
+                self.reconciles.quantile_bound(0.5),
+                self.reconciles.quantile_bound(0.99)
+            );
+        }
+        let seconds = self.elapsed.as_secs_f64();
+        let cores: Vec<String> = self
+            .cpu
+            .iter()
+            .map(|(who, used)| format!("{who} {:.2}", used / seconds))
+            .collect();
+        let total: f64 = self.cpu.iter().map(|(_, used)| used).sum();
+        eprintln!(
+            "{subject}: {:.2} changes/s: CPU cores over {seconds:.1} s: {}; all {:.2}",
+            self.rate,
+            cores.join(", "),
+            total / seconds
+        );
     }
+}
+
+/// The CPU-seconds each process has used so far: the control plane's, the controllers'
+/// (kube-controller-manager or the reconcilers) and this one's (the load generator and its
+/// watch, and Switchyard's queue and watcher).
+fn cpu_used(plane: &ControlPlane, controllers: &Controllers) -> Vec<(String, f64)> {
+    let mut used = plane.cpu_seconds_by_process();
+    let this = cpu_of(&[]);
+    let name = match controllers {
+        Controllers::Kcm(_) => "kube-controller-manager",
+        Controllers::Switchyard { .. } => "reconcilers",
+    };
+    used.push((name.to_owned(), cpu_of(&controllers.pids()) - this));
+    used.push(("this process".to_owned(), this));
+    used
+}
+
+/// What each process used between two readings of [`cpu_used`].
+fn cpu_between(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .map(|(who, used)| {
+            let earlier = before
+                .iter()
+                .find(|(w, _)| w == who)
+                .map_or(0.0, |(_, u)| *u);
+            (who.clone(), used - earlier)
+        })
+        .collect()
 }
 
 /// Waits until no change is pending, every Deployment is rolled out at its generation and
@@ -241,6 +305,7 @@ async fn settle(
 
 /// Sends changes at `rate` for [`STEP`], then waits up to [`DRAIN`] for them to roll out.
 async fn step(
+    plane: &ControlPlane,
     api: &Api<Deployment>,
     controllers: &Controllers,
     changes: &Arc<Mutex<Changes>>,
@@ -249,6 +314,8 @@ async fn step(
 ) -> Step {
     changes.lock().unwrap().took.clear();
     let queue_before = controllers.queue_wait().await;
+    let reconciles_before = controllers.reconcile_time().await;
+    let cpu_before = cpu_used(plane, controllers);
     let count = (rate * STEP.as_secs_f64()).round() as usize;
     let start = tokio::time::Instant::now();
     let mut sending = Vec::with_capacity(count);
@@ -279,7 +346,10 @@ async fn step(
     while changes.lock().unwrap().unfinished() > 0 && drained.elapsed() < DRAIN {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let elapsed = start.elapsed();
+    let cpu = cpu_between(&cpu_before, &cpu_used(plane, controllers));
     let queue_wait = controllers.queue_wait().await.since(&queue_before);
+    let reconciles = controllers.reconcile_time().await.since(&reconciles_before);
     let mut changes = changes.lock().unwrap();
     let mut took = std::mem::take(&mut changes.took);
     took.extend(std::iter::repeat_n(Duration::MAX, changes.unfinished()));
@@ -289,6 +359,9 @@ async fn step(
         sent: count,
         took,
         queue_wait,
+        reconciles,
+        cpu,
+        elapsed,
     }
 }
 
@@ -317,7 +390,7 @@ async fn capacity(subject: &str, under: Under) -> f64 {
 
     let (mut rate, mut met, mut next_change) = (FIRST_RATE, 0.0, 0);
     while rate <= HIGHEST_RATE {
-        let step = step(&api, &controllers, &changes, rate, &mut next_change).await;
+        let step = step(&plane, &api, &controllers, &changes, rate, &mut next_change).await;
         step.print(subject);
         if !step.met() {
             break;
