@@ -19,6 +19,7 @@
 //! stream of the kind waits for.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -103,6 +104,10 @@ pub struct ListFilter<'a> {
     pub controller_uid: &'a str,
     /// Read at least this resourceVersion of the kind (a write of this reconcile).
     pub min_resource_version: Option<&'a str>,
+    /// The objects that `controller_uid` controls or `label_selector` matches, each once,
+    /// instead of those that both hold for: a ReplicaSet's Pods and the orphans its selector
+    /// could adopt, in one call.
+    pub either: bool,
 }
 
 /// Reads from one or more watcher replicas, in turn; cheap to clone. A clone made by
@@ -355,6 +360,43 @@ impl CacheClient {
         namespace: &str,
         filter: ListFilter<'_>,
     ) -> Result<Vec<K>, CacheError> {
+        let (objects, either) = self.list_once(namespace, &filter).await?;
+        if !filter.either || either {
+            return Ok(objects);
+        }
+        // A watcher built before `either` answered with the objects that match both: read
+        // the two sets apart.
+        let one = ListFilter {
+            either: false,
+            ..filter
+        };
+        let owned = ListFilter {
+            label_selector: "",
+            ..one.clone()
+        };
+        let selected = ListFilter {
+            controller_uid: "",
+            ..one
+        };
+        let (owned, selected) = futures::try_join!(
+            self.list_once::<K>(namespace, &owned),
+            self.list_once::<K>(namespace, &selected),
+        )?;
+        let mut union = BTreeMap::new();
+        for object in owned.0.into_iter().chain(selected.0) {
+            let meta = object.meta();
+            let key = (meta.namespace.clone(), meta.name.clone());
+            union.insert(key, object);
+        }
+        Ok(union.into_values().collect())
+    }
+
+    /// One `List` call: the objects, and whether the watcher honoured `either`.
+    async fn list_once<K: Resource<DynamicType = ()> + DeserializeOwned>(
+        &self,
+        namespace: &str,
+        filter: &ListFilter<'_>,
+    ) -> Result<(Vec<K>, bool), CacheError> {
         let kind = kind_key::<K>();
         let request = ListRequest {
             gvk: Some(gvk::<K>()),
@@ -362,6 +404,7 @@ impl CacheClient {
             label_selector: filter.label_selector.to_owned(),
             controller_uid: filter.controller_uid.to_owned(),
             freshness: freshness(filter.min_resource_version, self.floor_of(&kind, namespace)),
+            either: filter.either,
         };
         let mut chunks = self
             .call("List", |mut grpc| {
@@ -370,14 +413,15 @@ impl CacheClient {
             })
             .await?;
         let call = CacheError::call("List");
-        let mut objects = Vec::new();
+        let (mut objects, mut either) = (Vec::new(), false);
         while let Some(chunk) = chunks.message().await.map_err(&call)? {
+            either |= chunk.either;
             for json in &chunk.objects_json {
                 objects.push(decode(json)?);
             }
         }
         self.raise(kind, namespace, filter.min_resource_version, &objects);
-        Ok(objects)
+        Ok((objects, either))
     }
 }
 

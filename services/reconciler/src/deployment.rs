@@ -419,29 +419,23 @@ impl Run<'_> {
     }
 }
 
+/// The ReplicaSets the Deployment controls and those its selector matches (orphans to
+/// adopt), in name order.
 async fn read_replica_sets(ctx: &Context, spec: &Spec<'_>) -> Result<Vec<ReplicaSet>> {
     let query = spec.selector.to_query();
-    let (owned, selected) = futures::try_join!(
-        ctx.cache.list::<ReplicaSet>(
-            spec.namespace,
-            ListFilter {
-                controller_uid: spec.uid,
-                ..ListFilter::default()
-            },
-        ),
-        ctx.cache.list::<ReplicaSet>(
+    let rss = ctx
+        .cache
+        .list::<ReplicaSet>(
             spec.namespace,
             ListFilter {
                 label_selector: &query,
+                controller_uid: spec.uid,
+                either: true,
                 ..ListFilter::default()
             },
-        ),
-    )?;
-    let mut by_name: BTreeMap<String, ReplicaSet> = BTreeMap::new();
-    for rs in owned.into_iter().chain(selected) {
-        by_name.insert(rs_name(&rs).to_owned(), rs);
-    }
-    Ok(by_name.into_values().collect())
+        )
+        .await?;
+    Ok(rss)
 }
 
 /// Sets or removes the Deployment as the ReplicaSet's controller, unless the ReplicaSet

@@ -107,32 +107,24 @@ fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.is_not_found())
 }
 
+/// The Pods the ReplicaSet controls and those its selector matches (orphans to adopt), in
+/// name order.
 async fn read_pods(ctx: &Context, spec: &Spec<'_>, min_rv: Option<&str>) -> Result<Vec<Pod>> {
     let namespace = spec.rs.metadata.namespace.as_deref().unwrap_or_default();
     let query = spec.selector.to_query();
-    let (owned, selected) = futures::try_join!(
-        ctx.cache.list::<Pod>(
-            namespace,
-            ListFilter {
-                controller_uid: spec.uid,
-                min_resource_version: min_rv,
-                ..ListFilter::default()
-            },
-        ),
-        ctx.cache.list::<Pod>(
+    let pods = ctx
+        .cache
+        .list::<Pod>(
             namespace,
             ListFilter {
                 label_selector: &query,
+                controller_uid: spec.uid,
                 min_resource_version: min_rv,
-                ..ListFilter::default()
+                either: true,
             },
-        ),
-    )?;
-    let mut by_name: BTreeMap<String, Pod> = BTreeMap::new();
-    for pod in owned.into_iter().chain(selected) {
-        by_name.insert(pod.metadata.name.clone().unwrap_or_default(), pod);
-    }
-    Ok(by_name.into_values().collect())
+        )
+        .await?;
+    Ok(pods)
 }
 
 /// Sets the ReplicaSet as the Pod's controller, unless the Pod changed since it was read.

@@ -266,6 +266,7 @@ impl cache_server::Cache for CacheService {
             label_selector,
             controller_uid,
             freshness,
+            either,
         } = request.into_inner();
         let cache = self.resource(gvk.as_ref())?;
         let selector = Selector::parse(&label_selector)
@@ -273,14 +274,23 @@ impl cache_server::Cache for CacheService {
         fresh(&cache, &namespace, freshness).await?;
         let (objects, rv) = {
             let store = cache.read();
-            let objects: Vec<Vec<u8>> = store
-                .list(
-                    (!namespace.is_empty()).then_some(namespace.as_str()),
-                    (!controller_uid.is_empty()).then_some(controller_uid.as_str()),
-                    &selector,
-                )
-                .map(<[u8]>::to_vec)
-                .collect();
+            let namespace = (!namespace.is_empty()).then_some(namespace.as_str());
+            let owner = (!controller_uid.is_empty()).then_some(controller_uid.as_str());
+            let objects: Vec<Vec<u8>> = match (either, owner) {
+                (true, Some(uid)) => store
+                    .list_either(namespace, uid, &selector)
+                    .map(<[u8]>::to_vec)
+                    .collect(),
+                // Any owner, or the selector: every object.
+                (true, None) => store
+                    .list(namespace, None, &Selector::default())
+                    .map(<[u8]>::to_vec)
+                    .collect(),
+                (false, owner) => store
+                    .list(namespace, owner, &selector)
+                    .map(<[u8]>::to_vec)
+                    .collect(),
+            };
             (objects, store.resource_version().to_string())
         };
         let mut chunks: Vec<Result<ListResponse, Status>> = objects
@@ -289,6 +299,7 @@ impl cache_server::Cache for CacheService {
                 Ok(ListResponse {
                     objects_json: chunk.to_vec(),
                     cache_resource_version: rv.clone(),
+                    either,
                 })
             })
             .collect();
@@ -296,6 +307,7 @@ impl cache_server::Cache for CacheService {
             chunks.push(Ok(ListResponse {
                 objects_json: Vec::new(),
                 cache_resource_version: rv,
+                either,
             }));
         }
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))

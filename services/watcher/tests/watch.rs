@@ -298,9 +298,14 @@ async fn list_names(
     cache: &mut CacheClient<tonic::transport::Channel>,
     request: ListRequest,
 ) -> Vec<String> {
+    let either = request.either;
     let mut stream = cache.list(request).await.unwrap().into_inner();
     let mut names = Vec::new();
     while let Some(chunk) = stream.message().await.unwrap() {
+        assert_eq!(
+            chunk.either, either,
+            "the answer acknowledges `either` as asked"
+        );
         for json in chunk.objects_json {
             let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
             names.push(value["metadata"]["name"].as_str().unwrap().to_owned());
@@ -370,6 +375,11 @@ async fn the_cache_answers_owner_label_and_fresh_reads() {
         label_selector: label_selector.into(),
         controller_uid: controller_uid.into(),
         freshness: fresh(&last_rv, 900),
+        either: false,
+    };
+    let either = |label_selector: &str, controller_uid: &str| ListRequest {
+        either: true,
+        ..list(label_selector, controller_uid)
     };
     assert_eq!(
         list_names(&mut cache, list("", &a_uid)).await,
@@ -391,6 +401,19 @@ async fn the_cache_answers_owner_label_and_fresh_reads() {
     assert_eq!(
         list_names(&mut cache, list("app notin (a,b)", "")).await,
         Vec::<String>::new()
+    );
+    // The union of what an owner controls and what a selector matches, each once.
+    assert_eq!(
+        list_names(&mut cache, either("app=a,!tier", &b_uid)).await,
+        ["b-1", "lone"]
+    );
+    assert_eq!(
+        list_names(&mut cache, either("app=a", &a_uid)).await,
+        ["a-1", "a-2", "lone"]
+    );
+    assert_eq!(
+        list_names(&mut cache, either("app=none", &b_uid)).await,
+        ["b-1"]
     );
 
     // Metadata-only Pods have no spec; ReplicaSets are cached whole.
@@ -614,6 +637,7 @@ async fn a_read_of_one_of_several_namespaces_waits_for_that_namespaces_stream() 
         label_selector: String::new(),
         controller_uid: String::new(),
         freshness,
+        either: false,
     };
     let status = cache
         .list(every(freshness(&in_a, "", 300)))
