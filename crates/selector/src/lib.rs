@@ -113,6 +113,27 @@ impl Selector {
     pub fn matches(&self, labels: impl Labels) -> bool {
         self.requirements.iter().all(|r| r.matches(&labels))
     }
+
+    /// The requirements that all of `selectors` have (the first's, in its order, that each
+    /// of the others has too): every label set that matches one of them matches this, so one
+    /// read with it, filtered by each, finds what a read with each would. Empty when they
+    /// share none, or when there are none.
+    pub fn common<'a>(selectors: impl IntoIterator<Item = &'a Self>) -> Self {
+        let mut selectors = selectors.into_iter();
+        let Some(first) = selectors.next() else {
+            return Self::default();
+        };
+        let mut requirements = first.requirements.clone();
+        for other in selectors {
+            requirements.retain(|r| other.requirements.contains(r));
+        }
+        Self { requirements }
+    }
+
+    /// Whether it has no requirement, and so matches every label set.
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
 }
 
 impl Requirement {
@@ -237,6 +258,36 @@ mod tests {
         assert!(!selector.matches(labels(&[("app", "web")])));
         assert_eq!(selector.to_string(), "app=web,tier=front");
         assert!(Selector::from_labels(labels(&[])).matches(labels(&[])));
+    }
+
+    #[test]
+    fn the_common_part_matches_whatever_one_of_them_matches() {
+        let parse = |text: &str| Selector::parse(text).unwrap();
+        let siblings = [
+            parse("app=web,pod-template-hash=a"),
+            parse("pod-template-hash=b,app=web"),
+            parse("app=web,pod-template-hash=c,!legacy"),
+        ];
+        let common = Selector::common(&siblings);
+        assert_eq!(common.to_string(), "app=web");
+        for set in [
+            labels(&[("app", "web"), ("pod-template-hash", "a")]),
+            labels(&[("app", "web"), ("pod-template-hash", "b"), ("legacy", "")]),
+            labels(&[("app", "web"), ("pod-template-hash", "c")]),
+            labels(&[("app", "db"), ("pod-template-hash", "a")]),
+            labels(&[]),
+        ] {
+            if siblings.iter().any(|s| s.matches(&set)) {
+                assert!(common.matches(&set), "{set:?}");
+            }
+        }
+        assert!(!common.matches(labels(&[("app", "db")])));
+        assert!(Selector::common(&[parse("app=web"), parse("app=db")]).is_empty());
+        assert!(Selector::common([]).is_empty());
+        assert_eq!(
+            Selector::common(&[parse("app=web,tier in (a,b)")]).to_string(),
+            "app=web,tier in (a,b)"
+        );
     }
 
     #[test]

@@ -47,6 +47,19 @@ impl Selector {
         self.0.matches(labels)
     }
 
+    /// The requirements all of `selectors` share: it matches whatever one of them matches
+    /// (empty when they share none).
+    pub fn common<'a>(selectors: impl IntoIterator<Item = &'a Self>) -> Self {
+        Self(switchyard_selector::Selector::common(
+            selectors.into_iter().map(|s| &s.0),
+        ))
+    }
+
+    /// Whether it matches every label set.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The string form for the Cache API (`app=web,tier in (a,b),!legacy`).
     pub fn to_query(&self) -> String {
         self.0.to_string()
