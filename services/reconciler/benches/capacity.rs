@@ -40,8 +40,8 @@
 //! p99, the share of keys within the 1 s queue wait, the reconcilers' reconcile times, and
 //! the CPU cores each process used from the step's first change to the end of its drain
 //! (etcd, kube-apiserver, kube-scheduler, kwok, the controllers, and the benchmark's own
-//! process, which holds the load generator and, for Switchyard, the queue and the watcher). `SWITCHYARD_BENCH_RUNS=kcm,sy1_unslowed`
-//! runs only the named subjects.
+//! process, which holds the load generator and, for Switchyard, the queue and the watcher).
+//! `SWITCHYARD_BENCH_RUNS=kcm,sy1_unslowed` runs only the named subjects.
 
 #![allow(clippy::unwrap_used)]
 
@@ -60,12 +60,10 @@ use switchyard_k8s::{
     kube::api::{Patch, PatchParams},
     watcher,
 };
-use switchyard_testenv::manifests;
-
-use switchyard_testenv::ControlPlane;
+use switchyard_testenv::{ControlPlane, manifests};
 
 use crate::support::{
-    Buckets, Controllers, Under, cpu_of, create_all, plane_with_namespace, print_ratios,
+    Buckets, Controllers, Under, between, cpu_of, create_all, plane_with_namespace, print_ratios,
 };
 
 const DEPLOYMENTS: usize = 200;
@@ -176,7 +174,7 @@ struct Step {
     /// The Switchyard reconcilers' reconcile times (none for kube-controller-manager).
     reconciles: Buckets,
     /// CPU-seconds each process used from the step's first change to the end of its drain.
-    cpu: Vec<(String, f64)>,
+    cpu: BTreeMap<String, f64>,
     elapsed: Duration,
 }
 
@@ -230,7 +228,7 @@ impl Step {
             .iter()
             .map(|(who, used)| format!("{who} {:.2}", used / seconds))
             .collect();
-        let total: f64 = self.cpu.iter().map(|(_, used)| used).sum();
+        let total: f64 = self.cpu.values().sum();
         eprintln!(
             "{subject}: {:.2} changes/s: CPU cores over {seconds:.1} s: {}; all {:.2}",
             self.rate,
@@ -243,30 +241,16 @@ impl Step {
 /// The CPU-seconds each process has used so far: the control plane's, the controllers'
 /// (kube-controller-manager or the reconcilers) and this one's (the load generator and its
 /// watch, and Switchyard's queue and watcher).
-fn cpu_used(plane: &ControlPlane, controllers: &Controllers) -> Vec<(String, f64)> {
-    let mut used = plane.cpu_seconds_by_process();
+fn cpu_used(plane: &ControlPlane, controllers: &Controllers) -> BTreeMap<String, f64> {
+    let mut used: BTreeMap<String, f64> = plane.cpu_seconds_by_process().into_iter().collect();
     let this = cpu_of(&[]);
     let name = match controllers {
         Controllers::Kcm(_) => "kube-controller-manager",
         Controllers::Switchyard { .. } => "reconcilers",
     };
-    used.push((name.to_owned(), cpu_of(&controllers.pids()) - this));
-    used.push(("this process".to_owned(), this));
+    used.insert(name.to_owned(), cpu_of(&controllers.pids()) - this);
+    used.insert("this process".to_owned(), this);
     used
-}
-
-/// What each process used between two readings of [`cpu_used`].
-fn cpu_between(before: &[(String, f64)], after: &[(String, f64)]) -> Vec<(String, f64)> {
-    after
-        .iter()
-        .map(|(who, used)| {
-            let earlier = before
-                .iter()
-                .find(|(w, _)| w == who)
-                .map_or(0.0, |(_, u)| *u);
-            (who.clone(), used - earlier)
-        })
-        .collect()
 }
 
 /// Waits until no change is pending, every Deployment is rolled out at its generation and
@@ -347,7 +331,7 @@ async fn step(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let elapsed = start.elapsed();
-    let cpu = cpu_between(&cpu_before, &cpu_used(plane, controllers));
+    let cpu = between(&cpu_before, &cpu_used(plane, controllers));
     let queue_wait = controllers.queue_wait().await.since(&queue_before);
     let reconciles = controllers.reconcile_time().await.since(&reconciles_before);
     let mut changes = changes.lock().unwrap();

@@ -81,7 +81,8 @@ use switchyard_k8s::{
 use switchyard_testenv::manifests;
 
 use crate::support::{
-    Controllers, Under, counter, cpu_of, create_all, label, plane_with_namespace, print_ratios,
+    Controllers, Under, between, counter, cpu_of, create_all, label, plane_with_namespace,
+    print_ratios,
 };
 
 const REPLICAS: i32 = 4;
@@ -182,18 +183,6 @@ fn controller_writes(requests: &BTreeMap<Request, f64>) -> BTreeMap<String, f64>
     requests_by_name(requests, |r| {
         r.controller_write() && r.code.starts_with('2')
     })
-}
-
-/// `after - before`, without the zeros.
-fn between<K: Clone + Ord>(
-    before: &BTreeMap<K, f64>,
-    after: &BTreeMap<K, f64>,
-) -> BTreeMap<K, f64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .collect()
 }
 
 /// The statuses each ReplicaSet and Deployment of the namespace went through, as a watch sees

@@ -366,17 +366,15 @@ impl CacheClient {
         }
         // A watcher built before `either` answered with the objects that match both: read
         // the two sets apart.
-        let one = ListFilter {
-            either: false,
-            ..filter
-        };
         let owned = ListFilter {
             label_selector: "",
-            ..one.clone()
+            either: false,
+            ..filter.clone()
         };
         let selected = ListFilter {
             controller_uid: "",
-            ..one
+            either: false,
+            ..filter
         };
         let (owned, selected) = futures::try_join!(
             self.list_once::<K>(namespace, &owned),

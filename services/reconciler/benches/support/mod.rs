@@ -252,6 +252,18 @@ impl Controllers {
     }
 }
 
+/// `after - before`, without the zeros.
+pub fn between<K: Clone + Ord>(
+    before: &BTreeMap<K, f64>,
+    after: &BTreeMap<K, f64>,
+) -> BTreeMap<K, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
 /// The samples of the counter `name` in a Prometheus text exposition, by label set.
 pub fn counter(text: &str, name: &str) -> BTreeMap<String, f64> {
     let mut samples = BTreeMap::new();
