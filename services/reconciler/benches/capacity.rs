@@ -37,10 +37,12 @@
 //! - `capacity.sy1_unslowed_vs_kcm`, `capacity.sy4_vs_sy1` (ratios).
 //!
 //! Each step's figures go to stderr: the rate sent, changes rolled out, time-to-ready p50 and
-//! p99, the share of keys within the 1 s queue wait, the reconcilers' reconcile times, and
-//! the CPU cores each process used from the step's first change to the end of its drain
-//! (etcd, kube-apiserver, kube-scheduler, kwok, the controllers, and the benchmark's own
-//! process, which holds the load generator and, for Switchyard, the queue and the watcher).
+//! p99, the share of keys within the 1 s queue wait, the reconcilers' reconcile times, where
+//! they waited (their Cache API calls and apiserver writes, and the watcher's waits for a
+//! read's resourceVersion), and the CPU cores each process used from the step's first change
+//! to the end of its drain (etcd, kube-apiserver, kube-scheduler, kwok, the controllers, and
+//! the benchmark's own process, which holds the load generator and, for Switchyard, the queue
+//! and the watcher).
 //! `SWITCHYARD_BENCH_RUNS=kcm,sy1_unslowed` runs only the named subjects.
 
 #![allow(clippy::unwrap_used)]
@@ -173,6 +175,8 @@ struct Step {
     queue_wait: Buckets,
     /// The Switchyard reconcilers' reconcile times (none for kube-controller-manager).
     reconciles: Buckets,
+    /// Where Switchyard's reconciles waited ([`Controllers::waits`]).
+    waits: BTreeMap<&'static str, Buckets>,
     /// CPU-seconds each process used from the step's first change to the end of its drain.
     cpu: BTreeMap<String, f64>,
     elapsed: Duration,
@@ -220,6 +224,26 @@ impl Step {
                 self.reconciles.count(),
                 self.reconciles.quantile_bound(0.5),
                 self.reconciles.quantile_bound(0.99)
+            );
+        }
+        let waits: Vec<String> = self
+            .waits
+            .iter()
+            .filter(|(_, took)| took.count() > 0.0)
+            .map(|(what, took)| {
+                format!(
+                    "{what} {} p50 <= {} s, p99 <= {} s",
+                    took.count(),
+                    took.quantile_bound(0.5),
+                    took.quantile_bound(0.99)
+                )
+            })
+            .collect();
+        if !waits.is_empty() {
+            eprintln!(
+                "{subject}: {:.2} changes/s: {} (bucket bounds)",
+                self.rate,
+                waits.join("; ")
             );
         }
         let seconds = self.elapsed.as_secs_f64();
@@ -299,6 +323,7 @@ async fn step(
     changes.lock().unwrap().took.clear();
     let queue_before = controllers.queue_wait().await;
     let reconciles_before = controllers.reconcile_time().await;
+    let waits_before = controllers.waits().await;
     let cpu_before = cpu_used(plane, controllers);
     let count = (rate * STEP.as_secs_f64()).round() as usize;
     let start = tokio::time::Instant::now();
@@ -334,6 +359,15 @@ async fn step(
     let cpu = between(&cpu_before, &cpu_used(plane, controllers));
     let queue_wait = controllers.queue_wait().await.since(&queue_before);
     let reconciles = controllers.reconcile_time().await.since(&reconciles_before);
+    let waits = controllers
+        .waits()
+        .await
+        .into_iter()
+        .map(|(what, after)| {
+            let since = waits_before.get(what).map(|before| after.since(before));
+            (what, since.unwrap_or(after))
+        })
+        .collect();
     let mut changes = changes.lock().unwrap();
     let mut took = std::mem::take(&mut changes.took);
     took.extend(std::iter::repeat_n(Duration::MAX, changes.unfinished()));
@@ -344,6 +378,7 @@ async fn step(
         took,
         queue_wait,
         reconciles,
+        waits,
         cpu,
         elapsed,
     }

@@ -24,7 +24,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use serde::de::DeserializeOwned;
@@ -39,6 +39,8 @@ use switchyard_proto::{
 use switchyard_queue_client::ReadFloor;
 use switchyard_runtime::{Dialer, Role};
 use tonic::transport::Channel;
+
+use crate::metrics::CacheMetrics;
 
 /// How long a read waits for the cache to reach a resourceVersion (the watcher caps it at
 /// 30 s): long enough for a watch event to arrive under load, short enough that a stuck
@@ -117,6 +119,7 @@ pub struct CacheClient {
     replicas: Arc<[Grpc<Channel>]>,
     next: Arc<AtomicUsize>,
     floor: Option<Arc<Mutex<Floor>>>,
+    metrics: Option<CacheMetrics>,
 }
 
 /// One reconcile's floor: its lease's, raised by what it reads and writes.
@@ -202,7 +205,16 @@ impl CacheClient {
             replicas,
             next: Arc::default(),
             floor: None,
+            metrics: None,
         })
+    }
+
+    /// The same client, timing every call in `metrics`.
+    pub fn with_metrics(self, metrics: CacheMetrics) -> Self {
+        Self {
+            metrics: Some(metrics),
+            ..self
+        }
     }
 
     /// A client for one reconcile of a key of `namespace`: every read is at least at
@@ -309,7 +321,13 @@ impl CacheClient {
         let mut last = None;
         for i in 0..self.replicas.len() {
             let replica = self.replicas[(first + i) % self.replicas.len()].clone();
-            match call(replica).await {
+            let start = Instant::now();
+            let answer = call(replica).await;
+            if let Some(metrics) = &self.metrics {
+                let code = answer.as_ref().err().map(tonic::Status::code);
+                metrics.observe(name, code, start.elapsed());
+            }
+            match answer {
                 Ok(answer) => return Ok(answer),
                 Err(status)
                     if matches!(
@@ -468,6 +486,7 @@ mod tests {
             replicas: Arc::from(Vec::new()),
             next: Arc::default(),
             floor: None,
+            metrics: None,
         };
         client.wrote(&pod("a", "99"));
         assert!(client.observed().is_empty(), "no floor outside a reconcile");
@@ -497,6 +516,7 @@ mod tests {
             replicas: Arc::from(Vec::new()),
             next: Arc::default(),
             floor: None,
+            metrics: None,
         }
         .reading_at(floor, "a");
         assert_eq!(reconcile.floor_of("v1/Pod", "a"), (Some(40), Some(90)));

@@ -268,7 +268,8 @@ impl Args {
             let client = client.clone();
             move |drain| await_apiserver(client, gate, drain)
         });
-        let cache = CacheClient::new(&rt.dialer(), &watcher_addr)?;
+        let cache = CacheClient::new(&rt.dialer(), &watcher_addr)?
+            .with_metrics(metrics::CacheMetrics::register(rt.metrics()));
         // Watches declared in code are registered, and their informers listed, before any
         // key is leased (controller-runtime's cache sync); a refused registration (a kind the
         // apiserver does not serve) fails the start, naming it.

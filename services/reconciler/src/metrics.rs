@@ -1,7 +1,8 @@
 //! The reconciler's metrics, named after controller-runtime's so that its dashboards read
 //! them with the prefix changed: reconciles by controller and result, errors, panics,
-//! reconcile time and active workers. The apiserver client's requests are counted by the
-//! runtime's [`switchyard_runtime::apiserver`] layer.
+//! reconcile time and active workers; and the latency of reads from the watcher's Cache API.
+//! The apiserver client's requests are counted by the runtime's
+//! [`switchyard_runtime::apiserver`] layer.
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -13,6 +14,8 @@ use prometheus_client::{
     },
     registry::Unit,
 };
+use std::time::Duration;
+
 use switchyard_runtime::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -123,7 +126,7 @@ impl ReconcilerMetrics {
     }
 
     /// Counts a finished reconcile.
-    pub fn ended(&self, controller: &str, ended: Ended, took: std::time::Duration) {
+    pub fn ended(&self, controller: &str, ended: Ended, took: Duration) {
         let labels = ControllerLabels {
             controller: controller.to_owned(),
         };
@@ -148,5 +151,43 @@ impl ReconcilerMetrics {
             }
         }
         self.time.get_or_create(&labels).observe(took.as_secs_f64());
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheCallLabels {
+    /// `Get`, `List` or `GetGraphNode`.
+    pub call: &'static str,
+    /// `ok`, or the gRPC code the watcher answered with (`DeadlineExceeded`: not fresh in
+    /// time).
+    pub code: String,
+}
+
+/// The latency of Cache API calls, each watcher replica tried counted apart.
+#[derive(Clone, Debug)]
+pub struct CacheMetrics {
+    latency: Family<CacheCallLabels, Histogram, fn() -> Histogram>,
+}
+
+impl CacheMetrics {
+    pub fn register(metrics: &Metrics) -> Self {
+        let this = Self {
+            latency: Family::new_with_constructor(duration_histogram),
+        };
+        metrics.register_with_unit(
+            "switchyard_cache_request_duration",
+            "Cache API call latency to the response headers, by call and code: the watcher's \
+             wait for the read's resourceVersion included",
+            Unit::Seconds,
+            this.latency.clone(),
+        );
+        this
+    }
+
+    pub fn observe(&self, call: &'static str, code: Option<tonic::Code>, took: Duration) {
+        let code = code.map_or_else(|| "ok".to_owned(), |code| format!("{code:?}"));
+        self.latency
+            .get_or_create(&CacheCallLabels { call, code })
+            .observe(took.as_secs_f64());
     }
 }

@@ -190,6 +190,12 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
         );
     }
     assert!(w.value("switchyard_apiserver_requests_total", &[("verb", "watch")]) >= Some(1.0));
+    // The reconciles read the watcher's cache, and the reads after the ReplicaSet's Pods were
+    // created waited there for them (or found them already cached).
+    let listed = [("call", "List"), ("code", "ok")];
+    assert!(r.value("switchyard_cache_request_duration_seconds_count", &listed) >= Some(1.0));
+    let pods_read = [("resource", "v1/Pod")];
+    assert!(w.value("switchyard_cache_read_wait_seconds_count", &pods_read) >= Some(1.0));
     let q = metrics(&queue).await;
     for controller in [RS, DEPLOY] {
         assert!(q.value("workqueue_adds_total", &[("name", controller)]) >= Some(1.0));

@@ -3,7 +3,12 @@
 //! (errors name the field), answered from the caches, and converted back. [`ApiError`] is
 //! the one place a [`Status`] is made.
 
-use std::{collections::HashSet, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use futures::Stream;
 use switchyard_proto::{
@@ -24,7 +29,7 @@ use crate::{
     cache::{Caches, Fence, ResourceCache},
     graph::GraphCache,
     informers::RegisterError,
-    metrics::{ResyncLabels, WatcherMetrics},
+    metrics::{ResourceLabels, ResyncLabels, WatcherMetrics},
 };
 
 /// Objects per List response message: a few hundred typical objects stay far below gRPC's
@@ -130,11 +135,12 @@ pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Ap
 #[derive(Clone, Debug)]
 pub struct CacheService {
     caches: Arc<Caches>,
+    metrics: WatcherMetrics,
 }
 
 impl CacheService {
-    pub fn new(caches: Arc<Caches>) -> Self {
-        Self { caches }
+    pub fn new(caches: Arc<Caches>, metrics: WatcherMetrics) -> Self {
+        Self { caches, metrics }
     }
 
     pub fn into_server(self) -> cache_server::CacheServer<Self> {
@@ -163,11 +169,13 @@ impl CacheService {
 
 /// Waits until `cache` has finished its initial list and reached the requested
 /// resourceVersions for a read of `namespace` (empty: every namespace), within the request's
-/// (capped) wait.
+/// (capped) wait. A read that asks for a version its stream can order counts its wait in
+/// `switchyard_cache_read_wait_seconds`, whether it got the version or gave up.
 async fn fresh(
     cache: &ResourceCache,
     namespace: &str,
     freshness: Option<Freshness>,
+    metrics: &WatcherMetrics,
 ) -> Result<(), ApiError> {
     if !cache.is_synced() {
         return Err(ApiError::NotSynced(cache.gvk().clone()));
@@ -204,9 +212,16 @@ async fn fresh(
     let Some(wanted) = wanted else {
         return Ok(());
     };
+    let start = Instant::now();
     let reached = tokio::time::timeout(wait, versions.wait_for(|rv| *rv >= wanted))
         .await
         .is_ok_and(|r| r.is_ok());
+    metrics
+        .read_wait
+        .get_or_create(&ResourceLabels {
+            resource: cache.gvk().to_string(),
+        })
+        .observe(start.elapsed().as_secs_f64());
     match reached {
         true => Ok(()),
         false => Err(ApiError::NotFresh {
@@ -247,7 +262,7 @@ impl cache_server::Cache for CacheService {
         if name.is_empty() {
             return Err(invalid("name", "required").into());
         }
-        fresh(&cache, &namespace, freshness).await?;
+        fresh(&cache, &namespace, freshness, &self.metrics).await?;
         let store = cache.read();
         let object = store.get(&namespace, &name).map(<[u8]>::to_vec);
         Ok(Response::new(GetResponse {
@@ -271,7 +286,7 @@ impl cache_server::Cache for CacheService {
         let cache = self.resource(gvk.as_ref())?;
         let selector = Selector::parse(&label_selector)
             .map_err(|e| invalid("label_selector", e.to_string()))?;
-        fresh(&cache, &namespace, freshness).await?;
+        fresh(&cache, &namespace, freshness, &self.metrics).await?;
         let (objects, rv) = {
             let store = cache.read();
             let namespace = (!namespace.is_empty()).then_some(namespace.as_str());

@@ -1,9 +1,16 @@
 //! The watcher's metrics: watch events and relists per resource, cached objects, running
-//! informers and registrations, and keys routed to the queue.
+//! informers and registrations, keys routed to the queue, and how long Cache API reads waited
+//! for their resourceVersion.
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Unit,
 };
 use switchyard_queue_client::EnqueueMetrics;
 use switchyard_runtime::Metrics;
@@ -32,7 +39,14 @@ pub struct GroupVersionLabels {
     pub group_version: String,
 }
 
-#[derive(Clone, Debug, Default)]
+/// Buckets from 0.5 ms doubling to about 16 s: a read whose version the cache already holds
+/// waits for nothing; one that waits for a watch event waits milliseconds; a read gives up
+/// after its `max_wait` (at most 30 s).
+fn wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+#[derive(Clone, Debug)]
 pub struct WatcherMetrics {
     pub watch_events: Family<EventLabels, Counter>,
     pub relists: Family<ResourceLabels, Counter>,
@@ -47,6 +61,28 @@ pub struct WatcherMetrics {
     pub graph_objects: Gauge,
     pub graph_resources: Gauge,
     pub discovery_failures: Family<GroupVersionLabels, Counter>,
+    pub read_wait: Family<ResourceLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for WatcherMetrics {
+    fn default() -> Self {
+        Self {
+            watch_events: Family::default(),
+            relists: Family::default(),
+            cached_objects: Family::default(),
+            informers: Family::default(),
+            registrations: Gauge::default(),
+            resyncs: Family::default(),
+            keys_sent: Counter::default(),
+            keys_dropped: Counter::default(),
+            enqueue_retries: Counter::default(),
+            pending_keys: Gauge::default(),
+            graph_objects: Gauge::default(),
+            graph_resources: Gauge::default(),
+            discovery_failures: Family::default(),
+            read_wait: Family::new_with_constructor(wait_histogram),
+        }
+    }
 }
 
 impl WatcherMetrics {
@@ -117,6 +153,14 @@ impl WatcherMetrics {
             "switchyard_watcher_discovery_failures",
             "Group versions whose discovery failed (stale aggregated APIs), by group version",
             this.discovery_failures.clone(),
+        );
+        metrics.register_with_unit(
+            "switchyard_cache_read_wait",
+            "How long Cache API reads that asked for a resourceVersion waited for the cache \
+             (or the stream of the namespace read) to reach it, by resource; reads that gave up \
+             included",
+            Unit::Seconds,
+            this.read_wait.clone(),
         );
         this
     }

@@ -622,6 +622,21 @@ async fn a_read_of_one_of_several_namespaces_waits_for_that_namespaces_stream() 
         "{}",
         status.message()
     );
+    // The three reads that asked for a version count their waits, the one that gave up
+    // after its 300 ms among them.
+    let resource = r#"resource="apps/v1/ReplicaSet""#;
+    let wait = "switchyard_cache_read_wait_seconds";
+    assert_eq!(
+        watcher.metric(&format!("{wait}_count{{{resource}}}")).await,
+        3.0
+    );
+    assert_eq!(
+        watcher
+            .metric(&format!(r#"{wait}_bucket{{le="0.256",{resource}}}"#))
+            .await,
+        2.0,
+        "only the read that gave up waited 300 ms"
+    );
     // A floor over every namespace cannot be ordered against one namespace's stream: it is
     // not waited for.
     let got = cache

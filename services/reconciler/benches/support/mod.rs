@@ -367,6 +367,45 @@ impl Controllers {
             .sum()
     }
 
+    /// Where Switchyard's reconciles wait, so far: the reconcilers' Cache API calls
+    /// (`switchyard_cache_request_duration_seconds`, `Get` and `List`), their apiserver writes
+    /// (`switchyard_apiserver_request_duration_seconds`: create, update, patch, delete), and
+    /// the watcher's waits for a read's resourceVersion (`switchyard_cache_read_wait_seconds`,
+    /// every resource). Empty for kube-controller-manager.
+    pub async fn waits(&self) -> BTreeMap<&'static str, Buckets> {
+        let Self::Switchyard {
+            watcher,
+            reconcilers,
+            ..
+        } = self
+        else {
+            return BTreeMap::new();
+        };
+        let (mut cache, mut writes) = (Buckets::default(), Buckets::default());
+        for reconciler in reconcilers {
+            let (_, text) = reconciler.admin_get("/metrics").await.unwrap();
+            cache = cache.plus(&Buckets::parse(
+                &text,
+                "switchyard_cache_request_duration_seconds",
+                "call",
+                &["Get", "List"],
+            ));
+            writes = writes.plus(&Buckets::parse(
+                &text,
+                "switchyard_apiserver_request_duration_seconds",
+                "verb",
+                &["create", "update", "patch", "delete"],
+            ));
+        }
+        let (_, text) = watcher.admin_get("/metrics").await;
+        let read_wait = Buckets::parse_where(&text, "switchyard_cache_read_wait_seconds", |_| true);
+        BTreeMap::from([
+            ("cache calls", cache),
+            ("apiserver writes", writes),
+            ("watcher read waits", read_wait),
+        ])
+    }
+
     /// How long the Deployment and ReplicaSet controllers' reconciles took
     /// (`switchyard_reconcile_time_seconds`, summed over the reconcilers); none for
     /// kube-controller-manager.
@@ -447,9 +486,16 @@ impl Buckets {
     /// The buckets of `family` (`<family>_bucket` series) in a Prometheus text exposition,
     /// summed over the series whose label `label` is one of `names`.
     pub fn parse(text: &str, family: &str, label_name: &str, names: &[&str]) -> Self {
+        Self::parse_where(text, family, |labels| {
+            label(labels, label_name).is_some_and(|n| names.contains(&n))
+        })
+    }
+
+    /// The buckets of `family` summed over the series whose label set `keep` keeps.
+    pub fn parse_where(text: &str, family: &str, keep: impl Fn(&str) -> bool) -> Self {
         let mut sums: Vec<(f64, f64)> = Vec::new();
         for (labels, value) in counter(text, &format!("{family}_bucket")) {
-            if !label(&labels, label_name).is_some_and(|n| names.contains(&n)) {
+            if !keep(&labels) {
                 continue;
             }
             let Some(le) = label(&labels, "le").and_then(|le| le.parse::<f64>().ok()) else {
