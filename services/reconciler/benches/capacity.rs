@@ -39,10 +39,11 @@
 //! Each step's figures go to stderr: the rate sent, changes rolled out, time-to-ready p50 and
 //! p99, the share of keys within the 1 s queue wait, the reconcilers' reconcile times, where
 //! they waited (their Cache API calls and apiserver writes, and the watcher's waits for a
-//! read's resourceVersion), and the CPU cores each process used from the step's first change
-//! to the end of its drain (etcd, kube-apiserver, kube-scheduler, kwok, the controllers, and
-//! the benchmark's own process, which holds the load generator and, for Switchyard, the queue
-//! and the watcher).
+//! read's resourceVersion), the apiserver's requests by verb and code (its own
+//! `apiserver_request_total`: the controllers' writes, those refused, and reads), and the CPU
+//! cores each process used from the step's first change to the end of its drain (etcd,
+//! kube-apiserver, kube-scheduler, kwok, the controllers, and the benchmark's own process,
+//! which holds the load generator and, for Switchyard, the queue and the watcher).
 //! `SWITCHYARD_BENCH_RUNS=kcm,sy1_unslowed` runs only the named subjects.
 
 #![allow(clippy::unwrap_used)]
@@ -58,14 +59,15 @@ use std::{
 use futures::TryStreamExt;
 use serde_json::json;
 use switchyard_k8s::{
-    Api, Deployment,
+    Api, Client, Deployment,
     kube::api::{Patch, PatchParams},
     watcher,
 };
 use switchyard_testenv::{ControlPlane, manifests};
 
 use crate::support::{
-    Buckets, Controllers, Under, between, cpu_of, create_all, plane_with_namespace, print_ratios,
+    Buckets, Controllers, Request, Under, apiserver_requests, between, cpu_of, create_all,
+    plane_with_namespace, print_ratios, requests_by_name,
 };
 
 const DEPLOYMENTS: usize = 200;
@@ -177,6 +179,9 @@ struct Step {
     reconciles: Buckets,
     /// Where Switchyard's reconciles waited ([`Controllers::waits`]).
     waits: BTreeMap<&'static str, Buckets>,
+    /// The apiserver's requests over the step, by verb, resource and code (its own
+    /// `apiserver_request_total`), the load generator's PATCHes included.
+    requests: BTreeMap<Request, f64>,
     /// CPU-seconds each process used from the step's first change to the end of its drain.
     cpu: BTreeMap<String, f64>,
     elapsed: Duration,
@@ -246,6 +251,24 @@ impl Step {
                 waits.join("; ")
             );
         }
+        // The load generator's PATCHes are `deployments/ PATCH`; the controllers' own writes
+        // of a Deployment are PUTs on both sides.
+        let writes = requests_by_name(&self.requests, |r| {
+            r.controller_write() && r.code.starts_with('2') && r.name() != "deployments/ PATCH"
+        });
+        let refused = requests_by_name(&self.requests, |r| {
+            r.controller_write() && !r.code.starts_with('2')
+        });
+        let reads: f64 = requests_by_name(&self.requests, Request::read)
+            .values()
+            .sum();
+        eprintln!(
+            "{subject}: {:.2} changes/s: apiserver: controllers' writes {} ({:.1} a change) \
+             {writes:?}; refused {refused:?}; reads {reads}",
+            self.rate,
+            writes.values().sum::<f64>(),
+            writes.values().sum::<f64>() / self.sent.max(1) as f64,
+        );
         let seconds = self.elapsed.as_secs_f64();
         let cores: Vec<String> = self
             .cpu
@@ -314,6 +337,7 @@ async fn settle(
 /// Sends changes at `rate` for [`STEP`], then waits up to [`DRAIN`] for them to roll out.
 async fn step(
     plane: &ControlPlane,
+    client: &Client,
     api: &Api<Deployment>,
     controllers: &Controllers,
     changes: &Arc<Mutex<Changes>>,
@@ -324,6 +348,7 @@ async fn step(
     let queue_before = controllers.queue_wait().await;
     let reconciles_before = controllers.reconcile_time().await;
     let waits_before = controllers.waits().await;
+    let requests_before = apiserver_requests(client).await;
     let cpu_before = cpu_used(plane, controllers);
     let count = (rate * STEP.as_secs_f64()).round() as usize;
     let start = tokio::time::Instant::now();
@@ -357,6 +382,7 @@ async fn step(
     }
     let elapsed = start.elapsed();
     let cpu = between(&cpu_before, &cpu_used(plane, controllers));
+    let requests = between(&requests_before, &apiserver_requests(client).await);
     let queue_wait = controllers.queue_wait().await.since(&queue_before);
     let reconciles = controllers.reconcile_time().await.since(&reconciles_before);
     let waits = controllers
@@ -379,6 +405,7 @@ async fn step(
         queue_wait,
         reconciles,
         waits,
+        requests,
         cpu,
         elapsed,
     }
@@ -409,7 +436,16 @@ async fn capacity(subject: &str, under: Under) -> f64 {
 
     let (mut rate, mut met, mut next_change) = (FIRST_RATE, 0.0, 0);
     while rate <= HIGHEST_RATE {
-        let step = step(&plane, &api, &controllers, &changes, rate, &mut next_change).await;
+        let step = step(
+            &plane,
+            &client,
+            &api,
+            &controllers,
+            &changes,
+            rate,
+            &mut next_change,
+        )
+        .await;
         step.print(subject);
         if !step.met() {
             break;

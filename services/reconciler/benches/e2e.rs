@@ -81,8 +81,8 @@ use switchyard_k8s::{
 use switchyard_testenv::manifests;
 
 use crate::support::{
-    Controllers, Under, between, counter, cpu_of, create_all, label, plane_with_namespace,
-    print_ratios,
+    Controllers, Request, Under, apiserver_requests, between, controller_writes, cpu_of,
+    create_all, plane_with_namespace, print_ratios, requests_by_name,
 };
 
 const REPLICAS: i32 = 4;
@@ -112,77 +112,6 @@ fn available(deployment: &Deployment) -> bool {
         && status.updated_replicas == Some(REPLICAS)
         && status.available_replicas == Some(REPLICAS)
         && status.replicas == Some(REPLICAS)
-}
-
-/// One series of the apiserver's `apiserver_request_total`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Request {
-    verb: String,
-    resource: String,
-    subresource: String,
-    code: String,
-}
-
-impl Request {
-    /// A write of the controllers: a write verb on Pods (not their binding or status, which
-    /// the scheduler and kwok write), ReplicaSets, Deployments (not their creation, which the
-    /// benchmark makes) and Events.
-    fn controller_write(&self) -> bool {
-        matches!(self.verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
-            && match (self.resource.as_str(), self.subresource.as_str()) {
-                ("pods" | "replicasets" | "events", "")
-                | ("replicasets" | "deployments", "status") => true,
-                ("deployments", "") => self.verb != "POST",
-                _ => false,
-            }
-    }
-
-    fn read(&self) -> bool {
-        matches!(self.verb.as_str(), "GET" | "LIST")
-    }
-
-    /// `resource/subresource verb`.
-    fn name(&self) -> String {
-        format!("{}/{} {}", self.resource, self.subresource, self.verb)
-    }
-}
-
-/// The apiserver's requests so far, by verb, resource, subresource and code (summed over the
-/// other labels: group, version, scope, component).
-async fn apiserver_requests(client: &switchyard_k8s::Client) -> BTreeMap<Request, f64> {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client.request_text(request).await.unwrap();
-    let mut requests = BTreeMap::new();
-    for (labels, value) in counter(&text, "apiserver_request_total") {
-        let of = |name: &str| label(&labels, name).unwrap_or_default().to_owned();
-        let series = Request {
-            verb: of("verb"),
-            resource: of("resource"),
-            subresource: of("subresource"),
-            code: of("code"),
-        };
-        *requests.entry(series).or_default() += value;
-    }
-    requests
-}
-
-/// The requests of `requests` that `keep` keeps, summed by `resource/subresource verb`.
-fn requests_by_name(
-    requests: &BTreeMap<Request, f64>,
-    keep: impl Fn(&Request) -> bool,
-) -> BTreeMap<String, f64> {
-    let mut sums = BTreeMap::new();
-    for (request, value) in requests.iter().filter(|(r, _)| keep(r)) {
-        *sums.entry(request.name()).or_default() += value;
-    }
-    sums
-}
-
-/// The controllers' successful writes (2xx) by `resource/subresource verb`.
-fn controller_writes(requests: &BTreeMap<Request, f64>) -> BTreeMap<String, f64> {
-    requests_by_name(requests, |r| {
-        r.controller_write() && r.code.starts_with('2')
-    })
 }
 
 /// The statuses each ReplicaSet and Deployment of the namespace went through, as a watch sees

@@ -314,6 +314,77 @@ fn queue_counters(text: &str, names: &[&str]) -> BTreeMap<String, f64> {
     sums
 }
 
+/// One series of the apiserver's `apiserver_request_total`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Request {
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    pub code: String,
+}
+
+impl Request {
+    /// A write of the controllers: a write verb on Pods (not their binding or status, which
+    /// the scheduler and kwok write), ReplicaSets, Deployments (not their creation, which the
+    /// benchmark makes) and Events.
+    pub fn controller_write(&self) -> bool {
+        matches!(self.verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
+            && match (self.resource.as_str(), self.subresource.as_str()) {
+                ("pods" | "replicasets" | "events", "")
+                | ("replicasets" | "deployments", "status") => true,
+                ("deployments", "") => self.verb != "POST",
+                _ => false,
+            }
+    }
+
+    pub fn read(&self) -> bool {
+        matches!(self.verb.as_str(), "GET" | "LIST")
+    }
+
+    /// `resource/subresource verb`.
+    pub fn name(&self) -> String {
+        format!("{}/{} {}", self.resource, self.subresource, self.verb)
+    }
+}
+
+/// The apiserver's requests so far, by verb, resource, subresource and code (summed over the
+/// other labels: group, version, scope, component).
+pub async fn apiserver_requests(client: &switchyard_k8s::Client) -> BTreeMap<Request, f64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let mut requests = BTreeMap::new();
+    for (labels, value) in counter(&text, "apiserver_request_total") {
+        let of = |name: &str| label(&labels, name).unwrap_or_default().to_owned();
+        let series = Request {
+            verb: of("verb"),
+            resource: of("resource"),
+            subresource: of("subresource"),
+            code: of("code"),
+        };
+        *requests.entry(series).or_default() += value;
+    }
+    requests
+}
+
+/// The requests of `requests` that `keep` keeps, summed by `resource/subresource verb`.
+pub fn requests_by_name(
+    requests: &BTreeMap<Request, f64>,
+    keep: impl Fn(&Request) -> bool,
+) -> BTreeMap<String, f64> {
+    let mut sums = BTreeMap::new();
+    for (request, value) in requests.iter().filter(|(r, _)| keep(r)) {
+        *sums.entry(request.name()).or_default() += value;
+    }
+    sums
+}
+
+/// The controllers' successful writes (2xx) by `resource/subresource verb`.
+pub fn controller_writes(requests: &BTreeMap<Request, f64>) -> BTreeMap<String, f64> {
+    requests_by_name(requests, |r| {
+        r.controller_write() && r.code.starts_with('2')
+    })
+}
+
 /// The names of the Deployment and ReplicaSet controllers' work queues in
 /// kube-controller-manager's metrics and in Switchyard's.
 const KCM_QUEUES: [&str; 2] = ["deployment", "replicaset"];
