@@ -34,6 +34,9 @@
 //!   the 6-7 changes/s where this 2-core machine's control plane stops keeping up (the
 //!   unslowed subjects' capacity). At 100 ms, four replicas would need about 8 and met that
 //!   ceiling first.
+//! - `capacity.sy1_unslowed_concurrency20` (changes/s): as `sy1_unslowed`, with 20 reconciles
+//!   at a time instead of the default 10 (kube-controller-manager runs 5 Deployment and 5
+//!   ReplicaSet workers): whether one reconciler is bound by its reconciles in flight;
 //! - `capacity.sy1_unslowed_vs_kcm`, `capacity.sy4_vs_sy1` (ratios).
 //!
 //! Each step's figures go to stderr: the rate sent, changes rolled out, time-to-ready p50 and
@@ -95,9 +98,14 @@ const SLOW_MS: u64 = 200;
 const SLOW_CONCURRENCY: usize = 5;
 
 /// The subjects, by figure name, in the order they run.
-const SUBJECTS: [(&str, Under); 4] = [
+const SUBJECTS: [(&str, Under); 5] = [
     ("kcm", Under::ControllerManager),
     ("sy1_unslowed", Under::switchyard(1, 0)),
+    // What bounds one reconciler where the control plane slows down: its reconciles at once.
+    (
+        "sy1_unslowed_concurrency20",
+        Under::switchyard_slow(1, 0, 20),
+    ),
     ("sy1", Under::switchyard_slow(1, SLOW_MS, SLOW_CONCURRENCY)),
     ("sy4", Under::switchyard_slow(4, SLOW_MS, SLOW_CONCURRENCY)),
 ];
