@@ -4,6 +4,8 @@
 //! The apiserver client's requests are counted by the runtime's
 //! [`switchyard_runtime::apiserver`] layer.
 
+use std::time::Duration;
+
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
@@ -14,8 +16,6 @@ use prometheus_client::{
     },
     registry::Unit,
 };
-use std::time::Duration;
-
 use switchyard_runtime::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
