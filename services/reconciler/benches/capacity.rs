@@ -69,8 +69,8 @@ use switchyard_k8s::{
 use switchyard_testenv::{ControlPlane, manifests};
 
 use crate::support::{
-    Buckets, Controllers, Request, Under, apiserver_requests, between, cpu_of, create_all,
-    plane_with_namespace, print_ratios, requests_by_name,
+    Buckets, Controllers, Request, Under, apiserver_requests, between, controller_writes, cpu_of,
+    create_all, plane_with_namespace, print_ratios, requests_by_name,
 };
 
 const DEPLOYMENTS: usize = 200;
@@ -261,9 +261,8 @@ impl Step {
         }
         // The load generator's PATCHes are `deployments/ PATCH`; the controllers' own writes
         // of a Deployment are PUTs on both sides.
-        let writes = requests_by_name(&self.requests, |r| {
-            r.controller_write() && r.code.starts_with('2') && r.name() != "deployments/ PATCH"
-        });
+        let mut writes = controller_writes(&self.requests);
+        writes.remove("deployments/ PATCH");
         let refused = requests_by_name(&self.requests, |r| {
             r.controller_write() && !r.code.starts_with('2')
         });
