@@ -7,10 +7,11 @@
 //! ```
 //!
 //! A backlog of Lookups drains through one reconciler replica, then a second backlog of the
-//! same size through four. Each replica makes at most two calls at once (`--concurrency=2`),
-//! so one replica answers about ten Lookups a second, whatever the machine: four must drain
-//! the same backlog several times faster, which they can only do if the queue spreads the
-//! keys over them. The backlog the queue's external metrics API reports at its peak asks the
+//! same size through four. Each replica makes at most two calls at once (`--concurrency=2`):
+//! the lookup service never has more than two calls in flight from one replica, and more
+//! than two replicas' worth at once from four, which it can only have if the queue spreads
+//! the keys over them and they work side by side. How much faster four drain is printed, not
+//! asserted: a speed-up is a benchmark figure, and a loaded machine moves it. The backlog the queue's external metrics API reports at its peak asks the
 //! example's HPA (`deploy/hpa.yaml`) for four replicas, and for one once it has drained:
 //! the test applies the HPA's formula to what the API answers (kube-controller-manager's HPA
 //! itself scaling on that API is `tests/hpa.rs`).
@@ -56,9 +57,6 @@ const BACKLOG: usize = 100;
 const CREATORS: usize = 10;
 const SHARDS: u32 = 16;
 const CONTROLLER_LABEL: &str = "example.switchyard.io.v1.Lookup";
-/// Four replicas drain four times faster in theory. Half a replica's worth of slack for the
-/// shared two cores: the test fails when the queue does not spread the keys (about 1x).
-const MIN_SPEEDUP: f64 = 2.5;
 const WITHIN: Duration = Duration::from_secs(120);
 
 /// One call the lookup service answered.
@@ -69,7 +67,22 @@ struct Call {
     ended: Instant,
 }
 
-type Calls = Arc<Mutex<Vec<Call>>>;
+/// The calls the lookup service answered, and how many it has in flight.
+#[derive(Debug, Default)]
+struct Record {
+    answered: Vec<Call>,
+    in_flight: usize,
+    /// The most calls in flight at once since the last [`Record::take_peak`].
+    peak: usize,
+}
+
+impl Record {
+    fn take_peak(&mut self) -> usize {
+        std::mem::replace(&mut self.peak, self.in_flight)
+    }
+}
+
+type Calls = Arc<Mutex<Record>>;
 
 /// The external service: answers `GET /lookup?q=<query>` after [`CALL`], recording the call.
 async fn lookup_service() -> (SocketAddr, Calls) {
@@ -77,10 +90,24 @@ async fn lookup_service() -> (SocketAddr, Calls) {
         State(calls): State<Calls>,
         Query(params): Query<std::collections::HashMap<String, String>>,
     ) -> String {
+        /// Counts a call in flight until it ends, answered or dropped by its caller.
+        struct InFlight(Calls);
+        impl Drop for InFlight {
+            fn drop(&mut self) {
+                self.0.lock().unwrap().in_flight -= 1;
+            }
+        }
         let started = Instant::now();
+        let in_flight = {
+            let mut record = calls.lock().unwrap();
+            record.in_flight += 1;
+            record.peak = record.peak.max(record.in_flight);
+            InFlight(calls.clone())
+        };
         tokio::time::sleep(CALL).await;
+        drop(in_flight);
         let query = params.get("q").cloned().unwrap_or_default();
-        calls.lock().unwrap().push(Call {
+        calls.lock().unwrap().answered.push(Call {
             query: query.clone(),
             started,
             ended: Instant::now(),
@@ -292,6 +319,7 @@ async fn drain(metrics: SocketAddr, calls: &Calls, batch: &str) -> (u64, Duratio
         let answered: Vec<Call> = calls
             .lock()
             .unwrap()
+            .answered
             .iter()
             .filter(|c| c.query.starts_with(&prefix))
             .cloned()
@@ -354,7 +382,7 @@ async fn reconciles(replica: &ServiceProcess) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_replicas_drain_a_backlog_of_slow_calls_several_times_faster_than_one() {
+async fn four_replicas_share_a_backlog_of_slow_calls_and_call_side_by_side() {
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
     install_crd(&client).await;
@@ -372,9 +400,15 @@ async fn four_replicas_drain_a_backlog_of_slow_calls_several_times_faster_than_o
     // One replica: the HPA's minimum while nothing waits.
     let mut replicas = vec![replica(plane, queue.grpc(), watcher.grpc(), service, &[]).await];
     assert_eq!(hpa.replicas(backlog(metrics).await), 1);
+    calls.lock().unwrap().take_peak();
     create_backlog(&lookups, "one").await;
     let (peak, one) = drain(metrics, &calls, "one").await;
     assert_answered(&lookups, "one").await;
+    let calls_at_once_one = calls.lock().unwrap().take_peak();
+    assert!(
+        calls_at_once_one <= CONCURRENCY as usize,
+        "one replica had {calls_at_once_one} calls in flight at once, above --concurrency={CONCURRENCY}"
+    );
     assert_eq!(
         hpa.replicas(peak),
         4,
@@ -395,18 +429,23 @@ async fn four_replicas_drain_a_backlog_of_slow_calls_several_times_faster_than_o
     for replica in &replicas {
         before.push(reconciles(replica).await);
     }
+    calls.lock().unwrap().take_peak();
     create_backlog(&lookups, "four").await;
     let (_, four) = drain(metrics, &calls, "four").await;
     assert_answered(&lookups, "four").await;
+    let calls_at_once_four = calls.lock().unwrap().take_peak();
 
     let speedup = one.as_secs_f64() / four.as_secs_f64();
     eprintln!(
         "{BACKLOG} Lookups of {CALL:?} each: one replica {one:?}, four replicas {four:?} \
-         ({speedup:.2}x); peak backlog {peak}"
+         ({speedup:.2}x); calls at once {calls_at_once_one} and {calls_at_once_four}; \
+         peak backlog {peak}"
     );
+    // More than two replicas' worth of calls at once: at least three replicas worked side by
+    // side, which only a queue spreading the keys gives.
     assert!(
-        speedup >= MIN_SPEEDUP,
-        "four replicas drained in {four:?}, one in {one:?}: {speedup:.2}x, below {MIN_SPEEDUP}x"
+        calls_at_once_four > 2 * CONCURRENCY as usize,
+        "four replicas had at most {calls_at_once_four} calls in flight at once"
     );
     // Each replica took its part of the second backlog (a quarter in theory).
     for (i, replica) in replicas.iter().enumerate() {
