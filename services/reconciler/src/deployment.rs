@@ -72,8 +72,8 @@ fn rs_name(rs: &ReplicaSet) -> &str {
     rs.metadata.name.as_deref().unwrap_or_default()
 }
 
-/// One reconcile's view: the Deployment as last written, the status being built, and the
-/// ReplicaSets it owns as last read or written.
+/// One reconcile's view: the Deployment as last written, the status being built, the
+/// ReplicaSets it owns as last read or written, and its last ReplicaSet write.
 struct Run<'c> {
     ctx: &'c Context,
     rs_api: Api<ReplicaSet>,
@@ -81,17 +81,28 @@ struct Run<'c> {
     d: Deployment,
     status: DeploymentStatus,
     owned: Vec<ReplicaSet>,
+    /// resourceVersion (as a number and as written) and name of the newest ReplicaSet write.
+    last_write: Option<(u64, String, String)>,
     /// The revision annotation of `d` changed and is to be written.
     revision_changed: bool,
     now: Timestamp,
 }
 
 impl Run<'_> {
-    /// Raises the read floor to a ReplicaSet as written or read from the apiserver: the
-    /// outcome carries it, so the key's next reconcile, through any watcher, sees this one's
-    /// ReplicaSet writes (`CacheClient::wrote`).
-    fn saw(&self, rs: &ReplicaSet) {
-        self.ctx.cache.wrote(rs);
+    fn saw(&mut self, rs: &ReplicaSet) {
+        let Some(rv) = rs.metadata.resource_version.as_deref() else {
+            return;
+        };
+        let Ok(number) = rv.parse::<u64>() else {
+            return;
+        };
+        if self
+            .last_write
+            .as_ref()
+            .is_none_or(|(max, _, _)| number > *max)
+        {
+            self.last_write = Some((number, rv.to_owned(), rs_name(rs).to_owned()));
+        }
     }
 
     /// Keeps `rs` as the owned ReplicaSet of its name.
@@ -285,9 +296,6 @@ impl Run<'_> {
             .d_api
             .replace_status(&name, &PostParams::default(), &updated)
             .await?;
-        // The next reconcile compares the status it computes with the cached Deployment's
-        // and skips an equal one, so it must read this write: the outcome's floor carries it.
-        self.ctx.cache.wrote(&self.d);
         self.revision_changed = false;
         Ok(())
     }
@@ -527,6 +535,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
         d: d.clone(),
         status: d.status.clone().unwrap_or_default(),
         owned: claim.owned.iter().map(|rs| (*rs).clone()).collect(),
+        last_write: None,
         revision_changed: false,
         now: core::whole_seconds(Timestamp::now()),
     };
@@ -573,12 +582,20 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
             }
         }
     };
-    // Whatever happened, the next reconcile sees this one's ReplicaSet writes: each raised
-    // the read floor its outcome carries (`saw`).
+    // Whatever happened, the next reconcile must see this one's ReplicaSet writes.
+    if let Some((_, rv, name)) = run.last_write.clone() {
+        ctx.cache
+            .get::<ReplicaSet>(&request.namespace, &name, Some(&rv))
+            .await?;
+    }
     let status = outcome?;
     let original = run.d.status.clone().unwrap_or_default();
     if run.revision_changed || core::status_changed(&original, &status) {
         run.write_status(status.clone()).await?;
+        let rv = run.d.metadata.resource_version.clone();
+        ctx.cache
+            .get::<Deployment>(&request.namespace, &request.name, rv.as_deref())
+            .await?;
     }
     if spec.paused || spec.deleting {
         return Ok(Action::Done);

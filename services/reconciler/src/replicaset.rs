@@ -439,12 +439,15 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
         let written = Api::<ReplicaSet>::namespaced(ctx.client.clone(), &request.namespace)
             .replace_status(&request.name, &PostParams::default(), &updated)
             .await?;
-        // The next reconcile of this key compares the status it computes with the cached
-        // ReplicaSet's and skips an equal one, so it must read this write: a cache still
-        // showing the status from before it would make an unchanged-looking status skip a
-        // needed write until some later event. The outcome's read floor carries it, without
-        // holding this reconcile until the watcher has the write.
-        ctx.cache.wrote(&written);
+        // The next reconcile of this key starts after this one's outcome. It compares the
+        // status it computes with the cached ReplicaSet's and skips an equal one, so that
+        // cache must hold this write: a cache still showing the status from before it would
+        // make an unchanged-looking status skip a needed write until some later event.
+        if let Some(rv) = written.metadata.resource_version.as_deref() {
+            ctx.cache
+                .get::<ReplicaSet>(&request.namespace, &request.name, Some(rv))
+                .await?;
+        }
     }
     if let Some(error) = first_error {
         return Err(error);
