@@ -43,7 +43,10 @@
 //! p99, the share of keys within the 1 s queue wait, the reconcilers' reconcile times, where
 //! they waited (their Cache API calls and apiserver writes, and the watcher's waits for a
 //! read's resourceVersion), the apiserver's requests by verb and code (its own
-//! `apiserver_request_total`: the controllers' writes, those refused, and reads), and the CPU
+//! `apiserver_request_total`: the controllers' writes, those refused, and reads), what the
+//! client-side rate limits cost (kube-controller-manager's
+//! `rest_client_rate_limiter_duration_seconds`; Switchyard's time each client held requests
+//! for a token, and how many waited), and the CPU
 //! cores each process used from the step's first change to the end of its drain (etcd,
 //! kube-apiserver, kube-scheduler, kwok, the controllers, and the benchmark's own process,
 //! which holds the load generator and, for Switchyard, the queue and the watcher).
@@ -190,6 +193,8 @@ struct Step {
     /// The apiserver's requests over the step, by verb, resource and code (its own
     /// `apiserver_request_total`), the load generator's PATCHes included.
     requests: BTreeMap<Request, f64>,
+    /// What the client-side rate limits cost over the step ([`Controllers::rate_limits`]).
+    rate_limits: BTreeMap<String, f64>,
     /// CPU-seconds each process used from the step's first change to the end of its drain.
     cpu: BTreeMap<String, f64>,
     elapsed: Duration,
@@ -276,6 +281,10 @@ impl Step {
             writes.values().sum::<f64>(),
             writes.values().sum::<f64>() / self.sent.max(1) as f64,
         );
+        eprintln!(
+            "{subject}: {:.2} changes/s: client rate limits: {:?}",
+            self.rate, self.rate_limits
+        );
         let seconds = self.elapsed.as_secs_f64();
         let cores: Vec<String> = self
             .cpu
@@ -356,6 +365,7 @@ async fn step(
     let reconciles_before = controllers.reconcile_time().await;
     let waits_before = controllers.waits().await;
     let requests_before = apiserver_requests(client).await;
+    let rate_limits_before = controllers.rate_limits().await;
     let cpu_before = cpu_used(plane, controllers);
     let count = (rate * STEP.as_secs_f64()).round() as usize;
     let start = tokio::time::Instant::now();
@@ -390,6 +400,7 @@ async fn step(
     let elapsed = start.elapsed();
     let cpu = between(&cpu_before, &cpu_used(plane, controllers));
     let requests = between(&requests_before, &apiserver_requests(client).await);
+    let rate_limits = between(&rate_limits_before, &controllers.rate_limits().await);
     let queue_wait = controllers.queue_wait().await.since(&queue_before);
     let reconciles = controllers.reconcile_time().await.since(&reconciles_before);
     let waits = controllers
@@ -413,6 +424,7 @@ async fn step(
         reconciles,
         waits,
         requests,
+        rate_limits,
         cpu,
         elapsed,
     }

@@ -255,14 +255,16 @@ impl Args {
         // Each controller gets a client, and so a QPS/burst limit, of its own, as each of
         // kube-controller-manager's controllers does: one busy controller does not hold
         // back the others.
-        let limited_client = || -> Result<kube::Client> {
+        let rate_limits = metrics::RateLimitMetrics::register(rt.metrics());
+        let limited_client = |name: &str| -> Result<kube::Client> {
+            let limit = RateLimitLayer::new(kube_api_qps, kube_api_burst, rate_limits.client(name));
             Ok(kube::client::ClientBuilder::try_from(config.clone())
                 .map_err(switchyard_runtime::KubeError::from)?
-                .with_layer(&RateLimitLayer::new(kube_api_qps, kube_api_burst))
+                .with_layer(&limit)
                 .with_layer(&apiserver)
                 .build())
         };
-        let client = limited_client()?;
+        let client = limited_client("default")?;
         let gate = rt.readiness().gate("apiserver");
         rt.spawn("apiserver-check", {
             let client = client.clone();
@@ -325,9 +327,9 @@ impl Args {
             // a burst of them (one per Pod created) never holds back the controller's writes
             // to the objects it reconciles.
             let ctx = Context::of(
-                limited_client()?,
+                limited_client(&name)?,
                 cache.clone(),
-                Events::new(limited_client()?, &worker_id),
+                Events::new(limited_client(&format!("{name}/events"))?, &worker_id),
             )
             .enqueueing_to(enqueuer.clone());
             contexts.insert(name, ctx);

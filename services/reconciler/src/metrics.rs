@@ -1,10 +1,10 @@
 //! The reconciler's metrics, named after controller-runtime's so that its dashboards read
 //! them with the prefix changed: reconciles by controller and result, errors, panics,
-//! reconcile time and active workers; and the latency of reads from the watcher's Cache API.
-//! The apiserver client's requests are counted by the runtime's
-//! [`switchyard_runtime::apiserver`] layer.
+//! reconcile time and active workers; the latency of reads from the watcher's Cache API; and
+//! how long each apiserver client's rate limit held its requests. The apiserver client's
+//! requests are counted by the runtime's [`switchyard_runtime::apiserver`] layer.
 
-use std::time::Duration;
+use std::{sync::atomic::AtomicU64, time::Duration};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -189,5 +189,63 @@ impl CacheMetrics {
         self.latency
             .get_or_create(&CacheCallLabels { call, code })
             .observe(took.as_secs_f64());
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClientLabels {
+    /// The controller whose client it is, `<controller>/events` for its Events' client, or
+    /// `default` for the one the service's own calls use.
+    pub client: String,
+}
+
+/// What the client-side rate limit (`--kube-api-qps`, `--kube-api-burst`) cost each apiserver
+/// client: client-go's `rest_client_rate_limiter_duration_seconds`, counted for a client whose
+/// requests wait one at a time.
+#[derive(Clone, Debug)]
+pub struct RateLimitMetrics {
+    held: Family<ClientLabels, Counter<f64, AtomicU64>>,
+    waited: Family<ClientLabels, Counter>,
+}
+
+/// One client's share of [`RateLimitMetrics`].
+#[derive(Clone, Debug, Default)]
+pub struct RateLimitCounters {
+    /// Seconds the client held a request for a token.
+    pub held: Counter<f64, AtomicU64>,
+    /// Requests that waited for a token.
+    pub waited: Counter,
+}
+
+impl RateLimitMetrics {
+    pub fn register(metrics: &Metrics) -> Self {
+        let this = Self {
+            held: Family::default(),
+            waited: Family::default(),
+        };
+        metrics.register_with_unit(
+            "switchyard_apiserver_rate_limit_wait",
+            "Time an apiserver client held its requests for a rate-limit token, by client: \
+             requests wait one at a time, so a rate near 1 second a second means the limit \
+             bounds the client",
+            Unit::Seconds,
+            this.held.clone(),
+        );
+        metrics.register(
+            "switchyard_apiserver_rate_limited_requests",
+            "Apiserver requests that waited for a rate-limit token, by client",
+            this.waited.clone(),
+        );
+        this
+    }
+
+    pub fn client(&self, client: &str) -> RateLimitCounters {
+        let labels = ClientLabels {
+            client: client.to_owned(),
+        };
+        RateLimitCounters {
+            held: self.held.get_or_create(&labels).clone(),
+            waited: self.waited.get_or_create(&labels).clone(),
+        }
     }
 }

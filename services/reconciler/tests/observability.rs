@@ -196,6 +196,23 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
     assert!(r.value("switchyard_cache_request_duration_seconds_count", &listed) >= Some(1.0));
     let pods_read = [("resource", "v1/Pod")];
     assert!(w.value("switchyard_cache_read_wait_seconds_count", &pods_read) >= Some(1.0));
+    // Each controller's client, and its Events' client, reports its rate limit: a rollout of
+    // 2 Pods stays within the default burst, so nothing waited.
+    for controller in [RS, DEPLOY] {
+        for client in [controller.to_owned(), format!("{controller}/events")] {
+            let c = [("client", client.as_str())];
+            assert_eq!(
+                r.value("switchyard_apiserver_rate_limited_requests_total", &c),
+                Some(0.0),
+                "{client}"
+            );
+            assert_eq!(
+                r.value("switchyard_apiserver_rate_limit_wait_seconds_total", &c),
+                Some(0.0),
+                "{client}"
+            );
+        }
+    }
     let q = metrics(&queue).await;
     for controller in [RS, DEPLOY] {
         assert!(q.value("workqueue_adds_total", &[("name", controller)]) >= Some(1.0));

@@ -427,6 +427,49 @@ impl Controllers {
         Buckets::parse(&text, "workqueue_queue_duration_seconds", "name", &names)
     }
 
+    /// What the client-side rate limits (`--kube-api-qps`, `--kube-api-burst`) have cost so
+    /// far. kube-controller-manager, over all its clients
+    /// (`rest_client_rate_limiter_duration_seconds`, each request's own wait, so concurrent
+    /// waits add up): `requests`, `waited > 5 ms`, `seconds waited`. Switchyard, per client
+    /// summed over the reconcilers, whose requests wait one at a time: `<client> held s` and
+    /// `<client> waited`.
+    pub async fn rate_limits(&self) -> BTreeMap<String, f64> {
+        match self {
+            Self::Kcm(kcm) => {
+                let text = kcm.metrics().await.unwrap();
+                let family = "rest_client_rate_limiter_duration_seconds";
+                let sum = |name: &str| counter(&text, name).values().sum::<f64>();
+                let buckets = Buckets::parse_where(&text, family, |_| true);
+                let within = buckets
+                    .0
+                    .iter()
+                    .find(|(le, _)| *le == 0.005)
+                    .map_or(0.0, |(_, count)| *count);
+                BTreeMap::from([
+                    ("requests".to_owned(), buckets.count()),
+                    ("waited > 5 ms".to_owned(), buckets.count() - within),
+                    ("seconds waited".to_owned(), sum(&format!("{family}_sum"))),
+                ])
+            }
+            Self::Switchyard { reconcilers, .. } => {
+                let mut costs = BTreeMap::new();
+                for (name, what) in [
+                    (
+                        "switchyard_apiserver_rate_limit_wait_seconds_total",
+                        "held s",
+                    ),
+                    ("switchyard_apiserver_rate_limited_requests_total", "waited"),
+                ] {
+                    for (labels, value) in reconciler_counters(reconcilers, name).await {
+                        let client = label(&labels, "client").unwrap_or_default();
+                        costs.insert(format!("{client} {what}"), value);
+                    }
+                }
+                costs
+            }
+        }
+    }
+
     /// Keys of the Deployment and ReplicaSet controllers waiting in their work queues now
     /// (`workqueue_depth`; keys held back for later are not counted, on either side).
     pub async fn queue_depth(&self) -> f64 {
