@@ -37,6 +37,24 @@ fn deployment(name: &str) -> Deployment {
     manifests::deployment(name, REPLICAS, strategy)
 }
 
+/// Writes every process's log to a directory of its own and prints the lines that name the
+/// Deployment of the ReplicaSet `owner` (its ReplicaSets' and Pods' names start with it), so
+/// that a failure in CI shows what happened to it.
+fn report(logs: &[(String, String)], owner: &str, seed: u64) {
+    let dir = std::env::temp_dir().join(format!("switchyard-chaos-{seed}"));
+    let deployment = owner.rsplit_once('-').map_or(owner, |(d, _)| d);
+    let _ = std::fs::create_dir_all(&dir);
+    for (name, log) in logs {
+        let _ = std::fs::write(dir.join(format!("{name}.log")), log);
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(deployment)).collect();
+        println!("--- {name}: {} lines naming {deployment}", lines.len());
+        for line in lines.iter().take(200) {
+            println!("{line}");
+        }
+    }
+    println!("every log: {}", dir.display());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_killed() {
     let seed = std::env::var("SWITCHYARD_CHAOS_SEED")
@@ -128,6 +146,8 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
                 shards.clone(),
                 format!("--watcher-addr={}", running["watcher"].grpc_addr()),
                 format!("--worker-id=r{i}"),
+                // What each ReplicaSet reconcile counted and created, for a failure's report.
+                "--log-level=info,switchyard_reconciler::replicaset=debug".to_owned(),
             ],
             envs: Vec::new(),
             grpc: None,
@@ -150,10 +170,12 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
     let mut victims = ["reconciler-0", "queue-1", "watcher"];
     victims.shuffle(&mut rng);
     let start = Instant::now();
+    // The logs of the processes killed, kept for a failure's report.
+    let mut killed_logs: Vec<(String, String)> = Vec::new();
     for victim in victims {
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..2500))).await;
         let killed = running.remove(victim).unwrap();
-        let _ = killed.kill();
+        killed_logs.push((format!("{victim}-killed"), killed.kill()));
         println!("{:>6.2}s killed {victim}", start.elapsed().as_secs_f64());
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..1000))).await;
         running.insert(victim, specs[victim].start().await);
@@ -175,6 +197,16 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (worst, owner) = census.lock().unwrap().worst.clone();
     println!("most active Pods of one ReplicaSet at once: {worst} ({owner})");
+    if worst > (REPLICAS + MAX_SURGE) as usize {
+        let mut logs = killed_logs;
+        logs.extend(
+            running
+                .iter()
+                .map(|(name, p)| ((*name).to_owned(), p.log())),
+        );
+        logs.push(("elector".to_owned(), elector.log()));
+        report(&logs, &owner, seed);
+    }
     assert!(
         worst <= (REPLICAS + MAX_SURGE) as usize,
         "ReplicaSet {owner} had {worst} active Pods at once, above replicas + maxSurge (seed {seed})"

@@ -317,7 +317,14 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
 
     let mut failure = None;
     let mut namespace_terminating = false;
-    match core::diff(&spec, owned.len()) {
+    let diff = core::diff(&spec, owned.len());
+    debug!(
+        read = pods.len(),
+        owned = owned.len(),
+        ?diff,
+        "counted pods"
+    );
+    match diff {
         Diff::Create(count) => {
             let template = pod_from_template(&spec);
             let params = PostParams::default();
