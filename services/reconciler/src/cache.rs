@@ -17,9 +17,16 @@
 //! key's namespace asks for that namespace's floor (`min_resource_version`), and for the
 //! floor over every namespace as well (`kind_min_resource_version`), which a watcher with one
 //! stream of the kind waits for.
+//!
+//! A reconcile also starts at the newest version this process wrote, per kind, in its key's
+//! namespace ([`CacheClient::wrote`] records it for every reconcile). The lease's floor does
+//! not move with a shard that moves to another queue replica, and a reconcile stopped there
+//! mid-write (its queue replica died) reports nothing: without this, the key's next
+//! reconcile in this process, leased from the shard's new owner, could read a watcher behind
+//! the Pods the stopped one created, and create them again.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -120,6 +127,38 @@ pub struct CacheClient {
     next: Arc<AtomicUsize>,
     floor: Option<Arc<Mutex<Floor>>>,
     metrics: Option<CacheMetrics>,
+    /// What this process wrote, shared by every clone.
+    written: Arc<Mutex<Written>>,
+}
+
+/// Namespaces whose newest written versions a process keeps; past it, the namespace whose
+/// newest write is the oldest is forgotten.
+const WRITTEN_NAMESPACES: usize = 4096;
+
+/// The newest version this process wrote, per namespace and kind.
+#[derive(Debug, Default)]
+struct Written(HashMap<String, BTreeMap<String, u64>>);
+
+impl Written {
+    fn record(&mut self, namespace: &str, kind: String, rv: u64) {
+        if !self.0.contains_key(namespace) && self.0.len() >= WRITTEN_NAMESPACES {
+            let oldest = self
+                .0
+                .iter()
+                .min_by_key(|(_, kinds)| kinds.values().max().copied())
+                .map(|(namespace, _)| namespace.clone());
+            if let Some(oldest) = oldest {
+                self.0.remove(&oldest);
+            }
+        }
+        let at = self
+            .0
+            .entry(namespace.to_owned())
+            .or_default()
+            .entry(kind)
+            .or_default();
+        *at = (*at).max(rv);
+    }
 }
 
 /// One reconcile's floor: its lease's, raised by what it reads and writes.
@@ -206,6 +245,7 @@ impl CacheClient {
             next: Arc::default(),
             floor: None,
             metrics: None,
+            written: Arc::default(),
         })
     }
 
@@ -218,8 +258,15 @@ impl CacheClient {
     }
 
     /// A client for one reconcile of a key of `namespace`: every read is at least at
-    /// `floor` (the lease's), and raises it to the newest object version it returned.
-    pub fn reading_at(&self, floor: ReadFloor, namespace: &str) -> Self {
+    /// `floor` (the lease's) and, in `namespace`, at this process's newest write there; and
+    /// raises it to the newest object version it returned.
+    pub fn reading_at(&self, mut floor: ReadFloor, namespace: &str) -> Self {
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        for (kind, rv) in written.0.get(namespace).into_iter().flatten() {
+            let at = floor.namespace.entry(kind.clone()).or_default();
+            *at = (*at).max(*rv);
+        }
+        drop(written);
         Self {
             floor: Some(Arc::new(Mutex::new(Floor {
                 versions: floor,
@@ -258,6 +305,13 @@ impl CacheClient {
     /// otherwise be created again by a retry that read a watcher without it.
     pub fn wrote<K: Resource<DynamicType = ()>>(&self, object: &K) {
         let namespace = object.meta().namespace.as_deref().unwrap_or_default();
+        let version = object.meta().resource_version.as_deref();
+        if let Some(rv) = version.and_then(|rv| rv.parse::<u64>().ok()) {
+            self.written
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(namespace, kind_key::<K>(), rv);
+        }
         self.raise(
             kind_key::<K>(),
             namespace,
@@ -487,12 +541,13 @@ mod tests {
             next: Arc::default(),
             floor: None,
             metrics: None,
+            written: Arc::default(),
         };
-        client.wrote(&pod("a", "99"));
+        client.wrote(&pod("c", "99"));
         assert!(client.observed().is_empty(), "no floor outside a reconcile");
         let mut lease = ReadFloor::default();
         lease.kinds.insert("v1/Pod".to_owned(), 40);
-        let reconcile = client.reading_at(lease, "a");
+        let reconcile = client.reading_at(lease.clone(), "a");
         reconcile.wrote(&pod("a", "57"));
         reconcile.wrote(&pod("a", "12"));
         reconcile.wrote(&pod("b", "64"));
@@ -501,9 +556,19 @@ mod tests {
         assert_eq!(
             observed.namespace.get("v1/Pod"),
             Some(&57),
-            "b is not the key's"
+            "b is not the key's, nor c"
         );
         assert_eq!(observed.kinds.get("apps/v1/ReplicaSet"), None);
+
+        // A later reconcile in this process, whatever its lease, starts at the process's
+        // newest write in its key's namespace: a reconcile stopped after its writes (its
+        // queue replica died) reported none of them, and the lease comes without them.
+        let next = client.reading_at(ReadFloor::default(), "a");
+        assert_eq!(next.observed().namespace.get("v1/Pod"), Some(&57));
+        assert_eq!(next.observed().kinds.get("v1/Pod"), None);
+        let elsewhere = client.reading_at(lease, "c");
+        assert_eq!(elsewhere.observed().namespace.get("v1/Pod"), Some(&99));
+        assert_eq!(elsewhere.observed().kinds.get("v1/Pod"), Some(&40));
     }
 
     #[test]
@@ -517,6 +582,7 @@ mod tests {
             next: Arc::default(),
             floor: None,
             metrics: None,
+            written: Arc::default(),
         }
         .reading_at(floor, "a");
         assert_eq!(reconcile.floor_of("v1/Pod", "a"), (Some(40), Some(90)));
