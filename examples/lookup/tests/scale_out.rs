@@ -11,8 +11,9 @@
 //! the lookup service never has more than two calls in flight from one replica, and more
 //! than two replicas' worth at once from four, which it can only have if the queue spreads
 //! the keys over them and they work side by side. How much faster four drain is printed, not
-//! asserted: a speed-up is a benchmark figure, and a loaded machine moves it. The backlog the queue's external metrics API reports at its peak asks the
-//! example's HPA (`deploy/hpa.yaml`) for four replicas, and for one once it has drained:
+//! asserted: a speed-up is a benchmark figure, and a loaded machine moves it. The backlog
+//! the queue's external metrics API reports at its peak asks the example's HPA
+//! (`deploy/hpa.yaml`) for four replicas, and for one once it has drained:
 //! the test applies the HPA's formula to what the API answers (kube-controller-manager's HPA
 //! itself scaling on that API is `tests/hpa.rs`).
 //!
