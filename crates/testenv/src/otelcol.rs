@@ -83,14 +83,21 @@ impl Collector {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e.into()),
         };
-        let mut spans = Vec::new();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let export: Value = serde_json::from_str(line)
-                .map_err(|e| Error::Setup(format!("the collector wrote invalid JSON: {e}")))?;
-            parse_export(&export, &mut spans);
-        }
-        Ok(spans)
+        parse_lines(&text)
     }
+}
+
+/// The spans in every complete line. The exporter writes through a buffer, so a read can end
+/// inside a line it is still writing: text after the last newline is left for the next read.
+fn parse_lines(text: &str) -> Result<Vec<ExportedSpan>> {
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    let mut spans = Vec::new();
+    for line in complete.lines().filter(|l| !l.trim().is_empty()) {
+        let export: Value = serde_json::from_str(line)
+            .map_err(|e| Error::Setup(format!("the collector wrote invalid JSON: {e}")))?;
+        parse_export(&export, &mut spans);
+    }
+    Ok(spans)
 }
 
 fn config_yaml(otlp: SocketAddr, output: &Path) -> String {
@@ -212,5 +219,22 @@ mod tests {
         assert_eq!(span.parent_span_id, "cc");
         assert_eq!(span.attribute("attempt"), Some("1"));
         assert_eq!(span.links, vec![("dd".to_owned(), "ee".to_owned())]);
+    }
+
+    #[test]
+    fn a_line_still_being_written_waits_for_the_next_read() {
+        let line = serde_json::json!({"resourceSpans": [{"scopeSpans": [{"spans": [
+            {"traceId": "aa", "spanId": "bb", "name": "lease"}
+        ]}]}]})
+        .to_string();
+        let written = format!("{line}\n{}", &line[..line.len() / 2]);
+        assert_eq!(parse_lines(&written).unwrap().len(), 1);
+        assert!(parse_lines(&line[..line.len() / 2]).unwrap().is_empty());
+        assert_eq!(parse_lines(&format!("{line}\n{line}\n")).unwrap().len(), 2);
+        let broken = format!("{}\n", &line[..line.len() / 2]);
+        assert!(
+            parse_lines(&broken).is_err(),
+            "a complete line that is not JSON is an error"
+        );
     }
 }
