@@ -590,7 +590,11 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["get", "list", "watch"],
             &["pods", "namespaces", "replicasets.apps", "deployments.apps"],
         ),
-        ("reconciler", &["create", "delete", "patch"], &["pods"]),
+        (
+            "reconciler",
+            &["list", "create", "delete", "patch"],
+            &["pods"],
+        ),
         (
             "reconciler",
             &[

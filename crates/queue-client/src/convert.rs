@@ -145,6 +145,9 @@ fn lease(item: pb::LeasedItem) -> Lease {
             kinds: item.read_floor.into_iter().collect(),
             namespace: item.namespace_read_floor.into_iter().collect(),
         },
+        shard_held_for: item
+            .shard_held_for
+            .and_then(|d| std::time::Duration::try_from(d).ok()),
     }
 }
 

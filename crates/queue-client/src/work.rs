@@ -49,6 +49,10 @@ pub struct Lease {
     pub trace_context: TraceFields,
     /// The shard's read floor: read each kind at least at these cache versions.
     pub read_floor: ReadFloor,
+    /// How long the queue replica had served the shard when it granted the lease; none from
+    /// a queue that does not say. A floor of a shard that moved lately may lack the previous
+    /// owner's last writes.
+    pub shard_held_for: Option<Duration>,
 }
 
 /// Per kind ("group/version/Kind", "v1/Pod" for the core group), a cache resourceVersion.

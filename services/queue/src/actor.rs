@@ -516,7 +516,7 @@ impl Actor {
                     );
                 }
             }
-            Command::Acquire { shard, epoch } => self.queue.acquire(shard, epoch),
+            Command::Acquire { shard, epoch } => self.queue.acquire(shard, epoch, now),
             Command::Drain { shard } => self.queue.drain(shard),
             Command::Release { shard } => self.queue.release(shard),
             Command::InFlight { shard, reply } => {

@@ -686,6 +686,7 @@ fn leased_item(keys: &KeySpace, lease: &Lease) -> pb::LeasedItem {
         trace_context: lease_context(&controller, lease),
         read_floor: proto_versions(&lease.read_floor.kinds),
         namespace_read_floor: proto_versions(&lease.read_floor.namespace),
+        shard_held_for: prost_types::Duration::try_from(lease.shard_held_for).ok(),
     }
 }
 

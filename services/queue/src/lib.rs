@@ -468,8 +468,9 @@ pub fn serving_queue(config: QueueConfig, controllers: &[&str], static_shards: b
     let shard_count = config.shard_count;
     let mut queue = Queue::new(config, controllers, RandomLeaseIds);
     if static_shards {
+        let now = std::time::Instant::now();
         for shard in 0..shard_count {
-            queue.acquire(shard, STATIC_EPOCH);
+            queue.acquire(shard, STATIC_EPOCH, now);
         }
     }
     queue

@@ -3,6 +3,8 @@
 //!
 //! ```text
 //!  cache: ReplicaSet, its Pods (by controller UID) ∪ the selector's Pods
+//!     ─► short of Pods and the key's shard moved lately: the cache again, at least at the
+//!        apiserver's newest version of the selector's Pods   (the previous owner's writes)
 //!     ─► claim: adopt orphans, release Pods that stopped matching   (patches, resourceVersion-guarded)
 //!     ─► diff:  create in slow-start batches | delete the lowest-ranked
 //!     ─► cache again, at least at the resourceVersion of the last write   (reads its own writes)
@@ -14,14 +16,17 @@
 //! reconcile, and the next reconcile of the key (on any worker) starts after this one's
 //! outcome, from a cache at least as new. So no reconcile counts a stale set of Pods and
 //! creates more than `replicas`: this takes the place of kube-controller-manager's
-//! expectations.
+//! expectations. A shard that moved to another queue replica starts without a floor, so
+//! for a while after ([`CacheClient::may_lack_writes`]) a reconcile about to create Pods
+//! first asks the apiserver how new its Pods are, as kube-controller-manager's new leader
+//! starts from a fresh list.
 
 use std::collections::BTreeMap;
 
 use futures::future::join_all;
 use serde_json::json;
 use switchyard_k8s::{
-    Api, DeleteParams, Pod, PostParams, ReplicaSet,
+    Api, DeleteParams, ListParams, Pod, PostParams, ReplicaSet,
     k8s_openapi::jiff::Timestamp,
     kube::{
         self,
@@ -128,6 +133,21 @@ async fn read_pods(ctx: &Context, spec: &Spec<'_>, min_rv: Option<&str>) -> Resu
         )
         .await?;
     Ok(pods)
+}
+
+/// The newest resourceVersion of the Pods the selector matches, read from the apiserver
+/// (a consistent list of their metadata): a version the watcher's stream of the namespace
+/// reaches once it has every one of them.
+async fn newest_pod_version(api: &Api<Pod>, spec: &Spec<'_>) -> Result<Option<String>> {
+    let params = ListParams::default().labels(&spec.selector.to_query());
+    let pods = api.list_metadata(&params).await?;
+    Ok(pods
+        .items
+        .iter()
+        .filter_map(|pod| pod.metadata.resource_version.as_deref())
+        .filter_map(|rv| Some((rv.parse::<u64>().ok()?, rv)))
+        .max()
+        .map(|(_, rv)| rv.to_owned()))
 }
 
 /// Sets the ReplicaSet as the Pod's controller, unless the Pod changed since it was read.
@@ -271,7 +291,23 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
         }
     };
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &request.namespace);
-    let pods = read_pods(ctx, &spec, None).await?;
+    let mut pods = read_pods(ctx, &spec, None).await?;
+    let short = matches!(
+        core::diff(&spec, core::claim(&spec, &pods).owned.len()),
+        Diff::Create(_)
+    );
+    if short && ctx.cache.may_lack_writes() {
+        // The key's shard moved lately: the Pods missing may be ones the previous owner's
+        // last reconcile created, which the watcher has not shown yet. Read again at least
+        // at the apiserver's newest version of the selector's Pods.
+        if let Some(newest) = newest_pod_version(&pods_api, &spec).await? {
+            debug!(
+                newest,
+                "shard moved lately; reading pods again at the apiserver's newest"
+            );
+            pods = read_pods(ctx, &spec, Some(&newest)).await?;
+        }
+    }
     let claim = core::claim(&spec, &pods);
 
     let mut writes = Writes::new(&ctx.cache);

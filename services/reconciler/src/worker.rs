@@ -37,6 +37,7 @@ use tokio::{
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
+    cache,
     metrics::{ControllerLabels, Ended, ReconcilerMetrics},
     sdk::{Action, Context, Registry, Request},
 };
@@ -306,7 +307,8 @@ impl Session {
         // with the outcome and raises it.
         ctx.cache = ctx
             .cache
-            .reading_at(lease.read_floor.clone(), &key.namespace);
+            .reading_at(lease.read_floor.clone(), &key.namespace)
+            .after_shard_move(cache::moved_lately(lease.shard_held_for));
         let reads = ctx.cache.clone();
         let span = reconcile_span(&lease);
         async move {

@@ -454,3 +454,95 @@ async fn adoption_rereads_the_owner_and_refuses_one_gone_or_being_deleted() {
         .to_string();
     assert!(error.contains("is gone"), "{error}");
 }
+
+/// A reconcile of a key whose shard moved lately confirms with the apiserver before it
+/// creates Pods that its read lacks. The watcher reaches the apiserver through a proxy that
+/// is then held, so its cache answers without the two Pods created next, as it would
+/// without a previous owner's last writes: told of the move, the reconcile reads again at
+/// the apiserver's newest Pod, which the watcher does not reach, and fails having created
+/// nothing. Not told, the same reconcile creates two more Pods, which the check prevents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_shard_move_pods_missing_from_the_cache_are_confirmed_before_creating() {
+    use switchyard_reconciler::{
+        cache::CacheClient,
+        sdk::{Context, Controller, Request},
+    };
+    use switchyard_reconciler_core::replicaset::{Spec, pod_from_template};
+
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "rs-moved")
+        .await
+        .unwrap();
+    let queue = support::queue(&[RS], &[]).await;
+    let proxy = support::HeldProxy::start(plane).await;
+    let watcher = support::watcher_reaching(
+        proxy.kubeconfig(),
+        &support::rs_config(ns.name()),
+        &format!("--queue-addr={}", queue.grpc()),
+        "127.0.0.1:0",
+    )
+    .await;
+    watcher.wait_ready(WITHIN).await;
+    let cache = CacheClient::new(
+        &Pki::shared().dialer(Role::Reconciler),
+        &watcher.grpc().to_string(),
+    )
+    .unwrap();
+    let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    let rs = rs_api
+        .create(&PostParams::default(), &replica_set("moved", 2))
+        .await
+        .unwrap();
+    cache
+        .get::<ReplicaSet>(ns.name(), "moved", rs.metadata.resource_version.as_deref())
+        .await
+        .unwrap()
+        .expect("cached");
+
+    proxy.hold();
+    let spec = Spec::new(&rs).unwrap();
+    for _ in 0..2 {
+        pods.create(&PostParams::default(), &pod_from_template(&spec))
+            .await
+            .unwrap();
+    }
+    let request = Request {
+        namespace: ns.name().to_owned(),
+        name: "moved".into(),
+        attempt: 1,
+    };
+    let controller = switchyard_reconciler::replicaset::ReplicaSetController;
+    let reconcile = |moved: bool| {
+        let ctx = Context::new(
+            client.clone(),
+            cache
+                .reading_at(Default::default(), ns.name())
+                .after_shard_move(moved),
+            "test",
+        );
+        let request = request.clone();
+        async move { controller.reconcile(&ctx, &request).await }
+    };
+
+    let error = reconcile(true)
+        .await
+        .expect_err("the watcher never shows the Pods");
+    assert_eq!(
+        support::active_pods(&pods, "app=moved").await.len(),
+        2,
+        "nothing created after a shard move: {error}"
+    );
+    // The same read without the move: the cache lacks both Pods, and two more are made.
+    let _ = reconcile(false).await;
+    assert_eq!(
+        support::active_pods(&pods, "app=moved").await.len(),
+        4,
+        "a reconcile not told of the move trusts the cache"
+    );
+
+    proxy.release();
+    watcher.stop().await;
+    queue.stop().await;
+}

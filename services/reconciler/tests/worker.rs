@@ -74,9 +74,11 @@ impl Controller for Scripted {
                 "floor" => {
                     let floor = ctx.cache.observed();
                     let (kinds, here) = (floor.kinds.get("v1/Pod"), floor.namespace.get("v1/Pod"));
-                    let _ = self
-                        .0
-                        .send(format!("floor reads Pods at {kinds:?}, {here:?} in ns"));
+                    // The queue took its shards when the test started.
+                    let moved = ctx.cache.may_lack_writes();
+                    let _ = self.0.send(format!(
+                        "floor reads Pods at {kinds:?}, {here:?} in ns; moved lately: {moved}"
+                    ));
                     Action::Done
                 }
                 _ => Action::Done,
@@ -289,7 +291,10 @@ async fn a_reconcile_reads_from_where_the_last_one_of_its_shard_wrote() {
     events.expect("floor finished", within).await;
     enqueue(queue.grpc(), "floor").await;
     events
-        .expect("floor reads Pods at Some(77), Some(77) in ns", within)
+        .expect(
+            "floor reads Pods at Some(77), Some(77) in ns; moved lately: true",
+            within,
+        )
         .await;
 
     reconciler.stop().await;

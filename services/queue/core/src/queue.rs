@@ -353,6 +353,8 @@ pub struct Queue {
     shards: ShardMap<ShardState>,
     /// The read floor of each shard served that has one.
     floors: ShardMap<ShardFloor>,
+    /// When each shard served was taken at its epoch.
+    held_since: ShardMap<Instant>,
     leases: LeaseMap<LeaseInfo>,
     lease_deadlines: BinaryHeap<Reverse<(Instant, LeaseId)>>,
     delayed: BinaryHeap<Reverse<DelayedItem>>,
@@ -383,6 +385,7 @@ impl Queue {
             hasher: KeyHasher::default(),
             shards: ShardMap::default(),
             floors: ShardMap::default(),
+            held_since: ShardMap::default(),
             leases: LeaseMap::default(),
             lease_deadlines: BinaryHeap::new(),
             delayed: BinaryHeap::new(),
@@ -431,14 +434,15 @@ impl Queue {
 
     // ---- ownership -------------------------------------------------------------------
 
-    /// Starts serving `shard` at `epoch`, empty (recovery is level-triggered: the watcher
-    /// resyncs the shard). A different epoch than the one held discards what was held.
-    pub fn acquire(&mut self, shard: u32, epoch: u64) {
+    /// Starts serving `shard` at `epoch` from `now`, empty (recovery is level-triggered: the
+    /// watcher resyncs the shard). A different epoch than the one held discards what was held.
+    pub fn acquire(&mut self, shard: u32, epoch: u64, now: Instant) {
         if self.shards.get(&shard) == Some(&ShardState::Active(epoch)) {
             return;
         }
         self.discard_shard(shard);
         self.shards.insert(shard, ShardState::Active(epoch));
+        self.held_since.insert(shard, now);
         self.reshare();
     }
 
@@ -668,6 +672,7 @@ impl Queue {
             self.reshare();
         }
         self.floors.remove(&shard);
+        self.held_since.remove(&shard);
         self.leases.retain(|_, l| l.key.shard() != shard);
         for queue in &mut self.controllers {
             self.len -= queue.retain(&mut self.history, |e| e.shard != shard);

@@ -114,13 +114,13 @@ proptest! {
             SequentialLeaseIds::default(),
         );
         let mut model = Model { held: HashMap::new(), leases: HashMap::new(), epochs: HashMap::new() };
+        let start = Instant::now();
         for shard in 0..SHARDS {
-            queue.acquire(shard, 1);
+            queue.acquire(shard, 1, start);
             model.epochs.insert(shard, 1);
         }
         let space = queue.key_space().clone();
         let shard_of = |_: &Queue, i: usize| valid(&space, i).shard();
-        let start = Instant::now();
         let mut now = start;
 
         for op in ops {
@@ -189,7 +189,7 @@ proptest! {
                 }
                 Op::Reacquire { shard } => {
                     let epoch = model.epochs[&shard] + 1;
-                    queue.acquire(shard, epoch);
+                    queue.acquire(shard, epoch, now);
                     model.epochs.insert(shard, epoch);
                     let gone: Vec<usize> = model.held.keys().copied().filter(|k| shard_of(&queue, *k) == shard).collect();
                     for key in gone { model.held.remove(&key); }

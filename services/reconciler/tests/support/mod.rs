@@ -94,6 +94,17 @@ pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> 
 
 /// A watcher routing keys by `route`, serving gRPC on `grpc` (`host:port`; port 0 for any).
 pub async fn watcher_on(plane: &ControlPlane, config: &str, route: &str, grpc: &str) -> InProcess {
+    watcher_reaching(plane.kubeconfig(), config, route, grpc).await
+}
+
+/// A watcher reaching the apiserver by `kubeconfig`, routing keys by `route`, serving gRPC on
+/// `grpc`.
+pub async fn watcher_reaching(
+    kubeconfig: &std::path::Path,
+    config: &str,
+    route: &str,
+    grpc: &str,
+) -> InProcess {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
@@ -101,7 +112,7 @@ pub async fn watcher_on(plane: &ControlPlane, config: &str, route: &str, grpc: &
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
         format!("--grpc-addr={grpc}"),
-        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
         format!("--config={}", path.display()),
         route.to_owned(),
     ];
@@ -278,4 +289,95 @@ pub async fn active_pods(pods: &Api<Pod>, labels: &str) -> Vec<Pod> {
         .into_iter()
         .filter(is_active)
         .collect()
+}
+
+/// A TCP proxy to the apiserver whose traffic can be held: a watcher reaching the apiserver
+/// through it keeps answering from its cache while it hears of nothing new, as a watcher far
+/// behind does.
+pub struct HeldProxy {
+    held: tokio::sync::watch::Sender<bool>,
+    kubeconfig: tempfile::TempPath,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HeldProxy {
+    pub async fn start(plane: &ControlPlane) -> Self {
+        let upstream: SocketAddr = plane
+            .server()
+            .trim_start_matches("https://")
+            .parse()
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (held, _) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn({
+            let held = held.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        continue;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::spawn(relay(client_read, server_write, held.subscribe()));
+                    tokio::spawn(relay(server_read, client_write, held.subscribe()));
+                }
+            }
+        });
+        let text = std::fs::read_to_string(plane.kubeconfig()).unwrap();
+        assert!(
+            text.contains(plane.server()),
+            "the kubeconfig names the server"
+        );
+        let text = text.replace(plane.server(), &format!("https://{address}"));
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+        Self {
+            held,
+            kubeconfig: file.into_temp_path(),
+            task,
+        }
+    }
+
+    /// A kubeconfig reaching the apiserver through the proxy.
+    pub fn kubeconfig(&self) -> &std::path::Path {
+        &self.kubeconfig
+    }
+
+    /// From now on, bytes read on either side are held until [`HeldProxy::release`].
+    pub fn hold(&self) {
+        self.held.send_replace(true);
+    }
+
+    pub fn release(&self) {
+        self.held.send_replace(false);
+    }
+}
+
+impl Drop for HeldProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to`, holding what it read while `held` says so.
+async fn relay(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut held: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = vec![0; 64 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        if held.wait_for(|held| !*held).await.is_err() {
+            return;
+        }
+        if to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
+    }
 }

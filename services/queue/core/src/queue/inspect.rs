@@ -210,10 +210,11 @@ mod tests {
             SequentialLeaseIds::default(),
         )
         .with_outcome_history(history);
+        let now = Instant::now();
         for shard in 0..4 {
-            q.acquire(shard, 7);
+            q.acquire(shard, 7, now);
         }
-        (q, KeySpace::new(&[RS], 4), Instant::now())
+        (q, KeySpace::new(&[RS], 4), now)
     }
 
     fn traced() -> Cause {

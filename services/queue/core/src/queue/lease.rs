@@ -109,6 +109,9 @@ pub struct Lease {
     pub observed_at: Option<std::time::SystemTime>,
     /// The shard's read floor when the lease was granted.
     pub read_floor: ReadFloor,
+    /// How long this replica had served the shard at its epoch when the lease was granted:
+    /// the floor of a shard that moved lately may lack the previous owner's last writes.
+    pub shard_held_for: Duration,
 }
 
 impl Lease {
@@ -269,6 +272,12 @@ impl Queue {
                     .get(&entry.shard)
                     .map(|floor| floor.of(entry.key.namespace()))
                     .unwrap_or_default(),
+                shard_held_for: self
+                    .held_since
+                    .get(&entry.shard)
+                    .map_or(Duration::ZERO, |since| {
+                        now.saturating_duration_since(*since)
+                    }),
             };
             self.leases.insert(
                 id,

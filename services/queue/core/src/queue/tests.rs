@@ -30,10 +30,11 @@ fn queue() -> (Queue, Instant) {
         &CONTROLLERS,
         SequentialLeaseIds::default(),
     );
+    let now = Instant::now();
     for shard in 0..4 {
-        q.acquire(shard, 7);
+        q.acquire(shard, 7, now);
     }
-    (q, Instant::now())
+    (q, now)
 }
 
 fn lease(q: &mut Queue, now: Instant) -> Option<Lease> {
@@ -148,7 +149,7 @@ fn causes_go_with_their_key_when_a_shard_is_dropped() {
     let shard = key("a").shard();
     q.drain(shard);
     q.release(shard);
-    q.acquire(shard, 8);
+    q.acquire(shard, 8, now);
     q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
         .unwrap();
     assert!(lease(&mut q, now).unwrap().causes.is_empty());
@@ -385,7 +386,7 @@ fn outcomes_with_a_stale_epoch_are_refused_and_change_nothing() {
     );
     assert_eq!(q.in_flight(), 1);
     // The shard changes owner and comes back at a new epoch: old leases are gone.
-    q.acquire(l.shard(), l.epoch + 1);
+    q.acquire(l.shard(), l.epoch + 1, now);
     assert_eq!(
         q.complete(W, l.shard(), l.epoch, l.id, Outcome::Done, now),
         Err(Refused::StaleEpoch)
@@ -500,7 +501,7 @@ fn each_controller_retries_at_the_share_of_its_rate_that_the_served_shards_are()
     // A limit for a name not known yet makes it known, with its own limit.
     q.set_rate_limit("example.com/v1/Later", RateLimit { qps: 8.0, burst: 4 })
         .unwrap();
-    q.acquire(0, 1);
+    q.acquire(0, 1, Instant::now());
     assert_eq!(
         q.rate_limit("example.com/v1/Later"),
         Some(RateLimit { qps: 2.0, burst: 1 })
@@ -519,7 +520,7 @@ fn each_controller_retries_at_the_share_of_its_rate_that_the_served_shards_are()
         })
     );
     for shard in 1..4 {
-        q.acquire(shard, 1);
+        q.acquire(shard, 1, Instant::now());
     }
     assert_eq!(q.rate_limit(CONTROLLERS[0]), Some(full));
     q.drain(3);
@@ -576,7 +577,7 @@ fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
     }
 
     // A shard taken at a new epoch starts without a floor; a shard not served takes none.
-    q.acquire(a.shard(), 8);
+    q.acquire(a.shard(), 8, now);
     q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
     assert!(lease(&mut q, now).unwrap().read_floor.is_empty());
     q.release(a.shard());
@@ -585,9 +586,41 @@ fn a_lease_carries_its_shards_read_floor_until_the_shard_moves() {
         "default",
         &ReadFloor::from_pairs(&[("v1/Pod", 50)], &[]),
     );
-    q.acquire(a.shard(), 9);
+    q.acquire(a.shard(), 9, now);
     q.add(&a, Priority::Normal, Duration::ZERO, now).unwrap();
     assert!(lease(&mut q, now).unwrap().read_floor.is_empty());
+}
+
+/// A lease says how long its shard has been served at its epoch, counted from the take; a
+/// shard taken again at a new epoch counts from then, the same epoch again changes nothing.
+#[test]
+fn a_lease_says_how_long_its_shard_has_been_held() {
+    let (mut q, start) = queue();
+    let a = key("a");
+    let leased_at = |q: &mut Queue, at: Instant| {
+        q.add(&a, Priority::Normal, Duration::ZERO, at).unwrap();
+        let leased = lease(q, at).unwrap();
+        q.complete(
+            W,
+            leased.shard(),
+            leased.epoch,
+            leased.id,
+            Outcome::Done,
+            at,
+        )
+        .unwrap();
+        leased.shard_held_for
+    };
+    assert_eq!(leased_at(&mut q, start), Duration::ZERO);
+    let later = start + Duration::from_secs(3);
+    assert_eq!(leased_at(&mut q, later), Duration::from_secs(3));
+    q.acquire(a.shard(), 7, later);
+    let after = later + Duration::from_secs(1);
+    assert_eq!(leased_at(&mut q, after), Duration::from_secs(4));
+    q.drain(a.shard());
+    q.release(a.shard());
+    q.acquire(a.shard(), 8, later);
+    assert_eq!(leased_at(&mut q, after), Duration::from_secs(1));
 }
 
 #[test]
@@ -648,10 +681,10 @@ fn leases_expire_on_time_when_the_deadline_heap_sheds_stale_deadlines() {
         &CONTROLLERS,
         SequentialLeaseIds::default(),
     );
-    for shard in 0..4 {
-        q.acquire(shard, 7);
-    }
     let now = Instant::now();
+    for shard in 0..4 {
+        q.acquire(shard, 7, now);
+    }
     q.add(&key("kept"), Priority::Normal, Duration::ZERO, now)
         .unwrap();
     let kept = lease(&mut q, now).unwrap();
