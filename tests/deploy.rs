@@ -247,7 +247,7 @@ async fn the_switchyard_certs_component_applies_on_an_overlay_and_the_apiserver_
 /// What components/monitoring must hold, read from the built manifests: for every service a
 /// ServiceMonitor whose selector finds one Service, whose port reaches the admin port of that
 /// service's pods, named after the service (the job label); the dashboard for Grafana's
-/// sidecar; and the five alerts.
+/// sidecar; and the six alerts.
 fn assert_monitoring_objects(manifests: &str) {
     let objects: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(manifests)
         .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
@@ -348,6 +348,7 @@ fn assert_monitoring_objects(manifests: &str) {
     assert_eq!(
         alerts,
         [
+            "SwitchyardApiserverClientThrottled",
             "SwitchyardBacklogGrowing",
             "SwitchyardNoElectorLeader",
             "SwitchyardReconcileErrorRatio",
