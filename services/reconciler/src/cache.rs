@@ -338,19 +338,15 @@ impl CacheClient {
     /// otherwise be created again by a retry that read a watcher without it.
     pub fn wrote<K: Resource<DynamicType = ()>>(&self, object: &K) {
         let namespace = object.meta().namespace.as_deref().unwrap_or_default();
+        let kind = kind_key::<K>();
         let version = object.meta().resource_version.as_deref();
         if let Some(rv) = version.and_then(|rv| rv.parse::<u64>().ok()) {
             self.written
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .record(namespace, kind_key::<K>(), rv);
+                .record(namespace, kind.clone(), rv);
         }
-        self.raise(
-            kind_key::<K>(),
-            namespace,
-            None,
-            std::slice::from_ref(object),
-        );
+        self.raise(kind, namespace, None, std::slice::from_ref(object));
     }
 
     /// Raises the floors of `kind` to the newest of the objects read and the read's own

@@ -292,11 +292,13 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     };
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &request.namespace);
     let mut pods = read_pods(ctx, &spec, None).await?;
-    let short = matches!(
-        core::diff(&spec, core::claim(&spec, &pods).owned.len()),
-        Diff::Create(_)
-    );
-    if short && ctx.cache.may_lack_writes() {
+    // Only counted here after a shard move, off the common path.
+    if ctx.cache.may_lack_writes()
+        && matches!(
+            core::diff(&spec, core::claim(&spec, &pods).owned.len()),
+            Diff::Create(_)
+        )
+    {
         // The key's shard moved lately: the Pods missing may be ones the previous owner's
         // last reconcile created, which the watcher has not shown yet. Read again at least
         // at the apiserver's newest version of the selector's Pods.
