@@ -144,6 +144,25 @@ impl ExportedSpan {
     pub fn attribute(&self, key: &str) -> Option<&str> {
         self.attributes.get(key).map(String::as_str)
     }
+
+    /// Whether every ancestor of this span, up to its trace's root, is among `spans`.
+    ///
+    /// Each process exports a span when it ends, in batches, so a child is often exported
+    /// before its parent: a test that walks up from a span waits for this first.
+    pub fn ancestry_exported(&self, spans: &[ExportedSpan]) -> bool {
+        let mut parent = self.parent_span_id.as_str();
+        // A trace's spans are at most all of them: a longer walk is a cycle.
+        for _ in 0..=spans.len() {
+            if parent.is_empty() {
+                return true;
+            }
+            match spans.iter().find(|s| s.span_id == parent) {
+                Some(span) => parent = span.parent_span_id.as_str(),
+                None => return false,
+            }
+        }
+        false
+    }
 }
 
 fn parse_export(export: &Value, out: &mut Vec<ExportedSpan>) {
@@ -219,6 +238,24 @@ mod tests {
         assert_eq!(span.parent_span_id, "cc");
         assert_eq!(span.attribute("attempt"), Some("1"));
         assert_eq!(span.links, vec![("dd".to_owned(), "ee".to_owned())]);
+    }
+
+    #[test]
+    fn ancestry_is_exported_once_every_parent_up_to_the_root_is() {
+        let span = |id: &str, parent: &str| ExportedSpan {
+            span_id: id.to_owned(),
+            parent_span_id: parent.to_owned(),
+            ..ExportedSpan::default()
+        };
+        let root = span("a", "");
+        let middle = span("b", "a");
+        let leaf = span("c", "b");
+        assert!(root.ancestry_exported(&[]));
+        assert!(leaf.ancestry_exported(&[root.clone(), middle.clone()]));
+        assert!(!leaf.ancestry_exported(&[root]), "middle missing");
+        assert!(!leaf.ancestry_exported(&[middle]), "root missing");
+        let cycle = [span("x", "y"), span("y", "x")];
+        assert!(!cycle[0].ancestry_exported(&cycle));
     }
 
     #[test]

@@ -555,8 +555,10 @@ async fn a_lookup_is_one_trace_from_its_watch_event_to_the_slow_call() {
             .iter()
             .find(|s| s.name == "lookup" && s.attribute("query") == Some(name))
             .cloned();
-        // Complete once the watcher's event and the status write are exported too.
+        // Complete once every span above the call (the reconcile, the queue's lease and
+        // enqueue, the watch event), and the status write, are exported too.
         if let Some(call) = call
+            && call.ancestry_exported(&spans)
             && spans
                 .iter()
                 .any(|s| s.trace_id == call.trace_id && s.name == "watch event")

@@ -237,6 +237,10 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
             && spans.iter().any(|s| is_create(s, "replicasets"))
             && spans
                 .iter()
+                .filter(|s| is_create(s, "pods") || is_create(s, "replicasets"))
+                .all(|s| s.ancestry_exported(spans))
+            && spans
+                .iter()
                 .any(|s| s.name == "watch event" && s.attribute("namespace") == Some(ns.name()))
             && services
                 .iter()
