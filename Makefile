@@ -90,8 +90,10 @@ bench-e2e: testenv
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench e2e
 
 # The highest rate of Deployment changes kept within a queue-wait and a time-to-ready service
-# level: kube-controller-manager, and Switchyard with 1 and 4 reconcilers.
+# level: kube-controller-manager, and Switchyard with 1 and 4 reconcilers, every sync slowed
+# alike; then kube-controller-manager and one reconciler unslowed.
 bench-capacity: testenv
+	@scripts/testenv.sh kcm-slowed >/dev/null
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench capacity
 
 # The garbage collector beside kube-controller-manager's: a 10,000-Pod cascade and memory per

@@ -15,6 +15,8 @@
 # keyed by its version and the Go version, and built only when its binaries are missing.
 #
 #   scripts/testenv.sh build     build what is missing, then print the bin directory
+#   scripts/testenv.sh kcm-slowed  also build kube-controller-manager-slowed (for
+#                                  `make bench-capacity`; see build_kcm_slowed)
 #   scripts/testenv.sh bin-dir   print the bin directory (builds nothing)
 #   scripts/testenv.sh versions  print the pinned versions
 set -euo pipefail
@@ -130,17 +132,90 @@ build_kubernetes() {
       go mod edit -replace="$m=$m@v$staging"
     done
     run_logged kubernetes "$log" go get "k8s.io/kubernetes@v$K8S_VERSION"
-    local ldflags="-s -w" p minor; minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-    for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-      ldflags="$ldflags -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
-      ldflags="$ldflags -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
-    done
-    run_logged kubernetes "$log" go build -trimpath -tags=selinux,notest -ldflags "$ldflags" -o "$d/bin/" \
+    run_logged kubernetes "$log" go build -trimpath -tags=selinux,notest -ldflags "$(k8s_ldflags)" -o "$d/bin/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
   )
   progress_stop
   echo "testenv: built Kubernetes v$K8S_VERSION in $(duration $((SECONDS - start)))" >&2
+}
+
+# The version Kubernetes' own release builds stamp into its binaries.
+k8s_ldflags() {
+  local ldflags="-s -w" p minor; minor=$(echo "$K8S_VERSION" | cut -d. -f2)
+  for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+    ldflags="$ldflags -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ldflags="$ldflags -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$ldflags"
+}
+
+# kube-controller-manager-slowed: kube-controller-manager built from the same module, with
+# every Deployment and ReplicaSet sync first sleeping $SWITCHYARD_SIMULATED_LATENCY (a Go
+# duration; no sleep when unset), as a Switchyard reconcile does under its
+# `--simulated-latency`. `make bench-capacity` compares the two at the same per-sync latency.
+# The module is copied (hard links where the file system allows) and two files are changed:
+# one line at the top of each sync function, and one file added per package. Go refuses an
+# overlay of files in its module cache, so the build uses a replace of the copy instead.
+# Not in `build`: only the benchmark needs it.
+build_kcm_slowed() {
+  local d; d=$(product_dir kubernetes "$K8S_VERSION")
+  have_all "$d" kube-controller-manager-slowed && return 0
+  local log="$d/build-slowed.log" src="$d/src" copy="$d/kubernetes-slowed" build="$d/src-slowed"
+  : >"$log"
+  echo "testenv: building kube-controller-manager-slowed (a few minutes; log: $log)" >&2
+  local start=$SECONDS
+  progress_start kube-controller-manager-slowed "$log"
+  (
+    cd "$src"
+    local module; module=$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+    [ -d "$module" ] || die "k8s.io/kubernetes@v$K8S_VERSION is not in the module cache; run 'scripts/testenv.sh build'"
+    rm -rf "$copy" "$build"
+    cp -al "$module" "$copy" 2>/dev/null || cp -a "$module" "$copy"
+    local pkg file signature
+    while IFS='|' read -r pkg file signature; do
+      local dir="$copy/pkg/controller/$pkg"
+      [ "$(grep -cxF "$signature" "$dir/$file")" = 1 ] ||
+        die "$module/pkg/controller/$pkg/$file no longer has one '$signature' to slow"
+      chmod u+w "$dir"
+      awk -v sig="$signature" '{ print } $0 == sig { print "\tswitchyardSimulatedLatency()" }' \
+        "$dir/$file" >"$dir/$file.new"
+      rm -f "$dir/$file"; mv "$dir/$file.new" "$dir/$file"
+      cat >"$dir/switchyard_simulated_latency.go" <<GO
+package $pkg
+
+import (
+	"os"
+	"time"
+)
+
+// The sleep before each sync, from SWITCHYARD_SIMULATED_LATENCY (scripts/testenv.sh).
+var switchyardLatency = func() time.Duration {
+	value := os.Getenv("SWITCHYARD_SIMULATED_LATENCY")
+	if value == "" {
+		return 0
+	}
+	latency, err := time.ParseDuration(value)
+	if err != nil {
+		panic("SWITCHYARD_SIMULATED_LATENCY: " + err.Error())
+	}
+	return latency
+}()
+
+func switchyardSimulatedLatency() { time.Sleep(switchyardLatency) }
+GO
+    done <<SYNCS
+replicaset|replica_set.go|func (rsc *ReplicaSetController) syncReplicaSet(ctx context.Context, key string) error {
+deployment|deployment_controller.go|func (dc *DeploymentController) syncDeployment(ctx context.Context, key string) error {
+SYNCS
+    mkdir -p "$build"; cp go.mod go.sum "$build/"
+    cd "$build"
+    run_logged kube-controller-manager-slowed "$log" go mod edit -replace="k8s.io/kubernetes=$copy"
+    run_logged kube-controller-manager-slowed "$log" go build -trimpath -tags=selinux,notest \
+      -ldflags "$(k8s_ldflags)" -o "$d/bin/kube-controller-manager-slowed" k8s.io/kubernetes/cmd/kube-controller-manager
+  )
+  progress_stop
+  echo "testenv: built kube-controller-manager-slowed in $(duration $((SECONDS - start)))" >&2
 }
 
 build_etcd() {
@@ -413,5 +488,12 @@ case "$cmd" in
     ensure_iproute2
     link_bin_dir
     bin_dir ;;
-  *) die "unknown command '$cmd' (expected build, bin-dir or versions)" ;;
+  kcm-slowed)
+    check_go
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/.lock"; flock 9
+    build_kcm_slowed
+    ln -sfn "$(product_dir kubernetes "$K8S_VERSION")/bin/kube-controller-manager-slowed" "$(bin_dir)/kube-controller-manager-slowed"
+    bin_dir ;;
+  *) die "unknown command '$cmd' (expected build, kcm-slowed, bin-dir or versions)" ;;
 esac

@@ -373,6 +373,43 @@ impl ControlPlane {
         controllers: &[&str],
         extra_args: &[&str],
     ) -> Result<ControllerManager> {
+        self.start_controller_manager_from("kube-controller-manager", &[], controllers, extra_args)
+            .await
+    }
+
+    /// [`ControlPlane::start_controller_manager`] with `kube-controller-manager-slowed`
+    /// (`scripts/testenv.sh kcm-slowed`): every Deployment and ReplicaSet sync first waits
+    /// `latency`, as a Switchyard reconcile does under `--simulated-latency`.
+    pub async fn start_controller_manager_slowed(
+        &self,
+        latency: Duration,
+        controllers: &[&str],
+        extra_args: &[&str],
+    ) -> Result<ControllerManager> {
+        let program = "kube-controller-manager-slowed";
+        if !self.binaries.path(program).exists() {
+            return Err(Error::Build(format!(
+                "{program} is missing from {}; run `scripts/testenv.sh kcm-slowed`",
+                self.binaries.path("").display()
+            )));
+        }
+        let latency = format!("{}ms", latency.as_millis());
+        self.start_controller_manager_from(
+            program,
+            &[("SWITCHYARD_SIMULATED_LATENCY", &latency)],
+            controllers,
+            extra_args,
+        )
+        .await
+    }
+
+    async fn start_controller_manager_from(
+        &self,
+        program: &str,
+        envs: &[(&str, &str)],
+        controllers: &[&str],
+        extra_args: &[&str],
+    ) -> Result<ControllerManager> {
         let (process, port) = start_on_free_ports("kube-controller-manager", || async {
             let port = free_port()?;
             let mut args = vec![
@@ -394,9 +431,9 @@ impl ControlPlane {
             args.extend(extra_args.iter().map(|a| (*a).to_owned()));
             let mut process = ManagedProcess::spawn(
                 "kube-controller-manager",
-                &self.binaries.path("kube-controller-manager"),
+                &self.binaries.path(program),
                 &args,
-                &[],
+                envs,
                 &self.dir.join("kube-controller-manager.log"),
             )?;
             let http = insecure_http()?;

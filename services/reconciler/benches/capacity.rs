@@ -22,22 +22,32 @@
 //! (0.5, 0.63, 0.79, 0.99, 1.24, 1.55, 1.94, 2.42, 3.03, 3.79, 4.74, 5.93, 7.41, 9.26, ...);
 //! the run stops at the first step that misses a service level.
 //!
+//! The slowed subjects compare at the same per-reconcile latency, where the reconcilers, not
+//! this 2-core machine's control plane, bound the capacity. Every reconcile (every
+//! kube-controller-manager sync) first waits [`SLOW_MS`], as if it called an external system:
 //! - `capacity.kcm` (changes/s): kube-controller-manager's deployment, replicaset, garbage
-//!   collector and namespace controllers, as in `make bench-e2e`;
-//! - `capacity.sy1_unslowed` (changes/s): Switchyard with one reconciler running the same
-//!   controllers, at the same per-reconcile latency as kube-controller-manager (nothing added);
+//!   collector and namespace controllers, as in `make bench-e2e`, built as
+//!   `kube-controller-manager-slowed` (`scripts/testenv.sh kcm-slowed`), which sleeps in every
+//!   Deployment and ReplicaSet sync; its default 5 Deployment and 5 ReplicaSet workers;
+//! - `capacity.sy1_concurrency10` (changes/s): Switchyard with one reconciler slowed by
+//!   `--simulated-latency`, 10 reconciles at a time (its default, as many as
+//!   kube-controller-manager's workers);
 //! - `capacity.sy1`, `capacity.sy4` (changes/s): Switchyard with 1 and 4 reconciler processes,
-//!   every reconcile waiting 200 ms first as if it called an external system
-//!   (`--simulated-latency`), 5 at a time per replica: at most 25 reconciles/s per replica, so
-//!   that the reconcilers, not the control plane, bound both. A change is about 24
-//!   reconciles, so one replica keeps up with about 1 change/s and four with about 4, below
-//!   the 6-7 changes/s where this 2-core machine's control plane stops keeping up (the
-//!   unslowed subjects' capacity). At 100 ms, four replicas would need about 8 and met that
-//!   ceiling first.
+//!   [`SLOW_CONCURRENCY`] reconciles at a time per replica: at most 25 reconciles/s per
+//!   replica. A change is about 24-31 reconciles, so one replica keeps up with about 1
+//!   change/s and four with about 4, below the 5-7 changes/s where this machine's control
+//!   plane stops keeping up (the unslowed subjects' capacity). At 10 at a time four replicas
+//!   would need about 8 and meet that ceiling first;
+//!
+//! and, unslowed, what the control plane itself allows:
+//! - `capacity.kcm_unslowed` (changes/s): kube-controller-manager as built from its module;
+//! - `capacity.sy1_unslowed` (changes/s): Switchyard with one reconciler, nothing added to a
+//!   reconcile;
 //! - `capacity.sy1_unslowed_concurrency20` (changes/s): as `sy1_unslowed`, with 20 reconciles
-//!   at a time instead of the default 10 (kube-controller-manager runs 5 Deployment and 5
-//!   ReplicaSet workers): whether one reconciler is bound by its reconciles in flight;
-//! - `capacity.sy1_unslowed_vs_kcm`, `capacity.sy4_vs_sy1` (ratios).
+//!   at a time instead of the default 10: whether one reconciler is bound by its reconciles in
+//!   flight;
+//! - `capacity.sy1_concurrency10_vs_kcm`, `capacity.sy4_vs_sy1`,
+//!   `capacity.sy1_unslowed_vs_kcm_unslowed` (ratios).
 //!
 //! Each step's figures go to stderr: the rate sent, changes rolled out, time-to-ready p50 and
 //! p99, the share of keys within the 1 s queue wait, the reconcilers' reconcile times, where
@@ -50,7 +60,7 @@
 //! cores each process used from the step's first change to the end of its drain (etcd,
 //! kube-apiserver, kube-scheduler, kwok, the controllers, and the benchmark's own process,
 //! which holds the load generator and, for Switchyard, the queue and the watcher).
-//! `SWITCHYARD_BENCH_RUNS=kcm,sy1_unslowed` runs only the named subjects.
+//! `SWITCHYARD_BENCH_RUNS=kcm,sy1_concurrency10` runs only the named subjects.
 
 #![allow(clippy::unwrap_used)]
 
@@ -95,28 +105,41 @@ const QUEUE_WAIT_SLO: f64 = 1.0;
 const READY_SLO: Duration = Duration::from_secs(5);
 /// Both service levels hold for 99 % of what they measure.
 const QUANTILE: f64 = 0.99;
-/// The slowed subjects' reconciles: each waits this long first, this many at a time per
-/// replica (25 reconciles/s per replica at most).
+/// The slowed subjects' reconciles (kube-controller-manager's syncs) each wait this long
+/// first; `sy1` and `sy4` run this many at a time per replica (25 reconciles/s per replica
+/// at most).
 const SLOW_MS: u64 = 200;
 const SLOW_CONCURRENCY: usize = 5;
 
 /// The subjects, by figure name, in the order they run.
-const SUBJECTS: [(&str, Under); 5] = [
-    ("kcm", Under::ControllerManager),
+const SUBJECTS: [(&str, Under); 7] = [
+    (
+        "kcm",
+        Under::ControllerManager {
+            latency_ms: SLOW_MS,
+        },
+    ),
+    ("sy1_concurrency10", Under::switchyard_slow(1, SLOW_MS, 10)),
+    ("sy1", Under::switchyard_slow(1, SLOW_MS, SLOW_CONCURRENCY)),
+    ("sy4", Under::switchyard_slow(4, SLOW_MS, SLOW_CONCURRENCY)),
+    ("kcm_unslowed", Under::KCM),
     ("sy1_unslowed", Under::switchyard(1, 0)),
     // What bounds one reconciler where the control plane slows down: its reconciles at once.
     (
         "sy1_unslowed_concurrency20",
         Under::switchyard_slow(1, 0, 20),
     ),
-    ("sy1", Under::switchyard_slow(1, SLOW_MS, SLOW_CONCURRENCY)),
-    ("sy4", Under::switchyard_slow(4, SLOW_MS, SLOW_CONCURRENCY)),
 ];
 
 /// The ratios printed when both of their subjects ran: (figure, numerator, denominator).
-const RATIOS: [(&str, &str, &str); 2] = [
-    ("sy1_unslowed_vs_kcm", "sy1_unslowed", "kcm"),
+const RATIOS: [(&str, &str, &str); 3] = [
+    ("sy1_concurrency10_vs_kcm", "sy1_concurrency10", "kcm"),
     ("sy4_vs_sy1", "sy4", "sy1"),
+    (
+        "sy1_unslowed_vs_kcm_unslowed",
+        "sy1_unslowed",
+        "kcm_unslowed",
+    ),
 ];
 
 fn deployment(name: &str) -> Deployment {
@@ -186,7 +209,7 @@ struct Step {
     /// [`Duration::MAX`].
     took: Vec<Duration>,
     queue_wait: Buckets,
-    /// The Switchyard reconcilers' reconcile times (none for kube-controller-manager).
+    /// The reconcile times (kube-controller-manager's sync times, in coarser buckets).
     reconciles: Buckets,
     /// Where Switchyard's reconciles waited ([`Controllers::waits`]).
     waits: BTreeMap<&'static str, Buckets>,

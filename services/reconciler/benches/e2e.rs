@@ -404,7 +404,7 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
 
 /// The measurements, by figure name, in the order they run.
 const RUNS: [(&str, Under); 11] = [
-    ("kcm_converge", Under::ControllerManager),
+    ("kcm_converge", Under::KCM),
     ("sy1_converge", Under::switchyard(1, 0)),
     ("sy1_converge_mtls", Under::switchyard_mtls(1)),
     ("sy2_converge", Under::switchyard(2, 0)),

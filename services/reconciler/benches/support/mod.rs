@@ -25,7 +25,11 @@ const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collect
 
 #[derive(Clone, Copy, Debug)]
 pub enum Under {
-    ControllerManager,
+    ControllerManager {
+        /// Every Deployment and ReplicaSet sync first waits this long
+        /// (`kube-controller-manager-slowed`); none when 0.
+        latency_ms: u64,
+    },
     Switchyard {
         reconcilers: usize,
         latency_ms: u64,
@@ -40,6 +44,8 @@ pub enum Under {
 }
 
 impl Under {
+    pub const KCM: Self = Self::ControllerManager { latency_ms: 0 };
+
     /// In plaintext, as every figure before mutual TLS was measured, so they compare.
     /// Slow reconciles (`latency_ms` above 0) run one at a time per replica: a replica's
     /// capacity (50 reconciles/s at 20 ms) stays below what this machine's control plane
@@ -167,27 +173,34 @@ impl Controllers {
 
     pub async fn start(plane: &ControlPlane, under: Under) -> Self {
         match under {
-            Under::ControllerManager => Self::Kcm(
-                plane
-                    .start_controller_manager(
-                        // The controllers a Switchyard reconciler runs by default.
-                        &[
-                            "deployment-controller",
-                            "replicaset-controller",
-                            "garbage-collector-controller",
-                            "namespace-controller",
-                        ],
-                        &[
-                            &format!("--kube-api-qps={CLIENT_QPS}"),
-                            &format!("--kube-api-burst={CLIENT_BURST}"),
-                            "--use-service-account-credentials=false",
-                            // Its work queues' metrics, read without credentials.
-                            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-                        ],
-                    )
-                    .await
-                    .unwrap(),
-            ),
+            Under::ControllerManager { latency_ms } => {
+                // The controllers a Switchyard reconciler runs by default.
+                let controllers = [
+                    "deployment-controller",
+                    "replicaset-controller",
+                    "garbage-collector-controller",
+                    "namespace-controller",
+                ];
+                let args = [
+                    &format!("--kube-api-qps={CLIENT_QPS}"),
+                    &format!("--kube-api-burst={CLIENT_BURST}"),
+                    "--use-service-account-credentials=false",
+                    // Its work queues' metrics, read without credentials.
+                    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+                ];
+                let kcm = if latency_ms == 0 {
+                    plane.start_controller_manager(&controllers, &args).await
+                } else {
+                    plane
+                        .start_controller_manager_slowed(
+                            Duration::from_millis(latency_ms),
+                            &controllers,
+                            &args,
+                        )
+                        .await
+                };
+                Self::Kcm(kcm.unwrap())
+            }
             Under::Switchyard {
                 reconcilers,
                 latency_ms,
@@ -521,11 +534,21 @@ impl Controllers {
     }
 
     /// How long the Deployment and ReplicaSet controllers' reconciles took
-    /// (`switchyard_reconcile_time_seconds`, summed over the reconcilers); none for
-    /// kube-controller-manager.
+    /// (`switchyard_reconcile_time_seconds`, summed over the reconcilers), or
+    /// kube-controller-manager's syncs (its work queues' `workqueue_work_duration_seconds`,
+    /// in client-go's buckets, a factor of 10 apart).
     pub async fn reconcile_time(&self) -> Buckets {
-        let Self::Switchyard { reconcilers, .. } = self else {
-            return Buckets::default();
+        let reconcilers = match self {
+            Self::Kcm(kcm) => {
+                let text = kcm.metrics().await.unwrap();
+                return Buckets::parse(
+                    &text,
+                    "workqueue_work_duration_seconds",
+                    "name",
+                    &KCM_QUEUES,
+                );
+            }
+            Self::Switchyard { reconcilers, .. } => reconcilers,
         };
         let mut all = Buckets::default();
         for reconciler in reconcilers {
