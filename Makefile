@@ -91,7 +91,8 @@ bench-e2e: testenv
 
 # The highest rate of Deployment changes kept within a queue-wait and a time-to-ready service
 # level: kube-controller-manager, and Switchyard with 1 and 4 reconcilers, every sync slowed
-# alike; then kube-controller-manager and one reconciler unslowed.
+# alike; then kube-controller-manager and one reconciler unslowed (about 50 minutes;
+# SWITCHYARD_BENCH_RUNS=kcm,sy1_concurrency10 runs only the named subjects).
 bench-capacity: testenv
 	@scripts/testenv.sh kcm-slowed >/dev/null
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench capacity
