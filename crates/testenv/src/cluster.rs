@@ -390,7 +390,7 @@ impl ControlPlane {
         if !self.binaries.path(program).exists() {
             return Err(Error::Build(format!(
                 "{program} is missing from {}; run `scripts/testenv.sh kcm-slowed`",
-                self.binaries.path("").display()
+                self.binaries.dir().display()
             )));
         }
         let latency = format!("{}ms", latency.as_millis());
