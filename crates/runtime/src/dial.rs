@@ -29,12 +29,31 @@ pub enum DialError {
         peer: Role,
         reason: String,
     },
-    #[error("failed to connect to the {peer} at {address}: {source}")]
+    #[error(
+        "failed to connect to the {peer} at {address}: {}",
+        error_chain(source)
+    )]
     Connect {
         address: String,
         peer: Role,
         source: tonic::transport::Error,
     },
+}
+
+/// An error and its causes, as one line: tonic's own says only "transport error", the
+/// reason (a refused connection, a rejected certificate) being in its sources.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 impl Dialer {

@@ -39,7 +39,7 @@ use tracing::{Instrument, info, info_span, warn};
 pub use admin::{Gate, Readiness};
 pub use args::{AdminArgs, GrpcArgs, LogArgs, LogFormat, RuntimeArgs};
 pub use backoff::Backoff;
-pub use dial::{DialError, Dialer};
+pub use dial::{DialError, Dialer, error_chain};
 pub use grpc::GrpcServer;
 pub use instance::{InstanceScope, instance_id};
 pub use kube_client::{KubeArgs, KubeError, await_apiserver};

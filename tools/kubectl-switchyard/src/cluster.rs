@@ -14,8 +14,9 @@ use switchyard_k8s::{
         config::{KubeConfigOptions, Kubeconfig},
     },
 };
+use switchyard_runtime::error_chain;
 
-use crate::connect::{Error, Result, chain};
+use crate::connect::{Error, Result};
 
 /// The label every Switchyard workload carries: `switchyard-<service>`.
 const NAME_LABEL: &str = "app.kubernetes.io/name";
@@ -58,16 +59,16 @@ impl ClusterArgs {
         };
         let invalid =
             |reason: String| Error::Config(format!("--kubeconfig {}: {reason}", path.display()));
-        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| invalid(chain(&e)))?;
+        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| invalid(error_chain(&e)))?;
         let options = KubeConfigOptions {
             context: self.context.clone(),
             ..Default::default()
         };
         let config = Config::from_custom_kubeconfig(kubeconfig, &options)
             .await
-            .map_err(|e| invalid(chain(&e)))?;
+            .map_err(|e| invalid(error_chain(&e)))?;
         let server = config.cluster_url.to_string();
-        let client = Client::try_from(config).map_err(|e| invalid(chain(&e)))?;
+        let client = Client::try_from(config).map_err(|e| invalid(error_chain(&e)))?;
         Ok(Some((client, server)))
     }
 
@@ -79,7 +80,7 @@ impl ClusterArgs {
         let unreachable = |error: kube::Error| Error::Unreachable {
             what: "apiserver",
             address: server.clone(),
-            reason: chain(&error),
+            reason: error_chain(&error),
         };
         let namespace = &self.switchyard_namespace;
         let list = async {

@@ -8,7 +8,7 @@ use switchyard_proto::{
     elector::v1::{GetShardMapRequest, ShardMap, elector_client::ElectorClient},
     queue::v1::queue_client::QueueClient,
 };
-use switchyard_runtime::{Dialer, Role};
+use switchyard_runtime::{Dialer, Role, error_chain};
 use tonic::{Code, transport::Channel};
 
 #[derive(Debug, thiserror::Error)]
@@ -42,21 +42,6 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An error and its causes, as one line: tonic's own says only "transport error".
-pub fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
 #[derive(Debug)]
 pub struct Connections {
     pub dialer: Dialer,
@@ -69,13 +54,17 @@ pub struct Connections {
 
 impl Connections {
     pub fn new(args: &crate::ConnectArgs) -> Result<Self> {
-        let dialer = Dialer::from_args(&args.tls)
-            .map_err(|e| Error::Config(format!("--tls-cert/--tls-key/--tls-ca: {}", chain(&e))))?;
+        let dialer = Dialer::from_args(&args.tls).map_err(|e| {
+            Error::Config(format!(
+                "--tls-cert/--tls-key/--tls-ca: {}",
+                error_chain(&e)
+            ))
+        })?;
         let timeout: Duration = args.call_timeout.into();
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .build()
-            .map_err(|e| Error::Config(chain(&e)))?;
+            .map_err(|e| Error::Config(error_chain(&e)))?;
         let clean = |list: &[String]| -> Vec<String> {
             list.iter()
                 .map(|a| a.trim().to_owned())
@@ -102,13 +91,15 @@ impl Connections {
         let endpoint = self
             .dialer
             .endpoint(address, peer)
-            .map_err(|e| unreachable(chain(&e)))?
+            .map_err(|e| unreachable(error_chain(&e)))?
             .connect_timeout(self.timeout)
             .timeout(self.timeout);
         match tokio::time::timeout(self.timeout, self.dialer.connect(&endpoint, peer)).await {
             Ok(Ok(channel)) => Ok(channel),
             Ok(Err(error)) => Err(unreachable(
-                error.source().map_or_else(|| error.to_string(), chain),
+                error
+                    .source()
+                    .map_or_else(|| error.to_string(), error_chain),
             )),
             Err(_) => Err(unreachable(format!(
                 "no connection within {:?}",
@@ -174,9 +165,12 @@ impl Connections {
             .get(format!("http://{address}{path}"))
             .send()
             .await
-            .map_err(|e| unreachable(chain(&e)))?;
+            .map_err(|e| unreachable(error_chain(&e)))?;
         let status = response.status().as_u16();
-        let body = response.text().await.map_err(|e| unreachable(chain(&e)))?;
+        let body = response
+            .text()
+            .await
+            .map_err(|e| unreachable(error_chain(&e)))?;
         Ok((status, body))
     }
 }

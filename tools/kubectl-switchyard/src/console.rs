@@ -12,11 +12,11 @@ use axum::{
     extract::State,
     http::{Method, Request, Response, StatusCode},
 };
-use switchyard_runtime::Role;
+use switchyard_runtime::{Role, error_chain};
 use tonic::transport::Channel;
 use tower_service::Service;
 
-use crate::connect::{Connections, Error, Result, chain};
+use crate::connect::{Connections, Error, Result};
 
 #[derive(Clone)]
 struct Upstream {
@@ -52,7 +52,7 @@ pub async fn run(connections: &Connections, listen: SocketAddr) -> Result<()> {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await
-        .map_err(|e| Error::Output(chain(&e)))
+        .map_err(|e| Error::Output(error_chain(&e)))
 }
 
 fn identity(connections: &Connections) -> String {
@@ -96,7 +96,7 @@ async fn forward(State(upstream): State<Upstream>, request: Request<Body>) -> Re
                 "the {} at {} is unreachable: {}",
                 Role::Elector,
                 upstream.address,
-                chain(&error)
+                error_chain(&error)
             ),
         ),
     }
