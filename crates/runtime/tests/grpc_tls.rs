@@ -236,7 +236,19 @@ async fn health_is_open_reflection_needs_an_identity_and_another_cas_client_is_r
         "the refusal names the identity: {denied:?}"
     );
 
-    assert_eq!(metric(admin, HANDSHAKE_FAILURES).await, 0.0);
+    // A TCP probe (the elector's check that a member is gone): connected, closed, no byte.
+    drop(
+        tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("the port accepts"),
+    );
+    // Accepted after the probe, so served after its handshake task had its answer.
+    let _ = health(connect(addr, &ca, None).await).await;
+    assert_eq!(
+        metric(admin, HANDSHAKE_FAILURES).await,
+        0.0,
+        "a probe is not a failed handshake"
+    );
     let as_foreign = foreign
         .dialer()
         .channel(&addr.to_string(), Role::Queue)

@@ -191,7 +191,7 @@ where
     attempt().await
 }
 
-fn log_has_port_conflict(log: &Path) -> bool {
+pub(crate) fn log_has_port_conflict(log: &Path) -> bool {
     std::fs::read_to_string(log)
         .is_ok_and(|text| text.to_lowercase().contains("address already in use"))
 }

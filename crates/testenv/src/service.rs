@@ -38,7 +38,8 @@ pub struct ServiceProcess {
 
 impl ServiceProcess {
     /// Starts `program` with its admin and gRPC ports on free loopback ports and waits until
-    /// `/livez` answers (not for readiness: see [`Self::wait_ready`]).
+    /// `/livez` answers and, for a Switchyard service, its gRPC port accepts connections (not
+    /// for readiness: see [`Self::wait_ready`]).
     pub async fn start(program: &Path, args: &[&str], envs: &[(&str, &str)]) -> Result<Self> {
         Self::start_with_grpc(program, None, args, envs).await
     }
@@ -122,6 +123,9 @@ impl ServiceProcess {
                     .is_ok_and(|r| r.status().is_success())
             })
             .await?;
+            if crate::tls::role_of_program(program).is_some() {
+                wait_grpc_bound(&mut process, grpc).await?;
+            }
             Ok((process, admin, grpc))
         })
         .await?;
@@ -254,6 +258,42 @@ impl ServiceProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// Waits until `process` accepts connections on its gRPC port at `grpc`, or exits.
+///
+/// A service answers `/livez` before its setup is done, and binds its gRPC port at the end of
+/// it (a Switchyard service without waiting on any peer), so a caller dialing right after
+/// `/livez` could be refused. A connection closed before its first byte is a probe to the
+/// server, not a failed handshake. An exit is the caller's to read
+/// ([`ServiceProcess::exited`]), unless the port was taken: then the start is tried again on
+/// other ports.
+async fn wait_grpc_bound(process: &mut ManagedProcess, grpc: SocketAddr) -> Result<()> {
+    let deadline = Instant::now() + SERVICE_TIMEOUT;
+    loop {
+        if let Some(status) = process.exited() {
+            let log = process.log().to_owned();
+            if !crate::process::log_has_port_conflict(&log) {
+                return Ok(());
+            }
+            return Err(Error::Exited {
+                name: process.name().to_owned(),
+                status,
+                log,
+            });
+        }
+        if tokio::net::TcpStream::connect(grpc).await.is_ok() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Unhealthy {
+                name: format!("{} (its gRPC port {grpc})", process.name()),
+                seconds: SERVICE_TIMEOUT.as_secs(),
+                log: process.log().to_owned(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -8,7 +8,6 @@
 use std::{
     path::{Path, PathBuf},
     sync::OnceLock,
-    time::{Duration, Instant},
 };
 
 use switchyard_certs::{Authority, DEFAULT_NAMESPACE, DEFAULT_TRUST_DOMAIN, Issued, Leaf};
@@ -178,11 +177,6 @@ impl Pki {
     }
 
     /// A channel, connected now, to the `peer` at `address`, as `role`.
-    ///
-    /// A refused connection is retried for up to [`REFUSED_RETRY`]: a service answers on its
-    /// admin port (which is all [`crate::ServiceProcess::start`] waits for) before its setup
-    /// is done and its gRPC port bound. Any other failure (a rejected certificate) returns
-    /// at once.
     pub async fn channel(
         &self,
         role: Role,
@@ -192,27 +186,8 @@ impl Pki {
         let dialer = self.dialer(role);
         let address = address.to_string();
         let endpoint = dialer.endpoint(&address, peer).map_err(setup)?;
-        let deadline = Instant::now() + REFUSED_RETRY;
-        loop {
-            match dialer.connect(&endpoint, peer).await {
-                Err(error) if refused(&error) && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                connected => return connected.map_err(setup),
-            }
-        }
+        dialer.connect(&endpoint, peer).await.map_err(setup)
     }
-}
-
-/// How long [`Pki::channel`] retries a port that refuses connections.
-pub const REFUSED_RETRY: Duration = Duration::from_secs(10);
-
-/// Whether `error` or one of its causes is a refused TCP connection (nothing listening).
-fn refused(error: &(dyn std::error::Error + 'static)) -> bool {
-    std::iter::successors(Some(error), |e| e.source()).any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-    })
 }
 
 fn setup(error: impl std::fmt::Display) -> crate::Error {
@@ -255,46 +230,6 @@ mod tests {
         assert!(
             temporary.exists(),
             "a temporary PKI is its owner's to remove"
-        );
-    }
-
-    /// A port nothing listens on is refused (and said to be), so [`Pki::channel`] retries it;
-    /// a server that fails the handshake is not, so it fails at once.
-    #[tokio::test]
-    async fn only_a_refused_connection_is_retried() {
-        let pki = Pki::temporary("switchyard refused test CA").unwrap();
-        let dialer = pki.dialer(Role::Observer);
-        let closed =
-            std::net::SocketAddr::from(([127, 0, 0, 1], crate::ports::free_port().unwrap()));
-        let endpoint = dialer.endpoint(&closed.to_string(), Role::Queue).unwrap();
-        let error = dialer.connect(&endpoint, Role::Queue).await.unwrap_err();
-        assert!(refused(&error), "{error}");
-        assert!(
-            error.to_string().contains("refused"),
-            "the message names the reason: {error}"
-        );
-
-        // Accepts, then closes every connection: the handshake fails.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let hanging_up = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                drop(stream);
-            }
-        });
-        let endpoint = dialer
-            .endpoint(&hanging_up.to_string(), Role::Queue)
-            .unwrap();
-        let error = dialer.connect(&endpoint, Role::Queue).await.unwrap_err();
-        assert!(!refused(&error), "{error}");
-        let started = Instant::now();
-        pki.channel(Role::Observer, Role::Queue, hanging_up)
-            .await
-            .unwrap_err();
-        assert!(
-            started.elapsed() < REFUSED_RETRY / 2,
-            "a failed handshake is not retried: {:?}",
-            started.elapsed()
         );
     }
 }

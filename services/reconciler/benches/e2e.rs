@@ -56,8 +56,8 @@
 //!   retries and reconciles by controller and the apiserver's reads by resource go to stderr.
 //! - On stderr too, what the status writes were: the statuses each ReplicaSet and Deployment
 //!   went through as a watch saw them (how many, the commonest sequences, and the time from
-//!   the first written to the last), and the time from a ReplicaSet's first Pod turning Ready
-//!   to its last. A status with intermediate ready counts (`4/1/1 > 4/3/3 > 4/4/4`) is one
+//!   the first written to the last), and the time from a ReplicaSet's first Pod to its last
+//!   to be seen created, bound to a Node and Ready. A status with intermediate ready counts (`4/1/1 > 4/3/3 > 4/4/4`) is one
 //!   write per count.
 //!
 //! `SWITCHYARD_BENCH_RUNS=sy1_converge,kcm_converge` runs only the named measurements;
@@ -171,7 +171,8 @@ fn replica_set_status(rs: &ReplicaSet) -> Option<(String, String)> {
     Some((name, status))
 }
 
-/// A Pod, keyed `<owner> <name>` by its first owner, and whether it is Ready.
+/// A Pod, keyed `<owner> <name>` by its first owner, and how far it got: `created` (not
+/// bound to a Node), `scheduled` (bound, not Ready) or `ready`.
 fn pod_readiness(pod: &Pod) -> Option<(String, String)> {
     let owner = pod
         .metadata
@@ -180,34 +181,53 @@ fn pod_readiness(pod: &Pod) -> Option<(String, String)> {
         .first()?
         .name
         .clone();
-    let ready = switchyard_reconciler_core::replicaset::is_ready(pod);
+    let stage = if switchyard_reconciler_core::replicaset::is_ready(pod) {
+        "ready"
+    } else if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some()
+    {
+        "scheduled"
+    } else {
+        "created"
+    };
     let name = pod.metadata.name.clone()?;
-    Some((
-        format!("{owner} {name}"),
-        if ready { "ready" } else { "not ready" }.to_owned(),
-    ))
+    Some((format!("{owner} {name}"), stage.to_owned()))
 }
 
-/// Per ReplicaSet, the time from its first Pod turning Ready to its last.
+/// Per ReplicaSet, the time from its first Pod to its last to be seen created, bound to a
+/// Node and Ready: where the Pods of one ReplicaSet drift apart on their way.
 fn report_readiness(under: &Under, pods: &Statuses) {
-    let mut by_owner = BTreeMap::<&str, (Instant, Instant)>::new();
-    for (key, seen) in &pods.by_object {
-        let owner = key.split(' ').next().unwrap_or_default();
-        if let Some((_, at)) = seen.iter().find(|(s, _)| s == "ready") {
-            let span = by_owner.entry(owner).or_insert((*at, *at));
-            span.0 = span.0.min(*at);
-            span.1 = span.1.max(*at);
+    for stage in ["created", "scheduled", "ready"] {
+        let mut by_owner = BTreeMap::<&str, (Instant, Instant)>::new();
+        for (key, seen) in &pods.by_object {
+            let owner = key.split(' ').next().unwrap_or_default();
+            // A stage skipped between two events (bound and Ready at once) counts as reached
+            // with the next one seen.
+            let rank = |s: &str| {
+                ["created", "scheduled", "ready"]
+                    .iter()
+                    .position(|r| *r == s)
+            };
+            let reached = seen.iter().find(|(s, _)| rank(s) >= rank(stage));
+            if let Some((_, at)) = reached {
+                let span = by_owner.entry(owner).or_insert((*at, *at));
+                span.0 = span.0.min(*at);
+                span.1 = span.1.max(*at);
+            }
         }
+        let spans: Vec<_> = by_owner
+            .values()
+            .map(|(a, b)| b.duration_since(*a).as_millis())
+            .collect();
+        eprintln!(
+            "{under:?}: a ReplicaSet's first Pod {stage} to its last, ms: {1} (of {0})",
+            spans.len(),
+            spread(spans)
+        );
     }
-    let spans: Vec<_> = by_owner
-        .values()
-        .map(|(a, b)| b.duration_since(*a).as_millis())
-        .collect();
-    eprintln!(
-        "{under:?}: a ReplicaSet's first Pod Ready to its last, ms: {1} (of {0})",
-        spans.len(),
-        spread(spans)
-    );
 }
 
 /// `p10 .. p50 .. p90 .. max ..` of `spans`.

@@ -4,6 +4,9 @@
 //! ```text
 //!  TcpListener ─► accept ─► spawn: handshake (≤ HANDSHAKE_TIMEOUT) ─► mpsc ─► server
 //! ```
+//!
+//! A connection closed before its first byte is a TCP probe and is let go quietly; any other
+//! failed handshake is counted and logged.
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -13,7 +16,7 @@ use tokio::{
     sync::mpsc,
 };
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::authz::LogLimiter;
 
@@ -83,14 +86,21 @@ async fn accept_loop(
         let limiter = limiter.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
-            let error = match tokio::time::timeout(
-                HANDSHAKE_TIMEOUT,
-                handshakes.acceptor.accept(tcp),
-            )
-            .await
-            {
-                Ok(Ok(tls)) => {
+            let handshake = async {
+                // Closed before its first byte: a TCP probe (the elector's check that a member
+                // is gone, a kubelet `tcpSocket` probe), not a refused handshake.
+                if tcp.peek(&mut [0; 1]).await? == 0 {
+                    return Ok(None);
+                }
+                handshakes.acceptor.accept(tcp).await.map(Some)
+            };
+            let error = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                Ok(Ok(Some(tls))) => {
                     let _ = tx.send((tls, peer)).await;
+                    return;
+                }
+                Ok(Ok(None)) => {
+                    debug!(%peer, listener = handshakes.what, "connection closed before a handshake (a probe)");
                     return;
                 }
                 Ok(Err(error)) => error.to_string(),
