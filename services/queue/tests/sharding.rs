@@ -113,6 +113,9 @@ async fn a_killed_replica_fails_over_a_stopped_one_hands_over_and_no_shard_has_t
     assert_eq!(served, SHARDS as usize, "every shard was served");
 }
 
+/// What a replica logs when it wakes past its member lease's deadline.
+const LEASE_EXPIRED: &str = "member lease may have expired";
+
 /// A frozen replica (SIGSTOP) still holds its port, so the elector has no proof that it is
 /// gone: its shards move only when its lease expires, by which time it has stopped serving
 /// on its own deadline. When it runs again it finds its lease lost.
@@ -134,9 +137,15 @@ async fn a_frozen_replica_is_not_taken_for_a_crashed_one() {
     );
 
     frozen.resume();
+    // Woken, it finds its lease's deadline passed, unless the SIGTERM sent at once came
+    // first: so it gets a moment before it is stopped.
+    let noticed = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !frozen.log().contains(LEASE_EXPIRED) && tokio::time::Instant::now() < noticed {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (status, log) = frozen.terminate().await.unwrap();
     assert!(status.success(), "{status}: {log}");
-    assert!(log.contains("member lease may have expired"), "{log}");
+    assert!(log.contains(LEASE_EXPIRED), "{log}");
     for replica in cluster.replicas.iter_mut().filter_map(Option::take) {
         let (status, _) = replica.terminate().await.unwrap();
         assert!(status.success());
