@@ -24,9 +24,15 @@ use crate::selector::{Selector, SelectorError};
 /// The most Pods created or deleted by one reconcile (kube-controller-manager's
 /// `BurstReplicas`): bounds a single reconcile's apiserver calls; the rest come next time.
 pub const BURST_REPLICAS: usize = 500;
-/// Creations start with one Pod, then double (`SlowStartInitialBatchSize`): a template the
-/// apiserver refuses (quota, admission) costs one call, not `replicas` calls.
-pub const SLOW_START_INITIAL_BATCH: usize = 1;
+/// Creations start with up to four Pods, then double: a template the apiserver refuses
+/// (quota, admission) costs at most four calls, not `replicas` calls.
+///
+/// kube-controller-manager starts with one (`SlowStartInitialBatchSize`). A ReplicaSet of
+/// four then creates its Pods in three round trips, and with many reconciles in flight on a
+/// busy apiserver they reach the scheduler, and turn Ready, up to a second apart: each step
+/// is one more status write for the ReplicaSet and its Deployment (docs/benchmarks.md, "A
+/// ReplicaSet's Pods created together").
+pub const SLOW_START_INITIAL_BATCH: usize = 4;
 /// The condition set while creating or deleting Pods fails.
 pub const REPLICA_FAILURE: &str = "ReplicaFailure";
 

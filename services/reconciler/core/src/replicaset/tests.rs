@@ -202,13 +202,14 @@ fn invalid_specs_name_the_field() {
 }
 
 #[test]
-fn slow_start_doubles_from_one() {
+fn slow_start_doubles_from_four() {
     assert_eq!(slow_start_batches(0), Vec::<usize>::new());
     assert_eq!(slow_start_batches(1), [1]);
-    assert_eq!(slow_start_batches(10), [1, 2, 4, 3]);
-    assert_eq!(slow_start_batches(15), [1, 2, 4, 8]);
+    assert_eq!(slow_start_batches(4), [4]);
+    assert_eq!(slow_start_batches(10), [4, 6]);
+    assert_eq!(slow_start_batches(15), [4, 8, 3]);
     assert_eq!(slow_start_batches(500).iter().sum::<usize>(), 500);
-    assert_eq!(slow_start_batches(500).len(), 9);
+    assert_eq!(slow_start_batches(500).len(), 7);
 }
 
 #[test]
