@@ -171,6 +171,9 @@ fn replica_set_status(rs: &ReplicaSet) -> Option<(String, String)> {
     Some((name, status))
 }
 
+/// How far a Pod got, in order ([`pod_readiness`]).
+const POD_STAGES: [&str; 3] = ["created", "scheduled", "ready"];
+
 /// A Pod, keyed `<owner> <name>` by its first owner, and how far it got: `created` (not
 /// bound to a Node), `scheduled` (bound, not Ready) or `ready`.
 fn pod_readiness(pod: &Pod) -> Option<(String, String)> {
@@ -200,17 +203,13 @@ fn pod_readiness(pod: &Pod) -> Option<(String, String)> {
 /// Per ReplicaSet, the time from its first Pod to its last to be seen created, bound to a
 /// Node and Ready: where the Pods of one ReplicaSet drift apart on their way.
 fn report_readiness(under: &Under, pods: &Statuses) {
-    for stage in ["created", "scheduled", "ready"] {
+    let rank = |s: &str| POD_STAGES.iter().position(|r| *r == s);
+    for stage in POD_STAGES {
         let mut by_owner = BTreeMap::<&str, (Instant, Instant)>::new();
         for (key, seen) in &pods.by_object {
             let owner = key.split(' ').next().unwrap_or_default();
             // A stage skipped between two events (bound and Ready at once) counts as reached
             // with the next one seen.
-            let rank = |s: &str| {
-                ["created", "scheduled", "ready"]
-                    .iter()
-                    .position(|r| *r == s)
-            };
             let reached = seen.iter().find(|(s, _)| rank(s) >= rank(stage));
             if let Some((_, at)) = reached {
                 let span = by_owner.entry(owner).or_insert((*at, *at));
