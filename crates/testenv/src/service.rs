@@ -21,7 +21,7 @@ use switchyard_runtime::Role;
 use crate::{
     Error, NetNs, Pki, Result,
     ports::free_port,
-    process::{ManagedProcess, start_on_free_ports, wait_healthy},
+    process::{ManagedProcess, log_has_port_conflict, start_on_free_ports, wait_healthy},
 };
 
 /// How long a service gets to become ready and to exit after SIGTERM.
@@ -123,8 +123,19 @@ impl ServiceProcess {
                     .is_ok_and(|r| r.status().is_success())
             })
             .await?;
+            // `/livez` answers before the service's setup is done, and a Switchyard service
+            // binds its gRPC port at the end of it, without waiting on any peer: a caller
+            // dialing now could be refused. An exit is the caller's to read
+            // ([`Self::exited`]), unless the port was taken (retried on other ports).
             if crate::tls::role_of_program(program).is_some() {
-                wait_grpc_bound(&mut process, grpc).await?;
+                let bound = wait_healthy(&mut process, SERVICE_TIMEOUT, || async {
+                    tokio::net::TcpStream::connect(grpc).await.is_ok()
+                })
+                .await;
+                match bound {
+                    Err(Error::Exited { ref log, .. }) if !log_has_port_conflict(log) => {}
+                    other => other?,
+                }
             }
             Ok((process, admin, grpc))
         })
@@ -258,42 +269,6 @@ impl ServiceProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-}
-
-/// Waits until `process` accepts connections on its gRPC port at `grpc`, or exits.
-///
-/// A service answers `/livez` before its setup is done, and binds its gRPC port at the end of
-/// it (a Switchyard service without waiting on any peer), so a caller dialing right after
-/// `/livez` could be refused. A connection closed before its first byte is a probe to the
-/// server, not a failed handshake. An exit is the caller's to read
-/// ([`ServiceProcess::exited`]), unless the port was taken: then the start is tried again on
-/// other ports.
-async fn wait_grpc_bound(process: &mut ManagedProcess, grpc: SocketAddr) -> Result<()> {
-    let deadline = Instant::now() + SERVICE_TIMEOUT;
-    loop {
-        if let Some(status) = process.exited() {
-            let log = process.log().to_owned();
-            if !crate::process::log_has_port_conflict(&log) {
-                return Ok(());
-            }
-            return Err(Error::Exited {
-                name: process.name().to_owned(),
-                status,
-                log,
-            });
-        }
-        if tokio::net::TcpStream::connect(grpc).await.is_ok() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Unhealthy {
-                name: format!("{} (its gRPC port {grpc})", process.name()),
-                seconds: SERVICE_TIMEOUT.as_secs(),
-                log: process.log().to_owned(),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
