@@ -22,7 +22,10 @@
 //!   of this process that sleeps 1 ms wakes while the writes run, the wait for a CPU any
 //!   hand-off between threads can meet;
 //!   `watcher.apiserver_patch_over_25ms` (%): the share of those writes the apiserver itself
-//!   (its request duration histogram) took more than 25 ms to handle;
+//!   (its request duration histogram) took more than 25 ms to handle. The queue and the
+//!   watcher run in this process, each on a Tokio runtime of its own as in a process of its
+//!   own, apart from the benchmark's writer and watches (`SWITCHYARD_BENCH_SHARED_RUNTIME=1`:
+//!   on the benchmark's runtime, with them);
 //! - `watcher.bytes_per_pod_full` / `_meta` (bytes): heap the watcher's cache holds per cached
 //!   kwok Pod (Running and Ready, managedFields stripped), whole object and metadata only;
 //!   beside each, kube-rs storing the same Pods in the same run, also without managedFields:
@@ -44,6 +47,7 @@ use std::{
     alloc::{GlobalAlloc, Layout, System},
     collections::HashMap,
     io::Write,
+    path::PathBuf,
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -152,7 +156,6 @@ fn held<T>(value: T) -> Heap {
 
 const CONTROLLER: &str = "bench/v1/ConfigMap";
 const SHARDS: u32 = 256;
-/// Changes per second and how long they run.
 /// Changes per second of the latency run; `SWITCHYARD_BENCH_RATE` sets another (to find the
 /// rate this machine's apiserver keeps up with).
 const RATE: u64 = 1_000;
@@ -211,7 +214,7 @@ async fn queue() -> InProcess {
     InProcess::spawn(rt, Some(grpc))
 }
 
-async fn watcher(plane: &ControlPlane, config: &str, queue: &str) -> InProcess {
+async fn watcher(kubeconfig: PathBuf, config: String, queue: String) -> InProcess {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
@@ -221,7 +224,7 @@ async fn watcher(plane: &ControlPlane, config: &str, queue: &str) -> InProcess {
             "--admin-addr=127.0.0.1:0".into(),
             "--grpc-addr=127.0.0.1:0".into(),
             "--log-level=warn".into(),
-            format!("--kubeconfig={}", plane.kubeconfig().display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
             format!("--config={}", path.display()),
             format!("--queue-addr={queue}"),
         ]
@@ -267,11 +270,33 @@ async fn latency(plane: &ControlPlane, client: &Client) {
         .collect::<Vec<_>>()
         .await;
 
-    let queue = queue().await;
+    // The queue and the watcher each run on a Tokio runtime of their own, as each runs in a
+    // process of its own when deployed: their tasks do not wait behind this process's writer
+    // and independent watches. `SWITCHYARD_BENCH_SHARED_RUNTIME=1` runs them on this
+    // process's runtime instead, as before the seventh session of 2026-11-27.
+    let shared = std::env::var("SWITCHYARD_BENCH_SHARED_RUNTIME").is_ok_and(|v| v == "1");
+    eprintln!(
+        "latency: queue and watcher on {}",
+        if shared {
+            "the benchmark's runtime"
+        } else {
+            "a runtime each"
+        }
+    );
+    let (queue, queue_runtime) = Own::start(shared, "queue", queue()).await;
     let config = format!(
         "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\ncontrollers:\n  - name: {CONTROLLER}\n    for: {{apiVersion: v1, kind: ConfigMap}}\n"
     );
-    let watcher = watcher(plane, &config, &queue.grpc().to_string()).await;
+    let (watcher, watcher_runtime) = Own::start(
+        shared,
+        "watcher",
+        watcher(
+            plane.kubeconfig().to_owned(),
+            config,
+            queue.grpc().to_string(),
+        ),
+    )
+    .await;
     until_ready(&watcher).await;
 
     // The one write of each ConfigMap not yet matched to a lease: (its seq, when it was sent).
@@ -494,6 +519,43 @@ async fn latency(plane: &ControlPlane, client: &Client) {
     worker.abort();
     watcher.stop().await;
     queue.stop().await;
+    Own::stop(watcher_runtime);
+    Own::stop(queue_runtime);
+}
+
+/// A service's own Tokio runtime, as a process of its own has.
+struct Own;
+
+impl Own {
+    /// Starts a service with `start`, on a runtime of its own named `name` unless `shared`
+    /// (then on the caller's). The runtime is returned to be stopped with [`Own::stop`].
+    async fn start(
+        shared: bool,
+        name: &str,
+        start: impl std::future::Future<Output = InProcess> + Send + 'static,
+    ) -> (InProcess, Option<tokio::runtime::Runtime>) {
+        if shared {
+            return (start.await, None);
+        }
+        // Worker threads as many as the CPUs, Tokio's default, as in the service's process.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .unwrap();
+        // Started from a task of that runtime, so that everything the service spawns runs
+        // there.
+        let service = runtime.spawn(start).await.unwrap();
+        (service, Some(runtime))
+    }
+
+    /// Stops a runtime from [`Own::start`] once its service has stopped.
+    fn stop(runtime: Option<tokio::runtime::Runtime>) {
+        if let Some(runtime) = runtime {
+            // A runtime cannot be dropped, and so waited for, from a task of another.
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// When an independent watch heard of each write, by ConfigMap name and `seq`.
@@ -780,7 +842,12 @@ async fn list_50k(plane: &ControlPlane, client: &Client) {
         "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\nresources:\n  - {{apiVersion: v1, kind: Pod}}\n"
     );
     let start = Instant::now();
-    let watcher = watcher(plane, &config, &queue.grpc().to_string()).await;
+    let watcher = watcher(
+        plane.kubeconfig().to_owned(),
+        config,
+        queue.grpc().to_string(),
+    )
+    .await;
     until_ready(&watcher).await;
     figure("list_50k", start.elapsed().as_secs_f64(), "s");
     watcher.stop().await;
