@@ -18,8 +18,9 @@ use futures::StreamExt;
 use switchyard_proto::{
     common::v1::WorkKey,
     queue::v1::{
-        Credit, Done, EnqueueItem, EnqueueRequest, Outcome, StatsRequest, WorkRequest, WorkerHello,
-        outcome, queue_client::QueueClient, work_request, work_response,
+        Credit, Done, EnqueueItem, EnqueueManyRequest, EnqueueRequest, Outcome, StatsRequest,
+        WorkRequest, WorkerHello, enqueue_result, outcome, queue_client::QueueClient, work_request,
+        work_response,
     },
 };
 use switchyard_runtime::Role;
@@ -161,6 +162,51 @@ async fn every_rpc_flooded_the_queue_stays_bounded_and_loses_no_accepted_key() {
         }));
     }
 
+    // 2b. EnqueueMany: 200 callers at once, each a call of 4 batches of 100 keys. Each batch
+    // is answered on its own: added whole, or refused busy with nothing of it added.
+    let mut many = Vec::new();
+    for c in 0..STREAMS {
+        let mut client = QueueClient::new(channels[c % channels.len()].clone());
+        let (accepted, refused) = (accepted.clone(), refused.clone());
+        many.push(tokio::spawn(async move {
+            let batches: Vec<EnqueueRequest> =
+                (0..4).map(|b| batch(&format!("many{c}"), b)).collect();
+            let names: Vec<Vec<String>> = batches
+                .iter()
+                .map(|b| {
+                    b.items
+                        .iter()
+                        .map(|item| item.key.as_ref().unwrap().name.clone())
+                        .collect()
+                })
+                .collect();
+            let results = client
+                .enqueue_many(EnqueueManyRequest { batches })
+                .await
+                .unwrap()
+                .into_inner()
+                .results;
+            assert_eq!(results.len(), names.len(), "a result per batch");
+            for (result, names) in results.into_iter().zip(names) {
+                match result.result.unwrap() {
+                    enqueue_result::Result::Added(added) => {
+                        assert_eq!((added.added + added.coalesced) as usize, BATCH);
+                        accepted.lock().unwrap().extend(names);
+                    }
+                    enqueue_result::Result::Refused(refusal) => {
+                        assert_eq!(
+                            Code::from(refusal.code),
+                            Code::ResourceExhausted,
+                            "{}",
+                            refusal.message
+                        );
+                        refused.lock().unwrap().extend(names);
+                    }
+                }
+            }
+        }));
+    }
+
     // 3. Work: 200 workers that grant credit in a loop and never read what they are sent.
     let observer = pki
         .channel(Role::Reconciler, Role::Queue, addr)
@@ -213,6 +259,9 @@ async fn every_rpc_flooded_the_queue_stays_bounded_and_loses_no_accepted_key() {
     }
     for stream in streams {
         stream.await.unwrap();
+    }
+    for call in many {
+        call.await.unwrap();
     }
     let accepted = std::mem::take(&mut *accepted.lock().unwrap());
     let deadline = Instant::now() + Duration::from_secs(120);

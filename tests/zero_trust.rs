@@ -20,8 +20,9 @@ use switchyard_proto::{
     common::v1::{GroupVersionKind, WorkKey},
     elector::v1::{DrainMemberRequest, GetShardMapRequest, elector_client::ElectorClient},
     queue::v1::{
-        Credit, DescribeKeyRequest, EnqueueItem, EnqueueRequest, ListFailingRequest, StatsRequest,
-        WorkRequest, WorkerHello, queue_client::QueueClient, work_request, work_response,
+        Credit, DescribeKeyRequest, EnqueueItem, EnqueueManyRequest, EnqueueRequest,
+        ListFailingRequest, StatsRequest, WorkRequest, WorkerHello, queue_client::QueueClient,
+        work_request, work_response,
     },
     watcher::v1::{
         GetRequest, RegisterRequest, ResyncShardRequest, cache_client::CacheClient,
@@ -270,6 +271,18 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
             Err(e) => Err(e),
         };
         caller.assert_refused("/switchyard.queue.v1.Queue/Enqueue", result);
+        // The same keys in one EnqueueMany call.
+        let result = match caller.channel(queue.grpc_addr()).await {
+            Ok(channel) => QueueClient::new(channel)
+                .enqueue_many(EnqueueManyRequest {
+                    batches: vec![key_of(RUNTIME_CONTROLLER, "intruded"), key("intruded")],
+                })
+                .await
+                .map(|r| r.into_inner())
+                .map_err(status),
+            Err(e) => Err(e),
+        };
+        caller.assert_refused("/switchyard.queue.v1.Queue/EnqueueMany", result);
     }
     assert_eq!(
         depth(&queue).await,

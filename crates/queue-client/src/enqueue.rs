@@ -5,19 +5,28 @@
 //!            │  full (capacity): push waits, so the caller stops producing instead of
 //!            │  growing
 //!            ▼
-//!  run: per shard with an active owner and fewer than MAX_IN_FLIGHT_PER_SHARD requests in
-//!       flight, a batch of up to BATCH keys ─► Enqueue at the owner (at most MAX_IN_FLIGHT
-//!       requests at once)
-//!       acknowledged ─► gone;   not owner / unavailable / full ─► back into pending, and the
-//!       shard waits out a backoff (or the next shard map) before it is sent again; refused as
-//!       invalid ─► sent again in halves until only the keys at fault are left, which are
-//!       dropped and logged
+//!  run: per shard with an active owner and fewer than MAX_IN_FLIGHT_PER_SHARD batches in
+//!       flight, a batch of up to BATCH keys; the batches of one owner go together in one
+//!       EnqueueMany call of up to BATCH keys (at most MAX_CALLS_PER_REPLICA calls to an
+//!       owner, MAX_IN_FLIGHT in all, at once)
+//!       each batch acknowledged ─► gone;   not owner / unavailable / full ─► back into
+//!       pending, and the shard waits out a backoff (or the next shard map) before it is sent
+//!       again; refused as invalid ─► sent again in halves until only the keys at fault are
+//!       left, which are dropped and logged
 //! ```
 //!
 //! Sending is a pipeline, not rounds: the keys that arrive for a shard go at once, whatever
-//! other shards' requests are still waiting for, and do not wait for their own shard's
-//! request in flight either (an add is a set insert at the queue, so their order does not
-//! matter) unless it has MAX_IN_FLIGHT_PER_SHARD out; then they go together in the next.
+//! other shards' calls are still waiting for, and do not wait for their own shard's batch in
+//! flight either (an add is a set insert at the queue, so their order does not matter)
+//! unless it has MAX_IN_FLIGHT_PER_SHARD out; then they go together in the next.
+//!
+//! One call carries every shard's keys for a replica because with many shards (256 by
+//! default) most batches are a key or two: with a call per shard, a burst of watch events
+//! became as many calls, and keys waited for one of the MAX_IN_FLIGHT calls
+//! (docs/benchmarks.md, "The watcher's own share, a call per replica"). At most
+//! MAX_CALLS_PER_REPLICA calls to a replica are out at once; the keys that arrive meanwhile
+//! go together in the next. A replica from before EnqueueMany answers UNIMPLEMENTED; it is
+//! then sent a batch per Enqueue, until the next shard map.
 //!
 //! A push wakes the sender and then yields: an informer reading a burst of buffered watch
 //! events would otherwise keep its thread, and the sender it woke (in that thread's LIFO
@@ -43,7 +52,9 @@ use std::{
 };
 
 use futures::{StreamExt, stream::FuturesUnordered};
-use switchyard_proto::queue::v1::{EnqueueRequest, queue_client::QueueClient};
+use switchyard_proto::queue::v1::{
+    EnqueueManyRequest, EnqueueRequest, enqueue_result, queue_client::QueueClient,
+};
 use switchyard_queue_core::{MAX_CAUSES, Priority, WorkKey, earliest};
 use switchyard_runtime::{Backoff, Dialer, Drain, Role, sleep_until, trace::TraceFields};
 use switchyard_shards::ShardView;
@@ -51,17 +62,20 @@ use tokio::{
     sync::{Notify, watch},
     time::Instant,
 };
-use tonic::transport::Channel;
+use tonic::{Code, transport::Channel};
 use tracing::{debug, error, warn};
 
 use crate::{Error, convert};
 
-/// Keys per Enqueue request: big enough to amortise a round trip, small enough that one
-/// request never holds a queue's actor for long.
+/// Keys per batch and per call: big enough to amortise a round trip, small enough that one
+/// call never holds a queue's actor for long.
 const BATCH: usize = 500;
-/// Requests in flight at once across all queue replicas.
+/// Calls in flight at once across all queue replicas.
 const MAX_IN_FLIGHT: usize = 32;
-/// Requests of one shard in flight at once.
+/// Calls to one replica in flight at once. The keys that arrive while they are out go
+/// together in the next: under load, calls grow instead of multiplying.
+const MAX_CALLS_PER_REPLICA: usize = 4;
+/// Batches of one shard in flight at once.
 const MAX_IN_FLIGHT_PER_SHARD: usize = 4;
 /// First and last delay before retrying keys a queue did not take.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(2));
@@ -77,7 +91,7 @@ pub trait EnqueueMetrics: Send + Sync + fmt::Debug {
     fn sent(&self, keys: usize);
     /// Keys a queue refused as invalid; they are dropped.
     fn dropped(&self, keys: usize);
-    /// An Enqueue that failed; its keys wait for a retry.
+    /// A batch that failed in a way that may pass; its keys wait for a retry.
     fn retried(&self);
 }
 
@@ -164,8 +178,8 @@ impl Pending {
         }
     }
 
-    /// Takes up to [`BATCH`] keys of every shard that has an owner and is not `held`, for at
-    /// most `limit` shards, starting after the last shard the previous call took.
+    /// Takes up to [`BATCH`] keys of every shard that has an owner and is not `held`, at
+    /// most `limit` keys in all, starting after the last shard the previous call took.
     fn take(
         &mut self,
         view: &ShardView,
@@ -173,27 +187,30 @@ impl Pending {
         limit: usize,
     ) -> Vec<(u32, Batch)> {
         let mut batches = Vec::new();
+        let mut taken_keys = 0;
         let (after, before): (Vec<_>, Vec<_>) = self
             .by_shard
             .iter_mut()
             .partition(|(shard, _)| **shard >= self.next);
         for (&shard, keys) in after.into_iter().chain(before) {
-            if batches.len() == limit {
+            let most = BATCH.min(limit - taken_keys);
+            if most == 0 {
                 break;
             }
             if view.owner(shard).is_none() || keys.is_empty() || held(shard) {
                 continue;
             }
-            let batch: Batch = if keys.len() <= BATCH {
+            let batch: Batch = if keys.len() <= most {
                 keys.drain().collect()
             } else {
-                let taken: Vec<WorkKey> = keys.keys().take(BATCH).cloned().collect();
+                let taken: Vec<WorkKey> = keys.keys().take(most).cloned().collect();
                 taken
                     .into_iter()
                     .filter_map(|k| keys.remove_entry(&k))
                     .collect()
             };
             self.total -= batch.len();
+            taken_keys += batch.len();
             self.next = shard.wrapping_add(1);
             batches.push((shard, batch));
         }
@@ -304,82 +321,88 @@ impl Enqueuer {
         mut view: watch::Receiver<Option<Arc<ShardView>>>,
         drain: Drain,
     ) {
-        let mut clients: HashMap<Arc<str>, QueueClient<Channel>> = HashMap::new();
+        let mut replicas: HashMap<Arc<str>, Replica> = HashMap::new();
         let mut sends = FuturesUnordered::new();
-        // Requests in flight per shard: at MAX_IN_FLIGHT_PER_SHARD, a shard's new keys wait
+        // Batches in flight per shard: at MAX_IN_FLIGHT_PER_SHARD, a shard's new keys wait
         // for an answer.
         let mut in_flight: HashMap<u32, usize> = HashMap::new();
-        // Shards whose last request failed in a way that may pass: each backs off on its own,
+        // Shards whose last batch failed in a way that may pass: each backs off on its own,
         // so one replica that is down does not hold back the others' shards.
         let mut retries: HashMap<u32, Retry> = HashMap::new();
-        // Halves of batches refused as invalid, sent again to find the keys at fault.
-        let mut halves: Vec<(u32, Batch)> = Vec::new();
+        // Batches to send before any pending key: halves of batches refused as invalid (sent
+        // again to find the keys at fault), and batches a full round of calls left over.
+        let mut resend: Vec<(u32, Batch)> = Vec::new();
         loop {
             let current = view.borrow_and_update().clone();
             if let Some(current) = &current {
                 let now = Instant::now();
                 let room = MAX_IN_FLIGHT.saturating_sub(sends.len());
-                let mut batches = std::mem::take(&mut halves);
-                if batches.len() > room {
-                    halves = batches.split_off(room);
-                } else if room > batches.len() {
+                let mut batches = std::mem::take(&mut resend);
+                let queued: usize = batches.iter().map(|(_, batch)| batch.len()).sum();
+                let limit = (room * BATCH).saturating_sub(queued);
+                if room > 0 && limit > 0 {
                     let held = |shard| {
                         in_flight
                             .get(&shard)
                             .is_some_and(|n| *n >= MAX_IN_FLIGHT_PER_SHARD)
                             || retries.get(&shard).is_some_and(|r| r.until > now)
+                            || current.owner(shard).is_some_and(|owner| {
+                                replicas
+                                    .get(&owner.address)
+                                    .is_some_and(|replica| replica.calls >= MAX_CALLS_PER_REPLICA)
+                            })
                     };
-                    batches.extend(self.lock().take(current, held, room - batches.len()));
+                    batches.extend(self.lock().take(current, held, limit));
                 }
-                for (shard, batch) in batches {
-                    let Some(owner) = current.owner(shard) else {
-                        self.put_back(shard, batch);
+                let (calls, ownerless) = calls(batches, |shard| {
+                    current.owner(shard).map(|owner| owner.address.clone())
+                });
+                for (shard, batch) in ownerless {
+                    self.put_back(shard, batch);
+                }
+                for (address, call) in calls {
+                    let replica = replicas
+                        .entry(address.clone())
+                        .or_insert_with(|| Replica::new(&self.dialer, &address));
+                    if sends.len() == MAX_IN_FLIGHT || replica.calls == MAX_CALLS_PER_REPLICA {
+                        resend.extend(call);
                         continue;
-                    };
-                    let client = clients
-                        .entry(owner.address.clone())
-                        .or_insert_with(|| connect(&self.dialer, &owner.address))
-                        .clone();
-                    *in_flight.entry(shard).or_default() += 1;
-                    sends.push(send(client, shard, batch));
+                    }
+                    replica.calls += 1;
+                    for (shard, _) in &call {
+                        *in_flight.entry(*shard).or_default() += 1;
+                    }
+                    sends.push(send(replica.clone(), address, call));
                 }
             }
             let now = Instant::now();
             let cooled = retries.values().map(|r| r.until).filter(|u| *u > now).min();
             tokio::select! {
-                Some((shard, batch, result)) = sends.next() => {
-                    if let Some(count) = in_flight.get_mut(&shard) {
-                        *count -= 1;
-                        if *count == 0 {
-                            in_flight.remove(&shard);
+                Some(sent) = sends.next() => {
+                    let Sent { address, call, results } = sent;
+                    if let Some(replica) = replicas.get_mut(&address) {
+                        replica.calls -= 1;
+                    }
+                    for (shard, _) in &call {
+                        if let Some(count) = in_flight.get_mut(shard) {
+                            *count -= 1;
+                            if *count == 0 {
+                                in_flight.remove(shard);
+                            }
                         }
                     }
-                    match result {
-                        Ok(()) => {
-                            self.metrics.sent(batch.len());
-                            self.room.notify_waiters();
-                            retries.remove(&shard);
+                    let Some(results) = results else {
+                        // A replica from before EnqueueMany: a batch per call from now on,
+                        // and this call's batches again at once.
+                        debug!(%address, "the queue replica has no EnqueueMany; sending a batch per call");
+                        if let Some(replica) = replicas.get_mut(&address) {
+                            replica.many = false;
                         }
-                        // The queue refuses a batch as a whole: the valid keys beside an
-                        // invalid one go again, in halves, until only the invalid keys are
-                        // dropped.
-                        Err(Error::Invalid(_)) if batch.len() > 1 => {
-                            let mut batch = batch;
-                            let second = batch.split_off(batch.len() / 2);
-                            halves.push((shard, batch));
-                            halves.push((shard, second));
-                        }
-                        Err(error) if !error.is_retryable() => {
-                            self.metrics.dropped(batch.len());
-                            error!(shard, keys = batch.len(), %error, "the queue refused keys as invalid; dropped (check the controllers the queue serves)");
-                        }
-                        Err(error) => {
-                            warn!(shard, keys = batch.len(), %error, "enqueue failed; keys kept for retry");
-                            self.metrics.retried();
-                            self.put_back(shard, batch);
-                            let retry = retries.entry(shard).or_insert_with(Retry::new);
-                            retry.until = Instant::now() + retry.backoff.advance();
-                        }
+                        resend.extend(call);
+                        continue;
+                    };
+                    for ((shard, batch), result) in call.into_iter().zip(results) {
+                        self.settle(shard, batch, result, &mut retries, &mut resend);
                     }
                     self.metrics.pending(self.pending());
                 }
@@ -389,16 +412,95 @@ impl Enqueuer {
                     if changed.is_err() {
                         return;
                     }
-                    // A new owner may take what the old one refused: try at once.
+                    // A new owner may take what the old one refused: try at once. A replica
+                    // that had no EnqueueMany may have been upgraded since.
                     let now = Instant::now();
                     for retry in retries.values_mut() {
                         retry.until = now;
+                    }
+                    for replica in replicas.values_mut() {
+                        replica.many = true;
                     }
                 }
                 _ = drain.clone().signaled() => return,
             }
         }
     }
+
+    /// What one batch's answer means for its keys.
+    fn settle(
+        &self,
+        shard: u32,
+        mut batch: Batch,
+        result: Result<(), Error>,
+        retries: &mut HashMap<u32, Retry>,
+        resend: &mut Vec<(u32, Batch)>,
+    ) {
+        match result {
+            Ok(()) => {
+                self.metrics.sent(batch.len());
+                self.room.notify_waiters();
+                retries.remove(&shard);
+            }
+            // The queue refuses a batch as a whole: the valid keys beside an invalid one go
+            // again, in halves, until only the invalid keys are dropped.
+            Err(Error::Invalid(_)) if batch.len() > 1 => {
+                let second = batch.split_off(batch.len() / 2);
+                resend.push((shard, batch));
+                resend.push((shard, second));
+            }
+            Err(error) if !error.is_retryable() => {
+                self.metrics.dropped(batch.len());
+                error!(shard, keys = batch.len(), %error, "the queue refused keys as invalid; dropped (check the controllers the queue serves)");
+            }
+            Err(error) => {
+                warn!(shard, keys = batch.len(), %error, "enqueue failed; keys kept for retry");
+                self.metrics.retried();
+                self.put_back(shard, batch);
+                let retry = retries.entry(shard).or_insert_with(Retry::new);
+                retry.until = Instant::now() + retry.backoff.advance();
+            }
+        }
+    }
+}
+
+/// Batches of several shards: those of one call to one replica (at most [`BATCH`] keys
+/// together), or those waiting to be sent.
+type Batches = Vec<(u32, Batch)>;
+
+/// Groups `batches` into calls to the replica `owner` names for each shard, filling a call up
+/// to [`BATCH`] keys before starting the next one for that replica. The batches of shards
+/// without an owner come back apart.
+fn calls(
+    batches: Batches,
+    owner: impl Fn(u32) -> Option<Arc<str>>,
+) -> (Vec<(Arc<str>, Batches)>, Batches) {
+    let mut calls: Vec<(Arc<str>, Batches, usize)> = Vec::new();
+    // The call being filled for each replica, by index into `calls`.
+    let mut filling: HashMap<Arc<str>, usize> = HashMap::new();
+    let mut ownerless = Vec::new();
+    for (shard, batch) in batches {
+        let Some(address) = owner(shard) else {
+            ownerless.push((shard, batch));
+            continue;
+        };
+        let keys = batch.len();
+        match filling.get(&address) {
+            Some(&i) if calls[i].2 + keys <= BATCH => {
+                calls[i].1.push((shard, batch));
+                calls[i].2 += keys;
+            }
+            _ => {
+                filling.insert(address.clone(), calls.len());
+                calls.push((address, vec![(shard, batch)], keys));
+            }
+        }
+    }
+    let calls = calls
+        .into_iter()
+        .map(|(address, call, _)| (address, call))
+        .collect();
+    (calls, ownerless)
 }
 
 /// A shard waiting to be sent again after a failure.
@@ -416,24 +518,45 @@ impl Retry {
     }
 }
 
-fn connect(dialer: &Dialer, address: &str) -> QueueClient<Channel> {
-    match crate::endpoint(dialer, address) {
-        Ok(endpoint) => QueueClient::new(dialer.lazy(&endpoint, Role::Queue)),
-        Err(error) => {
-            // An address from the shard map that is not a URI authority: requests fail and
-            // the keys wait until the map names a usable address.
-            error!(%address, %error, "invalid queue address in the shard map");
-            QueueClient::new(Channel::from_static("http://invalid.invalid").connect_lazy())
+/// A queue replica's client, and whether it answers EnqueueMany (a replica from before
+/// it answers UNIMPLEMENTED, and is then sent a batch per Enqueue).
+#[derive(Clone, Debug)]
+struct Replica {
+    client: QueueClient<Channel>,
+    many: bool,
+    /// Calls to it in flight.
+    calls: usize,
+}
+
+impl Replica {
+    fn new(dialer: &Dialer, address: &str) -> Self {
+        let client = match crate::endpoint(dialer, address) {
+            Ok(endpoint) => QueueClient::new(dialer.lazy(&endpoint, Role::Queue)),
+            Err(error) => {
+                // An address from the shard map that is not a URI authority: requests fail
+                // and the keys wait until the map names a usable address.
+                error!(%address, %error, "invalid queue address in the shard map");
+                QueueClient::new(Channel::from_static("http://invalid.invalid").connect_lazy())
+            }
+        };
+        Self {
+            client,
+            many: true,
+            calls: 0,
         }
     }
 }
 
-async fn send(
-    mut client: QueueClient<Channel>,
-    shard: u32,
-    batch: Batch,
-) -> (u32, Batch, Result<(), Error>) {
-    let request = EnqueueRequest {
+/// A call's answer: one result per batch, in the call's order; `None` when the replica has
+/// no EnqueueMany.
+struct Sent {
+    address: Arc<str>,
+    call: Batches,
+    results: Option<Vec<Result<(), Error>>>,
+}
+
+fn request(shard: u32, batch: &Batch) -> EnqueueRequest {
+    EnqueueRequest {
         batch_id: 0,
         shard,
         items: batch
@@ -448,13 +571,85 @@ async fn send(
                 )
             })
             .collect(),
+    }
+}
+
+async fn send(replica: Replica, address: Arc<str>, call: Batches) -> Sent {
+    let Replica {
+        mut client, many, ..
+    } = replica;
+    if !many {
+        let results = futures::future::join_all(call.iter().map(|(shard, batch)| {
+            let mut client = client.clone();
+            let request = request(*shard, batch);
+            async move {
+                client
+                    .enqueue(request)
+                    .await
+                    .map(|_| ())
+                    .map_err(Error::from)
+            }
+        }))
+        .await;
+        return Sent {
+            address,
+            call,
+            results: Some(results),
+        };
+    }
+    let request = EnqueueManyRequest {
+        batches: call
+            .iter()
+            .map(|(shard, batch)| request(*shard, batch))
+            .collect(),
     };
-    let result = client
-        .enqueue(request)
-        .await
-        .map(|_| ())
-        .map_err(Error::from);
-    (shard, batch, result)
+    let results = match client.enqueue_many(request).await {
+        Ok(response) => {
+            let mut results: Vec<Result<(), Error>> = response
+                .into_inner()
+                .results
+                .into_iter()
+                .map(|result| match result.result {
+                    Some(enqueue_result::Result::Added(_)) => Ok(()),
+                    Some(enqueue_result::Result::Refused(refusal)) => {
+                        Err(Error::from(tonic::Status::with_details(
+                            Code::from(refusal.code),
+                            refusal.message,
+                            refusal.details.into(),
+                        )))
+                    }
+                    None => Err(Error::Other {
+                        code: Code::Unknown,
+                        message: "EnqueueMany: a result without an outcome".into(),
+                    }),
+                })
+                .collect();
+            // A batch the replica did not answer was not acknowledged: it goes again.
+            results.resize_with(call.len(), || {
+                Err(Error::Other {
+                    code: Code::Unknown,
+                    message: format!("EnqueueMany: {} batches sent, fewer answered", call.len()),
+                })
+            });
+            results
+        }
+        Err(status) if status.code() == Code::Unimplemented => {
+            return Sent {
+                address,
+                call,
+                results: None,
+            };
+        }
+        Err(status) => {
+            let error = Error::from(status);
+            call.iter().map(|_| Err(error.clone())).collect()
+        }
+    };
+    Sent {
+        address,
+        call,
+        results: Some(results),
+    }
 }
 
 #[cfg(test)]
@@ -561,7 +756,7 @@ mod tests {
     }
 
     #[test]
-    fn held_shards_wait_and_a_limit_takes_the_next_shards_in_turn() {
+    fn held_shards_wait_and_a_limited_take_leaves_the_next_shards_their_turn() {
         let mut pending = Pending::default();
         for shard in 0..4 {
             pending.insert(shard, key(&shard.to_string()), low());
@@ -575,10 +770,65 @@ mod tests {
         for shard in 0..4 {
             pending.insert(shard, key("again"), low());
         }
-        // The next take starts after shard 2, and wraps around.
-        assert_eq!(shards(pending.take(&view, |_| false, 3)), [3, 0, 1]);
-        assert_eq!(shards(pending.take(&view, |_| false, 3)), [2]);
+        // The next take starts after shard 2, and wraps around (shards 3 and 0 hold two
+        // keys each, 1 and 2 one each).
+        assert_eq!(shards(pending.take(&view, |_| false, 4)), [3, 0]);
+        assert_eq!(shards(pending.take(&view, |_| false, 4)), [1, 2]);
         assert_eq!(pending.total, 0);
+    }
+
+    fn keys(shard: u32, n: usize) -> (u32, Batch) {
+        let batch = (0..n)
+            .map(|i| (key(&format!("{shard}-{i}")), low()))
+            .collect();
+        (shard, batch)
+    }
+
+    #[test]
+    fn the_batches_of_one_replica_go_in_one_call_up_to_a_batch_of_keys() {
+        let a: Arc<str> = Arc::from("q-a:50052");
+        let b: Arc<str> = Arc::from("q-b:50052");
+        let owner = |shard: u32| match shard % 3 {
+            0 => Some(a.clone()),
+            1 => Some(b.clone()),
+            _ => None,
+        };
+        // A burst of a key in each of 200 shards: one call per replica, not one per shard.
+        let (calls, ownerless) = calls((0..200).map(|shard| keys(shard, 1)).collect(), owner);
+        let summary: Vec<(&str, usize)> = calls
+            .iter()
+            .map(|(address, call)| (&**address, call.len()))
+            .collect();
+        assert_eq!(summary, [("q-a:50052", 67), ("q-b:50052", 67)]);
+        assert_eq!(ownerless.len(), 66);
+        assert!(calls[0].1.iter().all(|(shard, _)| shard % 3 == 0));
+
+        // A call holds at most BATCH keys: the next batch that would pass it starts a new one.
+        let big = BATCH / 2 + 1;
+        let (calls, _) = super::calls(vec![keys(0, big), keys(3, big), keys(6, 1)], owner);
+        let sizes: Vec<Vec<usize>> = calls
+            .iter()
+            .map(|(_, call)| call.iter().map(|(_, batch)| batch.len()).collect())
+            .collect();
+        assert_eq!(sizes, [vec![big], vec![big, 1]]);
+    }
+
+    #[test]
+    fn a_take_stops_at_its_limit_of_keys() {
+        let mut pending = Pending::default();
+        for shard in 0..3 {
+            for i in 0..4 {
+                pending.insert(shard, key(&format!("{shard}-{i}")), low());
+            }
+        }
+        let view = ShardView::single("q:1", 3);
+        let sizes: Vec<usize> = pending
+            .take(&view, |_| false, 6)
+            .iter()
+            .map(|(_, batch)| batch.len())
+            .collect();
+        assert_eq!(sizes, [4, 2]);
+        assert_eq!(pending.total, 6);
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@ use prost::Message;
 use switchyard_proto::common::v1::NotShardOwner;
 use tonic::Code;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The queue refused the request as invalid (INVALID_ARGUMENT): resending it cannot help.
     #[error("the queue refused the request as invalid: {0}")]

@@ -1,6 +1,6 @@
 //! The client against the real queue service, in this process over loopback: keys pushed to
 //! the Enqueuer come out of a WorkSession as leases, and outcomes, extensions and credits do
-//! what the protocol promises.
+//! what the protocol promises; and an enqueuer facing a replica from before `EnqueueMany`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,6 +14,11 @@ use std::{
 };
 
 use clap::Parser;
+use switchyard_proto::queue::v1::{
+    DescribeKeyRequest, DescribeKeyResponse, EnqueueAck, EnqueueManyRequest, EnqueueManyResponse,
+    EnqueueRequest, EnqueueResponse, ListFailingRequest, ListFailingResponse, StatsRequest,
+    StatsResponse, WorkRequest, WorkResponse, queue_server,
+};
 use switchyard_queue_client::{
     EnqueueMetrics, Enqueuer, Error, Event, Lease, MAX_CREDIT, Outcome, Priority, WorkKey,
     WorkSession,
@@ -430,4 +435,122 @@ async fn refusals_are_typed_errors() {
         WorkSession::open(&reconciler(), "not a host", "w", vec![], 1).await,
         Err(Error::InvalidAddress { .. })
     ));
+}
+
+/// A queue replica from before `EnqueueMany`: a gRPC server with the queue's service in which
+/// only `Enqueue` does anything (it records each batch's shard and size) and every other
+/// method answers UNIMPLEMENTED, as a server without the method's route does.
+#[derive(Clone, Default)]
+struct OldReplica {
+    batches: Arc<std::sync::Mutex<Vec<(u32, usize)>>>,
+}
+
+type Unimplemented<T> =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, tonic::Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl queue_server::Queue for OldReplica {
+    async fn enqueue(
+        &self,
+        request: tonic::Request<EnqueueRequest>,
+    ) -> Result<tonic::Response<EnqueueResponse>, tonic::Status> {
+        let request = request.into_inner();
+        let keys = request.items.len();
+        self.batches.lock().unwrap().push((request.shard, keys));
+        Ok(tonic::Response::new(EnqueueResponse {
+            batch_id: request.batch_id,
+            added: keys as u32,
+            coalesced: 0,
+        }))
+    }
+    type EnqueueStreamStream = Unimplemented<EnqueueAck>;
+    async fn enqueue_stream(
+        &self,
+        _: tonic::Request<tonic::Streaming<EnqueueRequest>>,
+    ) -> Result<tonic::Response<Self::EnqueueStreamStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("EnqueueStream"))
+    }
+    async fn enqueue_many(
+        &self,
+        _: tonic::Request<EnqueueManyRequest>,
+    ) -> Result<tonic::Response<EnqueueManyResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("EnqueueMany"))
+    }
+    type WorkStream = Unimplemented<WorkResponse>;
+    async fn work(
+        &self,
+        _: tonic::Request<tonic::Streaming<WorkRequest>>,
+    ) -> Result<tonic::Response<Self::WorkStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("Work"))
+    }
+    async fn stats(
+        &self,
+        _: tonic::Request<StatsRequest>,
+    ) -> Result<tonic::Response<StatsResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("Stats"))
+    }
+    async fn describe_key(
+        &self,
+        _: tonic::Request<DescribeKeyRequest>,
+    ) -> Result<tonic::Response<DescribeKeyResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("DescribeKey"))
+    }
+    async fn list_failing(
+        &self,
+        _: tonic::Request<ListFailingRequest>,
+    ) -> Result<tonic::Response<ListFailingResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("ListFailing"))
+    }
+}
+
+#[tokio::test]
+async fn a_replica_without_enqueue_many_is_sent_a_batch_per_enqueue() {
+    let old = OldReplica::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(queue_server::QueueServer::new(old.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let counted = Counted::default();
+    let enqueuer = Arc::new(Enqueuer::new(
+        1000,
+        SHARDS,
+        counted.clone(),
+        switchyard_runtime::Dialer::plaintext(),
+    ));
+    let (_tx, view) = watch::channel(Some(Arc::new(ShardView::single(&addr.to_string(), SHARDS))));
+    let (_stop, drain) = switchyard_runtime::drain_channel();
+    tokio::spawn({
+        let enqueuer = enqueuer.clone();
+        async move { enqueuer.run(view, drain).await }
+    });
+    let keys: Vec<WorkKey> = (0..40)
+        .map(|i| WorkKey::new(RS, "ns", format!("old-{i}")))
+        .collect();
+    enqueuer
+        .push(keys.clone(), Priority::Normal, None, None)
+        .await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while counted.0.sent.load(Ordering::Relaxed) < keys.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "keys not all sent to the old replica"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Every key arrived once, in batches of one shard each.
+    let batches = old.batches.lock().unwrap().clone();
+    assert_eq!(
+        batches.iter().map(|(_, keys)| keys).sum::<usize>(),
+        keys.len()
+    );
+    let shards: std::collections::HashSet<u32> = batches.iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        batches.len(),
+        shards.len(),
+        "one batch per shard: {batches:?}"
+    );
+    assert_eq!(enqueuer.pending(), 0);
 }

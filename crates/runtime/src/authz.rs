@@ -61,6 +61,10 @@ pub const TABLE: &[(&str, Access)] = &[
         Access::Roles(&[Role::Watcher, Role::Reconciler]),
     ),
     (
+        "/switchyard.queue.v1.Queue/EnqueueMany",
+        Access::Roles(&[Role::Watcher, Role::Reconciler]),
+    ),
+    (
         "/switchyard.queue.v1.Queue/Work",
         Access::Roles(&[Role::Reconciler]),
     ),

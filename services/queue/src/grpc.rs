@@ -42,6 +42,10 @@ pub const MAX_PENDING_REPLIES: usize = 2 * MAX_CREDIT as usize;
 /// `tracestate` at most 512, so this leaves room for a longer future version and nothing more
 /// (a queued key keeps up to 16 of them).
 pub const MAX_TRACE_CONTEXT_BYTES: usize = 1024;
+/// Batches of one `EnqueueMany` call: a sender's keys for one replica, a batch per shard
+/// (at most the shard count, 256 by default), with room for a sender that splits a shard's
+/// keys over several batches.
+pub const MAX_BATCHES_PER_CALL: usize = 4096;
 /// The trace context keys kept; others are dropped.
 const TRACE_CONTEXT_KEYS: [&str; 2] = ["traceparent", "tracestate"];
 
@@ -212,6 +216,47 @@ impl queue_server::Queue for QueueService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn enqueue_many(
+        &self,
+        request: Request<pb::EnqueueManyRequest>,
+    ) -> Result<Response<pb::EnqueueManyResponse>, Status> {
+        let batches = request.into_inner().batches;
+        if batches.len() > MAX_BATCHES_PER_CALL {
+            return Err(EdgeError::Invalid(format!(
+                "batches: {} batches, at most {MAX_BATCHES_PER_CALL}",
+                batches.len()
+            ))
+            .into());
+        }
+        // Every batch goes to the actor at once; each is answered as Enqueue answers it.
+        let results = futures::future::join_all(batches.into_iter().enumerate().map(
+            |(i, batch)| async move {
+                let result = match self.enqueue_batch(batch).await {
+                    Ok(added) => pb::enqueue_result::Result::Added(added),
+                    Err(error) => {
+                        let error = match error {
+                            EdgeError::Invalid(message) => {
+                                EdgeError::Invalid(format!("batches[{i}].{message}"))
+                            }
+                            error => error,
+                        };
+                        let status = Status::from(error);
+                        pb::enqueue_result::Result::Refused(pb::BatchRefusal {
+                            code: status.code() as i32,
+                            message: status.message().to_owned(),
+                            details: status.details().to_vec(),
+                        })
+                    }
+                };
+                pb::EnqueueResult {
+                    result: Some(result),
+                }
+            },
+        ))
+        .await;
+        Ok(Response::new(pb::EnqueueManyResponse { results }))
     }
 
     type WorkStream = BoxStream<pb::WorkResponse>;

@@ -15,10 +15,11 @@ use prost::Message;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
     queue::v1::{
-        Credit, DescribeKeyRequest, Done, EnqueueItem, EnqueueRequest, ExtendLease, Failed,
-        KeyPhase, LeaseExtended, LeasedItem, ListFailingRequest, Outcome, OutcomeKind, ShardStats,
-        StatsRequest, WorkRequest, WorkResponse, WorkerHello, outcome, queue_client::QueueClient,
-        work_request::Request as Msg, work_response::Response as Reply,
+        Credit, DescribeKeyRequest, Done, EnqueueItem, EnqueueManyRequest, EnqueueRequest,
+        ExtendLease, Failed, KeyPhase, LeaseExtended, LeasedItem, ListFailingRequest, Outcome,
+        OutcomeKind, ShardStats, StatsRequest, WorkRequest, WorkResponse, WorkerHello,
+        enqueue_result, outcome, queue_client::QueueClient, work_request::Request as Msg,
+        work_response::Response as Reply,
     },
 };
 use switchyard_queue_core::shard::shard_of;
@@ -746,6 +747,99 @@ async fn a_shard_not_served_here_is_refused_with_where_to_go() {
     assert_eq!(status.code(), Code::FailedPrecondition);
     let detail = NotShardOwner::decode(status.details()).unwrap();
     assert_eq!(detail.shard, shard);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn enqueue_many_answers_each_batch_as_enqueue_would() {
+    let server = Server::start(&[]).await;
+    let mut client = server.client().await;
+    let mut good = batches((0..40).map(|i| format!("k{i}")));
+    assert!(good.len() >= 2, "keys of several shards");
+    let valid: usize = good.iter().map(|b| b.items.len()).sum();
+    let mut bad_key = batches(["x".to_owned()]).remove(0);
+    bad_key.items[0].key.as_mut().unwrap().name = String::new();
+    let out_of_range = EnqueueRequest {
+        batch_id: 99,
+        shard: SHARDS,
+        items: batches(["y".to_owned()]).remove(0).items,
+    };
+    let first = good.remove(0);
+    let mut sent = vec![first, bad_key, out_of_range];
+    sent.extend(good);
+    let results = client
+        .enqueue_many(EnqueueManyRequest { batches: sent })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    let outcomes: Vec<Result<(), (Code, String)>> = results
+        .into_iter()
+        .map(|r| match r.result.unwrap() {
+            enqueue_result::Result::Added(_) => Ok(()),
+            enqueue_result::Result::Refused(refusal) => {
+                Err((Code::from(refusal.code), refusal.message))
+            }
+        })
+        .collect();
+    assert_eq!(outcomes[0], Ok(()));
+    assert_eq!(
+        outcomes[1],
+        Err((
+            Code::InvalidArgument,
+            "batches[1].items[0].key.name: must not be empty".into()
+        ))
+    );
+    assert_eq!(
+        outcomes[2],
+        Err((
+            Code::InvalidArgument,
+            format!("batches[2].shard: {SHARDS} is not below the shard count {SHARDS}")
+        ))
+    );
+    assert!(outcomes[3..].iter().all(Result::is_ok), "{outcomes:?}");
+    // Every key of the valid batches is queued, none of the refused ones.
+    assert_eq!(stats_sum(&mut client, |s| s.depth).await, valid as u64);
+
+    let too_many = client
+        .enqueue_many(EnqueueManyRequest {
+            batches: vec![EnqueueRequest::default(); 4097],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (too_many.code(), too_many.message()),
+        (Code::InvalidArgument, "batches: 4097 batches, at most 4096")
+    );
+    assert_eq!(stats_sum(&mut client, |s| s.depth).await, valid as u64);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn enqueue_many_refuses_each_shard_not_served_with_where_to_go() {
+    let server = Server::start(&["--static-shards=false"]).await;
+    let mut client = server.client().await;
+    let sent = batches((0..40).map(|i| format!("k{i}")));
+    let shards: Vec<u32> = sent.iter().map(|b| b.shard).collect();
+    let results = client
+        .enqueue_many(EnqueueManyRequest { batches: sent })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    let refused: Vec<u32> = results
+        .into_iter()
+        .map(|r| match r.result.unwrap() {
+            enqueue_result::Result::Refused(refusal) => {
+                assert_eq!(Code::from(refusal.code), Code::FailedPrecondition);
+                NotShardOwner::decode(refusal.details.as_slice())
+                    .unwrap()
+                    .shard
+            }
+            added => panic!("a shard not served here was added: {added:?}"),
+        })
+        .collect();
+    assert_eq!(refused, shards);
     server.stop().await;
 }
 

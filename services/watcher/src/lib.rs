@@ -9,7 +9,7 @@
 //!  apiserver ─► informer per resource ([`informer`]) ─► cache ([`cache`]) ◄── Cache gRPC ([`grpc`])
 //!                          │ keys
 //!                          ▼
-//!              Enqueuer (switchyard-queue-client) ─► Enqueue at the shard's owner
+//!              Enqueuer (switchyard-queue-client) ─► EnqueueMany at the shards' owner
 //!                          ▲
 //!  elector WatchShardMap ──┴─ directory ([`directory`]): owners; a moved shard is resynced
 //! ```

@@ -131,7 +131,7 @@ impl WatcherMetrics {
         );
         metrics.register(
             "switchyard_watcher_enqueue_retries",
-            "Enqueue requests that failed and were retried (queue unavailable, moving or full)",
+            "Batches of keys the queue did not add and that were retried (queue unavailable, moving or full)",
             this.enqueue_retries.clone(),
         );
         metrics.register(
