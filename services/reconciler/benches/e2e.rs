@@ -38,7 +38,9 @@
 //!   apiserver counts them (`apiserver_request_total`, 2xx): Pods, ReplicaSets and their
 //!   status, Deployment updates and status, not the benchmark's own creates, the scheduler's
 //!   bindings or kwok's Pod status; `e2e.<run>_event_writes`, their Event writes once settled.
-//!   The breakdown by resource and verb goes to stderr.
+//!   The breakdown by resource and verb goes to stderr. `e2e.<run>_object_write_requests`
+//!   (requests): the same writes whatever the apiserver answered, those it refused (409
+//!   Conflict, other errors) included.
 //! - `e2e.<run>_controllers_cpu` (s): CPU time used until convergence by the controller
 //!   processes (kube-controller-manager, or the reconcilers) and by this process, which holds
 //!   the benchmark's client in every run and Switchyard's queue and watcher in Switchyard's;
@@ -389,6 +391,15 @@ async fn converge(name: &str, under: Under, count: usize) -> f64 {
         println!("bench e2e.{run}_reconciles {reconciles:.0} reconciles");
     }
     println!("bench e2e.{run}_object_writes {objects:.0} requests");
+    // Every object write the controllers sent, whatever the apiserver answered: the accepted
+    // ones above, those refused with 409 and any other refusal. A refused write is a request
+    // the apiserver handles too, and `apiserver_request_total` counts it.
+    let sent: f64 = requests_by_name(&requests, |r| {
+        r.controller_write() && r.resource != "events"
+    })
+    .values()
+    .sum();
+    println!("bench e2e.{run}_object_write_requests {sent:.0} requests");
     // The controllers' Events, a write each (a repeat of one, a patch): what their apiserver
     // writes include besides the objects themselves. Read once the writers caught up.
     tokio::time::sleep(EVENTS_SETTLE).await;
