@@ -74,7 +74,7 @@ const BATCH: usize = 500;
 const MAX_IN_FLIGHT: usize = 32;
 /// Calls to one replica in flight at once. The keys that arrive while they are out go
 /// together in the next: under load, calls grow instead of multiplying.
-const MAX_CALLS_PER_REPLICA: usize = 4;
+const MAX_CALLS_PER_REPLICA: usize = 2;
 /// Batches of one shard in flight at once.
 const MAX_IN_FLIGHT_PER_SHARD: usize = 4;
 /// First and last delay before retrying keys a queue did not take.
