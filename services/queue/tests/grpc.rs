@@ -15,11 +15,11 @@ use prost::Message;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
     queue::v1::{
-        Credit, DescribeKeyRequest, Done, EnqueueItem, EnqueueManyRequest, EnqueueRequest,
-        ExtendLease, Failed, KeyPhase, LeaseExtended, LeasedItem, ListFailingRequest, Outcome,
-        OutcomeKind, ShardStats, StatsRequest, WorkRequest, WorkResponse, WorkerHello,
-        enqueue_result, outcome, queue_client::QueueClient, work_request::Request as Msg,
-        work_response::Response as Reply,
+        BatchRefusal, Credit, DescribeKeyRequest, Done, EnqueueItem, EnqueueManyRequest,
+        EnqueueRequest, ExtendLease, Failed, KeyPhase, LeaseExtended, LeasedItem,
+        ListFailingRequest, Outcome, OutcomeKind, ShardStats, StatsRequest, WorkRequest,
+        WorkResponse, WorkerHello, enqueue_result, outcome, queue_client::QueueClient,
+        work_request::Request as Msg, work_response::Response as Reply,
     },
 };
 use switchyard_queue_core::shard::shard_of;
@@ -750,6 +750,26 @@ async fn a_shard_not_served_here_is_refused_with_where_to_go() {
     server.stop().await;
 }
 
+/// `EnqueueMany` of `batches`: each batch added, or its refusal.
+async fn enqueue_many(
+    client: &mut QueueClient<Channel>,
+    batches: Vec<EnqueueRequest>,
+) -> Vec<Result<(), BatchRefusal>> {
+    let results = client
+        .enqueue_many(EnqueueManyRequest { batches })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    results
+        .into_iter()
+        .map(|r| match r.result.unwrap() {
+            enqueue_result::Result::Added(_) => Ok(()),
+            enqueue_result::Result::Refused(refusal) => Err(refusal),
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn enqueue_many_answers_each_batch_as_enqueue_would() {
     let server = Server::start(&[]).await;
@@ -767,20 +787,10 @@ async fn enqueue_many_answers_each_batch_as_enqueue_would() {
     let first = good.remove(0);
     let mut sent = vec![first, bad_key, out_of_range];
     sent.extend(good);
-    let results = client
-        .enqueue_many(EnqueueManyRequest { batches: sent })
+    let outcomes: Vec<Result<(), (Code, String)>> = enqueue_many(&mut client, sent)
         .await
-        .unwrap()
-        .into_inner()
-        .results;
-    let outcomes: Vec<Result<(), (Code, String)>> = results
         .into_iter()
-        .map(|r| match r.result.unwrap() {
-            enqueue_result::Result::Added(_) => Ok(()),
-            enqueue_result::Result::Refused(refusal) => {
-                Err((Code::from(refusal.code), refusal.message))
-            }
-        })
+        .map(|r| r.map_err(|refusal| (Code::from(refusal.code), refusal.message)))
         .collect();
     assert_eq!(outcomes[0], Ok(()));
     assert_eq!(
@@ -821,22 +831,15 @@ async fn enqueue_many_refuses_each_shard_not_served_with_where_to_go() {
     let mut client = server.client().await;
     let sent = batches((0..40).map(|i| format!("k{i}")));
     let shards: Vec<u32> = sent.iter().map(|b| b.shard).collect();
-    let results = client
-        .enqueue_many(EnqueueManyRequest { batches: sent })
+    let refused: Vec<u32> = enqueue_many(&mut client, sent)
         .await
-        .unwrap()
-        .into_inner()
-        .results;
-    let refused: Vec<u32> = results
         .into_iter()
-        .map(|r| match r.result.unwrap() {
-            enqueue_result::Result::Refused(refusal) => {
-                assert_eq!(Code::from(refusal.code), Code::FailedPrecondition);
-                NotShardOwner::decode(refusal.details.as_slice())
-                    .unwrap()
-                    .shard
-            }
-            added => panic!("a shard not served here was added: {added:?}"),
+        .map(|r| {
+            let refusal = r.expect_err("a shard not served here was added");
+            assert_eq!(Code::from(refusal.code), Code::FailedPrecondition);
+            NotShardOwner::decode(refusal.details.as_slice())
+                .unwrap()
+                .shard
         })
         .collect();
     assert_eq!(refused, shards);
