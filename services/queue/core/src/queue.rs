@@ -281,6 +281,13 @@ impl ControllerQueue {
         slot
     }
 
+    /// Loads the index bucket the removal of the key in `slot` will read (a hint only).
+    fn prefetch_index(&self, slot: Slot) {
+        if let Some(entry) = self.get(slot) {
+            self.index.prefetch(tag(entry.hash));
+        }
+    }
+
     /// Forgets the key in `slot`, and its causes.
     fn remove(&mut self, slot: Slot) -> Option<Entry> {
         let entry = self.slots.get_mut(slot as usize)?.take()?;

@@ -204,6 +204,15 @@ impl History {
         forgotten
     }
 
+    /// The entry the next [`History::record`] of an entry without a node forgets: the least
+    /// recent, once the history is full and has no forgotten node to reuse.
+    pub(super) fn least_recent(&self) -> Option<Owner> {
+        if self.slab.len() < self.capacity || !self.free.is_empty() {
+            return None;
+        }
+        self.slab.get(self.tail as usize).map(|node| node.owner)
+    }
+
     /// Forgets `node` (an entry's, whose key the queue drops), if it is one.
     pub(super) fn forget(&mut self, node: u32) {
         if (node as usize) < self.slab.len() {
@@ -320,6 +329,32 @@ mod tests {
             "room was made by forgetting"
         );
         assert_eq!(entries.attempt(&history, 2), Some(1));
+    }
+
+    #[test]
+    fn the_entry_forgotten_next_is_known_before() {
+        let mut history = History::new(2);
+        let mut entries = Entries::new(3);
+        entries.record(&mut history, 0, 1);
+        assert_eq!(
+            history.least_recent(),
+            None,
+            "not full: nothing is forgotten"
+        );
+        entries.record(&mut history, 1, 1);
+        assert_eq!(history.least_recent(), Some((0, 0)));
+        entries.record(&mut history, 0, 2);
+        assert_eq!(history.least_recent(), Some((0, 1)));
+        entries.record(&mut history, 2, 1);
+        assert_eq!(entries.attempt(&history, 1), None, "1 went, as announced");
+        history.forget(entries.0[0]);
+        entries.0[0] = NIL;
+        assert_eq!(
+            history.least_recent(),
+            None,
+            "a forgotten node is reused first"
+        );
+        assert_eq!(History::new(0).least_recent(), None);
     }
 
     #[test]

@@ -178,6 +178,11 @@ impl Queue {
                 queue.remove(slot);
             }
         }
+        // The next key to be forgotten is known now: its index bucket starts loading while
+        // this lease ends and the next runs, instead of when that key's removal needs it.
+        if let Some((controller, slot)) = self.history.least_recent() {
+            self.controllers[controller as usize].prefetch_index(slot);
+        }
     }
 }
 
