@@ -17,6 +17,11 @@
 //!  record(entry): move or insert at head; beyond capacity the tail's node is reused, and
 //!                 its entry told (dropped if finished, else it just loses its node)
 //! ```
+//!
+//! Since the tail is the next entry forgotten, the queue asks for it
+//! ([`History::least_recent`]) after each outcome and has the CPU load that entry's index
+//! bucket while other work runs: dropping a finished key then finds its bucket in the cache,
+//! where it was the one miss of a key's cycle that nothing else overlapped.
 
 use std::time::{Duration, Instant};
 
