@@ -13,8 +13,8 @@ mod support;
 use std::time::Duration;
 
 use gc_scenarios::{
-    Background, COLLECTED_WITHIN, Foreground, Orphaned, Stack, create_cm, eventually, exists,
-    owner_ref,
+    Background, COLLECTED_WITHIN, Circle, Foreground, Orphaned, Stack, StaleReferences, create_cm,
+    eventually, exists, owner_ref,
 };
 use serde_json::{Value, json};
 use switchyard_k8s::{
@@ -58,6 +58,42 @@ async fn foreground_deletion_takes_the_dependents_first_and_orphaning_leaves_the
     assert_eq!(
         gc_scenarios::orphan(&client, ns.name()).await,
         Orphaned::expected()
+    );
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn a_dependent_that_dropped_its_owner_is_kept_however_stale_the_graph() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "gc-stale")
+        .await
+        .unwrap();
+    let flood = TestNamespace::create(plane, &client, "gc-stale-flood")
+        .await
+        .unwrap();
+    let stack = Stack::start(plane, &[ns.name()]).await;
+    // The dependents' events wait in the watcher: its graph still has each reference when
+    // the owner's deletion keys the dependent.
+    let seen = gc_scenarios::stale_references(&client, ns.name(), flood.name(), || {
+        switchyard_watcher::graph::hold::events("", "configmaps", ns.name())
+    })
+    .await;
+    assert_eq!(seen, StaleReferences::expected());
+    stack.stop().await;
+}
+
+#[tokio::test]
+async fn a_dependency_circle_deleted_in_the_foreground_is_collected() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "gc-circle")
+        .await
+        .unwrap();
+    let stack = Stack::start(plane, &[ns.name()]).await;
+    assert_eq!(
+        gc_scenarios::circle(&client, ns.name()).await,
+        Circle::expected()
     );
     stack.stop().await;
 }

@@ -13,7 +13,7 @@ mod support;
 
 use std::time::Instant;
 
-use gc_scenarios::{Background, Foreground, Orphaned, Stack};
+use gc_scenarios::{Background, Circle, Foreground, Orphaned, Stack, StaleReferences};
 use switchyard_k8s::Client;
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
@@ -22,12 +22,15 @@ struct Ends {
     background: Background,
     foreground: Foreground,
     orphan: Orphaned,
+    circle: Circle,
+    stale: StaleReferences,
 }
 
-/// Three namespaces: the background scenario's pair, and one for the workloads.
-async fn namespaces(plane: &ControlPlane, client: &Client, prefix: &str) -> [TestNamespace; 3] {
+/// The background scenario's pair, one for the workloads and the circle, one for the stale
+/// references and one for the writes that flood the watch meanwhile.
+async fn namespaces(plane: &ControlPlane, client: &Client, prefix: &str) -> [TestNamespace; 5] {
     let mut made = Vec::new();
-    for suffix in ["", "-other", "-fg"] {
+    for suffix in ["", "-other", "-fg", "-stale", "-flood"] {
         made.push(
             TestNamespace::create(plane, client, &format!("{prefix}{suffix}"))
                 .await
@@ -37,11 +40,21 @@ async fn namespaces(plane: &ControlPlane, client: &Client, prefix: &str) -> [Tes
     made.try_into().ok().unwrap()
 }
 
-async fn run(client: &Client, [ns, other, fg]: &[TestNamespace; 3]) -> Ends {
+/// Runs every scenario; `hold` is the stale-references scenario's (see there).
+async fn run<H>(
+    client: &Client,
+    [ns, other, fg, stale, flood]: &[TestNamespace; 5],
+    hold: impl FnOnce(&str) -> H,
+) -> Ends {
     Ends {
         background: gc_scenarios::background(client, ns.name(), other.name()).await,
         foreground: gc_scenarios::foreground(client, fg.name()).await,
         orphan: gc_scenarios::orphan(client, fg.name()).await,
+        circle: gc_scenarios::circle(client, fg.name()).await,
+        stale: gc_scenarios::stale_references(client, stale.name(), flood.name(), || {
+            hold(stale.name())
+        })
+        .await,
     }
 }
 
@@ -63,7 +76,7 @@ async fn garbage_collection_ends_the_same_under_kube_controller_manager_and_swit
         .await
         .expect("kube-controller-manager starts");
     let kcm_namespaces = namespaces(plane, &client, "gc-kcm").await;
-    let under_kcm = run(&client, &kcm_namespaces).await;
+    let under_kcm = run(&client, &kcm_namespaces, |_| ()).await;
     drop(kcm);
     eprintln!(
         "kube-controller-manager: {:?}, {under_kcm:?}",
@@ -75,7 +88,11 @@ async fn garbage_collection_ends_the_same_under_kube_controller_manager_and_swit
     let sy_namespaces = namespaces(plane, &client, "gc-sy").await;
     let names: Vec<&str> = sy_namespaces.iter().map(TestNamespace::name).collect();
     let stack = Stack::start(plane, &names).await;
-    let under_switchyard = run(&client, &sy_namespaces).await;
+    // Switchyard's graph is also held stale while the references go (a watcher behind).
+    let under_switchyard = run(&client, &sy_namespaces, |ns| {
+        switchyard_watcher::graph::hold::events("", "configmaps", ns)
+    })
+    .await;
     eprintln!("switchyard: {:?}, {under_switchyard:?}", started.elapsed());
     stack.stop().await;
 
@@ -89,6 +106,8 @@ async fn garbage_collection_ends_the_same_under_kube_controller_manager_and_swit
             background: Background::expected(),
             foreground: Foreground::expected(),
             orphan: Orphaned::expected(),
+            circle: Circle::expected(),
+            stale: StaleReferences::expected(),
         }
     );
 }

@@ -301,6 +301,13 @@ impl GraphInformers {
                     continue;
                 }
             };
+            #[cfg(feature = "fault-injection")]
+            if let Some(namespace) = hold::namespace_of(&event) {
+                tokio::select! {
+                    () = hold::until_released(&resource.resource.group, &resource.resource.plural, namespace) => {}
+                    _ = drain.clone().signaled() => return,
+                }
+            }
             // When the change reached this watcher, handed on with its keys.
             let received = SystemTime::now();
             let first_list = listed.is_some();
@@ -420,4 +427,71 @@ pub fn node_of(resource: ResourceId, namespace: Arc<str>, meta: &ObjectMeta) -> 
         foreground,
         orphan,
     })
+}
+
+/// Test builds only (the `fault-injection` feature, never in a release binary): hold one
+/// resource's graph events of one namespace back, as a watch stream that lags behind the
+/// others would, so that a test can widen the window in which the graph is stale.
+#[cfg(feature = "fault-injection")]
+pub mod hold {
+    use std::sync::{
+        LazyLock,
+        atomic::{AtomicU64, Ordering},
+    };
+
+    use switchyard_k8s::kube::{
+        api::{DynamicObject, PartialObjectMeta},
+        runtime::watcher,
+    };
+    use tokio::sync::watch;
+
+    /// The holds in force: (id, group, resource, namespace).
+    type Held = Vec<(u64, String, String, String)>;
+
+    static HELD: LazyLock<watch::Sender<Held>> = LazyLock::new(|| watch::Sender::new(Vec::new()));
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+
+    /// While this lives, every graph informer of this process stops at the first event of
+    /// `group`/`resource` in `namespace` (and so holds back those that follow it).
+    #[derive(Debug)]
+    #[must_use = "the events flow again when the hold is dropped"]
+    pub struct Hold(u64);
+
+    /// Holds `group`/`resource` events of `namespace` back until the returned hold drops.
+    pub fn events(group: &str, resource: &str, namespace: &str) -> Hold {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        HELD.send_modify(|held| {
+            held.push((id, group.into(), resource.into(), namespace.into()));
+        });
+        Hold(id)
+    }
+
+    impl Drop for Hold {
+        fn drop(&mut self) {
+            HELD.send_modify(|held| held.retain(|(id, ..)| *id != self.0));
+        }
+    }
+
+    pub(super) fn namespace_of(
+        event: &watcher::Event<PartialObjectMeta<DynamicObject>>,
+    ) -> Option<&str> {
+        match event {
+            watcher::Event::Apply(object)
+            | watcher::Event::Delete(object)
+            | watcher::Event::InitApply(object) => object.metadata.namespace.as_deref(),
+            watcher::Event::Init | watcher::Event::InitDone => None,
+        }
+    }
+
+    pub(super) async fn until_released(group: &str, resource: &str, namespace: &str) {
+        let mut held = HELD.subscribe();
+        // The sender is static: it never closes.
+        let _ = held
+            .wait_for(|held| {
+                !held
+                    .iter()
+                    .any(|(_, g, r, n)| g == group && r == resource && n == namespace)
+            })
+            .await;
+    }
 }

@@ -10,7 +10,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use switchyard_k8s::{
     Api, Client, DeleteParams, Deployment, ListParams, Pod, PostParams, ReplicaSet,
-    k8s_openapi::api::{core::v1::ConfigMap, events::v1::Event, rbac::v1::ClusterRole},
+    k8s_openapi::api::{
+        core::v1::{ConfigMap, PodTemplate},
+        events::v1::Event,
+        rbac::v1::ClusterRole,
+    },
+    kube::api::{Patch, PatchParams},
 };
 use switchyard_reconciler_core::replicaset::{controller_of, is_active};
 use switchyard_testenv::{ControlPlane, InProcess, manifests};
@@ -490,4 +495,184 @@ pub async fn active(pods: &Api<Pod>, labels: &str) -> usize {
         .iter()
         .filter(|p| is_active(p))
         .count()
+}
+
+/// Owner and dependent pairs whose reference is removed before the owner goes.
+pub const STALE_PAIRS: usize = 60;
+/// Pairs whose dependent keeps its reference: collected, so the collector was at work.
+pub const CONTROL_PAIRS: usize = 10;
+/// ConfigMaps written in another namespace meanwhile: a busy watch stream, as in a real
+/// cluster where one kind's events lag behind another's.
+pub const FLOOD: usize = 600;
+
+/// What the stale-references scenario ends with.
+#[derive(Debug, PartialEq, Eq)]
+pub struct StaleReferences {
+    /// Dependents that dropped their owner reference before the owner went, left at the end.
+    pub kept: usize,
+    /// Dependents that kept their reference, left at the end.
+    pub controls_left: usize,
+}
+
+impl StaleReferences {
+    pub fn expected() -> Self {
+        Self {
+            kept: STALE_PAIRS,
+            controls_left: 0,
+        }
+    }
+}
+
+/// ConfigMaps owned by PodTemplates: each of the first [`STALE_PAIRS`] loses its reference,
+/// then its owner is deleted; the owners of [`CONTROL_PAIRS`] more are deleted with the
+/// references in place; [`FLOOD`] ConfigMaps are written to `flood_ns` meanwhile. No collector
+/// may delete a dependent that no longer names its owner, whatever its cache still says.
+/// `hold` is called once everything is in place and before the changes, and what it returns
+/// lives until the controls are collected: under Switchyard, a hold on the dependents' watch
+/// events in the watcher, so that its graph is stale for as long as it takes.
+pub async fn stale_references<H>(
+    client: &Client,
+    ns: &str,
+    flood_ns: &str,
+    hold: impl FnOnce() -> H,
+) -> StaleReferences {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), ns);
+    let pairs = STALE_PAIRS + CONTROL_PAIRS;
+    let mut owners = Vec::with_capacity(pairs);
+    for i in 0..pairs {
+        let template: PodTemplate = serde_json::from_value(json!({
+            "metadata": {"name": format!("owner-{i}")},
+            "template": {"spec": {"containers": [{"name": "c", "image": manifests::IMAGE}]}},
+        }))
+        .unwrap();
+        let uid = templates
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap();
+        let refs = json!([owner_ref(
+            "v1",
+            "PodTemplate",
+            &format!("owner-{i}"),
+            &uid,
+            false
+        )]);
+        create_cm(&cms, &format!("dep-{i}"), refs).await;
+        owners.push(format!("owner-{i}"));
+    }
+    // The collector's cache has every pair before the changes start.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = hold();
+    let flood = {
+        let flood_cms: Api<ConfigMap> = Api::namespaced(client.clone(), flood_ns);
+        tokio::spawn(async move {
+            for i in 0..FLOOD {
+                create_cm(&flood_cms, &format!("flood-{i}"), json!([])).await;
+            }
+        })
+    };
+    let unowned = json!({"metadata": {"ownerReferences": null}});
+    for i in 0..STALE_PAIRS {
+        cms.patch(
+            &format!("dep-{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(&unowned),
+        )
+        .await
+        .unwrap();
+        templates
+            .delete(&owners[i], &DeleteParams::background())
+            .await
+            .unwrap();
+    }
+    for owner in &owners[STALE_PAIRS..] {
+        templates
+            .delete(owner, &DeleteParams::background())
+            .await
+            .unwrap();
+    }
+    let controls: Vec<String> = (STALE_PAIRS..pairs).map(|i| format!("dep-{i}")).collect();
+    // The controls' keys followed the others': once they are collected, so were any of the
+    // others the collector would take.
+    settles(COLLECTED_WITHIN, || {
+        let (cms, controls) = (cms.clone(), controls.clone());
+        async move {
+            let left = names(&cms, "").await;
+            !controls.iter().any(|c| left.contains(c))
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    drop(held);
+    flood.await.unwrap();
+    // And nothing is taken once the cache catches up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let left = names(&cms, "").await;
+    StaleReferences {
+        kept: (0..STALE_PAIRS)
+            .filter(|i| left.contains(&format!("dep-{i}")))
+            .count(),
+        controls_left: controls.iter().filter(|c| left.contains(c)).count(),
+    }
+}
+
+/// What the dependency-circle scenario ends with.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Circle {
+    /// The circle's Pods left when the collector's time was up.
+    pub remaining: Vec<String>,
+}
+
+impl Circle {
+    pub fn expected() -> Self {
+        Self { remaining: vec![] }
+    }
+}
+
+/// Kubernetes' `[Conformance]` garbage collector spec "should not be blocked by dependency
+/// circle": three Pods own each other in a circle (pod1 ← pod2 ← pod3 ← pod1), every
+/// reference with `blockOwnerDeletion`, and pod1 is deleted in the foreground.
+pub async fn circle(client: &Client, ns: &str) -> Circle {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = |name: &str, owners: Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"circle": "yes"}, "ownerReferences": owners},
+            "spec": {"containers": [{"name": "c", "image": manifests::IMAGE}]},
+        }))
+        .unwrap()
+    };
+    let create = |name: &'static str, owners: Value| {
+        let pods = pods.clone();
+        let pod = pod(name, owners);
+        async move {
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .unwrap()
+                .metadata
+                .uid
+                .unwrap()
+        }
+    };
+    let pod1 = create("pod1", json!([])).await;
+    let pod2 = create("pod2", json!([owner_ref("v1", "Pod", "pod1", &pod1, true)])).await;
+    let pod3 = create("pod3", json!([owner_ref("v1", "Pod", "pod2", &pod2, true)])).await;
+    let closing =
+        json!({"metadata": {"ownerReferences": [owner_ref("v1", "Pod", "pod3", &pod3, true)]}});
+    pods.patch("pod1", &PatchParams::default(), &Patch::Merge(&closing))
+        .await
+        .unwrap();
+    pods.delete("pod1", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    settles(COLLECTED_WITHIN, || {
+        let pods = pods.clone();
+        async move { names(&pods, "circle=yes").await.is_empty() }
+    })
+    .await;
+    Circle {
+        remaining: names(&pods, "circle=yes").await,
+    }
 }
