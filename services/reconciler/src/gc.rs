@@ -20,7 +20,7 @@ use std::{
 
 use serde_json::json;
 use switchyard_k8s::{
-    Api, Client,
+    Api, Client, ObjectMeta,
     k8s_openapi::api::core::v1::ObjectReference,
     kube::{
         self,
@@ -31,9 +31,10 @@ use switchyard_k8s::{
         discovery::{self, Scope},
     },
 };
-use switchyard_proto::watcher::v1::{GraphNode, OwnerReference};
+use switchyard_proto::watcher::v1::{GetGraphNodeResponse, GraphNode, OwnerReference};
 use switchyard_reconciler_core::gc::{
-    self as core, Decision, OwnerState, Propagation, existing_owner, invalid_namespace_note,
+    self as core, Decision, OwnerState, Propagation, Subject, existing_owner,
+    invalid_namespace_note,
 };
 use tracing::{debug, info};
 
@@ -44,6 +45,10 @@ pub const NAME: &str = "garbage-collector";
 
 const FOREGROUND: &str = "foregroundDeletion";
 const ORPHAN: &str = "orphan";
+
+/// Decisions one reconcile makes about an object that changes under its writes (each
+/// write's precondition failed) before it leaves the key to the queue's backoff.
+const DECISIONS: usize = 4;
 
 /// Owner UIDs confirmed absent, remembered: a UID is never reused, so one found absent stays
 /// absent, and the dependents of one deleted owner cost one read of it, not one each
@@ -94,52 +99,143 @@ impl Controller for GarbageCollector {
 
 impl GarbageCollector {
     async fn collect(&self, ctx: &Context, uid: &str) -> Result {
-        let view = ctx.cache.graph_node(uid).await?;
-        let Some(node) = view.node else {
+        let mut view = ctx.cache.graph_node(uid).await?;
+        let Some(mut node) = view.node.take() else {
             // Gone: its dependents were keyed when it went.
             return Ok(Action::Done);
         };
-        if node.deleting {
-            if node.orphan {
-                return self.orphan_dependents(ctx, &node, &view.dependents).await;
+        // The graph is a cache: it decides whether there is anything to do, and every
+        // action is decided again on the object as the apiserver has it now.
+        let mut live = false;
+        for _ in 0..DECISIONS {
+            if node.deleting {
+                if node.orphan {
+                    return self.orphan_dependents(ctx, &node, &view.dependents).await;
+                }
+                if node.foreground_deletion {
+                    return self.finish_foreground(ctx, &node, &view.dependents).await;
+                }
+                // Its deletion finishes without the collector.
+                return Ok(Action::Done);
             }
-            if node.foreground_deletion {
-                return self.finish_foreground(ctx, &node, &view.dependents).await;
-            }
-            // Its deletion finishes without the collector.
-            return Ok(Action::Done);
-        }
-        let mut states = Vec::with_capacity(node.owner_references.len());
-        for reference in &node.owner_references {
-            match self.classify(ctx, &node, reference, &view.owners).await? {
-                Some(state) => states.push((reference.uid.clone(), state)),
-                // An unresolvable reference: kube-controller-manager leaves the object alone.
+            // References that name an owner in another namespace, recorded as Events once
+            // the decision they are part of is final.
+            let mut invalid = Vec::new();
+            let decision = self.decide(ctx, &node, &view, &mut invalid).await?;
+            let Some(decision) = decision.filter(|d| *d != Decision::Keep) else {
+                invalid_namespace(ctx, &node, &invalid);
+                return Ok(Action::Done);
+            };
+            let current = if live {
+                let current = self.act(ctx, &node, decision).await?;
+                if current.is_none() {
+                    invalid_namespace(ctx, &node, &invalid);
+                }
+                current
+            } else {
+                live = true;
+                read_live(ctx, &node).await?
+            };
+            match current {
+                Some(current) => node = current,
                 None => return Ok(Action::Done),
             }
         }
-        match core::decide(&states, node.orphan, node.foreground_deletion) {
-            Decision::Keep => Ok(Action::Done),
-            Decision::DropReferences(uids) => {
-                info!(object = %describe(&node), owners = ?uids, "dropping references to dangling or waiting owners");
-                self.drop_references(ctx, &node, &uids).await?;
-                Ok(Action::Done)
+        Err(Error::Other(format!(
+            "{} changed under each of {DECISIONS} decisions; retrying",
+            describe(&node)
+        )))
+    }
+
+    /// The decision about `node`, not being deleted; `None` when a reference can never
+    /// resolve (kube-controller-manager leaves such an object alone). The references that
+    /// name an owner of another namespace are added to `invalid`.
+    async fn decide(
+        &self,
+        ctx: &Context,
+        node: &GraphNode,
+        view: &GetGraphNodeResponse,
+        invalid: &mut Vec<OwnerReference>,
+    ) -> Result<Option<Decision>> {
+        let mut states = Vec::with_capacity(node.owner_references.len());
+        for reference in &node.owner_references {
+            match self
+                .classify(ctx, node, reference, &view.owners, invalid)
+                .await?
+            {
+                Some(state) => states.push((reference.uid.clone(), state)),
+                None => return Ok(None),
             }
-            Decision::Delete(propagation) => {
-                info!(object = %describe(&node), ?propagation, "deleting: every owner is gone, or waits for it to go first");
-                delete(ctx, &node, propagation).await?;
-                Ok(Action::Done)
+        }
+        let subject = Subject {
+            orphan: node.orphan,
+            foreground: node.foreground_deletion,
+            has_dependents: !view.dependents.is_empty(),
+            dependent_deleting_dependents: view
+                .dependents
+                .iter()
+                .any(|d| d.deleting && d.foreground_deletion),
+        };
+        Ok(Some(core::decide(&states, subject)))
+    }
+
+    /// Carries out a decision made on the object as read live, with preconditions on its
+    /// UID and resourceVersion. `None` when it is done (or the object is gone); otherwise
+    /// the object changed meanwhile, as it is now, to decide again.
+    async fn act(
+        &self,
+        ctx: &Context,
+        node: &GraphNode,
+        decision: Decision,
+    ) -> Result<Option<GraphNode>> {
+        match decision {
+            Decision::Keep => Ok(None),
+            Decision::DropReferences(uids) => {
+                info!(object = %describe(node), owners = ?uids, "dropping references to dangling or waiting owners");
+                let remaining: Vec<&OwnerReference> = node
+                    .owner_references
+                    .iter()
+                    .filter(|r| !uids.contains(&r.uid))
+                    .collect();
+                changed_if_conflict(ctx, node, patch_references(ctx, node, &remaining).await).await
+            }
+            Decision::Delete {
+                propagation,
+                unblock,
+            } => {
+                let mut node = node.clone();
+                if unblock {
+                    info!(object = %describe(&node), "an owner and a dependent of it are both deleting in the foreground: its references stop blocking, so that a circle cannot wait on itself");
+                    let unblocked: Vec<OwnerReference> = node
+                        .owner_references
+                        .iter()
+                        .map(|r| OwnerReference {
+                            block_owner_deletion: false,
+                            ..r.clone()
+                        })
+                        .collect();
+                    let unblocked: Vec<&OwnerReference> = unblocked.iter().collect();
+                    match patch_references(ctx, &node, &unblocked).await {
+                        Ok(Some(meta)) => node = refreshed(&node, &meta),
+                        other => return changed_if_conflict(ctx, &node, other).await,
+                    }
+                }
+                info!(object = %describe(&node), ?propagation, "deleting: no owner is left, or one waits for it to go first");
+                delete(ctx, &node, propagation).await
             }
         }
     }
 
     /// The state of one owner reference; `None` when it can never resolve (a cluster-scoped
-    /// object naming a namespaced owner).
+    /// object naming a namespaced owner). A reference to an owner of another namespace is
+    /// added to `invalid`.
     async fn classify(
         &self,
         ctx: &Context,
         node: &GraphNode,
         reference: &OwnerReference,
         owners: &[GraphNode],
+        invalid: &mut Vec<OwnerReference>,
     ) -> Result<Option<OwnerState>> {
         if let Some(owner) = owners.iter().find(|o| o.uid == reference.uid) {
             if !owner.namespaced || owner.namespace == node.namespace {
@@ -152,7 +248,7 @@ impl GarbageCollector {
             // An owner of this UID lives in another namespace: the reference resolves only
             // in the object's own namespace.
             if !node.namespace.is_empty() {
-                invalid_namespace(ctx, node, reference);
+                invalid.push(reference.clone());
             }
         }
         if self.absent().contains(&reference.uid) {
@@ -163,7 +259,7 @@ impl GarbageCollector {
             .resolve(&ctx.client, &reference.api_version, &reference.kind)
             .await?;
         if namespaced && node.namespace.is_empty() {
-            invalid_namespace(ctx, node, reference);
+            invalid.push(reference.clone());
             return Ok(None);
         }
         let api: Api<DynamicObject> = if namespaced {
@@ -299,9 +395,18 @@ fn api_of(ctx: &Context, node: &GraphNode) -> Api<DynamicObject> {
     }
 }
 
-/// Deletes the object of this UID (a precondition: a newer object of the same name stays).
-async fn delete(ctx: &Context, node: &GraphNode, propagation: Propagation) -> Result<()> {
-    let params = DeleteParams {
+/// Deletes the object as read at `node.resource_version`, as kube-controller-manager does:
+/// with its UID and resourceVersion as preconditions. When it changed meanwhile but its
+/// references did not, the delete is made again with the UID alone, so that an object whose
+/// status changes often is still collected; when its references changed, it is returned to
+/// decide again.
+async fn delete(
+    ctx: &Context,
+    node: &GraphNode,
+    propagation: Propagation,
+) -> Result<Option<GraphNode>> {
+    let api = api_of(ctx, node);
+    let params = |resource_version: Option<String>| DeleteParams {
         propagation_policy: Some(match propagation {
             Propagation::Orphan => PropagationPolicy::Orphan,
             Propagation::Foreground => PropagationPolicy::Foreground,
@@ -309,16 +414,118 @@ async fn delete(ctx: &Context, node: &GraphNode, propagation: Propagation) -> Re
         }),
         preconditions: Some(Preconditions {
             uid: Some(node.uid.clone()),
-            resource_version: None,
+            resource_version,
         }),
         ..DeleteParams::default()
     };
-    gone_is_done(
-        api_of(ctx, node)
-            .delete(&node.name, &params)
-            .await
-            .map(drop),
-    )
+    let result = api
+        .delete(&node.name, &params(Some(node.resource_version.clone())))
+        .await
+        .map(drop);
+    let Some(current) = changed_if_conflict(ctx, node, settled(result)).await? else {
+        return Ok(None);
+    };
+    if current.owner_references == node.owner_references && !current.deleting {
+        debug!(object = %describe(node), "changed since read, its references did not: deleting by UID");
+        let result = api.delete(&node.name, &params(None)).await.map(drop);
+        return changed_if_conflict(ctx, node, settled(result)).await;
+    }
+    Ok(Some(current))
+}
+
+/// The object as the apiserver has it now, `None` when it is gone or replaced by another of
+/// the same name.
+async fn read_live(ctx: &Context, node: &GraphNode) -> Result<Option<GraphNode>> {
+    let live = api_of(ctx, node).get_metadata_opt(&node.name).await?;
+    Ok(live
+        .filter(|live| live.metadata.uid.as_deref() == Some(node.uid.as_str()))
+        .map(|live| refreshed(node, &live.metadata)))
+}
+
+/// A write's outcome: done (`Ok(None)`); or, when it met a conflict (the object changed
+/// since it was read), the object as it is now.
+async fn changed_if_conflict<T>(
+    ctx: &Context,
+    node: &GraphNode,
+    result: Result<Option<T>>,
+) -> Result<Option<GraphNode>> {
+    match result {
+        Ok(_) => Ok(None),
+        Err(error) if error.is_conflict() => {
+            debug!(object = %describe(node), %error, "changed since read; deciding again");
+            read_live(ctx, node).await
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// A write whose object is gone has nothing left to do.
+fn settled(result: kube::Result<()>) -> Result<Option<()>> {
+    match result {
+        Ok(()) => Ok(Some(())),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Sets the object's owner references, as read at `node.resource_version`; the object's
+/// metadata after the write, `None` when it is gone.
+async fn patch_references(
+    ctx: &Context,
+    node: &GraphNode,
+    references: &[&OwnerReference],
+) -> Result<Option<ObjectMeta>> {
+    let references: Vec<serde_json::Value> = references
+        .iter()
+        .map(|r| {
+            json!({
+                "apiVersion": r.api_version,
+                "kind": r.kind,
+                "name": r.name,
+                "uid": r.uid,
+                "controller": r.controller,
+                "blockOwnerDeletion": r.block_owner_deletion,
+            })
+        })
+        .collect();
+    let patch = json!({"metadata": {
+        "uid": node.uid,
+        "resourceVersion": node.resource_version,
+        "ownerReferences": references,
+    }});
+    match api_of(ctx, node)
+        .patch_metadata(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(object) => Ok(Some(object.metadata)),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// `node` as the object's metadata `meta` says it is now.
+fn refreshed(node: &GraphNode, meta: &ObjectMeta) -> GraphNode {
+    let finalizers = meta.finalizers.as_deref().unwrap_or_default();
+    GraphNode {
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        owner_references: meta
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|r| OwnerReference {
+                api_version: r.api_version.clone(),
+                kind: r.kind.clone(),
+                name: r.name.clone(),
+                uid: r.uid.clone(),
+                controller: r.controller.unwrap_or_default(),
+                block_owner_deletion: r.block_owner_deletion.unwrap_or_default(),
+            })
+            .collect(),
+        deleting: meta.deletion_timestamp.is_some(),
+        foreground_deletion: finalizers.iter().any(|f| f == FOREGROUND),
+        orphan: finalizers.iter().any(|f| f == ORPHAN),
+        ..node.clone()
+    }
 }
 
 /// Removes one finalizer from the object, read fresh, unless it changed meanwhile.
@@ -361,7 +568,12 @@ fn gone_is_done(result: kube::Result<()>) -> Result<()> {
     }
 }
 
-fn invalid_namespace(ctx: &Context, node: &GraphNode, reference: &OwnerReference) {
+/// Records kube-controller-manager's `OwnerRefInvalidNamespace` warning on `node` for each
+/// of these references.
+fn invalid_namespace(ctx: &Context, node: &GraphNode, references: &[OwnerReference]) {
+    if references.is_empty() {
+        return;
+    }
     let gvk = node.gvk.clone().unwrap_or_default();
     let api_version = if gvk.group.is_empty() {
         gvk.version.clone()
@@ -376,19 +588,21 @@ fn invalid_namespace(ctx: &Context, node: &GraphNode, reference: &OwnerReference
         uid: Some(node.uid.clone()),
         ..ObjectReference::default()
     };
-    ctx.events.publish_reference(
-        &regarding,
-        EventType::Warning,
-        "OwnerRefInvalidNamespace",
-        "GarbageCollect",
-        invalid_namespace_note(
-            &reference.api_version,
-            &reference.kind,
-            &node.namespace,
-            &reference.name,
-            &reference.uid,
-        ),
-    );
+    for reference in references {
+        ctx.events.publish_reference(
+            &regarding,
+            EventType::Warning,
+            "OwnerRefInvalidNamespace",
+            "GarbageCollect",
+            invalid_namespace_note(
+                &reference.api_version,
+                &reference.kind,
+                &node.namespace,
+                &reference.name,
+                &reference.uid,
+            ),
+        );
+    }
 }
 
 /// An owner reference's kind to its resource, from discovery, remembered: kinds rarely

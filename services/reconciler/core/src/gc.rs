@@ -8,8 +8,11 @@
 //!   ├─ otherwise                  ─► nothing (the deletion finishes by itself)
 //!  not deleting: classify each owner reference
 //!   ├─ some owner solid           ─► drop the dangling and waiting references, if any
-//!   ├─ some owner waiting         ─► delete it in the foreground (it blocks that owner)
-//!   └─ every owner dangling       ─► delete it (orphan / foreground / background, by its own
+//!   ├─ some owner waiting, and it ─► delete it in the foreground (it blocks that owner); first
+//!   │  has dependents                make its own references non-blocking if a dependent of it
+//!   │                                is deleting in the foreground too (a circle: each would
+//!   │                                wait for the other)
+//!   └─ otherwise                  ─► delete it (orphan / foreground / background, by its own
 //!                                    finalizers)
 //! ```
 //!
@@ -41,13 +44,30 @@ pub enum Decision {
     Keep,
     /// Remove the references to these owner UIDs: a solid owner keeps it.
     DropReferences(Vec<String>),
-    /// Delete it, with this propagation.
-    Delete(Propagation),
+    /// Delete it, with this propagation; with `unblock`, first set `blockOwnerDeletion` to
+    /// false on each of its references.
+    Delete {
+        propagation: Propagation,
+        unblock: bool,
+    },
+}
+
+/// What a decision needs to know of the object besides its references.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Subject {
+    /// It holds the `orphan` finalizer.
+    pub orphan: bool,
+    /// It holds the `foregroundDeletion` finalizer.
+    pub foreground: bool,
+    /// Some object references it as an owner.
+    pub has_dependents: bool,
+    /// One of its dependents is deleting its own dependents in the foreground.
+    pub dependent_deleting_dependents: bool,
 }
 
 /// Decides about an object that is not being deleted, from its references (owner UID and
-/// state) and its own finalizers.
-pub fn decide(references: &[(String, OwnerState)], orphan: bool, foreground: bool) -> Decision {
+/// state), as kube-controller-manager's `attemptToDeleteItem` does.
+pub fn decide(references: &[(String, OwnerState)], subject: Subject) -> Decision {
     if references.is_empty() {
         return Decision::Keep;
     }
@@ -64,16 +84,26 @@ pub fn decide(references: &[(String, OwnerState)], orphan: bool, foreground: boo
             Decision::DropReferences(drop)
         };
     }
-    if with(OwnerState::Waiting).next().is_some() {
-        return Decision::Delete(Propagation::Foreground);
+    if with(OwnerState::Waiting).next().is_some() && subject.has_dependents {
+        // An owner waits for it, and it will wait for its own dependents. If one of those
+        // is waiting too, the waits may close a circle back to this owner: its references
+        // stop blocking, so that the owner can go (kube-controller-manager's cycle check,
+        // with the same false positives).
+        return Decision::Delete {
+            propagation: Propagation::Foreground,
+            unblock: subject.dependent_deleting_dependents,
+        };
     }
-    Decision::Delete(if orphan {
-        Propagation::Orphan
-    } else if foreground {
-        Propagation::Foreground
-    } else {
-        Propagation::Background
-    })
+    Decision::Delete {
+        propagation: if subject.orphan {
+            Propagation::Orphan
+        } else if subject.foreground {
+            Propagation::Foreground
+        } else {
+            Propagation::Background
+        },
+        unblock: false,
+    }
 }
 
 /// The state of one reference to an owner that exists with the referenced UID.
@@ -116,11 +146,25 @@ mod tests {
             .collect()
     }
 
+    const PLAIN: Subject = Subject {
+        orphan: false,
+        foreground: false,
+        has_dependents: false,
+        dependent_deleting_dependents: false,
+    };
+
+    fn delete(propagation: Propagation) -> Decision {
+        Decision::Delete {
+            propagation,
+            unblock: false,
+        }
+    }
+
     #[test]
     fn an_object_without_owners_or_with_solid_owners_is_kept() {
-        assert_eq!(decide(&[], false, false), Decision::Keep);
+        assert_eq!(decide(&[], PLAIN), Decision::Keep);
         assert_eq!(
-            decide(&refs(&[OwnerState::Solid, OwnerState::Solid]), false, false),
+            decide(&refs(&[OwnerState::Solid, OwnerState::Solid]), PLAIN),
             Decision::Keep
         );
     }
@@ -130,39 +174,71 @@ mod tests {
         assert_eq!(
             decide(
                 &refs(&[OwnerState::Dangling, OwnerState::Solid, OwnerState::Waiting]),
-                false,
-                false
+                PLAIN
             ),
             Decision::DropReferences(vec!["u0".into(), "u2".into()])
         );
     }
 
     #[test]
-    fn a_waiting_owner_without_a_solid_one_deletes_in_the_foreground() {
+    fn a_waiting_owner_without_a_solid_one_deletes_an_owner_in_the_foreground() {
+        let owner = Subject {
+            has_dependents: true,
+            orphan: true,
+            ..PLAIN
+        };
         assert_eq!(
-            decide(
-                &refs(&[OwnerState::Dangling, OwnerState::Waiting]),
-                true,
-                false
-            ),
-            Decision::Delete(Propagation::Foreground)
+            decide(&refs(&[OwnerState::Dangling, OwnerState::Waiting]), owner),
+            delete(Propagation::Foreground)
+        );
+        // Without dependents there is nothing to wait for: its own finalizers decide.
+        assert_eq!(
+            decide(&refs(&[OwnerState::Waiting]), PLAIN),
+            delete(Propagation::Background)
+        );
+    }
+
+    #[test]
+    fn a_waiting_owner_and_a_dependent_deleting_its_dependents_unblock_first() {
+        // kube-controller-manager's "should not be blocked by dependency circle": pod3 owned
+        // by pod2 (deleting in the foreground), itself owning pod1 (deleting in the
+        // foreground, waiting for pod2).
+        let in_a_circle = Subject {
+            has_dependents: true,
+            dependent_deleting_dependents: true,
+            ..PLAIN
+        };
+        assert_eq!(
+            decide(&refs(&[OwnerState::Waiting]), in_a_circle),
+            Decision::Delete {
+                propagation: Propagation::Foreground,
+                unblock: true
+            }
+        );
+        // A solid owner keeps it whatever its dependents do.
+        assert_eq!(
+            decide(&refs(&[OwnerState::Solid]), in_a_circle),
+            Decision::Keep
         );
     }
 
     #[test]
     fn every_owner_dangling_deletes_by_the_objects_own_finalizers() {
         let dangling = refs(&[OwnerState::Dangling]);
+        assert_eq!(decide(&dangling, PLAIN), delete(Propagation::Background));
+        let orphan = Subject {
+            orphan: true,
+            ..PLAIN
+        };
+        assert_eq!(decide(&dangling, orphan), delete(Propagation::Orphan));
+        let foreground = Subject {
+            foreground: true,
+            has_dependents: true,
+            ..PLAIN
+        };
         assert_eq!(
-            decide(&dangling, false, false),
-            Decision::Delete(Propagation::Background)
-        );
-        assert_eq!(
-            decide(&dangling, true, false),
-            Decision::Delete(Propagation::Orphan)
-        );
-        assert_eq!(
-            decide(&dangling, false, true),
-            Decision::Delete(Propagation::Foreground)
+            decide(&dangling, foreground),
+            delete(Propagation::Foreground)
         );
     }
 

@@ -575,7 +575,7 @@ pub async fn stale_references<H>(
         })
     };
     let unowned = json!({"metadata": {"ownerReferences": null}});
-    for i in 0..STALE_PAIRS {
+    for (i, owner) in owners[..STALE_PAIRS].iter().enumerate() {
         cms.patch(
             &format!("dep-{i}"),
             &PatchParams::default(),
@@ -584,7 +584,7 @@ pub async fn stale_references<H>(
         .await
         .unwrap();
         templates
-            .delete(&owners[i], &DeleteParams::background())
+            .delete(owner, &DeleteParams::background())
             .await
             .unwrap();
     }

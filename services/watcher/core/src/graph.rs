@@ -256,13 +256,16 @@ impl Graph {
                 if new.deleting_dependents() && !old.is_some_and(Node::deleting_dependents) {
                     keys.extend(self.dependents(&new.uid).map(key));
                 }
-                // A reference dropped may have been the last thing its owner waited for.
+                // A reference dropped, or one that stopped blocking, may have been the last
+                // thing its owner waited for.
                 if let Some(old) = old {
-                    let dropped = old
-                        .owners
-                        .iter()
-                        .filter(|o| !new.owners.iter().any(|n| n.uid == o.uid));
-                    keys.extend(self.waiting_owners(dropped).map(key));
+                    let released = old.owners.iter().filter(|o| {
+                        match new.owners.iter().find(|n| n.uid == o.uid) {
+                            None => true,
+                            Some(n) => o.block_owner_deletion && !n.block_owner_deletion,
+                        }
+                    });
+                    keys.extend(self.waiting_owners(released).map(key));
                 }
             }
             (Some(old), None) => {
@@ -430,6 +433,24 @@ mod tests {
         let p2 = node(POD, "ns", "p2", &[]);
         let old = graph.apply(p2.clone());
         assert_eq!(keyed(&graph, old.as_ref(), Some(&p2)), ["rs1"]);
+    }
+
+    #[test]
+    fn a_reference_that_stops_blocking_keys_the_owner_waiting_for_it() {
+        let mut graph = Graph::default();
+        let mut rs = node(RS, "ns", "rs1", &[]);
+        rs.deleting = true;
+        rs.foreground = true;
+        graph.apply(rs);
+        graph.apply(node(POD, "ns", "p1", &[owner("rs1", true)]));
+        // The collector unblocks p1 (a circle through it): rs1 has nothing left to wait for.
+        let unblocked = node(POD, "ns", "p1", &[owner("rs1", false)]);
+        let old = graph.apply(unblocked.clone());
+        assert_eq!(keyed(&graph, old.as_ref(), Some(&unblocked)), ["rs1"]);
+        // Blocking again keys no owner: it was not waiting for anything new to go.
+        let blocking = node(POD, "ns", "p1", &[owner("rs1", true)]);
+        let old = graph.apply(blocking.clone());
+        assert_eq!(keyed(&graph, old.as_ref(), Some(&blocking)), ["p1"]);
     }
 
     #[test]
