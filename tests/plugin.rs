@@ -800,6 +800,19 @@ async fn console_in_a_browser(plugin: &Plugin, namespace: &str) {
     );
     let post = http.post(&url).send().await.unwrap();
     assert_eq!(post.status(), 405);
+    // A page whose DNS name was rebound to loopback is refused, as kubectl proxy refuses it.
+    let rebound = http
+        .get(&url)
+        .header("host", "rebound.example:80")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 403);
+    let refusal = rebound.text().await.unwrap();
+    assert!(
+        refusal.contains("host \"rebound.example:80\" is not accepted"),
+        "{refusal}"
+    );
 
     // Only on loopback: the console is served with the caller's identity.
     let exposed = plugin

@@ -3,6 +3,10 @@
 //! listens on a loopback address and forwards each GET to the elector with the identity of
 //! `--tls-cert`, as `kubectl proxy` does with the kubeconfig's. The elector decides what that
 //! identity sees (failing keys: the operator's only).
+//!
+//! Like `kubectl proxy` (its `--accept-hosts`), it answers only requests addressed to a
+//! loopback name: a web page that rebinds its own DNS name to 127.0.0.1 could otherwise read
+//! the console with this identity from the user's browser.
 
 use std::net::SocketAddr;
 
@@ -10,7 +14,7 @@ use axum::{
     Router,
     body::Body,
     extract::State,
-    http::{Method, Request, Response, StatusCode},
+    http::{Method, Request, Response, StatusCode, header},
 };
 use switchyard_runtime::{Role, error_chain};
 use tonic::transport::Channel;
@@ -62,8 +66,37 @@ fn identity(connections: &Connections) -> String {
     )
 }
 
+/// The host names the console answers to, as `kubectl proxy`'s default `--accept-hosts`.
+const ACCEPTED_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
+
+/// Whether a request's `Host` header names a loopback host (any port).
+fn accepted_host(host: &str) -> bool {
+    let name = match host.rsplit_once(':') {
+        // `[::1]:8001`, `localhost:8001`; a bare `[::1]` has its colons inside brackets.
+        Some((name, port)) if !port.contains(']') => name,
+        _ => host,
+    };
+    ACCEPTED_HOSTS
+        .iter()
+        .any(|accepted| name.eq_ignore_ascii_case(accepted))
+}
+
 /// One GET, forwarded; the elector's answer, or a 502 that names why there is none.
 async fn forward(State(upstream): State<Upstream>, request: Request<Body>) -> Response<Body> {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
+    if !accepted_host(host) {
+        return plain(
+            StatusCode::FORBIDDEN,
+            format!(
+                "host {host:?} is not accepted: the console answers requests to {} only",
+                ACCEPTED_HOSTS.join(", ")
+            ),
+        );
+    }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return plain(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -106,4 +139,34 @@ fn plain(status: StatusCode, text: String) -> Response<Body> {
     let mut response = Response::new(Body::from(text + "\n"));
     *response.status_mut() = status;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accepted_host;
+
+    #[test]
+    fn only_loopback_host_names_are_accepted_with_any_port() {
+        for host in [
+            "localhost",
+            "localhost:8001",
+            "LOCALHOST:1",
+            "127.0.0.1:41234",
+            "[::1]",
+            "[::1]:8001",
+        ] {
+            assert!(accepted_host(host), "{host}");
+        }
+        for host in [
+            "",
+            "evil.example",
+            "evil.example:8001",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example:80",
+            "[::2]:8001",
+            "0.0.0.0:8001",
+        ] {
+            assert!(!accepted_host(host), "{host}");
+        }
+    }
 }
