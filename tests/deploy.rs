@@ -58,6 +58,31 @@ async fn every_overlay_applies_cleanly_and_a_second_apply_changes_nothing() {
                 "{overlay}: a Certificate fills {secret}"
             );
         }
+        if overlay == "otel" {
+            // Traces leave over mutual TLS from every workload that has a certificate.
+            let workloads = manifests
+                .matches("mountPath: /var/run/switchyard/tls\n")
+                .count();
+            assert!(
+                workloads >= 4,
+                "otel: {workloads} workloads mount a certificate"
+            );
+            assert!(
+                manifests.contains("OTEL_EXPORTER_OTLP_ENDPOINT: https://"),
+                "otel: the collector is reached over TLS"
+            );
+            for variable in [
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            ] {
+                assert_eq!(
+                    manifests.matches(&format!("name: {variable}\n")).count(),
+                    workloads,
+                    "otel: every workload sets {variable}"
+                );
+            }
+        }
         let first = apply_cleanly(plane, &format!("{overlay}: first apply"), &manifests).await;
         assert!(first.contains("serverside-applied"), "{overlay}: {first}");
         assert!(

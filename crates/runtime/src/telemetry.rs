@@ -5,6 +5,11 @@
 //! (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, and
 //! `OTEL_TRACES_EXPORTER` not `none`); the SDK itself reads `OTEL_SERVICE_NAME`,
 //! `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`.
+//! An `https` endpoint is reached over TLS: the collector's certificate is checked against
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE` (a CA bundle, required), and
+//! `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` with `OTEL_EXPORTER_OTLP_CLIENT_KEY` are presented
+//! to a collector that asks for a client certificate (each also as `OTEL_EXPORTER_OTLP_TRACES_*`,
+//! which wins). The files are read once, at start.
 //!
 //! ```text
 //!  tracing spans ─► OpenTelemetry layer (only when exporting) ─► batch ─► OTLP/gRPC
@@ -32,7 +37,9 @@ use opentelemetry::{
     propagation::TextMapPropagator,
     trace::{TraceContextExt, TracerProvider as _},
 };
+use opentelemetry_otlp::WithTonicConfig;
 use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 use tracing::{Event, Subscriber, dispatcher::WeakDispatch};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{
@@ -190,9 +197,60 @@ fn otlp_enabled() -> bool {
         && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 }
 
+/// A standard OTLP variable: the traces-specific one first, then the general one.
+fn otlp_var(suffix: &str) -> Option<(String, String)> {
+    [
+        format!("OTEL_EXPORTER_OTLP_TRACES_{suffix}"),
+        format!("OTEL_EXPORTER_OTLP_{suffix}"),
+    ]
+    .into_iter()
+    .find_map(|name| {
+        std::env::var(&name)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (name, v.trim().to_owned()))
+    })
+}
+
+/// TLS for the exporter when the endpoint is `https`, from the standard variables; `None`
+/// for a plaintext endpoint.
+fn otlp_tls() -> Result<Option<ClientTlsConfig>> {
+    let Some((endpoint_var, endpoint)) = otlp_var("ENDPOINT") else {
+        return Ok(None);
+    };
+    if !endpoint.starts_with("https://") {
+        return Ok(None);
+    }
+    let read = |(name, path): (String, String)| {
+        std::fs::read(&path)
+            .map_err(|e| Error::Telemetry(format!("{name}: cannot read {path}: {e}")))
+    };
+    let ca = otlp_var("CERTIFICATE").ok_or_else(|| {
+        Error::Telemetry(format!(
+            "{endpoint_var} is https, and OTEL_EXPORTER_OTLP_CERTIFICATE does not name the CA              bundle that signs the collector's certificate"
+        ))
+    })?;
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+    match (otlp_var("CLIENT_CERTIFICATE"), otlp_var("CLIENT_KEY")) {
+        (Some(cert), Some(key)) => {
+            tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        (None, None) => {}
+        (Some((name, _)), None) | (None, Some((name, _))) => {
+            return Err(Error::Telemetry(format!(
+                "{name} is set without its pair: a client certificate needs                  OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY"
+            )));
+        }
+    }
+    Ok(Some(tls))
+}
+
 fn tracer_provider(service: &'static str) -> Result<SdkTracerProvider> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+    if let Some(tls) = otlp_tls()? {
+        exporter = exporter.with_tls_config(tls);
+    }
+    let exporter = exporter
         .build()
         .map_err(|e| Error::Telemetry(format!("invalid OTLP exporter settings: {e}")))?;
     let mut resource = Resource::builder().with_attributes([

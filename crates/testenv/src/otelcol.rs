@@ -17,6 +17,7 @@ use crate::{
     Binaries, Error, Result,
     ports::free_port,
     process::{ManagedProcess, start_on_free_ports, wait_healthy},
+    tls::{Files, Pki},
 };
 
 /// How long the collector gets to listen.
@@ -29,12 +30,28 @@ pub struct Collector {
     process: ManagedProcess,
     otlp: SocketAddr,
     output: PathBuf,
+    /// With TLS: the collector's certificate and the CA it checks clients against.
+    tls: Option<Files>,
     _dir: tempfile::TempDir,
 }
 
+/// The service account of the collector's serving certificate in a TLS [`Collector`].
+const COLLECTOR_ACCOUNT: &str = "otel-collector";
+
 impl Collector {
-    /// Starts the collector built by the harness.
+    /// Starts the collector built by the harness, receiving OTLP in plaintext.
     pub async fn start(binaries: &Binaries) -> Result<Self> {
+        Self::start_with(binaries, None).await
+    }
+
+    /// Starts the collector receiving OTLP over mutual TLS: its certificate is issued by
+    /// `pki`, and it accepts only clients with a certificate of `pki`'s CA.
+    pub async fn start_tls(binaries: &Binaries, pki: &Pki) -> Result<Self> {
+        let files = pki.issue_as(COLLECTOR_ACCOUNT, COLLECTOR_ACCOUNT)?;
+        Self::start_with(binaries, Some(files)).await
+    }
+
+    async fn start_with(binaries: &Binaries, tls: Option<Files>) -> Result<Self> {
         let program = binaries.path("otelcol-switchyard");
         let dir = tempfile::Builder::new()
             .prefix("switchyard-otelcol-")
@@ -43,7 +60,7 @@ impl Collector {
         let (process, otlp) = start_on_free_ports("otelcol", || async {
             let otlp: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
             let config = dir.path().join("config.yaml");
-            std::fs::write(&config, config_yaml(otlp, &output))?;
+            std::fs::write(&config, config_yaml(otlp, &output, tls.as_ref()))?;
             let mut process = ManagedProcess::spawn(
                 "otelcol",
                 &program,
@@ -62,13 +79,30 @@ impl Collector {
             process,
             otlp,
             output,
+            tls,
             _dir: dir,
         })
     }
 
-    /// The value for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    /// The value for `OTEL_EXPORTER_OTLP_ENDPOINT`: `https` when the collector wants TLS.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.otlp)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.otlp)
+    }
+
+    /// The variables a process exporting to this collector sets: the endpoint and, with
+    /// TLS, the CA to check the collector against and `client`'s certificate and key.
+    pub fn exporter_env(&self, client: &Files) -> Vec<(&'static str, String)> {
+        let mut env = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", self.endpoint())];
+        if let Some(tls) = &self.tls {
+            let path = |p: &Path| p.display().to_string();
+            env.extend([
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", path(&tls.ca)),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", path(&client.cert)),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", path(&client.key)),
+            ]);
+        }
+        env
     }
 
     /// The collector's own log.
@@ -100,14 +134,23 @@ fn parse_lines(text: &str) -> Result<Vec<ExportedSpan>> {
     Ok(spans)
 }
 
-fn config_yaml(otlp: SocketAddr, output: &Path) -> String {
+fn config_yaml(otlp: SocketAddr, output: &Path, tls: Option<&Files>) -> String {
+    // Mutual TLS: a client without a certificate of the CA is refused.
+    let tls = tls.map_or_else(String::new, |files| {
+        format!(
+            "\n        tls:\n          cert_file: {}\n          key_file: {}\n          client_ca_file: {}",
+            files.cert.display(),
+            files.key.display(),
+            files.ca.display()
+        )
+    });
     // The collector's own metrics would listen on :8888 by default; tests run several.
     format!(
         r#"receivers:
   otlp:
     protocols:
       grpc:
-        endpoint: {otlp}
+        endpoint: {otlp}{tls}
 exporters:
   file:
     path: {output}

@@ -32,8 +32,9 @@ use serde_json::json;
 use switchyard_k8s::{Api, Deployment, ListParams, Pod, PostParams, ReplicaSet, await_condition};
 use switchyard_reconciler::{deployment, replicaset};
 use switchyard_reconciler_core::deployment::{AVAILABLE, controller_of, get_condition};
+use switchyard_runtime::Role;
 use switchyard_testenv::{
-    Collector, ControlPlane, ExportedSpan, ServiceProcess, TestNamespace, exposition,
+    Collector, ControlPlane, ExportedSpan, Pki, ServiceProcess, TestNamespace, exposition,
 };
 
 use support::{DEPLOY, RS, SHARDS};
@@ -83,25 +84,28 @@ async fn metrics(process: &ServiceProcess) -> exposition::Exposition {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_writes() {
     let plane = ControlPlane::shared().expect("control plane");
-    let collector = Collector::start(plane.binaries()).await.unwrap();
+    // Exported over mutual TLS, as the otel overlay exports: each service presents its own
+    // certificate and checks the collector's.
+    let pki = Pki::shared();
+    let collector = Collector::start_tls(plane.binaries(), pki).await.unwrap();
     let client = plane.client().await.unwrap();
     let ns = TestNamespace::create(plane, &client, "otel").await.unwrap();
     let dir = services_dir();
-    let endpoint = collector.endpoint();
     let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
-    let otel = |service: &'static str| {
-        vec![
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+    let otel = |service: &'static str, role: Role| {
+        let mut env = collector.exporter_env(&pki.files(role));
+        env.extend([
             ("OTEL_TRACES_SAMPLER", "parentbased_always_on".to_owned()),
             ("OTEL_BSP_SCHEDULE_DELAY", EXPORT_DELAY_MS.to_owned()),
             (
                 "OTEL_RESOURCE_ATTRIBUTES",
                 format!("test.service={service}"),
             ),
-        ]
+        ]);
+        env
     };
 
-    let queue_env = otel("queue");
+    let queue_env = otel("queue", Role::Queue);
     let queue = start(
         &dir.join("switchyard-queue"),
         &[
@@ -115,7 +119,7 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
     config
         .write_all(support::deploy_config(ns.name()).as_bytes())
         .unwrap();
-    let watcher_env = otel("watcher");
+    let watcher_env = otel("watcher", Role::Watcher);
     let watcher = start(
         &dir.join("switchyard-watcher"),
         &[
@@ -126,7 +130,7 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
         &as_refs(&watcher_env),
     )
     .await;
-    let reconciler_env = otel("reconciler");
+    let reconciler_env = otel("reconciler", Role::Reconciler);
     // Every built-in controller.
     let reconciler = start(
         Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
