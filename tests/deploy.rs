@@ -563,17 +563,38 @@ fn the_installed_cert_manager_crds_are_the_chart_s() {
 
 /// Objects of these kinds from the base: identities and their permissions.
 fn rbac_only(manifests: &str) -> String {
-    const KINDS: [&str; 4] = [
+    const KINDS: [&str; 6] = [
         "kind: Namespace",
         "kind: ServiceAccount",
         "kind: ClusterRole",
         "kind: ClusterRoleBinding",
+        "kind: Role",
+        "kind: RoleBinding",
     ];
     manifests
         .split("\n---\n")
         .filter(|doc| doc.lines().any(|line| KINDS.contains(&line)))
         .collect::<Vec<_>>()
         .join("\n---\n")
+}
+
+/// `kubectl auth can-i <verb> <type/name> --as=<service's account> --namespace=<namespace>`.
+async fn can_i_in(
+    plane: &ControlPlane,
+    service: &str,
+    verb: &str,
+    object: &str,
+    namespace: &str,
+) -> bool {
+    let account = format!("--as=system:serviceaccount:{NAMESPACE}:switchyard-{service}");
+    let namespace = format!("--namespace={namespace}");
+    let args = ["auth", "can-i", verb, object, &account, &namespace];
+    let out = kubectl(plane, &args, None).await;
+    match out.stdout.trim() {
+        "yes" => true,
+        "no" => false,
+        other => panic!("kubectl auth can-i {args:?}: {other:?} {}", out.stderr),
+    }
 }
 
 async fn can_i(plane: &ControlPlane, service: &str, verb: &str, resource: &str) -> bool {
@@ -604,11 +625,32 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
     let rbac = rbac_only(&base);
     assert_eq!(
         rbac.matches("kind: ClusterRoleBinding").count(),
-        5,
-        "only the watcher and the reconciler are bound to roles (their own, the garbage \
-         collector's and the namespace controller's):\n{rbac}"
+        6,
+        "only the watcher (its own role, the garbage collector's graph) and the four built-in \
+         controllers' accounts are bound to cluster roles:\n{rbac}"
     );
     apply_cleanly(plane, "base RBAC", &rbac).await;
+    // The apiserver's RBAC authorizer reads roles through its own informers: wait until it
+    // has the last of them before asking what it allows.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let account = "--as=system:serviceaccount:switchyard:switchyard-namespace-controller";
+        let out = kubectl(
+            plane,
+            &["auth", "can-i", "create", "events.events.k8s.io", account],
+            None,
+        )
+        .await;
+        if out.stdout.trim() == "yes" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the base RBAC took effect: {}",
+            out.stdout
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 
     let allowed: &[(&str, &[&str], &[&str])] = &[
         (
@@ -617,26 +659,26 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["pods", "namespaces", "replicasets.apps", "deployments.apps"],
         ),
         (
-            "reconciler",
+            "replicaset-controller",
             &["list", "create", "delete", "patch"],
             &["pods"],
         ),
+        ("replicaset-controller", &["get"], &["replicasets.apps"]),
         (
-            "reconciler",
-            &[
-                "get", "list", "watch", "create", "update", "patch", "delete",
-            ],
-            &["replicasets.apps", "deployments.apps"],
+            "replicaset-controller",
+            &["update"],
+            &["replicasets.apps/status", "replicasets.apps/finalizers"],
         ),
         (
-            "reconciler",
-            &["update", "patch"],
-            &["replicasets.apps/status", "deployments.apps/status"],
+            "deployment-controller",
+            &["get", "create", "update", "patch", "delete"],
+            &["replicasets.apps"],
         ),
+        ("deployment-controller", &["get"], &["deployments.apps"]),
         (
-            "reconciler",
-            &["create", "patch"],
-            &["events.events.k8s.io"],
+            "deployment-controller",
+            &["update"],
+            &["deployments.apps/status", "deployments.apps/finalizers"],
         ),
         // The garbage collector's graph and its deletions, on any resource.
         (
@@ -645,23 +687,64 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["secrets", "configmaps", "nodes"],
         ),
         (
-            "reconciler",
+            "garbage-collector",
             &["get", "patch", "delete"],
             &["configmaps", "nodes"],
         ),
         // The namespace controller: the namespace being deleted, and everything in it.
-        ("reconciler", &["get"], &["namespaces"]),
+        ("namespace-controller", &["get"], &["namespaces"]),
         (
-            "reconciler",
+            "namespace-controller",
             &["update"],
             &["namespaces/status", "namespaces/finalize"],
         ),
         (
-            "reconciler",
+            "namespace-controller",
             &["list", "delete", "deletecollection"],
             &["pods", "secrets", "configmaps", "deployments.apps"],
         ),
     ];
+    let controllers = [
+        "replicaset-controller",
+        "deployment-controller",
+        "garbage-collector",
+        "namespace-controller",
+    ];
+    for controller in controllers {
+        assert!(
+            can_i(plane, controller, "create", "events.events.k8s.io").await
+                && can_i(plane, controller, "patch", "events.events.k8s.io").await,
+            "{controller} must be allowed to record events"
+        );
+        // The reconciler may act as each controller's account, and as nothing else.
+        let account = format!("serviceaccounts/switchyard-{controller}");
+        assert!(
+            can_i_in(plane, "reconciler", "impersonate", &account, NAMESPACE).await,
+            "the reconciler must be allowed to impersonate {account}"
+        );
+    }
+    for account in [
+        "serviceaccounts/switchyard-watcher",
+        "serviceaccounts/switchyard-queue",
+        "serviceaccounts/default",
+    ] {
+        assert!(
+            !can_i_in(plane, "reconciler", "impersonate", account, NAMESPACE).await,
+            "the reconciler must not impersonate {account}"
+        );
+    }
+    assert!(
+        !can_i_in(plane, "reconciler", "impersonate", "users/admin", "default").await
+            && !can_i_in(
+                plane,
+                "reconciler",
+                "impersonate",
+                "groups/system:masters",
+                "default"
+            )
+            .await,
+        "the reconciler impersonates no user or group"
+    );
     for (service, verbs, resources) in allowed {
         for verb in *verbs {
             for resource in *resources {
@@ -683,22 +766,51 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
         // The garbage collector's graph lists the metadata of everything; nothing is read
         // by name but what is watched.
         ("watcher", &["get"], &["secrets", "configmaps", "nodes"]),
-        // The reconcilers read through the watcher's cache: no watch of their own. The
-        // namespace controller lists and deletes anything, but updates no content, creates
-        // no namespace and changes no RBAC.
-        ("reconciler", &["watch", "update"], &["pods"]),
+        // The reconciler's own account writes nothing and reads nothing: its controllers'
+        // requests carry their own accounts.
         (
             "reconciler",
+            &["get", "list", "create", "patch", "delete"],
+            &[
+                "pods",
+                "secrets",
+                "replicasets.apps",
+                "deployments.apps",
+                "namespaces",
+            ],
+        ),
+        // One controller cannot write another's objects.
+        (
+            "replicaset-controller",
+            &["create", "delete"],
+            &["replicasets.apps", "deployments.apps", "configmaps"],
+        ),
+        (
+            "deployment-controller",
+            &["create", "delete", "patch"],
+            &["pods", "deployments.apps", "secrets"],
+        ),
+        (
+            "garbage-collector",
+            &["list", "watch", "create", "update"],
+            &["pods", "secrets", "configmaps"],
+        ),
+        // The controllers read through the watcher's cache: no watch of their own. The
+        // namespace controller lists and deletes anything, but updates no content, creates
+        // no namespace and changes no RBAC.
+        ("namespace-controller", &["watch", "update"], &["pods"]),
+        (
+            "namespace-controller",
             &["watch", "create", "update"],
             &["secrets", "configmaps"],
         ),
         (
-            "reconciler",
+            "namespace-controller",
             &["create"],
             &["events", "clusterroles.rbac.authorization.k8s.io"],
         ),
         (
-            "reconciler",
+            "namespace-controller",
             &["create", "update"],
             &["nodes", "namespaces"],
         ),
@@ -737,8 +849,8 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
         }
     }
 
-    // The queue and the elector do not even get a token mounted.
-    for service in ["queue", "elector"] {
+    // The queue, the elector and the controllers' accounts do not even get a token mounted.
+    for service in ["queue", "elector"].into_iter().chain(controllers) {
         let out = kubectl(
             plane,
             &[

@@ -115,6 +115,12 @@ pub struct ReconcilerArgs {
     /// Added to every reconcile, as if each called a slow external system (for benchmarks)
     #[arg(long, env = "SWITCHYARD_SIMULATED_LATENCY", default_value = "0s")]
     pub simulated_latency: humantime::Duration,
+    /// Make each built-in controller's apiserver requests as its own service account in
+    /// this namespace (impersonated: `switchyard-deployment-controller`, ...), as
+    /// kube-controller-manager's --use-service-account-credentials does; unset, every request
+    /// is the reconciler's own. Controllers of the SDK always use the reconciler's identity
+    #[arg(long, env = "SWITCHYARD_CONTROLLER_SERVICE_ACCOUNTS")]
+    pub controller_service_accounts: Option<String>,
 }
 
 /// The reconciler's flags, checked, and the controllers they select.
@@ -132,6 +138,9 @@ pub struct Config {
     pub kube_api_burst: u32,
     /// `--worker-id`, else the host name and process id.
     pub worker_id: String,
+    /// `--controller-service-accounts`: the namespace of the built-in controllers' service
+    /// accounts, when they act as their own.
+    pub controller_service_accounts: Option<String>,
 }
 
 impl ReconcilerArgs {
@@ -150,7 +159,15 @@ impl ReconcilerArgs {
             kube_api_burst,
             worker_id,
             simulated_latency,
+            controller_service_accounts,
         } = self;
+        if let Some(namespace) = controller_service_accounts {
+            check_namespace(namespace).map_err(|problem| {
+                Error::Args(format!(
+                    "--controller-service-accounts: {namespace:?} is not a namespace name: {problem}"
+                ))
+            })?;
+        }
         let route = Route::from_flags(queue_addr.as_deref(), elector_addr.as_deref())
             .map_err(|e| Error::Args(e.to_string()))?;
         if *shard_count == 0 {
@@ -196,8 +213,45 @@ impl ReconcilerArgs {
             kube_api_qps: *kube_api_qps,
             kube_api_burst: *kube_api_burst,
             worker_id: instance_id(worker_id.clone(), "reconciler", InstanceScope::Process),
+            controller_service_accounts: controller_service_accounts.clone(),
         })
     }
+}
+
+/// Why `name` is not a namespace name (an RFC 1123 label), if it is not.
+fn check_namespace(name: &str) -> std::result::Result<(), &'static str> {
+    if name.is_empty() || name.len() > 63 {
+        return Err("it must have 1 to 63 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err("it may hold only lowercase letters, digits and '-'");
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        return Err("it must start and end with a letter or digit");
+    }
+    Ok(())
+}
+
+/// The service account each built-in controller acts as under
+/// `--controller-service-accounts`; `deploy/kustomize/base/rbac.yaml` gives each only the
+/// verbs it needs.
+pub const BUILTIN_SERVICE_ACCOUNTS: &[(&str, &str)] = &[
+    (replicaset::NAME, "switchyard-replicaset-controller"),
+    (deployment::NAME, "switchyard-deployment-controller"),
+    (gc::NAME, "switchyard-garbage-collector"),
+    (namespace::NAME, "switchyard-namespace-controller"),
+];
+
+/// The user a built-in controller's requests impersonate, with service accounts in
+/// `namespace`; `None` for a controller that is not built in.
+pub fn controller_user(controller: &str, namespace: &str) -> Option<String> {
+    BUILTIN_SERVICE_ACCOUNTS
+        .iter()
+        .find(|(name, _)| *name == controller)
+        .map(|(_, account)| format!("system:serviceaccount:{namespace}:{account}"))
 }
 
 /// The names of the controllers built into the reconciler: what a queue serving this
@@ -244,6 +298,7 @@ impl Args {
             kube_api_qps,
             kube_api_burst,
             worker_id,
+            controller_service_accounts,
         } = reconciler.config(registry)?;
         let drain_timeout: Duration = runtime.drain_timeout.into();
 
@@ -256,15 +311,24 @@ impl Args {
         // kube-controller-manager's controllers does: one busy controller does not hold
         // back the others.
         let rate_limits = metrics::RateLimitMetrics::register(rt.metrics());
-        let limited_client = |name: &str| -> Result<kube::Client> {
+        // With --controller-service-accounts, a built-in controller's client (and its Events'
+        // client) impersonates the controller's own service account.
+        let limited_client = |name: &str, controller: &str| -> Result<kube::Client> {
             let limit = RateLimitLayer::new(kube_api_qps, kube_api_burst, rate_limits.client(name));
-            Ok(kube::client::ClientBuilder::try_from(config.clone())
+            let mut config = config.clone();
+            if let Some(user) = controller_service_accounts
+                .as_deref()
+                .and_then(|namespace| controller_user(controller, namespace))
+            {
+                config.auth_info.impersonate = Some(user);
+            }
+            Ok(kube::client::ClientBuilder::try_from(config)
                 .map_err(switchyard_runtime::KubeError::from)?
                 .with_layer(&limit)
                 .with_layer(&apiserver)
                 .build())
         };
-        let client = limited_client("default")?;
+        let client = limited_client("default", "")?;
         let gate = rt.readiness().gate("apiserver");
         rt.spawn("apiserver-check", {
             let client = client.clone();
@@ -327,9 +391,12 @@ impl Args {
             // a burst of them (one per Pod created) never holds back the controller's writes
             // to the objects it reconciles.
             let ctx = Context::of(
-                limited_client(&name)?,
+                limited_client(&name, &name)?,
                 cache.clone(),
-                Events::new(limited_client(&format!("{name}/events"))?, &worker_id),
+                Events::new(
+                    limited_client(&format!("{name}/events"), &name)?,
+                    &worker_id,
+                ),
             )
             .enqueueing_to(enqueuer.clone());
             contexts.insert(name, ctx);
@@ -346,6 +413,7 @@ impl Args {
             ?route,
             watcher = %watcher_addr,
             concurrency,
+            controller_service_accounts = controller_service_accounts.as_deref().unwrap_or("none: the reconciler's own identity"),
             "configured"
         );
         let worker = Worker::new(
@@ -398,6 +466,25 @@ mod tests {
     }
 
     #[test]
+    fn every_built_in_controller_has_a_service_account_of_its_own() {
+        let mut accounts: Vec<&str> = BUILTIN_SERVICE_ACCOUNTS.iter().map(|(_, a)| *a).collect();
+        accounts.sort_unstable();
+        accounts.dedup();
+        assert_eq!(accounts.len(), BUILTIN.len());
+        for name in BUILTIN {
+            let user = controller_user(name, "switchyard").unwrap();
+            assert!(
+                user.starts_with("system:serviceaccount:switchyard:switchyard-"),
+                "{user}"
+            );
+        }
+        assert_eq!(
+            controller_user("example.com/v1/Greeting", "switchyard"),
+            None
+        );
+    }
+
+    #[test]
     fn bad_flags_are_named() {
         let queue = "--queue-addr=127.0.0.1:2";
         for (flags, named) in [
@@ -409,6 +496,14 @@ mod tests {
             (&[queue, "--kube-api-qps=NaN"], "--kube-api-qps"),
             (&[queue, "--kube-api-burst=0"], "--kube-api-burst"),
             (&[queue, "--controllers=apps/v1/Nothing"], "--controllers"),
+            (
+                &[queue, "--controller-service-accounts=Switchyard"],
+                "--controller-service-accounts",
+            ),
+            (
+                &[queue, "--controller-service-accounts="],
+                "--controller-service-accounts",
+            ),
         ] {
             let message = config_error(flags, builtin_controllers());
             assert!(message.starts_with(named), "{flags:?}: {message}");

@@ -107,6 +107,11 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start(plane: &ControlPlane, namespaces: &[&str]) -> Self {
+        Self::start_with(plane, namespaces, &[]).await
+    }
+
+    /// As [`Stack::start`], the reconciler with these flags besides.
+    pub async fn start_with(plane: &ControlPlane, namespaces: &[&str], flags: &[&str]) -> Self {
         let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
         let config = format!(
             r#"
@@ -133,17 +138,21 @@ controllers:
             watcher,
             reconciler: None,
         };
-        stack.start_reconciler(plane).await;
+        stack.start_reconciler_with(plane, flags).await;
         stack
     }
 
     pub async fn start_reconciler(&mut self, plane: &ControlPlane) {
+        self.start_reconciler_with(plane, &[]).await;
+    }
+
+    async fn start_reconciler_with(&mut self, plane: &ControlPlane, flags: &[&str]) {
         let reconciler = support::reconciler(
             plane,
             switchyard_reconciler::builtin_controllers(),
             self.queue.grpc(),
             self.watcher.grpc(),
-            &[],
+            flags,
         )
         .await;
         reconciler.wait_ready(WITHIN).await;
