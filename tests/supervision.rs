@@ -203,6 +203,11 @@ async fn each_essential_task_is_restarted_or_fails_the_process() {
     let watcher = watcher_spec.start().await;
     fails(elector, "leader").await;
     let elector = elector_spec.start().await;
+    // The followers of etcd the elector's gRPC service answers from.
+    fails(elector, "shard-map-follower").await;
+    let elector = elector_spec.start().await;
+    fails(elector, "member-follower").await;
+    let elector = elector_spec.start().await;
     converges(&client, ns.name(), "after-all").await;
 
     for process in [reconciler, watcher, queue, elector] {

@@ -224,12 +224,15 @@ impl Args {
             member_probe,
             members_found_gone,
         };
-        let service = grpc::ElectorService::new(
-            shard_count,
-            shardmap::watch(etcd.clone(), shard_count, rt.drain()).0,
-            membership::watch_members(etcd.clone(), rt.drain()).0,
-        )
-        .with_etcd(etcd.clone());
+        // What the gRPC service answers from. Essential: a follower that panicked or stopped
+        // would leave its readers a map that never changes again, so the process fails
+        // (`/livez`) and is restarted instead.
+        let (shard_map, follow_shard_map) = shardmap::follow(etcd.clone(), shard_count, rt.drain());
+        rt.spawn_essential("shard-map-follower", |_| follow_shard_map);
+        let (members, follow_members) = membership::follow_members(etcd.clone(), rt.drain());
+        rt.spawn_essential("member-follower", |_| follow_members);
+        let service =
+            grpc::ElectorService::new(shard_count, shard_map, members).with_etcd(etcd.clone());
         let console = console::Console::new(console, service.clone(), rt.dialer());
         // Its state (the samples) lives in the console, so a panic loses nothing but a sample.
         rt.spawn_restarting("console-sampler", {

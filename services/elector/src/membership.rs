@@ -27,7 +27,8 @@ pub async fn members(client: &mut Client) -> Result<(Vec<Member>, i64), Membersh
     Ok((members, revision))
 }
 
-/// Publishes the member set now and after every change, until `drain`.
+/// Publishes the member set now and after every change, until `drain`, from a task of its
+/// own (see [`follow_members`]).
 pub fn watch_members(
     etcd: Etcd,
     drain: Drain,
@@ -35,9 +36,22 @@ pub fn watch_members(
     watch::Receiver<Option<Vec<Member>>>,
     tokio::task::JoinHandle<()>,
 ) {
+    let (rx, follow) = follow_members(etcd, drain);
+    (rx, tokio::spawn(follow))
+}
+
+/// The member set, published now and after every change by the returned future until
+/// `drain`; the caller runs it (a service, as a supervised task).
+pub fn follow_members(
+    etcd: Etcd,
+    drain: Drain,
+) -> (
+    watch::Receiver<Option<Vec<Member>>>,
+    impl Future<Output = ()> + Send + 'static,
+) {
     let (mut entries, mirror) = crate::mirror::mirror(etcd, MEMBERS_PREFIX, drain);
     let (tx, rx) = watch::channel(None);
-    let task = tokio::spawn(async move {
+    let task = async move {
         let _mirror = tokio_util::task::AbortOnDropHandle::new(mirror);
         loop {
             let set = entries.borrow_and_update().as_ref().map(|entries| {
@@ -58,6 +72,6 @@ pub fn watch_members(
                 return;
             }
         }
-    });
+    };
     (rx, task)
 }

@@ -136,8 +136,8 @@ fn guarded(current: &[ShardState], revision: i64, transition: &Transition) -> Tx
     )]))
 }
 
-/// Publishes the shard map (`shard_count` entries) now and after every change, until `drain`.
-/// A malformed entry is logged and read as unassigned, so one bad key cannot stop the map.
+/// Publishes the shard map (`shard_count` entries) now and after every change, until `drain`,
+/// from a task of its own (see [`follow`]).
 pub fn watch(
     etcd: switchyard_shards::Etcd,
     shard_count: u32,
@@ -146,9 +146,24 @@ pub fn watch(
     tokio::sync::watch::Receiver<Option<Vec<ShardState>>>,
     tokio::task::JoinHandle<()>,
 ) {
+    let (rx, follow) = follow(etcd, shard_count, drain);
+    (rx, tokio::spawn(follow))
+}
+
+/// The shard map (`shard_count` entries), published now and after every change by the
+/// returned future until `drain`; the caller runs it (a service, as a supervised task). A
+/// malformed entry is logged and read as unassigned, so one bad key cannot stop the map.
+pub fn follow(
+    etcd: switchyard_shards::Etcd,
+    shard_count: u32,
+    drain: switchyard_runtime::Drain,
+) -> (
+    tokio::sync::watch::Receiver<Option<Vec<ShardState>>>,
+    impl Future<Output = ()> + Send + 'static,
+) {
     let (mut entries, mirror) = crate::mirror::mirror(etcd, SHARDS_PREFIX, drain);
     let (tx, rx) = tokio::sync::watch::channel(None);
-    let task = tokio::spawn(async move {
+    let task = async move {
         let _mirror = tokio_util::task::AbortOnDropHandle::new(mirror);
         loop {
             let map = entries.borrow_and_update().as_ref().map(|entries| {
@@ -173,6 +188,6 @@ pub fn watch(
                 return;
             }
         }
-    });
+    };
     (rx, task)
 }
