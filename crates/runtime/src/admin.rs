@@ -1,4 +1,5 @@
-//! The admin HTTP port: `/livez`, `/readyz` and `/metrics`.
+//! The admin HTTP port: `/livez`, `/readyz` and `/metrics`, and nothing else (a debug build
+//! started with `--debug-fault-injection` adds `POST /debug/panic/<task>` for tests).
 //!
 //! Readiness is a set of named gates. The runtime holds a `startup` gate until `run()` is
 //! called, the gRPC server holds one until it is bound, and services add their own (initial
@@ -10,13 +11,7 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use axum::{
-    Router,
-    extract::{Path, State},
-    http::StatusCode,
-    response::IntoResponse,
-    routing::{get, post},
-};
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 use tokio::net::TcpListener;
 use tracing::warn;
 
@@ -95,9 +90,10 @@ async fn livez(State(state): State<AdminState>) -> impl IntoResponse {
     }
 }
 
+#[cfg(debug_assertions)]
 async fn inject_panic(
     State(state): State<AdminState>,
-    Path(task): Path<String>,
+    axum::extract::Path(task): axum::extract::Path<String>,
 ) -> impl IntoResponse {
     match state.supervisor.faults() {
         Some(faults) if faults.inject(&task) => (StatusCode::OK, format!("panicking {task}\n")),
@@ -114,13 +110,16 @@ pub(crate) async fn serve(
     metrics: Metrics,
     supervisor: Supervisor,
 ) {
-    let mut app = Router::new()
+    let app = Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text));
-    if supervisor.faults().is_some() {
-        app = app.route("/debug/panic/{task}", post(inject_panic));
-    }
+    // Probes and metrics only; fault injection exists in debug builds alone.
+    #[cfg(debug_assertions)]
+    let app = match supervisor.faults() {
+        Some(_) => app.route("/debug/panic/{task}", axum::routing::post(inject_panic)),
+        None => app,
+    };
     let app = app.with_state(AdminState {
         readiness,
         metrics,

@@ -22,8 +22,9 @@ pub struct AdminArgs {
     #[arg(long, env = "SWITCHYARD_ADMIN_ADDR", default_value = "0.0.0.0:9990")]
     pub admin_addr: SocketAddr,
     /// Serve POST /debug/panic/<task> on the admin port, which panics the named task (for
-    /// tests of supervision; never in production)
-    #[arg(long, env = "SWITCHYARD_DEBUG_FAULT_INJECTION")]
+    /// tests of supervision). Compiled into debug builds only: a release build refuses it.
+    /// No environment variable: nothing in a Pod's environment can turn it on
+    #[arg(long, hide = !cfg!(debug_assertions))]
     pub debug_fault_injection: bool,
 }
 
@@ -48,4 +49,36 @@ pub struct LogArgs {
 pub enum LogFormat {
     Plain,
     Json,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        admin: AdminArgs,
+    }
+
+    #[test]
+    fn fault_injection_is_a_flag_only_never_read_from_the_environment() {
+        let command = Flags::command();
+        let flag = command
+            .get_arguments()
+            .find(|a| a.get_id() == "debug_fault_injection")
+            .unwrap();
+        assert_eq!(flag.get_env(), None);
+        // Every other admin flag keeps its variable.
+        let admin = command
+            .get_arguments()
+            .find(|a| a.get_id() == "admin_addr")
+            .unwrap();
+        assert_eq!(
+            admin.get_env().and_then(|e| e.to_str()),
+            Some("SWITCHYARD_ADMIN_ADDR")
+        );
+    }
 }

@@ -74,6 +74,11 @@ pub enum Error {
     TaskFailed(String),
     #[error("failed to install the signal handler: {0}")]
     Signal(std::io::Error),
+    #[error(
+        "--debug-fault-injection: this is a release build; fault injection is compiled only \
+         into debug builds, for tests"
+    )]
+    FaultInjectionNotBuilt,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -164,6 +169,9 @@ impl Runtime {
             "Supervised tasks running, by name",
             shutdown.tasks().gauge(),
         );
+        if admin.debug_fault_injection && !cfg!(debug_assertions) {
+            return Err(Error::FaultInjectionNotBuilt);
+        }
         let supervisor =
             supervise::Supervisor::new(shutdown.handle(), &metrics, admin.debug_fault_injection);
         if admin.debug_fault_injection {

@@ -14,8 +14,8 @@
 //!        the process exits non-zero, so the kubelet restarts it
 //! ```
 //!
-//! With `--debug-fault-injection`, `POST /debug/panic/<task>` on the admin port makes every
-//! running task of that name panic, for the tests that prove the above.
+//! With `--debug-fault-injection` (debug builds only), `POST /debug/panic/<task>` on the admin
+//! port makes every running task of that name panic, for the tests that prove the above.
 
 use std::{
     collections::HashMap,
@@ -66,6 +66,7 @@ impl Faults {
     }
 
     /// Makes every running task named `task` panic; false when there is none by that name.
+    #[cfg(debug_assertions)]
     pub(crate) fn inject(&self, task: &str) -> bool {
         let faults = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match faults.get(task) {
@@ -94,10 +95,12 @@ impl Supervisor {
             failed: Arc::default(),
             shutdown,
             restarts,
-            faults: fault_injection.then(Faults::default),
+            // Never in a release build, whatever the caller asked.
+            faults: (cfg!(debug_assertions) && fault_injection).then(Faults::default),
         }
     }
 
+    #[cfg(debug_assertions)]
     pub(crate) fn faults(&self) -> Option<&Faults> {
         self.faults.as_ref()
     }
