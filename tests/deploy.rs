@@ -868,3 +868,42 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
         assert_eq!(out.stdout, "false", "{service}: {}", out.stderr);
     }
 }
+
+/// The patch docs/deploy.md gives to admit scrapes from another namespace.
+const MONITORING_NAMESPACE_PATCH: &str = r#"  - target: {kind: NetworkPolicy, name: switchyard-admin}
+    patch: |-
+      - op: replace
+        path: /spec/ingress/0/from/0/namespaceSelector/matchLabels/kubernetes.io~1metadata.name
+        value: observability
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_admits_scrapes_from_the_monitoring_namespace_only() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let admin_policy = |manifests: &str| -> String {
+        manifests
+            .split("\n---\n")
+            .find(|doc| {
+                doc.contains("kind: NetworkPolicy") && doc.contains("name: switchyard-admin")
+            })
+            .unwrap()
+            .to_owned()
+    };
+    let base = admin_policy(&kustomize_build(plane, &base_dir()).await);
+    assert!(
+        base.contains("kubernetes.io/metadata.name: monitoring") && base.contains("port: admin"),
+        "{base}"
+    );
+    assert_eq!(
+        base.matches("- from:").count(),
+        1,
+        "one source only: {base}"
+    );
+    let patched =
+        admin_policy(&build_for_loopback(plane, "dev", 443, MONITORING_NAMESPACE_PATCH).await);
+    assert!(
+        patched.contains("kubernetes.io/metadata.name: observability")
+            && !patched.contains("metadata.name: monitoring"),
+        "{patched}"
+    );
+}
