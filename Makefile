@@ -9,11 +9,11 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help deps run test soak lint testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity
+.PHONY: help deps run test soak lint deny testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity
 
 help:
 	@echo "make run           start a local control plane and every service against it"
-	@echo "make test          lint (fmt, clippy) and every test, against the real control plane"
+	@echo "make test          lint (fmt, clippy, cargo deny) and every test, against the real control plane"
 	@echo "make soak          23 minutes of rollouts under faults, then 5 under kube-controller-manager (needs root)"
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
@@ -34,7 +34,19 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
-test: lint testenv
+# The dependency graph against deny.toml: licenses, banned crates, sources; and the RustSec
+# advisories wherever their database (a git repository on GitHub) can be fetched.
+ADVISORY_DB := https://github.com/RustSec/advisory-db
+deny:
+	@command -v cargo-deny >/dev/null || { echo "cargo-deny is missing: scripts/install-deps.sh installs it" >&2; exit 1; }
+	$(CARGO) deny --locked --log-level error check licenses bans sources
+	@if timeout 15 git ls-remote --exit-code $(ADVISORY_DB) HEAD >/dev/null 2>&1; then \
+		$(CARGO) deny --locked --log-level error check advisories; \
+	else \
+		echo "cargo deny: advisories not checked: $(ADVISORY_DB) cannot be reached from this machine"; \
+	fi
+
+test: lint deny testenv
 	@# The integration tests run the workspace's binaries (services, tools, examples); cargo test
 	@# builds a binary beside the tests only for its own package's tests, so build them all first.
 	$(CARGO) build --locked --workspace --bins

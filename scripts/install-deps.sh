@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# Installs the distribution packages the tests need besides Rust and Go (the control plane is
-# built from Go modules by scripts/testenv.sh): only what is missing, with apt-get, as root or
-# through sudo. `.ci/run` calls it before `make test`; on a machine of your own, run it once.
+# Installs what the tests need besides Rust and Go (the control plane is built from Go modules
+# by scripts/testenv.sh): cargo-deny from crates.io, and the distribution packages below, only
+# what is missing, with apt-get, as root or through sudo. `.ci/run` calls it before
+# `make test`; on a machine of your own, run it once.
 #
 #   prometheus       Debian's prometheus package: `prometheus` and `promtool`, for the alerts'
 #                    unit tests and the Prometheus that tests/monitoring.rs starts
 #   chromium         a headless browser, and `chromedriver` (chromium-driver) to drive it over
 #   chromium-driver  WebDriver: tests/plugin.rs loads the elector's console in it
 set -euo pipefail
+
+# cargo-deny (`make deny`, part of `make test`), from crates.io, at a pinned version.
+CARGO_DENY_VERSION=0.19.0
+if ! cargo deny --version 2>/dev/null | grep -qx "cargo-deny $CARGO_DENY_VERSION"; then
+  echo "install-deps: installing cargo-deny $CARGO_DENY_VERSION (cargo install, a few minutes)" >&2
+  cargo install --locked --quiet cargo-deny --version "$CARGO_DENY_VERSION"
+fi
 
 # <command> <package>: the command that must be on PATH, and the package that brings it.
 NEEDED=(

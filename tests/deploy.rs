@@ -274,13 +274,13 @@ async fn the_switchyard_certs_component_applies_on_an_overlay_and_the_apiserver_
 /// service's pods, named after the service (the job label); the dashboard for Grafana's
 /// sidecar; and the six alerts.
 fn assert_monitoring_objects(manifests: &str) {
-    let objects: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(manifests)
+    let objects: Vec<serde_norway::Value> = serde_norway::Deserializer::from_str(manifests)
         .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
         .collect();
-    let of_kind = |kind: &str| -> Vec<&serde_yaml::Value> {
+    let of_kind = |kind: &str| -> Vec<&serde_norway::Value> {
         objects.iter().filter(|o| o["kind"] == kind).collect()
     };
-    let labels_match = |selector: &serde_yaml::Value, labels: &serde_yaml::Value| {
+    let labels_match = |selector: &serde_norway::Value, labels: &serde_norway::Value| {
         selector
             .as_mapping()
             .unwrap()
@@ -461,8 +461,8 @@ fn every_service_mounts_its_certificate_and_its_flags_parse() {
         .output()
         .unwrap();
     assert!(built.status.success());
-    let objects: Vec<serde_yaml::Value> =
-        serde_yaml::Deserializer::from_str(&String::from_utf8(built.stdout).unwrap())
+    let objects: Vec<serde_norway::Value> =
+        serde_norway::Deserializer::from_str(&String::from_utf8(built.stdout).unwrap())
             .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
             .collect();
     let mut services = Vec::new();
@@ -532,7 +532,7 @@ fn parse(service: &str, args: &[String]) -> Result<(), clap::Error> {
 #[test]
 fn the_installed_cert_manager_crds_are_the_chart_s() {
     let binaries = Binaries::locate().expect("control plane binaries");
-    let installed: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(
+    let installed: Vec<serde_norway::Value> = serde_norway::Deserializer::from_str(
         &std::fs::read_to_string(binaries.cert_manager_crds()).unwrap(),
     )
     .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
@@ -550,7 +550,7 @@ fn the_installed_cert_manager_crds_are_the_chart_s() {
             .filter(|line| !line.contains("{{"))
             .map(|line| format!("{line}\n"))
             .collect();
-        let chart: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        let chart: serde_norway::Value = serde_norway::from_str(&text).unwrap();
         assert_eq!(chart["metadata"]["name"].as_str(), Some(name));
         assert_eq!(
             crd["spec"],

@@ -74,8 +74,8 @@ fn component() -> PathBuf {
 }
 
 /// The alerts of alerts.yaml, each with its rule.
-fn alerts() -> Vec<(String, serde_yaml::Value)> {
-    let rule: serde_yaml::Value = serde_yaml::from_str(ALERTS).unwrap();
+fn alerts() -> Vec<(String, serde_norway::Value)> {
+    let rule: serde_norway::Value = serde_norway::from_str(ALERTS).unwrap();
     rule["spec"]["groups"]
         .as_sequence()
         .unwrap()
@@ -134,8 +134,8 @@ fn every_alert_passes_promtool_and_is_tested_firing_and_not() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let tests: serde_yaml::Value = serde_yaml::from_str(ALERT_TESTS).unwrap();
-    let cases: Vec<&serde_yaml::Value> = tests["tests"]
+    let tests: serde_norway::Value = serde_norway::from_str(ALERT_TESTS).unwrap();
+    let cases: Vec<&serde_norway::Value> = tests["tests"]
         .as_sequence()
         .unwrap()
         .iter()

@@ -661,8 +661,8 @@ async fn status_reads_the_installation_through_the_kubeconfig_context() {
     .unwrap();
 
     // A kubeconfig whose current context is elsewhere; the test's context beside it.
-    let original: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(plane.kubeconfig()).unwrap()).unwrap();
+    let original: serde_norway::Value =
+        serde_norway::from_str(&std::fs::read_to_string(plane.kubeconfig()).unwrap()).unwrap();
     let context = original["current-context"].as_str().unwrap().to_owned();
     let nowhere = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -685,7 +685,7 @@ async fn status_reads_the_installation_through_the_kubeconfig_context() {
         .push(elsewhere_context);
     edited["current-context"] = "elsewhere".into();
     let kubeconfig = plane.dir().join(format!("kubeconfig-{}", ns.name()));
-    std::fs::write(&kubeconfig, serde_yaml::to_string(&edited).unwrap()).unwrap();
+    std::fs::write(&kubeconfig, serde_norway::to_string(&edited).unwrap()).unwrap();
 
     let status = |context: Option<String>| {
         let mut command = tokio::process::Command::new(service_binary("kubectl-switchyard"));

@@ -11,7 +11,7 @@ use std::{
 };
 
 use base64::Engine;
-use serde_yaml::Value;
+use serde_norway::Value;
 use switchyard_certs::{identities, spiffe_id};
 use x509_parser::{
     certificate::X509Certificate, extensions::GeneralName, pem::parse_x509_pem, prelude::FromDer,
@@ -111,7 +111,7 @@ fn it_writes_a_ca_a_certificate_per_identity_and_a_component_that_makes_them_sec
     check_identities(&out, &out.join("ca.crt"), "cluster.local", "switchyard");
 
     let component: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(out.join("kustomization.yaml")).unwrap())
+        serde_norway::from_str(&std::fs::read_to_string(out.join("kustomization.yaml")).unwrap())
             .unwrap();
     assert_eq!(component["kind"], "Component");
     let generators = component["secretGenerator"].as_sequence().unwrap();
@@ -138,7 +138,7 @@ fn it_writes_a_ca_a_certificate_per_identity_and_a_component_that_makes_them_sec
         );
     }
 
-    let patch: Value = serde_yaml::from_str(
+    let patch: Value = serde_norway::from_str(
         &std::fs::read_to_string(out.join("apiservice-cabundle.yaml")).unwrap(),
     )
     .unwrap();
@@ -278,7 +278,7 @@ fn the_cert_manager_component_names_what_switchyard_certs_issues() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../deploy/kustomize/components/cert-manager/certificates.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
-    let certificates: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+    let certificates: Vec<Value> = serde_norway::Deserializer::from_str(&text)
         .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
         .collect();
     assert_eq!(certificates.len(), identities::ALL.len());

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_yaml::Value;
+use serde_norway::Value;
 use switchyard_testenv::Binaries;
 
 /// How long a one-member etcd gets to answer its first request.
@@ -42,7 +42,7 @@ fn free_port() -> u16 {
 }
 
 fn docs(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
+    serde_norway::Deserializer::from_str(yaml)
         .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
         .collect()
 }

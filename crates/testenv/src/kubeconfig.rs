@@ -31,7 +31,7 @@ pub(crate) fn write(path: &Path, server: &str, pki: &Pki) -> Result<()> {
         }],
         "current-context": "switchyard-testenv",
     });
-    let yaml = serde_yaml::to_string(&config)
+    let yaml = serde_norway::to_string(&config)
         .map_err(|e| crate::Error::Setup(format!("failed to encode kubeconfig: {e}")))?;
     std::fs::write(path, yaml)?;
     Ok(())

@@ -219,7 +219,7 @@ mod tests {
             ],
             &[Path::new("/tmp/rules.yaml")],
         );
-        let config: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+        let config: serde_norway::Value = serde_norway::from_str(&yaml).unwrap();
         assert_eq!(config["global"]["scrape_interval"], "1s");
         assert_eq!(config["rule_files"][0], "/tmp/rules.yaml");
         let jobs = config["scrape_configs"].as_sequence().unwrap();
@@ -227,7 +227,7 @@ mod tests {
         assert_eq!(jobs[1]["job_name"], "switchyard-queue");
         assert_eq!(
             jobs[1]["static_configs"][0]["targets"],
-            serde_yaml::to_value(["127.0.0.1:1000", "127.0.0.1:2000"]).unwrap()
+            serde_norway::to_value(["127.0.0.1:1000", "127.0.0.1:2000"]).unwrap()
         );
     }
 

@@ -17,11 +17,11 @@ fn the_checked_in_crd_is_the_generated_one() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/crd.yaml");
     let generated = Greeting::crd();
     if std::env::var_os("SWITCHYARD_WRITE_CRD").is_some() {
-        let yaml = serde_yaml::to_string(&generated).unwrap();
+        let yaml = serde_norway::to_string(&generated).unwrap();
         std::fs::write(path, format!("{HEADER}{yaml}")).unwrap();
     }
     let checked_in: CustomResourceDefinition =
-        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert!(
         checked_in == generated,
         "crd.yaml differs from the CRD the Greeting type generates; write it again with \

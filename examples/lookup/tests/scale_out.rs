@@ -260,7 +260,7 @@ struct Hpa {
 impl Hpa {
     fn shipped() -> Self {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/hpa.yaml");
-        let hpa: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let hpa: Value = serde_norway::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let spec = &hpa["spec"];
         let metric = &spec["metrics"][0]["external"];
         assert_eq!(

@@ -39,7 +39,7 @@ fn base_roles() -> Vec<(String, Value)> {
     let accounts: Vec<&str> = BUILTIN_SERVICE_ACCOUNTS.iter().map(|(_, a)| *a).collect();
     let roles: Vec<(String, Value)> = text
         .split("\n---\n")
-        .map(|doc| serde_yaml::from_str::<Value>(doc).unwrap())
+        .map(|doc| serde_norway::from_str::<Value>(doc).unwrap())
         .filter(|doc| doc["kind"] == "ClusterRole")
         .filter_map(|doc| {
             let name = doc["metadata"]["name"].as_str()?.to_owned();

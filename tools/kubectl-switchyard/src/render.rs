@@ -155,7 +155,7 @@ pub fn render<T: Serialize>(
                 s
             })
             .map_err(|e| Error::Output(e.to_string())),
-        Output::Yaml => serde_yaml::to_string(value).map_err(|e| Error::Output(e.to_string())),
+        Output::Yaml => serde_norway::to_string(value).map_err(|e| Error::Output(e.to_string())),
     }
 }
 

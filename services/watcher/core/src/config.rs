@@ -59,7 +59,7 @@ const DEFAULT_SHARD_COUNT: u32 = 256;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("the configuration is not valid YAML for this schema: {0}")]
-    Parse(#[from] serde_yaml::Error),
+    Parse(#[from] serde_norway::Error),
     #[error("{field}: {problem}")]
     Invalid { field: String, problem: String },
 }
@@ -352,7 +352,7 @@ pub struct Config {
 impl Config {
     /// Parses and validates a YAML document.
     pub fn from_yaml(text: &str) -> Result<Self> {
-        let raw: RawConfig = serde_yaml::from_str(text)?;
+        let raw: RawConfig = serde_norway::from_str(text)?;
         Self::validate(raw)
     }
 

@@ -143,7 +143,7 @@ pub struct Own {
 
 /// The controllers the built-in watcher configuration keys: what the queues serve by default.
 fn builtin_controllers() -> anyhow::Result<Vec<String>> {
-    let config: serde_json::Value = serde_yaml::from_str(WATCHER_CONFIG)?;
+    let config: serde_json::Value = serde_norway::from_str(WATCHER_CONFIG)?;
     let mut names: Vec<String> = config["controllers"]
         .as_array()
         .into_iter()
@@ -166,7 +166,7 @@ async fn install_crds(client: &Client, paths: &[PathBuf]) -> anyhow::Result<()> 
     for path in paths {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("--crd: reading {}", path.display()))?;
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).with_context(|| {
+        let crd: CustomResourceDefinition = serde_norway::from_str(&text).with_context(|| {
             format!(
                 "--crd: {} is not a CustomResourceDefinition",
                 path.display()
@@ -406,7 +406,7 @@ async fn apply_workload(client: &Client) -> anyhow::Result<Vec<String>> {
     let mut names = Vec::new();
     for document in WORKLOAD.split("\n---\n") {
         let value: serde_json::Value =
-            serde_yaml::from_str(document).context("parsing the sample workload")?;
+            serde_norway::from_str(document).context("parsing the sample workload")?;
         match value["kind"].as_str() {
             Some("Namespace") => {
                 let namespace: Namespace = serde_json::from_value(value)?;
