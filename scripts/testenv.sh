@@ -3,10 +3,12 @@
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
 # etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), kustomize, an OpenTelemetry
 # Collector (OTLP receiver, file exporter) assembled by the collector builder, and the CRDs
-# of cert-manager (github.com/cert-manager/cert-manager, deploy/crds) and of the Prometheus
-# Operator (ServiceMonitor and PrometheusRule, from github.com/prometheus-operator/
-# prometheus-operator, example/prometheus-operator-crd), which the deploy tests install to
-# check components/cert-manager and components/monitoring against the real schemas.
+# of cert-manager (github.com/cert-manager/cert-manager, deploy/crds), of its approver-policy
+# (github.com/cert-manager/approver-policy, deploy/crds) and of the Prometheus Operator
+# (ServiceMonitor and PrometheusRule, from github.com/prometheus-operator/prometheus-operator,
+# example/prometheus-operator-crd), which the deploy tests install to check
+# components/cert-manager, components/approver-policy and components/monitoring against the
+# real schemas.
 #
 # A cold build takes minutes per product: each prints when it starts, what it is doing every
 # $SWITCHYARD_TESTENV_PROGRESS_SECONDS (30) while it runs, and how long it took, on stderr.
@@ -37,6 +39,8 @@ GO_MIN_MINOR=26
 # Only the CRDs: the controller's command (module .../cert-manager/cmd/controller) is not
 # served by the Go module proxy, so cert-manager itself does not run in the tests.
 CERT_MANAGER_VERSION=1.21.2
+# approver-policy's CRD (CertificateRequestPolicy), for the schema of components/approver-policy.
+APPROVER_POLICY_VERSION=0.28.0
 # Only the CRDs too: the ServiceMonitor and PrometheusRule of components/monitoring.
 PROMETHEUS_OPERATOR_VERSION=0.85.0
 
@@ -55,7 +59,7 @@ check_go() {
   GO_VERSION=$v
 }
 
-bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_cert-manager-v${CERT_MANAGER_VERSION}_prometheus-operator-v${PROMETHEUS_OPERATOR_VERSION}_${GO_VERSION}"; }
+bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_cert-manager-v${CERT_MANAGER_VERSION}_approver-policy-v${APPROVER_POLICY_VERSION}_prometheus-operator-v${PROMETHEUS_OPERATOR_VERSION}_${GO_VERSION}"; }
 product_dir() { echo "$CACHE/$1-v$2-${GO_VERSION}"; }
 
 # run_logged <product> <log> <cmd...>: run a build step, naming the log file if it fails.
@@ -326,6 +330,24 @@ fetch_cert_manager_crds() {
   mv "$d/crds.yaml.tmp" "$d/crds.yaml"
 }
 
+# approver-policy's CertificateRequestPolicy CRD, as its module ships it (deploy/crds).
+fetch_approver_policy_crds() {
+  local d; d=$(product_dir approver-policy "$APPROVER_POLICY_VERSION")
+  [ -s "$d/crds.yaml" ] && return 0
+  local log="$d/build.log"
+  mkdir -p "$d"; : >"$log"
+  echo "testenv: fetching approver-policy v$APPROVER_POLICY_VERSION CRDs (log: $log)" >&2
+  local module
+  module=$(cd "$d" && go mod download -json "github.com/cert-manager/approver-policy@v$APPROVER_POLICY_VERSION" 2>>"$log" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -d "$module/deploy/crds" ] || die "could not download github.com/cert-manager/approver-policy@v$APPROVER_POLICY_VERSION (see $log and the Go module proxy settings)"
+  local f
+  for f in "$module"/deploy/crds/*.yaml; do
+    sed -n '/^---$/!p' "$f" | { echo "---"; cat; }
+  done >"$d/crds.yaml.tmp"
+  mv "$d/crds.yaml.tmp" "$d/crds.yaml"
+}
+
 # The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, as its module ships them
 # (example/prometheus-operator-crd: controller-gen's output, what its bundle.yaml and
 # kube-prometheus-stack install), in one multi-document crds.yaml.
@@ -445,6 +467,7 @@ link_bin_dir() {
   ln -sfn "$w/bin/kwok" "$bin/kwok"; ln -sfn "$z/bin/kustomize" "$bin/kustomize"
   ln -sfn "$(product_dir otelcol "$OTELCOL_VERSION")/bin/otelcol-switchyard" "$bin/otelcol-switchyard"
   ln -sfn "$(product_dir cert-manager "$CERT_MANAGER_VERSION")" "$bin/cert-manager"
+  ln -sfn "$(product_dir approver-policy "$APPROVER_POLICY_VERSION")" "$bin/approver-policy"
   ln -sfn "$(product_dir prometheus-operator "$PROMETHEUS_OPERATOR_VERSION")" "$bin/prometheus-operator"
   write_kwok_stages "$bin"
 }
@@ -470,6 +493,7 @@ case "$cmd" in
     echo "kubernetes v$K8S_VERSION"; echo "etcd v$ETCD_VERSION"
     echo "kwok v$KWOK_VERSION"; echo "kustomize v$KUSTOMIZE_VERSION"
     echo "opentelemetry-collector v$OTELCOL_VERSION"; echo "cert-manager v$CERT_MANAGER_VERSION (CRDs)"
+    echo "approver-policy v$APPROVER_POLICY_VERSION (CRDs)"
     echo "prometheus-operator v$PROMETHEUS_OPERATOR_VERSION (CRDs)" ;;
   bin-dir)
     check_go; bin_dir ;;
@@ -484,6 +508,7 @@ case "$cmd" in
     build_kubernetes
     build_otelcol
     fetch_cert_manager_crds
+    fetch_approver_policy_crds
     fetch_prometheus_operator_crds
     ensure_iproute2
     link_bin_dir

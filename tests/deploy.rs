@@ -907,3 +907,164 @@ async fn the_admin_port_admits_scrapes_from_the_monitoring_namespace_only() {
         "{patched}"
     );
 }
+
+/// A policy's or a Certificate's field as a sorted list of strings (one value or several).
+fn strings(value: &serde_json::Value) -> Vec<String> {
+    let mut found: Vec<String> = match value {
+        serde_json::Value::Array(items) => items
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        serde_json::Value::String(one) => vec![one.clone()],
+        _ => Vec::new(),
+    };
+    found.sort();
+    found
+}
+
+fn documents(path: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .filter(|doc: &serde_json::Value| !doc.is_null())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_certificate_request_policy_allows_one_identity_exactly() {
+    let certificates = documents("../deploy/kustomize/components/cert-manager/certificates.yaml");
+    let policies = documents("../deploy/kustomize/components/approver-policy/policies.yaml");
+    assert_eq!(policies.len(), certificates.len(), "a policy per identity");
+    for certificate in &certificates {
+        let name = certificate["metadata"]["name"].as_str().unwrap();
+        let spec = &certificate["spec"];
+        let policy = policies
+            .iter()
+            .find(|p| p["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no policy for {name}"));
+        let allowed = &policy["spec"]["allowed"];
+        // What the Certificate asks for, the policy allows, and no more.
+        for (field, values) in [
+            ("commonName", "value"),
+            ("uris", "values"),
+            ("dnsNames", "values"),
+            ("ipAddresses", "values"),
+        ] {
+            assert_eq!(
+                strings(&allowed[field][values]),
+                strings(&spec[field]),
+                "{name}: {field}"
+            );
+            assert_eq!(allowed[field]["required"], true, "{name}: {field} required");
+        }
+        assert_eq!(
+            strings(&allowed["usages"]),
+            strings(&spec["usages"]),
+            "{name}: usages"
+        );
+        assert!(allowed["isCA"].is_null(), "{name}: never a CA");
+        let constraints = &policy["spec"]["constraints"];
+        assert_eq!(
+            constraints["maxDuration"], spec["duration"],
+            "{name}: duration"
+        );
+        assert_eq!(
+            constraints["privateKey"]["minSize"], spec["privateKey"]["size"],
+            "{name}: key size"
+        );
+        assert_eq!(
+            policy["spec"]["selector"]["issuerRef"]["name"], spec["issuerRef"]["name"],
+            "{name}: issuer"
+        );
+        // No other policy allows this identity's URI or common name.
+        for other in policies.iter().filter(|p| p["metadata"]["name"] != name) {
+            let other_allowed = &other["spec"]["allowed"];
+            for uri in strings(&spec["uris"]) {
+                assert!(
+                    !strings(&other_allowed["uris"]["values"]).contains(&uri),
+                    "{}: allows {name}'s {uri}",
+                    other["metadata"]["name"]
+                );
+            }
+            assert_ne!(
+                other_allowed["commonName"]["value"], spec["commonName"],
+                "{}: allows {name}'s common name",
+                other["metadata"]["name"]
+            );
+        }
+    }
+
+    // approver-policy's own schema accepts the component, RBAC and all.
+    let _one_at_a_time = APPLYING.lock().await;
+    let plane = ControlPlane::shared().expect("control plane");
+    let crds = std::fs::read_to_string(plane.binaries().approver_policy_crds()).unwrap();
+    apply_cleanly(plane, "approver-policy CRDs", &crds).await;
+    let out = kubectl(
+        plane,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/certificaterequestpolicies.policy.cert-manager.io",
+        ],
+        None,
+    )
+    .await;
+    assert!(
+        out.success,
+        "approver-policy CRD established: {}",
+        out.stderr
+    );
+    let namespace = kubectl(
+        plane,
+        &[
+            "create",
+            "namespace",
+            NAMESPACE,
+            "--dry-run=client",
+            "-o",
+            "yaml",
+        ],
+        None,
+    )
+    .await;
+    apply_cleanly(plane, "the switchyard namespace", &namespace.stdout).await;
+    let manifests = kustomize_build_component(plane, &component_dir("approver-policy")).await;
+    assert_eq!(
+        manifests.matches("kind: CertificateRequestPolicy").count(),
+        certificates.len()
+    );
+    apply_cleanly(plane, "approver-policy component", &manifests).await;
+    // A misspelt field is refused by the real schema, so the apply above means something.
+    let broken = manifests
+        .split("\n---\n")
+        .find(|doc| doc.contains("kind: CertificateRequestPolicy"))
+        .unwrap()
+        .replace("maxDuration:", "maxDurations:");
+    let out = kubectl(
+        plane,
+        &["apply", "--server-side", "--validate=strict", "-f", "-"],
+        Some(&broken),
+    )
+    .await;
+    assert!(
+        !out.success && out.stderr.contains("maxDurations"),
+        "refused, naming the field: {out:?}"
+    );
+}
+
+/// `kustomize build` of a Component on its own, wrapped in a kustomization that only
+/// includes it.
+async fn kustomize_build_component(plane: &ControlPlane, component: &Path) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let relative = support::relative_to(dir.path(), component);
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\ncomponents:\n  - {}\n",
+            relative.display()
+        ),
+    )
+    .unwrap();
+    kustomize_build(plane, dir.path()).await
+}

@@ -142,7 +142,7 @@ components:
 
 /// `to` as a path relative to the directory `from` (both absolute): kustomize refuses
 /// absolute paths of other kustomizations.
-fn relative_to(from: &Path, to: &Path) -> PathBuf {
+pub fn relative_to(from: &Path, to: &Path) -> PathBuf {
     let from = from.canonicalize().unwrap();
     let mut path: PathBuf = from
         .components()

@@ -70,6 +70,12 @@ impl Binaries {
         self.dir.join("cert-manager/chart")
     }
 
+    /// cert-manager approver-policy's CertificateRequestPolicy CRD (from the `deploy/crds`
+    /// directory of its Go module; see `scripts/testenv.sh`).
+    pub fn approver_policy_crds(&self) -> PathBuf {
+        self.dir.join("approver-policy/crds.yaml")
+    }
+
     /// The Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, one multi-document
     /// YAML (from `example/prometheus-operator-crd` of its Go module; see
     /// `scripts/testenv.sh`).
@@ -88,6 +94,7 @@ impl Binaries {
             "kwok-stages.yaml",
             "otelcol-switchyard",
             "cert-manager/crds.yaml",
+            "approver-policy/crds.yaml",
             "prometheus-operator/crds.yaml",
         ];
         if let Some(missing) = needed.iter().find(|b| !self.dir.join(b).exists()) {
