@@ -4,7 +4,8 @@
 //! A caller is identified by its client certificate ([`crate::tls`]). No certificate →
 //! `UNAUTHENTICATED`; an identity the table does not list for the method → `PERMISSION_DENIED`
 //! naming both. Each refusal is counted in `switchyard_grpc_denied_total{method,reason}`
-//! and logged once per caller and minute.
+//! (`method`: the table's row, or `unknown` for a path in none, so that no caller can add
+//! series) and logged once per caller and minute.
 
 use std::{
     collections::HashMap,
@@ -120,11 +121,22 @@ pub const TABLE: &[(&str, Access)] = &[
 
 /// The row that governs `path` (`/package.Service/Method`).
 pub fn access(path: &str) -> Option<Access> {
+    row(path).map(|(_, access)| *access)
+}
+
+fn row(path: &str) -> Option<&'static (&'static str, Access)> {
     TABLE
         .iter()
         .find(|(key, _)| *key == path || (key.ends_with('/') && path.starts_with(key)))
-        .map(|(_, access)| *access)
 }
+
+/// What a refusal of `path` is counted under: the table's key for it, or `unknown`. A
+/// caller chooses the path, so the metric's labels must come from a closed set.
+fn method_label(path: &str) -> &'static str {
+    row(path).map_or(UNKNOWN_METHOD, |(key, _)| key)
+}
+
+const UNKNOWN_METHOD: &str = "unknown";
 
 /// The authenticated caller of a call, in the request's extensions for the service.
 #[derive(Clone, Debug)]
@@ -135,7 +147,8 @@ pub struct Caller {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeniedLabels {
-    method: String,
+    /// A key of [`TABLE`], or `unknown`.
+    method: &'static str,
     reason: &'static str,
 }
 
@@ -218,7 +231,7 @@ impl Policy {
     ) -> Status {
         self.denied
             .get_or_create(&DeniedLabels {
-                method: path.to_owned(),
+                method: method_label(path),
                 reason,
             })
             .inc();
@@ -382,6 +395,20 @@ mod tests {
         }
         assert_eq!(access("/console/body"), Some(Access::AnyRole));
         assert_eq!(access("/consoles"), None);
+    }
+
+    #[test]
+    fn refusals_are_labelled_by_their_row_or_unknown() {
+        assert_eq!(
+            method_label("/switchyard.queue.v1.Queue/Work"),
+            "/switchyard.queue.v1.Queue/Work"
+        );
+        assert_eq!(
+            method_label("/grpc.health.v1.Health/Watch"),
+            "/grpc.health.v1.Health/"
+        );
+        assert_eq!(method_label("/switchyard.queue.v1.Queue/Purge"), "unknown");
+        assert_eq!(method_label(&"x".repeat(10_000)), "unknown");
     }
 
     #[test]

@@ -315,3 +315,73 @@ fn tls_is_required_unless_plaintext_is_asked_for() {
     let plaintext = Args::try_parse_from(["test", "--insecure-plaintext"]).expect("parses");
     assert!(plaintext.runtime.tls.insecure_plaintext);
 }
+
+#[tokio::test]
+async fn refusals_of_any_number_of_made_up_methods_keep_the_metric_s_series_fixed() {
+    use tower_service::Service;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = Authority::generate("switchyard test CA").expect("CA");
+    let server = issue(
+        dir.path(),
+        "queue",
+        &ca,
+        &ca,
+        DEFAULT_TRUST_DOMAIN,
+        "switchyard-queue",
+    );
+    let (rt, addr) = serve(&server).await;
+    let admin = rt.admin_addr();
+    let shutdown = rt.shutdown_handle();
+    let running = tokio::spawn(rt.run());
+
+    // Without a certificate, as anyone who reaches the port can: each call names a method no
+    // service has.
+    let mut anonymous = connect(addr, &ca, None).await;
+    let mut call = async |path: String| {
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(format!("https://{addr}{path}"))
+            .header("content-type", "application/grpc")
+            .body(tonic::body::Body::empty())
+            .expect("request");
+        std::future::poll_fn(|cx| anonymous.poll_ready(cx))
+            .await
+            .expect("ready");
+        let response = anonymous.call(request).await.expect("answered");
+        let status = response
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap_or_default().to_owned());
+        assert_eq!(status.as_deref(), Some("16"), "{path}: UNAUTHENTICATED");
+    };
+    let series = async || {
+        let text = reqwest::get(format!("http://{admin}/metrics"))
+            .await
+            .expect("/metrics answers")
+            .text()
+            .await
+            .expect("/metrics body");
+        text.lines()
+            .filter(|l| l.starts_with("switchyard_grpc_denied_total{"))
+            .count()
+    };
+    call("/made.up.v1.Service/Method".to_owned()).await;
+    let before = series().await;
+    for i in 0..10_000 {
+        call(format!("/made.up.v{i}.Service/Method{i}")).await;
+    }
+    assert_eq!(
+        series().await,
+        before,
+        "one series for every unknown method"
+    );
+    assert_eq!(
+        metric(admin, "switchyard_grpc_denied_total{method=\"unknown\"").await,
+        10_001.0,
+        "each refusal counted under method=\"unknown\""
+    );
+
+    shutdown.trigger();
+    running.await.expect("run task").expect("drains cleanly");
+}
