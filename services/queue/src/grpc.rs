@@ -21,7 +21,7 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_core::{
-    Cause, ControllerId, KeyError, KeySpace, KindVersions, Lease, LeaseId, MAX_CREDIT,
+    Cause, ControllerId, KeyError, KeySpace, KindVersions, Lease, LeaseId, MAX_CREDIT, MAX_DELAY,
     MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, Origin, Outcome, Priority, ReadFloor, ShardStats,
     ValidKey,
 };
@@ -478,9 +478,18 @@ impl QueueService {
         };
         let delay = match item.delay {
             None => Duration::ZERO,
-            Some(d) => Duration::try_from(d).map_err(|_| {
-                EdgeError::Invalid(format!("{}: must not be negative", field("delay")))
-            })?,
+            Some(d) => {
+                let delay = Duration::try_from(d).map_err(|_| {
+                    EdgeError::Invalid(format!("{}: must not be negative", field("delay")))
+                })?;
+                if delay > MAX_DELAY {
+                    return Err(EdgeError::Invalid(format!(
+                        "{}: {delay:?}, at most {MAX_DELAY:?}",
+                        field("delay")
+                    )));
+                }
+                delay
+            }
         };
         let key = self
             .keys

@@ -17,8 +17,8 @@ use switchyard_proto::{
     queue::v1::{
         BatchRefusal, Credit, DescribeKeyRequest, Done, EnqueueItem, EnqueueManyRequest,
         EnqueueRequest, ExtendLease, Failed, KeyPhase, LeaseExtended, LeasedItem,
-        ListFailingRequest, Outcome, OutcomeKind, ShardStats, StatsRequest, WorkRequest,
-        WorkResponse, WorkerHello, enqueue_result, outcome, queue_client::QueueClient,
+        ListFailingRequest, Outcome, OutcomeKind, RequeueAfter, ShardStats, StatsRequest,
+        WorkRequest, WorkResponse, WorkerHello, enqueue_result, outcome, queue_client::QueueClient,
         work_request::Request as Msg, work_response::Response as Reply,
     },
 };
@@ -688,6 +688,44 @@ async fn bad_input_is_refused_naming_the_field_and_changes_nothing() {
         status.message(),
         "the first message of a work stream must be hello"
     );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn delays_beyond_any_clock_are_refused_or_capped_and_the_replica_keeps_serving() {
+    let (server, mut client) = Server::seeded(&[], ["first".to_owned()]).await;
+    let forever = prost_types::Duration {
+        seconds: i64::MAX,
+        nanos: 999_999_999,
+    };
+    // An Enqueue's delay: refused, naming the field and the limit; nothing changes.
+    let mut batch = batches(["later".to_owned()]).remove(0);
+    batch.items[0].delay = Some(forever);
+    let refused = client.enqueue(batch).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("items[0].delay") && refused.message().contains("at most"),
+        "{refused:?}"
+    );
+    // A RequeueAfter outcome's: applied, with the delay capped (an outcome is never lost).
+    let mut worker = Worker::connect(&mut client, &[RS]).await;
+    worker.credit(1).await;
+    let item = worker.item().await;
+    let requeue = outcome::Result::RequeueAfter(RequeueAfter {
+        delay: Some(forever),
+    });
+    assert_eq!(worker.finish(&item, requeue, item.epoch).await.0, true);
+    // The replica goes on serving: a new key is leased, and the requeued one waits.
+    for batch in batches(["next".to_owned()]) {
+        client.enqueue(batch).await.unwrap();
+    }
+    worker.credit(1).await;
+    let next = worker.item().await;
+    assert_eq!(next.key.unwrap().name, "next");
+    let livez = reqwest::get(format!("http://{}/livez", server.admin))
+        .await
+        .unwrap();
+    assert_eq!(livez.status(), 200, "{:?}", livez.text().await);
     server.stop().await;
 }
 

@@ -47,7 +47,7 @@ pub use key::{
 };
 pub use queue::{
     AddOutcome, Cause, DEFAULT_OUTCOME_HISTORY, Error, History, InvalidLeaseId, KeyPhase, KeyView,
-    KindVersions, LastOutcome, Lease, LeaseId, LeaseIds, MAX_CAUSES, MAX_ERROR_BYTES,
+    KindVersions, LastOutcome, Lease, LeaseId, LeaseIds, MAX_CAUSES, MAX_DELAY, MAX_ERROR_BYTES,
     MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, MAX_FLOOR_NAMESPACES, MAX_LEASE_EXTENSION, Origin,
     Outcome, OutcomeKind, Priority, Queue, QueueConfig, ReadFloor, Refused, Result,
     SequentialLeaseIds, ShardStats, Totals, TraceId, WorkerId, earliest,

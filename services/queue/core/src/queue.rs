@@ -340,6 +340,18 @@ fn tag(hash: u64) -> u32 {
 /// Ready time, entry seq when scheduled, controller, slot.
 type DelayedItem = (Instant, u64, ControllerId, Slot);
 
+/// The longest a key waits for a delay: an add's, a `RequeueAfter`'s or a backoff's. Longer
+/// ones are the caller's to refuse (the gRPC edge names the field) or are cut to this; a
+/// controller that meant a later time is reconciled once a week and asks again. A week is far
+/// beyond any requeue a controller of kube-controller-manager makes, and keeps `now + delay`
+/// far from the end of the monotonic clock.
+pub const MAX_DELAY: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// `now + delay`, the delay cut to [`MAX_DELAY`]: never past the clock's end, whatever asked.
+pub(crate) fn after(now: Instant, delay: Duration) -> Instant {
+    now + delay.min(MAX_DELAY)
+}
+
 /// Maps by shard number: the elector chooses the shards a queue holds, so a fast hasher
 /// suffices; a worker's outcome may name any shard, but only looks one up.
 type ShardMap<V> = HashMap<u32, V, KeyHasher>;
@@ -570,7 +582,7 @@ impl Queue {
         let due = if delay.is_zero() {
             Due::Now(priority)
         } else {
-            Due::At(now + delay)
+            Due::At(after(now, delay))
         };
         if controller as usize >= self.controllers.len() {
             self.know_controllers();

@@ -8,7 +8,7 @@ use std::{
 
 use super::{
     Cause, Causes, Due, Outcome, OutcomeKind, Priority, Queue, ReadFloor, Refused, ShardState,
-    Slot, State, history,
+    Slot, State, after, history,
 };
 use crate::key::{ControllerId, ValidKey};
 
@@ -336,7 +336,7 @@ impl Queue {
         self.note_end(lease, kind, error, now);
         let finish = match outcome {
             Outcome::Done | Outcome::Forget => Finish::Forget(None),
-            Outcome::RequeueAfter(d) => Finish::Forget(Some(now + d)),
+            Outcome::RequeueAfter(d) => Finish::Forget(Some(after(now, d))),
             Outcome::Failed => Finish::Retry,
         };
         if outcome == Outcome::Failed {
@@ -469,7 +469,7 @@ impl Queue {
             Finish::Retry => {
                 entry.failures = entry.failures.saturating_add(1);
                 let delay = self.backoff.delay(controller as usize, entry.failures, now);
-                Some(Due::At(now + delay).merge(pending))
+                Some(Due::At(after(now, delay)).merge(pending))
             }
             Finish::Return => Some(Due::Now(Priority::Normal).merge(pending)),
         };

@@ -257,6 +257,33 @@ fn failures_back_off_exponentially_and_done_forgets_them() {
 }
 
 #[test]
+fn delays_past_the_clock_s_end_wait_a_week_at_most() {
+    let (mut q, t0) = queue();
+    // An add's delay, and a RequeueAfter's: neither overflows the clock.
+    q.add(&key("a"), Priority::Normal, Duration::MAX, t0)
+        .unwrap();
+    q.add(&key("b"), Priority::Normal, Duration::ZERO, t0)
+        .unwrap();
+    let l = lease(&mut q, t0).unwrap();
+    q.complete(
+        W,
+        l.shard(),
+        l.epoch,
+        l.id,
+        Outcome::RequeueAfter(Duration::MAX),
+        t0,
+    )
+    .unwrap();
+    let almost = t0 + MAX_DELAY - Duration::from_millis(1);
+    assert!(lease(&mut q, almost).is_none());
+    let week = t0 + MAX_DELAY;
+    let mut leased = vec![lease(&mut q, week).unwrap().key.name().to_owned()];
+    leased.push(lease(&mut q, week).unwrap().key.name().to_owned());
+    leased.sort();
+    assert_eq!(leased, ["a", "b"]);
+}
+
+#[test]
 fn an_expired_lease_requeues_with_backoff_and_refuses_the_late_outcome() {
     let (mut q, t0) = queue();
     q.add(&key("a"), Priority::Normal, Duration::ZERO, t0)
