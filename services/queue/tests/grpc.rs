@@ -714,7 +714,8 @@ async fn delays_beyond_any_clock_are_refused_or_capped_and_the_replica_keeps_ser
     let requeue = outcome::Result::RequeueAfter(RequeueAfter {
         delay: Some(forever),
     });
-    assert_eq!(worker.finish(&item, requeue, item.epoch).await.0, true);
+    let (applied, reason) = worker.finish(&item, requeue, item.epoch).await;
+    assert!(applied, "{reason}");
     // The replica goes on serving: a new key is leased, and the requeued one waits.
     for batch in batches(["next".to_owned()]) {
         client.enqueue(batch).await.unwrap();
