@@ -20,8 +20,9 @@ use switchyard_proto::{
     },
 };
 use switchyard_queue_client::{Enqueuer, Priority};
+use switchyard_runtime::authz::Caller;
 use switchyard_selector::Selector;
-use switchyard_watcher_core::{Gvk, WatchesError, graph::Node};
+use switchyard_watcher_core::{Config, Gvk, Objects, WatchesError, graph::Node};
 use tonic::{Request, Response, Status};
 use tracing::info;
 
@@ -83,6 +84,9 @@ pub enum ApiError {
         "freshness.min_resource_version: this watcher watches {0} with one stream per namespace (namespaces.include), so a read of every namespace cannot wait for a version; read one namespace"
     )]
     EveryNamespace(Gvk),
+    /// A kind the caller's service account may not register or read.
+    #[error("{0}")]
+    Denied(String),
 }
 
 impl From<ApiError> for Status {
@@ -100,6 +104,7 @@ impl From<ApiError> for Status {
                 Status::unavailable(message)
             }
             ApiError::NotFresh { .. } => Status::deadline_exceeded(message),
+            ApiError::Denied(_) => Status::permission_denied(message),
         }
     }
 }
@@ -136,18 +141,29 @@ pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Ap
 pub struct CacheService {
     caches: Arc<Caches>,
     metrics: WatcherMetrics,
+    /// Who may read which kinds: the file's, and each service account's grants.
+    config: Arc<Config>,
 }
 
 impl CacheService {
-    pub fn new(caches: Arc<Caches>, metrics: WatcherMetrics) -> Self {
-        Self { caches, metrics }
+    pub fn new(caches: Arc<Caches>, metrics: WatcherMetrics, config: Arc<Config>) -> Self {
+        Self {
+            caches,
+            metrics,
+            config,
+        }
     }
 
     pub fn into_server(self) -> cache_server::CacheServer<Self> {
         cache_server::CacheServer::new(self)
     }
 
-    fn resource(&self, gvk: Option<&GroupVersionKind>) -> Result<Arc<ResourceCache>, ApiError> {
+    /// The cache of the kind asked for, and how much of its objects the caller may read.
+    fn resource(
+        &self,
+        gvk: Option<&GroupVersionKind>,
+        caller: Option<&Caller>,
+    ) -> Result<(Arc<ResourceCache>, Objects), ApiError> {
         let gvk = gvk.ok_or_else(|| invalid("gvk", "required"))?;
         if gvk.version.is_empty() || gvk.kind.is_empty() {
             return Err(invalid("gvk", "version and kind are required"));
@@ -157,8 +173,21 @@ impl CacheService {
             version: gvk.version.clone(),
             kind: gvk.kind.clone(),
         };
+        // Without identities (plaintext, for development) nothing is checked.
+        let objects = match caller {
+            None => Objects::Full,
+            Some(caller) => {
+                let account = &caller.identity.service_account;
+                self.config.access(account, &wanted).ok_or_else(|| {
+                    ApiError::Denied(format!(
+                        "gvk: {wanted} is neither in the watcher's configuration nor granted to \
+                         service account {account:?} (registrations)"
+                    ))
+                })?
+            }
+        };
         match self.caches.find(&wanted) {
-            Some(cache) => Ok(cache),
+            Some(cache) => Ok((cache, objects)),
             None => Err(ApiError::NotWatched {
                 watched: self.caches.watched(),
                 gvk: wanted,
@@ -247,24 +276,40 @@ fn version(field: &str, rv: &str) -> Result<Option<u64>, ApiError> {
     })
 }
 
+/// An object as the caller may have it: whole, or (a caller granted metadata only, of a kind
+/// another registration caches in full) its `apiVersion`, `kind` and `metadata` alone.
+fn served(json: &[u8], objects: Objects, cache: &ResourceCache) -> Vec<u8> {
+    if objects == Objects::Full || cache.resource.metadata_only {
+        return json.to_vec();
+    }
+    let Ok(serde_json::Value::Object(mut object)) = serde_json::from_slice(json) else {
+        return Vec::new();
+    };
+    object.retain(|field, _| matches!(field.as_str(), "apiVersion" | "kind" | "metadata"));
+    serde_json::to_vec(&object).unwrap_or_default()
+}
+
 type ListStream = Pin<Box<dyn Stream<Item = Result<ListResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl cache_server::Cache for CacheService {
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let caller = request.extensions().get::<Caller>().cloned();
         let GetRequest {
             gvk,
             namespace,
             name,
             freshness,
         } = request.into_inner();
-        let cache = self.resource(gvk.as_ref())?;
+        let (cache, objects) = self.resource(gvk.as_ref(), caller.as_ref())?;
         if name.is_empty() {
             return Err(invalid("name", "required").into());
         }
         fresh(&cache, &namespace, freshness, &self.metrics).await?;
         let store = cache.read();
-        let object = store.get(&namespace, &name).map(<[u8]>::to_vec);
+        let object = store
+            .get(&namespace, &name)
+            .map(|json| served(json, objects, &cache));
         Ok(Response::new(GetResponse {
             found: object.is_some(),
             object_json: object.unwrap_or_default(),
@@ -275,6 +320,7 @@ impl cache_server::Cache for CacheService {
     type ListStream = ListStream;
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListStream>, Status> {
+        let caller = request.extensions().get::<Caller>().cloned();
         let ListRequest {
             gvk,
             namespace,
@@ -283,7 +329,7 @@ impl cache_server::Cache for CacheService {
             freshness,
             either,
         } = request.into_inner();
-        let cache = self.resource(gvk.as_ref())?;
+        let (cache, objects) = self.resource(gvk.as_ref(), caller.as_ref())?;
         let selector = Selector::parse(&label_selector)
             .map_err(|e| invalid("label_selector", e.to_string()))?;
         fresh(&cache, &namespace, freshness, &self.metrics).await?;
@@ -291,20 +337,18 @@ impl cache_server::Cache for CacheService {
             let store = cache.read();
             let namespace = (!namespace.is_empty()).then_some(namespace.as_str());
             let owner = (!controller_uid.is_empty()).then_some(controller_uid.as_str());
+            let serve = |json: &[u8]| served(json, objects, &cache);
             let objects: Vec<Vec<u8>> = match (either, owner) {
                 (true, Some(uid)) => store
                     .list_either(namespace, uid, &selector)
-                    .map(<[u8]>::to_vec)
+                    .map(serve)
                     .collect(),
                 // Any owner, or the selector: every object.
                 (true, None) => store
                     .list(namespace, None, &Selector::default())
-                    .map(<[u8]>::to_vec)
+                    .map(serve)
                     .collect(),
-                (false, owner) => store
-                    .list(namespace, owner, &selector)
-                    .map(<[u8]>::to_vec)
-                    .collect(),
+                (false, owner) => store.list(namespace, owner, &selector).map(serve).collect(),
             };
             (objects, store.resource_version().to_string())
         };

@@ -309,14 +309,16 @@ impl Args {
             "configured"
         );
 
+        let file = Arc::new(config);
         let addr = rt
             .serve_grpc(
                 GrpcServer::new()
                     .add_service(
-                        grpc::CacheService::new(caches.clone(), metrics.clone()).into_server(),
+                        grpc::CacheService::new(caches.clone(), metrics.clone(), file.clone())
+                            .into_server(),
                     )
                     .add_service(grpc::ResyncService::new(caches, enqueuer, metrics).into_server())
-                    .add_service(WatchesService::new(informers, rt.drain()).into_server())
+                    .add_service(WatchesService::new(informers, file, rt.drain()).into_server())
                     .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
             )
             .await?;

@@ -16,8 +16,8 @@ use switchyard_proto::{
     common::v1::GroupVersionKind,
     watcher::v1::{self as proto, RegisterRequest, RegisterResponse, watches_server},
 };
-use switchyard_runtime::Drain;
-use switchyard_watcher_core::{ControllerWatches, Gvk, Predicate, Registration, Watch};
+use switchyard_runtime::{Drain, authz::Caller};
+use switchyard_watcher_core::{Config, ControllerWatches, Gvk, Predicate, Registration, Watch};
 use tonic::{Request, Response, Status};
 use tracing::warn;
 
@@ -29,12 +29,18 @@ use crate::{
 #[derive(Clone, Debug)]
 pub struct WatchesService {
     informers: Arc<Informers>,
+    /// The file, whose `registrations` say which kinds each service account may watch.
+    config: Arc<Config>,
     drain: Drain,
 }
 
 impl WatchesService {
-    pub fn new(informers: Arc<Informers>, drain: Drain) -> Self {
-        Self { informers, drain }
+    pub fn new(informers: Arc<Informers>, config: Arc<Config>, drain: Drain) -> Self {
+        Self {
+            informers,
+            config,
+            drain,
+        }
     }
 
     pub fn into_server(self) -> watches_server::WatchesServer<Self> {
@@ -52,6 +58,7 @@ impl watches_server::Watches for WatchesService {
         &self,
         request: Request<RegisterRequest>,
     ) -> Result<Response<RegisterStream>, Status> {
+        let caller = request.extensions().get::<Caller>().cloned();
         let RegisterRequest {
             registrant,
             controllers,
@@ -62,6 +69,12 @@ impl watches_server::Watches for WatchesService {
             Status::from(error)
         };
         let registration = registration(registrant, controllers).map_err(refused)?;
+        // Without identities (plaintext, for development) nothing is checked.
+        if let Some(caller) = caller {
+            registration
+                .check_access(&self.config, &caller.identity.service_account)
+                .map_err(|denied| refused(ApiError::Denied(denied.0)))?;
+        }
         let registered = self
             .informers
             .register(registration, &self.drain)

@@ -63,9 +63,22 @@ fn request(registrant: &str, controllers: Vec<ControllerWatches>) -> RegisterReq
     }
 }
 
+/// What these tests' registrations watch, granted in full to the reconciler identity they
+/// register as.
+const GRANTS: &str = "registrations:
+  - serviceAccount: switchyard-reconciler
+    kinds:
+      - {apiVersion: v1, kind: ConfigMap, objects: full}
+      - {apiVersion: v1, kind: Secret, objects: full}
+      - {apiVersion: v1, kind: Pod, objects: full}
+      # Kinds the apiserver does not serve: granted, so that serving is what refuses them.
+      - {apiVersion: example.com/v1, kind: Nope, objects: full}
+      - {apiVersion: v1, kind: Nope, objects: full}
+";
+
 /// A configuration file with no controllers: the watcher waits for registrations.
 fn registrations_only(namespace: &str) -> String {
-    format!("shardCount: {SHARDS}\nnamespaces: {{include: [{namespace}]}}\n")
+    format!("shardCount: {SHARDS}\nnamespaces: {{include: [{namespace}]}}\n{GRANTS}")
 }
 
 /// Registers and waits for the one response; the registration lasts while the stream does.
@@ -263,7 +276,7 @@ async fn a_hundred_registrations_leave_nothing_behind() {
     let queue = queue(&[CM], &[]).await;
     // Pods are the file's (cached only); every registration shares them.
     let config = format!(
-        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\nresources: [{{apiVersion: v1, kind: Pod}}]\n"
+        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\nresources: [{{apiVersion: v1, kind: Pod}}]\n{GRANTS}"
     );
     let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
     watcher.wait_ready(WITHIN).await;
@@ -410,7 +423,7 @@ controllers:
   - name: {CM}
     for: {{apiVersion: v1, kind: ConfigMap}}
     owns: [{{apiVersion: v1, kind: Secret}}]
-"#
+{GRANTS}"#
     );
     let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
     watcher.wait_ready(WITHIN).await;
@@ -539,7 +552,7 @@ async fn a_kind_is_cached_whole_while_a_registration_needs_it_whole() {
     let queue = queue(&[CM, "lean"], &[]).await;
     let mut worker = Worker::start(queue.grpc()).await;
     let config = format!(
-        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\nresources: [{{apiVersion: v1, kind: ConfigMap, metadataOnly: true}}]\n"
+        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\nresources: [{{apiVersion: v1, kind: ConfigMap, metadataOnly: true}}]\n{GRANTS}"
     );
     let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
     watcher.wait_ready(WITHIN).await;
@@ -617,4 +630,74 @@ async fn a_kind_is_cached_whole_while_a_registration_needs_it_whole() {
 
     watcher.stop().await;
     queue.stop().await;
+}
+
+#[tokio::test]
+async fn a_registrant_watches_and_reads_only_what_its_service_account_is_granted() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watches-grants")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[CM], &[]).await;
+    // ConfigMaps as metadata only; nothing else (Secrets above all).
+    let config = format!(
+        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\nregistrations:\n  - serviceAccount: switchyard-reconciler\n    kinds: [{{apiVersion: v1, kind: ConfigMap}}]\n"
+    );
+    let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
+    watcher.wait_ready(WITHIN).await;
+    let mut watches = watches_client(Role::Reconciler, watcher.grpc()).await;
+
+    let secrets = ControllerWatches {
+        name: "example.com/v1/SecretReader".into(),
+        reconciles: Some(watch("v1", "Secret")),
+        owns: vec![],
+        by_label: vec![],
+    };
+    let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert_eq!(
+        status.message(),
+        "controllers[0].reconciles.gvk: v1/Secret is not granted to service account \
+         \"switchyard-reconciler\" (the watcher configuration's registrations)"
+    );
+    let whole = ControllerWatches {
+        owns: vec![],
+        ..config_maps()
+    };
+    let status = refused(&mut watches, request("reconciler-0", vec![whole.clone()])).await;
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        status.message().contains(
+            "v1/ConfigMap is granted to service account \"switchyard-reconciler\" as metadata only"
+        ),
+        "{}",
+        status.message()
+    );
+    assert_eq!(watcher.metric(REGISTRATIONS).await, 0.0);
+    // As metadata only, it is accepted and served.
+    let metadata = ControllerWatches {
+        reconciles: Some(Watch {
+            metadata_only: true,
+            ..watch("v1", "ConfigMap")
+        }),
+        ..whole
+    };
+    let (_held, kinds) = register(&mut watches, request("reconciler-0", vec![metadata])).await;
+    assert_eq!(kinds, ["/v1/ConfigMap"]);
+
+    // The Cache API serves what the account may read, and refuses the rest by name.
+    let mut cache = cache_client(watcher.grpc()).await;
+    let found = cache.get(get("ConfigMap", &ns, "none")).await.unwrap();
+    assert!(!found.into_inner().found);
+    let status = cache.get(get("Secret", &ns, "any")).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        status
+            .message()
+            .starts_with("gvk: v1/Secret is neither in the watcher's configuration nor granted"),
+        "{}",
+        status.message()
+    );
 }

@@ -154,6 +154,50 @@ struct RawConfig {
     controllers: Vec<RawController>,
     #[serde(default)]
     garbage_collector: Option<RawCollector>,
+    #[serde(default)]
+    registrations: Vec<RawGrant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawGrant {
+    #[serde(default)]
+    service_account: String,
+    #[serde(default)]
+    kinds: Vec<RawGrantKind>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawGrantKind {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    objects: Objects,
+}
+
+/// How much of a kind's objects a caller may have: their metadata, or all of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Objects {
+    #[default]
+    Metadata,
+    Full,
+}
+
+/// `registrations`: the kinds each service account may register watches of, and so read
+/// from the cache, and whether in full. Deny by default: a kind no entry lists (`v1/Secret`
+/// among them) is refused, and a kind listed without `objects: full` is metadata only.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grants {
+    by_account: BTreeMap<String, BTreeMap<Gvk, Objects>>,
+}
+
+impl Grants {
+    /// What `account` was granted of `gvk`, if anything.
+    pub fn granted(&self, account: &str, gvk: &Gvk) -> Option<Objects> {
+        self.by_account.get(account)?.get(gvk).copied()
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -347,9 +391,25 @@ pub struct Config {
     pub rules: Vec<Rule>,
     /// The garbage collector's graph, when configured.
     pub collector: Option<CollectorConfig>,
+    /// What registrations may watch, by the registrant's service account.
+    pub grants: Grants,
 }
 
 impl Config {
+    /// What `account` may register of `gvk` and read of it from the cache: what the file
+    /// itself watches of it (any caller may read the file's kinds, which are the built-in
+    /// controllers'), or what `registrations` grants the account, whichever is more.
+    pub fn access(&self, account: &str, gvk: &Gvk) -> Option<Objects> {
+        let file = self.resources.iter().find(|r| &r.gvk == gvk).map(|r| {
+            if r.metadata_only {
+                Objects::Metadata
+            } else {
+                Objects::Full
+            }
+        });
+        file.max(self.grants.granted(account, gvk))
+    }
+
     /// Parses and validates a YAML document.
     pub fn from_yaml(text: &str) -> Result<Self> {
         let raw: RawConfig = serde_norway::from_str(text)?;
@@ -372,6 +432,7 @@ impl Config {
             resources: raw_resources,
             controllers,
             garbage_collector,
+            registrations,
         } = raw;
         let shard_count = shard_count.unwrap_or(DEFAULT_SHARD_COUNT);
         if shard_count == 0 {
@@ -525,8 +586,38 @@ impl Config {
             resources,
             rules,
             collector,
+            grants: validate_grants(registrations)?,
         })
     }
+}
+
+fn validate_grants(raw: Vec<RawGrant>) -> Result<Grants> {
+    let mut grants = Grants::default();
+    for (g, grant) in raw.into_iter().enumerate() {
+        let field = format!("registrations[{g}]");
+        let account = grant.service_account.trim();
+        if account.is_empty() {
+            return Err(invalid(
+                format!("{field}.serviceAccount"),
+                "required: the service account of the registrant's certificate",
+            ));
+        }
+        let kinds = grants.by_account.entry(account.to_owned()).or_default();
+        if !kinds.is_empty() {
+            return Err(invalid(
+                format!("{field}.serviceAccount"),
+                format!("{account:?} is already listed; list all its kinds in one entry"),
+            ));
+        }
+        for (k, kind) in grant.kinds.into_iter().enumerate() {
+            let at = format!("{field}.kinds[{k}]");
+            let gvk = Gvk::parse(&kind.api_version, &kind.kind).map_err(|e| invalid(&at, e))?;
+            if kinds.insert(gvk.clone(), kind.objects).is_some() {
+                return Err(invalid(at, format!("{gvk} is listed twice")));
+            }
+        }
+    }
+    Ok(grants)
 }
 
 /// Longest batch period: a key held longer than this is a controller that reacts late, not

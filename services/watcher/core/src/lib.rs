@@ -18,10 +18,12 @@ pub mod store;
 pub mod watches;
 
 pub use config::{
-    CollectorConfig, Config, ConfigError, GroupResource, Gvk, Predicate, ResourceConfig,
+    CollectorConfig, Config, ConfigError, Grants, GroupResource, Gvk, Objects, Predicate,
+    ResourceConfig,
 };
 pub use mapping::{EventKind, KeySink, Mapper, NoOwners, Owners, WorkKey};
 pub use store::{ControllerRef, Store, Summary};
 pub use watches::{
-    Change, ControllerWatches, Registration, RegistrationId, Watch, Watches, WatchesError,
+    AccessDenied, Change, ControllerWatches, Registration, RegistrationId, Watch, Watches,
+    WatchesError,
 };

@@ -32,7 +32,7 @@ use std::{
 };
 
 use crate::{
-    Config, Gvk, Predicate, ResourceConfig,
+    Config, Gvk, Objects, Predicate, ResourceConfig,
     config::{MAX_BATCH_PERIOD, Rule, RuleKind, is_kind},
 };
 
@@ -431,7 +431,41 @@ impl Registration {
     pub fn kinds(&self) -> impl Iterator<Item = (&Gvk, &str)> {
         self.kinds.iter().map(|(gvk, field)| (gvk, field.as_str()))
     }
+
+    /// Whether the registration may be made by `account` under `config`'s grants: each kind
+    /// it names must be the file's or granted to the account, in full where a watch wants
+    /// whole objects. The error names the field, the kind and the account.
+    pub fn check_access(&self, config: &Config, account: &str) -> Result<(), AccessDenied> {
+        for (gvk, field) in &self.kinds {
+            let metadata_only = self
+                .controllers
+                .iter()
+                .filter_map(|c| c.needs.get(gvk))
+                .all(|m| *m);
+            match config.access(account, gvk) {
+                None => {
+                    return Err(AccessDenied(format!(
+                        "{field}: {gvk} is not granted to service account {account:?} (the \
+                         watcher configuration's registrations)"
+                    )));
+                }
+                Some(Objects::Metadata) if !metadata_only => {
+                    return Err(AccessDenied(format!(
+                        "{field}: {gvk} is granted to service account {account:?} as metadata \
+                         only; watch it with metadata_only, or grant it objects: full"
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
 }
+
+/// A registration of a kind its registrant may not have, naming the field and the kind.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AccessDenied(pub String);
 
 fn check_name(field: &str, name: &str) -> Result<()> {
     if name.trim().is_empty() {
