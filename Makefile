@@ -70,7 +70,7 @@ soak: testenv
 		$(CARGO) test --locked -p switchyard-tests --test soak -- --nocapture
 
 # RUN_ARGS: more `switchyard-dev run` flags, for example a reconciler of your own beside the
-# built-in ones (docs/sdk.md): --reconciler target/debug/<binary> --crd <file>
+# built-in ones (docs/sdk.md): --reconciler target/debug/<binary> --crd <file> [--grant v1/Kind]
 RUN_ARGS ?=
 
 run: testenv build

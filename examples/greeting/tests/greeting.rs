@@ -29,7 +29,7 @@ async fn a_greeting_gets_its_config_map_and_the_finalizer_cleans_it_up() {
     assert_eq!(name, "example.switchyard.io/v1/Greeting");
     let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
     let config = format!(
-        "shardCount: {}\nnamespaces:\n  include: [{}]\n",
+        "shardCount: {}\nnamespaces:\n  include: [{}]\nregistrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n      - {{apiVersion: example.switchyard.io/v1, kind: Greeting, objects: full}}\n      - {{apiVersion: v1, kind: ConfigMap, objects: full}}\n",
         support::SHARDS,
         ns.name()
     );

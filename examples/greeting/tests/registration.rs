@@ -43,7 +43,7 @@ async fn watcher(
     grpc: &str,
 ) -> InProcess {
     let config = format!(
-        "shardCount: {}\nnamespaces:\n  include: [{namespace}]\n",
+        "shardCount: {}\nnamespaces:\n  include: [{namespace}]\nregistrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n      - {{apiVersion: example.switchyard.io/v1, kind: Greeting, objects: full}}\n      - {{apiVersion: v1, kind: ConfigMap, objects: full}}\n      - {{apiVersion: missing.switchyard.io/v1, kind: Missing, objects: full}}\n",
         support::SHARDS
     );
     support::watcher_on(plane, &config, &format!("--queue-addr={queue}"), grpc).await

@@ -157,7 +157,7 @@ async fn watcher(plane: &ControlPlane, namespace: &str, queue: SocketAddr) -> In
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(
         config.path(),
-        format!("shardCount: {SHARDS}\nnamespaces:\n  include: [{namespace}]\n"),
+        format!("shardCount: {SHARDS}\nnamespaces:\n  include: [{namespace}]\nregistrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n      - {{apiVersion: example.switchyard.io/v1, kind: Lookup, objects: full}}\n"),
     )
     .unwrap();
     let path = config.into_temp_path().keep().unwrap();
@@ -513,7 +513,7 @@ async fn a_lookup_is_one_trace_from_its_watch_event_to_the_slow_call() {
     std::fs::write(
         config.path(),
         format!(
-            "shardCount: {SHARDS}\nnamespaces:\n  include: [{}]\n",
+            "shardCount: {SHARDS}\nnamespaces:\n  include: [{}]\nregistrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n      - {{apiVersion: example.switchyard.io/v1, kind: Lookup, objects: full}}\n",
             ns.name()
         ),
     )

@@ -134,7 +134,7 @@ async fn a_change_keys_the_objects_the_mapping_function_returns() {
     // its mapping's when they are first used.
     let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
     let config = format!(
-        "shardCount: {}\nnamespaces:\n  include: [{}]\n",
+        "shardCount: {}\nnamespaces:\n  include: [{}]\nregistrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n      - {{apiVersion: v1, kind: ConfigMap, objects: full}}\n      - {{apiVersion: v1, kind: Secret, objects: full}}\n",
         support::SHARDS,
         ns.name()
     );

@@ -70,9 +70,15 @@ enum Cmd {
         /// learn any name when it is first used, so this only makes its metrics appear early)
         #[arg(long, value_delimiter = ',', requires = "reconciler")]
         controllers: Vec<String>,
-        /// CustomResourceDefinition manifests (YAML) to install before the services start
+        /// CustomResourceDefinition manifests (YAML) to install before the services start;
+        /// the reconciler's identity is granted their kinds in full (the watcher's
+        /// `registrations`)
         #[arg(long)]
         crd: Vec<PathBuf>,
+        /// More kinds the reconciler's identity may register in full, as apiVersion/Kind
+        /// (for example v1/ConfigMap, for a controller that owns ConfigMaps)
+        #[arg(long, value_delimiter = ',', requires = "reconciler")]
+        grant: Vec<String>,
     },
     /// Build every test binary of the workspace and run them and the doc tests, several at a
     /// time (most wait on a control plane); fails if any test failed. Run from the workspace
@@ -124,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
             reconciler,
             controllers,
             crd,
+            grant,
         } => {
             let own = match reconciler {
                 Some(binary) => Some(run::Own {
@@ -131,6 +138,7 @@ async fn main() -> anyhow::Result<()> {
                         format!("--reconciler: {} does not exist", binary.display())
                     })?,
                     controllers,
+                    grants: grant,
                 }),
                 None => None,
             };

@@ -139,6 +139,8 @@ pub struct Own {
     /// Controllers it runs that the queues know from the start (optional: a queue learns a
     /// name when it is first used).
     pub controllers: Vec<String>,
+    /// Kinds (apiVersion/Kind) it may register in full besides the CRDs' own.
+    pub grants: Vec<String>,
 }
 
 /// The controllers the built-in watcher configuration keys: what the queues serve by default.
@@ -159,8 +161,10 @@ fn builtin_controllers() -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
-/// Installs the CustomResourceDefinitions in `paths` and waits until each is established.
-async fn install_crds(client: &Client, paths: &[PathBuf]) -> anyhow::Result<()> {
+/// Installs the CustomResourceDefinitions in `paths` and waits until each is established;
+/// the kinds they serve, as (apiVersion, Kind).
+async fn install_crds(client: &Client, paths: &[PathBuf]) -> anyhow::Result<Vec<(String, String)>> {
+    let mut kinds = Vec::new();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for path in paths {
@@ -173,6 +177,12 @@ async fn install_crds(client: &Client, paths: &[PathBuf]) -> anyhow::Result<()> 
             )
         })?;
         let name = crd.metadata.name.clone().unwrap_or_default();
+        for version in crd.spec.versions.iter().filter(|v| v.served) {
+            kinds.push((
+                format!("{}/{}", crd.spec.group, version.name),
+                crd.spec.names.kind.clone(),
+            ));
+        }
         crds.patch(&name, &params, &Patch::Apply(&crd))
             .await
             .with_context(|| format!("installing CustomResourceDefinition {name}"))?;
@@ -184,7 +194,41 @@ async fn install_crds(client: &Client, paths: &[PathBuf]) -> anyhow::Result<()> 
             })??;
         println!("installed CustomResourceDefinition {name}");
     }
-    Ok(())
+    Ok(kinds)
+}
+
+/// The built-in watcher configuration, with `registrations` granting the reconciler's
+/// identity `kinds` (apiVersion, Kind) in full: what a reconciler of one's own registers.
+fn watcher_config(kinds: &[(String, String)]) -> String {
+    if kinds.is_empty() {
+        return WATCHER_CONFIG.to_owned();
+    }
+    let mut config = format!(
+        "{WATCHER_CONFIG}registrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n"
+    );
+    for (api_version, kind) in kinds {
+        config.push_str(&format!(
+            "      - {{apiVersion: {api_version}, kind: {kind}, objects: full}}\n"
+        ));
+    }
+    config
+}
+
+/// `--grant` values (apiVersion/Kind, the apiVersion with or without a group) as
+/// (apiVersion, Kind).
+fn parse_grants(grants: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    grants
+        .iter()
+        .map(|grant| {
+            let (api_version, kind) = grant
+                .rsplit_once('/')
+                .filter(|(v, k)| !v.is_empty() && !k.is_empty())
+                .with_context(|| {
+                    format!("--grant {grant:?}: expected apiVersion/Kind, for example v1/ConfigMap")
+                })?;
+            Ok((api_version.to_owned(), kind.to_owned()))
+        })
+        .collect()
 }
 
 pub async fn run(
@@ -216,8 +260,19 @@ pub async fn run(
 
     let mut running = Vec::new();
     let started = async {
-        install_crds(&cluster.client().await?, crds).await?;
-        start_services(&services_dir, &cluster, &etcd, own.as_ref(), &mut running).await
+        let mut grants = install_crds(&cluster.client().await?, crds).await?;
+        if let Some(own) = &own {
+            grants.extend(parse_grants(&own.grants)?);
+        }
+        start_services(
+            &services_dir,
+            &cluster,
+            &etcd,
+            own.as_ref(),
+            &watcher_config(&grants),
+            &mut running,
+        )
+        .await
     }
     .await;
     let outcome = match started {
@@ -250,6 +305,7 @@ async fn start_services(
     cluster: &Cluster,
     etcd: &Etcd,
     own: Option<&Own>,
+    config: &str,
     running: &mut Vec<(String, ServiceProcess)>,
 ) -> anyhow::Result<()> {
     let kubeconfig = cluster.kubeconfig().display().to_string();
@@ -269,7 +325,7 @@ async fn start_services(
         .cloned()
         .chain(own_service.iter().map(|(b, n)| (b.as_str(), *n)));
     let watcher_config = cluster.scratch()?.join("watcher.yaml");
-    std::fs::write(&watcher_config, WATCHER_CONFIG)?;
+    std::fs::write(&watcher_config, config)?;
     let watcher_config = watcher_config.display().to_string();
     let mut elector_addr = String::new();
     let mut watcher_addr = String::new();
