@@ -25,8 +25,7 @@ use switchyard_proto::{
         work_request, work_response,
     },
     watcher::v1::{
-        GetRequest, RegisterRequest, ResyncShardRequest, cache_client::CacheClient,
-        resync_client::ResyncClient, watches_client::WatchesClient,
+        GetRequest, RegisterRequest, cache_client::CacheClient, watches_client::WatchesClient,
     },
 };
 use switchyard_runtime::Role;
@@ -445,29 +444,6 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
         caller.assert_refused("/switchyard.watcher.v1.Watches/Register", result);
     }
 
-    // Watcher Resync.ResyncShard: queue members and the elector.
-    let mut callers = intruders(Role::Queue);
-    callers.extend(wrong_roles(&[Role::Queue, Role::Elector]));
-    for caller in &callers {
-        let result = match caller.channel(watcher.grpc_addr()).await {
-            Ok(channel) => ResyncClient::new(channel)
-                .resync_shard(ResyncShardRequest::default())
-                .await
-                .map(|r| r.into_inner())
-                .map_err(status),
-            Err(e) => Err(e),
-        };
-        caller.assert_refused("/switchyard.watcher.v1.Resync/ResyncShard", result);
-    }
-    let member = Pki::shared()
-        .channel(Role::Queue, Role::Watcher, watcher.grpc_addr())
-        .await
-        .unwrap();
-    ResyncClient::new(member)
-        .resync_shard(ResyncShardRequest::default())
-        .await
-        .unwrap();
-
     // Elector.GetShardMap and Queue.Stats: every Switchyard identity, the observer too;
     // nobody else.
     for caller in intruders(Role::Observer) {
@@ -635,7 +611,6 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
         (&queue, "/switchyard.queue.v1.Queue/Enqueue"),
         (&queue, "/switchyard.queue.v1.Queue/Work"),
         (&watcher, "/switchyard.watcher.v1.Cache/Get"),
-        (&watcher, "/switchyard.watcher.v1.Resync/ResyncShard"),
         (&watcher, "/switchyard.watcher.v1.Watches/Register"),
         (&elector, "/switchyard.elector.v1.Elector/GetShardMap"),
         (&queue, "/switchyard.queue.v1.Queue/DescribeKey"),

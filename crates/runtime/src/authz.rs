@@ -98,10 +98,6 @@ pub const TABLE: &[(&str, Access)] = &[
         Access::Roles(&[Role::Reconciler]),
     ),
     (
-        "/switchyard.watcher.v1.Resync/ResyncShard",
-        Access::Roles(&[Role::Queue, Role::Elector]),
-    ),
-    (
         "/switchyard.elector.v1.Elector/GetShardMap",
         Access::AnyRole,
     ),

@@ -15,8 +15,7 @@ use switchyard_proto::{
     common::v1::GroupVersionKind,
     watcher::v1::{
         Freshness, GetGraphNodeRequest, GetGraphNodeResponse, GetRequest, GetResponse, GraphNode,
-        ListRequest, ListResponse, OwnerReference, ResyncShardRequest, ResyncShardResponse,
-        cache_server, resync_server,
+        ListRequest, ListResponse, OwnerReference, cache_server,
     },
 };
 use switchyard_queue_client::{Enqueuer, Priority};
@@ -443,27 +442,6 @@ fn graph_node(cache: &GraphCache, node: &Node) -> Option<GraphNode> {
     })
 }
 
-#[derive(Clone, Debug)]
-pub struct ResyncService {
-    caches: Arc<Caches>,
-    enqueuer: Arc<Enqueuer>,
-    metrics: WatcherMetrics,
-}
-
-impl ResyncService {
-    pub fn new(caches: Arc<Caches>, enqueuer: Arc<Enqueuer>, metrics: WatcherMetrics) -> Self {
-        Self {
-            caches,
-            enqueuer,
-            metrics,
-        }
-    }
-
-    pub fn into_server(self) -> resync_server::ResyncServer<Self> {
-        resync_server::ResyncServer::new(self)
-    }
-}
-
 /// Re-sends every cached key of `shards` at low priority; returns how many.
 pub async fn resync(
     caches: &Caches,
@@ -486,33 +464,4 @@ pub async fn resync(
     );
     enqueuer.push(keys, Priority::Low, None, None).await;
     count
-}
-
-#[tonic::async_trait]
-impl resync_server::Resync for ResyncService {
-    async fn resync_shard(
-        &self,
-        request: Request<ResyncShardRequest>,
-    ) -> Result<Response<ResyncShardResponse>, Status> {
-        let ResyncShardRequest { shard, .. } = request.into_inner();
-        if shard >= self.caches.shard_count {
-            return Err(invalid(
-                "shard",
-                format!(
-                    "{shard} is out of range (the watcher has {} shards)",
-                    self.caches.shard_count
-                ),
-            )
-            .into());
-        }
-        let keys = resync(
-            &self.caches,
-            &self.enqueuer,
-            &self.metrics,
-            Some(&HashSet::from([shard])),
-            "requested",
-        )
-        .await;
-        Ok(Response::new(ResyncShardResponse { keys: keys as u64 }))
-    }
 }

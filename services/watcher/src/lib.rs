@@ -317,7 +317,6 @@ impl Args {
                         grpc::CacheService::new(caches.clone(), metrics.clone(), file.clone())
                             .into_server(),
                     )
-                    .add_service(grpc::ResyncService::new(caches, enqueuer, metrics).into_server())
                     .add_service(WatchesService::new(informers, file, rt.drain()).into_server())
                     .with_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET),
             )
