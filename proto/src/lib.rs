@@ -7,6 +7,12 @@
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/switchyard_descriptor.bin"));
 
+/// The largest Cache answer (`switchyard.watcher.v1.Cache`) a watcher sends and a reader
+/// must decode: one object as large as an apiserver with a raised etcd request limit may
+/// store. List answers are cut into messages of about 1 MiB; only a larger object is alone in
+/// a larger one.
+pub const MAX_CACHE_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
 pub mod common {
     pub mod v1 {
         tonic::include_proto!("switchyard.common.v1");

@@ -37,6 +37,7 @@ use std::{
 use serde::de::DeserializeOwned;
 use switchyard_k8s::kube::Resource;
 use switchyard_proto::{
+    MAX_CACHE_MESSAGE_BYTES,
     common::v1::GroupVersionKind,
     watcher::v1::{
         Freshness, GetGraphNodeRequest, GetGraphNodeResponse, GetRequest, ListRequest,
@@ -250,7 +251,10 @@ impl CacheClient {
             .map(|address| {
                 dialer
                     .channel(address, Role::Watcher)
-                    .map(Grpc::new)
+                    // A large object comes alone in a message above gRPC's default limit.
+                    .map(|channel| {
+                        Grpc::new(channel).max_decoding_message_size(MAX_CACHE_MESSAGE_BYTES)
+                    })
                     .map_err(|_| CacheError::Address(addresses.to_owned()))
             })
             .collect::<Result<Arc<[_]>, _>>()?;

@@ -12,6 +12,7 @@ use std::{
 
 use futures::Stream;
 use switchyard_proto::{
+    MAX_CACHE_MESSAGE_BYTES,
     common::v1::GroupVersionKind,
     watcher::v1::{
         Freshness, GetGraphNodeRequest, GetGraphNodeResponse, GetRequest, GetResponse, GraphNode,
@@ -32,9 +33,11 @@ use crate::{
     metrics::{ResourceLabels, ResyncLabels, WatcherMetrics},
 };
 
-/// Objects per List response message: a few hundred typical objects stay far below gRPC's
-/// default 4 MiB message limit.
-const LIST_CHUNK: usize = 200;
+/// Bytes of objects per List response message: a quarter of gRPC's default 4 MiB limit, so
+/// that a client with the default decodes any message made of objects that fit the
+/// apiserver's own limit (etcd's 1.5 MiB request size); one larger object goes alone, up to
+/// [`MAX_CACHE_MESSAGE_BYTES`].
+const LIST_MESSAGE_BYTES: usize = 1024 * 1024;
 /// How long a read waits for its minimum resourceVersion when the request does not say.
 const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 /// The longest a read may wait for its minimum resourceVersion.
@@ -154,7 +157,7 @@ impl CacheService {
     }
 
     pub fn into_server(self) -> cache_server::CacheServer<Self> {
-        cache_server::CacheServer::new(self)
+        cache_server::CacheServer::new(self).max_encoding_message_size(MAX_CACHE_MESSAGE_BYTES)
     }
 
     /// The cache of the kind asked for, and how much of its objects the caller may read.
@@ -275,6 +278,26 @@ fn version(field: &str, rv: &str) -> Result<Option<u64>, ApiError> {
     })
 }
 
+/// `objects` in messages of at most `limit` bytes each, in order; an object larger than
+/// `limit` alone in its message.
+fn by_bytes(objects: Vec<Vec<u8>>, limit: usize) -> Vec<Vec<Vec<u8>>> {
+    let mut chunks: Vec<Vec<Vec<u8>>> = Vec::new();
+    let mut size = 0;
+    for object in objects {
+        match chunks.last_mut() {
+            Some(chunk) if size + object.len() <= limit => {
+                size += object.len();
+                chunk.push(object);
+            }
+            _ => {
+                size = object.len();
+                chunks.push(vec![object]);
+            }
+        }
+    }
+    chunks
+}
+
 /// An object as the caller may have it: whole, or (a caller granted metadata only, of a kind
 /// another registration caches in full) its `apiVersion`, `kind` and `metadata` alone.
 fn served(json: &[u8], objects: Objects, cache: &ResourceCache) -> Vec<u8> {
@@ -351,11 +374,11 @@ impl cache_server::Cache for CacheService {
             };
             (objects, store.resource_version().to_string())
         };
-        let mut chunks: Vec<Result<ListResponse, Status>> = objects
-            .chunks(LIST_CHUNK)
+        let mut chunks: Vec<Result<ListResponse, Status>> = by_bytes(objects, LIST_MESSAGE_BYTES)
+            .into_iter()
             .map(|chunk| {
                 Ok(ListResponse {
-                    objects_json: chunk.to_vec(),
+                    objects_json: chunk,
                     cache_resource_version: rv.clone(),
                     either,
                 })
@@ -464,4 +487,26 @@ pub async fn resync(
     );
     enqueuer.push(keys, Priority::Low, None, None).await;
     count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::by_bytes;
+
+    #[test]
+    fn lists_are_cut_by_bytes_and_a_large_object_goes_alone() {
+        let objects =
+            |sizes: &[usize]| -> Vec<Vec<u8>> { sizes.iter().map(|n| vec![0; *n]).collect() };
+        let sizes = |chunks: Vec<Vec<Vec<u8>>>| -> Vec<Vec<usize>> {
+            chunks
+                .iter()
+                .map(|c| c.iter().map(Vec::len).collect())
+                .collect()
+        };
+        assert_eq!(
+            sizes(by_bytes(objects(&[4, 4, 2, 5, 11, 1]), 10)),
+            [vec![4, 4, 2], vec![5], vec![11], vec![1]]
+        );
+        assert!(by_bytes(Vec::new(), 10).is_empty());
+    }
 }

@@ -944,3 +944,74 @@ controllers:
     watcher.stop().await;
     queue.stop().await;
 }
+
+#[tokio::test]
+async fn a_list_larger_than_a_grpc_message_arrives_whole_in_several() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watch-big-list")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[RS], &[]).await;
+    let watcher = watcher(
+        plane,
+        &rs_config(&ns, false),
+        &format!("--queue-addr={}", queue.grpc()),
+    )
+    .await;
+    watcher.wait_ready(WITHIN).await;
+    // 200 Pods of 30 KiB each: 6 MiB, beyond gRPC's default 4 MiB message limit that a
+    // client decodes with.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let filler = "x".repeat(30 * 1024);
+    let mut created = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let pods = pods.clone();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("big-{i}"), "annotations": {"filler": filler}},
+            "spec": {"containers": [{"name": "c", "image": switchyard_testenv::manifests::IMAGE}]},
+        }))
+        .unwrap();
+        created.spawn(async move { pods.create(&PostParams::default(), &pod).await.unwrap() });
+    }
+    let versions: Vec<u64> = created
+        .join_all()
+        .await
+        .iter()
+        .map(|p| {
+            p.metadata
+                .resource_version
+                .as_deref()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let newest = versions.iter().max().unwrap().to_string();
+    let mut cache = cache_client(watcher.grpc()).await;
+    let mut stream = cache
+        .list(ListRequest {
+            gvk: Some(ProtoGvk {
+                group: String::new(),
+                version: "v1".into(),
+                kind: "Pod".into(),
+            }),
+            namespace: ns.clone(),
+            freshness: Some(Freshness {
+                min_resource_version: newest,
+                ..Freshness::default()
+            }),
+            ..ListRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (mut objects, mut messages) = (0, 0);
+    while let Some(chunk) = stream.message().await.unwrap() {
+        messages += 1;
+        objects += chunk.objects_json.len();
+    }
+    assert_eq!(objects, 200);
+    assert!(messages >= 2, "{messages} messages");
+}
