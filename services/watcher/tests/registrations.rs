@@ -7,7 +7,10 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
 
 use switchyard_k8s::{
     Api, PostParams,
@@ -16,12 +19,12 @@ use switchyard_k8s::{
 use switchyard_proto::{
     common::v1::GroupVersionKind as ProtoGvk,
     watcher::v1::{
-        ControllerWatches, GetRequest, RegisterRequest, RegisterResponse, Watch,
-        watches_client::WatchesClient,
+        ControllerWatches, GetRequest, ListRequest, RegisterRequest, RegisterResponse, Watch,
+        cache_client::CacheClient, watches_client::WatchesClient,
     },
 };
-use switchyard_runtime::Role;
-use switchyard_testenv::{ControlPlane, TestNamespace};
+use switchyard_runtime::{Dialer, Role};
+use switchyard_testenv::{ControlPlane, Pki, TestNamespace};
 use tonic::{Code, Status, Streaming, transport::Channel};
 
 use support::*;
@@ -700,4 +703,149 @@ async fn a_registrant_watches_and_reads_only_what_its_service_account_is_granted
         "{}",
         status.message()
     );
+}
+
+/// A channel to the watcher at `address` as a reconciler of its own, whose certificate names
+/// `service_account` (`<name>-switchyard-reconciler`, so that its role is a reconciler's).
+async fn reconciler_as(service_account: &str, address: SocketAddr) -> Channel {
+    let files = Pki::shared()
+        .issue_as(service_account, service_account)
+        .unwrap();
+    let dialer = Dialer::from_args(&files.args()).unwrap();
+    let endpoint = dialer
+        .endpoint(&address.to_string(), Role::Watcher)
+        .unwrap();
+    dialer.connect(&endpoint, Role::Watcher).await.unwrap()
+}
+
+/// The object a Get found, parsed.
+async fn found(cache: &mut CacheClient<Channel>, request: GetRequest) -> serde_json::Value {
+    let response = cache.get(request).await.unwrap().into_inner();
+    assert!(response.found, "found");
+    serde_json::from_slice(&response.object_json).unwrap()
+}
+
+/// The refusal of a Get; fails showing the object if it was served.
+async fn get_refused(cache: &mut CacheClient<Channel>, request: GetRequest) -> Status {
+    match cache.get(request).await {
+        Ok(served) => panic!(
+            "served: {}",
+            String::from_utf8_lossy(&served.into_inner().object_json)
+        ),
+        Err(status) => status,
+    }
+}
+
+fn assert_denied(status: &Status, kind: &str, account: &str) {
+    assert_eq!(
+        status.code(),
+        Code::PermissionDenied,
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains(kind) && status.message().contains(&format!("{account:?}")),
+        "names {kind} and {account}: {}",
+        status.message()
+    );
+}
+
+#[tokio::test]
+async fn a_kind_cached_for_one_service_account_is_not_served_to_another() {
+    const VAULT: &str = "vault-switchyard-reconciler";
+    const BUILT_IN: &str = "switchyard-reconciler";
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watches-scope")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[CM], &[]).await;
+    // A controller of its own may have Secrets and ConfigMaps whole; the built-in identity
+    // ConfigMaps' metadata only, and no Secret.
+    let config = format!(
+        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\nregistrations:
+  - serviceAccount: {BUILT_IN}
+    kinds: [{{apiVersion: v1, kind: ConfigMap}}]
+  - serviceAccount: {VAULT}
+    kinds:
+      - {{apiVersion: v1, kind: Secret, objects: full}}
+      - {{apiVersion: v1, kind: ConfigMap, objects: full}}
+"
+    );
+    let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
+    watcher.wait_ready(WITHIN).await;
+    let vault = reconciler_as(VAULT, watcher.grpc()).await;
+    let (_held, kinds) = register(
+        &mut WatchesClient::new(vault.clone()),
+        request("vault-0", vec![config_maps()]),
+    )
+    .await;
+    assert_eq!(kinds, ["/v1/ConfigMap", "/v1/Secret"]);
+
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    maps.create(&PostParams::default(), &config_map("settings"))
+        .await
+        .unwrap();
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "token"},
+        "stringData": {"token": "hunter2"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    // The account granted them reads both whole.
+    let mut granted = CacheClient::new(vault);
+    eventually("the cache holds the Secret and the ConfigMap", async || {
+        let secret = granted.get(get("Secret", &ns, "token")).await.unwrap();
+        let map = granted
+            .get(get("ConfigMap", &ns, "settings"))
+            .await
+            .unwrap();
+        secret.into_inner().found && map.into_inner().found
+    })
+    .await;
+    let whole = found(&mut granted, get("Secret", &ns, "token")).await;
+    assert_eq!(whole["data"]["token"], "aHVudGVyMg==");
+    let whole = found(&mut granted, get("ConfigMap", &ns, "settings")).await;
+    assert_eq!(whole["data"]["greeting"], "hello");
+
+    // The built-in identity: the Secrets the watcher now caches are refused, read or listed,
+    // naming the kind and the account; so is registering them.
+    let mut other = cache_client(watcher.grpc()).await;
+    let status = get_refused(&mut other, get("Secret", &ns, "token")).await;
+    assert_denied(&status, "v1/Secret", BUILT_IN);
+    let list = ListRequest {
+        gvk: gvk("", "v1", "Secret"),
+        namespace: ns.clone(),
+        ..ListRequest::default()
+    };
+    let status = match other.list(list).await {
+        Ok(_) => panic!("the Secrets were listed"),
+        Err(status) => status,
+    };
+    assert_denied(&status, "v1/Secret", BUILT_IN);
+    let secrets = ControllerWatches {
+        name: "example.com/v1/SecretReader".into(),
+        reconciles: Some(Watch {
+            metadata_only: true,
+            ..watch("v1", "Secret")
+        }),
+        owns: vec![],
+        by_label: vec![],
+    };
+    let mut watches = watches_client(Role::Reconciler, watcher.grpc()).await;
+    let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;
+    assert_denied(&status, "v1/Secret", BUILT_IN);
+    // ConfigMaps, cached whole for the other account, as metadata only.
+    let trimmed = found(&mut other, get("ConfigMap", &ns, "settings")).await;
+    assert_eq!(trimmed["metadata"]["name"], "settings");
+    assert_eq!(trimmed.get("data"), None, "{trimmed}");
+
+    watcher.stop().await;
+    queue.stop().await;
 }
