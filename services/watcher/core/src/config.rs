@@ -602,13 +602,23 @@ fn validate_grants(raw: Vec<RawGrant>) -> Result<Grants> {
                 "required: the service account of the registrant's certificate",
             ));
         }
-        let kinds = grants.by_account.entry(account.to_owned()).or_default();
-        if !kinds.is_empty() {
+        if !is_service_account(account) {
+            return Err(invalid(
+                format!("{field}.serviceAccount"),
+                format!(
+                    "{account:?} is not a service account name (lowercase letters, digits, '-' \
+                     and '.', at most {MAX_SERVICE_ACCOUNT}): write the <name> of the \
+                     certificate's spiffe://<trust domain>/ns/<namespace>/sa/<name>"
+                ),
+            ));
+        }
+        if grants.by_account.contains_key(account) {
             return Err(invalid(
                 format!("{field}.serviceAccount"),
                 format!("{account:?} is already listed; list all its kinds in one entry"),
             ));
         }
+        let kinds = grants.by_account.entry(account.to_owned()).or_default();
         for (k, kind) in grant.kinds.into_iter().enumerate() {
             let at = format!("{field}.kinds[{k}]");
             let gvk = Gvk::parse(&kind.api_version, &kind.kind).map_err(|e| invalid(&at, e))?;
@@ -618,6 +628,21 @@ fn validate_grants(raw: Vec<RawGrant>) -> Result<Grants> {
         }
     }
     Ok(grants)
+}
+
+/// Longest service account name: Kubernetes names them as DNS subdomains (RFC 1123).
+const MAX_SERVICE_ACCOUNT: usize = 253;
+
+/// Whether `name` can be a service account's name, as a certificate's SPIFFE URI carries it:
+/// a full URI or a name with capitals would never match a caller, and its grant would be lost.
+fn is_service_account(name: &str) -> bool {
+    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    name.len() <= MAX_SERVICE_ACCOUNT
+        && name.starts_with(alphanumeric)
+        && name.ends_with(alphanumeric)
+        && name
+            .chars()
+            .all(|c| alphanumeric(c) || c == '-' || c == '.')
 }
 
 /// Longest batch period: a key held longer than this is a controller that reacts late, not
@@ -1007,5 +1032,102 @@ controllers:
         ] {
             assert!(error(text).starts_with(field), "{text}: {}", error(text));
         }
+    }
+
+    const GRANTS: &str = r#"
+resources:
+  - {apiVersion: v1, kind: Pod, metadataOnly: true}
+controllers:
+  - name: apps/v1/ReplicaSet
+    for: {apiVersion: apps/v1, kind: ReplicaSet}
+registrations:
+  - serviceAccount: greeting-switchyard-reconciler
+    kinds:
+      - {apiVersion: example.switchyard.io/v1, kind: Greeting, objects: full}
+      - {apiVersion: v1, kind: ConfigMap}
+      - {apiVersion: v1, kind: Pod, objects: full}
+  - serviceAccount: switchyard-reconciler
+    kinds: []
+"#;
+
+    #[test]
+    fn grants_are_per_account_deny_by_default_and_metadata_unless_full() {
+        let config = Config::from_yaml(GRANTS).unwrap();
+        let gvk = |api_version, kind| Gvk::parse(api_version, kind).unwrap();
+        let greeting = "greeting-switchyard-reconciler";
+        // The file's kinds, to any account, as the file caches them; a grant adds to them.
+        for account in ["switchyard-reconciler", "other-switchyard-reconciler"] {
+            assert_eq!(
+                config.access(account, &gvk("apps/v1", "ReplicaSet")),
+                Some(Objects::Full)
+            );
+            assert_eq!(
+                config.access(account, &gvk("v1", "Pod")),
+                Some(Objects::Metadata)
+            );
+            assert_eq!(config.access(account, &gvk("v1", "ConfigMap")), None);
+        }
+        assert_eq!(
+            config.access(greeting, &gvk("v1", "Pod")),
+            Some(Objects::Full)
+        );
+        assert_eq!(
+            config.access(greeting, &gvk("example.switchyard.io/v1", "Greeting")),
+            Some(Objects::Full)
+        );
+        assert_eq!(
+            config.access(greeting, &gvk("v1", "ConfigMap")),
+            Some(Objects::Metadata)
+        );
+        // Nothing listed is granted: Secrets, another version of a granted kind.
+        assert_eq!(config.access(greeting, &gvk("v1", "Secret")), None);
+        assert_eq!(
+            config.access(greeting, &gvk("example.switchyard.io/v2", "Greeting")),
+            None
+        );
+    }
+
+    #[test]
+    fn malformed_grants_name_the_field() {
+        let grants = |text: &str| error(&format!("registrations:\n{text}"));
+        assert_eq!(
+            grants("  - kinds: [{apiVersion: v1, kind: Pod}]"),
+            "registrations[0].serviceAccount: required: the service account of the \
+             registrant's certificate"
+        );
+        assert_eq!(
+            grants(
+                "  - {serviceAccount: a-switchyard-reconciler, kinds: []}\n  - {serviceAccount: a-switchyard-reconciler, kinds: [{apiVersion: v1, kind: Pod}]}"
+            ),
+            "registrations[1].serviceAccount: \"a-switchyard-reconciler\" is already listed; \
+             list all its kinds in one entry"
+        );
+        assert_eq!(
+            grants(
+                "  - serviceAccount: spiffe://cluster.local/ns/switchyard/sa/switchyard-reconciler"
+            ),
+            "registrations[0].serviceAccount: \"spiffe://cluster.local/ns/switchyard/sa/\
+             switchyard-reconciler\" is not a service account name (lowercase letters, digits, \
+             '-' and '.', at most 253): write the <name> of the certificate's \
+             spiffe://<trust domain>/ns/<namespace>/sa/<name>"
+        );
+        assert_eq!(
+            grants(
+                "  - serviceAccount: a-switchyard-reconciler\n    kinds: [{apiVersion: v1, kind: Pod}, {apiVersion: v1, kind: Pod, objects: full}]"
+            ),
+            "registrations[0].kinds[1]: v1/Pod is listed twice"
+        );
+        assert!(
+            grants(
+                "  - serviceAccount: a-switchyard-reconciler\n    kinds: [{apiVersion: v1/, kind: Pod}]"
+            )
+            .starts_with("registrations[0].kinds[0]: apiVersion \"v1/\""),
+        );
+        assert!(
+            grants(
+                "  - serviceAccount: a-switchyard-reconciler\n    kinds: [{apiVersion: v1, kind: Pod, objects: all}]"
+            )
+            .contains("unknown variant `all`"),
+        );
     }
 }

@@ -531,3 +531,82 @@ fn malformed_registrations_name_the_field() {
         "controllers[0].owns: 101 given; at most 100"
     );
 }
+
+#[test]
+fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
+    let config = Config::from_yaml(&format!(
+        "{FILE}registrations:
+  - serviceAccount: widgets-switchyard-reconciler
+    kinds:
+      - {{apiVersion: example.com/v1, kind: Widget, objects: full}}
+      - {{apiVersion: v1, kind: ConfigMap}}
+"
+    ))
+    .unwrap();
+    let granted = "widgets-switchyard-reconciler";
+    let check = |controllers: Vec<ControllerWatches>, account: &str| {
+        registration("widgets-0", controllers)
+            .check_access(&config, account)
+            .map_err(|denied| denied.to_string())
+    };
+    let metadata_maps = ControllerWatches {
+        owns: vec![metadata(watch("v1", "ConfigMap"))],
+        ..widgets()
+    };
+    // Whole ConfigMaps, granted as metadata.
+    assert_eq!(
+        check(vec![widgets()], granted).unwrap_err(),
+        "controllers[0].owns[0].gvk: v1/ConfigMap is granted to service account \
+         \"widgets-switchyard-reconciler\" as metadata only; watch it with metadata_only, or \
+         grant it objects: full"
+    );
+    // Secrets, named by a label watch, granted not at all.
+    assert_eq!(
+        check(vec![metadata_maps.clone()], granted).unwrap_err(),
+        "controllers[0].by_label[0].gvk: v1/Secret is not granted to service account \
+         \"widgets-switchyard-reconciler\" (the watcher configuration's registrations)"
+    );
+    let allowed = ControllerWatches {
+        by_label: vec![],
+        ..metadata_maps
+    };
+    assert_eq!(check(vec![allowed.clone()], granted), Ok(()));
+    // The kind between the owned and the owner needs a grant too, if only as metadata.
+    let through = ControllerWatches {
+        owns: vec![Watch {
+            through: Some(gvk("apps/v1", "Deployment")),
+            ..metadata(watch("v1", "ConfigMap"))
+        }],
+        ..allowed.clone()
+    };
+    assert_eq!(
+        check(vec![through], granted).unwrap_err(),
+        "controllers[0].owns[0].through: apps/v1/Deployment is not granted to service account \
+         \"widgets-switchyard-reconciler\" (the watcher configuration's registrations)"
+    );
+    // Another account has none of these grants.
+    assert_eq!(
+        check(vec![allowed], "switchyard-reconciler").unwrap_err(),
+        "controllers[0].owns[0].gvk: v1/ConfigMap is not granted to service account \
+         \"switchyard-reconciler\" (the watcher configuration's registrations)"
+    );
+    // The file's kinds are any account's, as the file caches them: Pods as metadata.
+    let pods = |pods: Watch| ControllerWatches {
+        name: "apps/v1/ReplicaSet".into(),
+        reconciles: Some(watch("apps/v1", "ReplicaSet")),
+        owns: vec![pods],
+        by_label: vec![],
+    };
+    assert_eq!(
+        check(
+            vec![pods(metadata(watch("v1", "Pod")))],
+            "any-switchyard-reconciler"
+        ),
+        Ok(())
+    );
+    assert!(
+        check(vec![pods(watch("v1", "Pod"))], "any-switchyard-reconciler")
+            .unwrap_err()
+            .starts_with("controllers[0].owns[0].gvk: v1/Pod is granted to service account")
+    );
+}
