@@ -6,8 +6,10 @@
 //!
 //! - an owner missing from the graph is read from the apiserver (not found, or found with
 //!   another UID: dangling; remembered, since a UID is never reused);
-//! - every delete carries the object's UID as a precondition, and every patch its UID and
-//!   resourceVersion, so a stale decision fails instead of touching a newer object.
+//! - every delete and patch carries the object's UID and the resourceVersion the decision
+//!   was made on as preconditions: a decision on a stale graph fails (409), and the object is
+//!   then read live and decided again, so no object is deleted for references it no longer
+//!   has.
 //!
 //! ```text
 //!  key (garbage-collector, namespace, uid) ─► Cache.GetGraphNode ─► decide ─► delete / patch
@@ -104,9 +106,10 @@ impl GarbageCollector {
             // Gone: its dependents were keyed when it went.
             return Ok(Action::Done);
         };
-        // The graph is a cache: it decides whether there is anything to do, and every
-        // action is decided again on the object as the apiserver has it now.
-        let mut live = false;
+        // The graph is a cache. A decision made on it is written with the object's UID and
+        // the resourceVersion the graph holds as preconditions, so it takes effect only if
+        // the object is still exactly what was decided on; when it is not (409), the object
+        // is read live and decided again. A stale graph can cost a request, never an object.
         for _ in 0..DECISIONS {
             if node.deleting {
                 if node.orphan {
@@ -126,19 +129,12 @@ impl GarbageCollector {
                 invalid_namespace(ctx, &node, &invalid);
                 return Ok(Action::Done);
             };
-            let current = if live {
-                let current = self.act(ctx, &node, decision).await?;
-                if current.is_none() {
-                    invalid_namespace(ctx, &node, &invalid);
-                }
-                current
-            } else {
-                live = true;
-                read_live(ctx, &node).await?
-            };
-            match current {
+            match self.act(ctx, &node, decision).await? {
                 Some(current) => node = current,
-                None => return Ok(Action::Done),
+                None => {
+                    invalid_namespace(ctx, &node, &invalid);
+                    return Ok(Action::Done);
+                }
             }
         }
         Err(Error::Other(format!(
@@ -179,9 +175,9 @@ impl GarbageCollector {
         Ok(Some(core::decide(&states, subject)))
     }
 
-    /// Carries out a decision made on the object as read live, with preconditions on its
-    /// UID and resourceVersion. `None` when it is done (or the object is gone); otherwise
-    /// the object changed meanwhile, as it is now, to decide again.
+    /// Carries out a decision made on `node` (the graph's, or the object read live), with
+    /// preconditions on its UID and resourceVersion. `None` when it is done (or the object
+    /// is gone); otherwise the object changed since `node`, as it is now, to decide again.
     async fn act(
         &self,
         ctx: &Context,
