@@ -62,7 +62,6 @@ mod tests {
                 "switchyard.elector.v1.Elector",
                 "switchyard.queue.v1.Queue",
                 "switchyard.watcher.v1.Cache",
-                "switchyard.watcher.v1.Resync",
                 "switchyard.watcher.v1.Watches",
             ]
         );

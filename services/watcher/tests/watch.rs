@@ -497,13 +497,16 @@ async fn the_cache_answers_owner_label_and_fresh_reads() {
         "{}",
         status.message()
     );
+    // A kind neither the file nor a grant gives the caller is refused before anything else.
     let status = cache
         .get(get(gvk("", "v1", "Secret").unwrap(), "x", None))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(status.code(), Code::PermissionDenied);
     assert!(
-        status.message().contains("v1/Secret is not watched"),
+        status
+            .message()
+            .contains("v1/Secret is neither in the watcher's configuration nor granted"),
         "{}",
         status.message()
     );
