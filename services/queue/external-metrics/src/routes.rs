@@ -19,6 +19,11 @@ use crate::{
     label_value,
 };
 
+/// The longest labelSelector read: an HPA's metric selector names a few controllers, and
+/// the apiserver's own URL limit is far above what one needs; a longer one is refused before
+/// it is parsed.
+const MAX_SELECTOR_BYTES: usize = 4096;
+
 #[derive(Clone, Debug)]
 pub(crate) struct ApiState<B> {
     pub backlog: B,
@@ -117,6 +122,16 @@ async fn metric_values<B: Backlog>(
         .find(|(k, _)| k == "labelSelector")
         .map(|(_, v)| v.into_owned())
         .unwrap_or_default();
+    if raw_selector.len() > MAX_SELECTOR_BYTES {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!(
+                "labelSelector: {} bytes, at most {MAX_SELECTOR_BYTES}",
+                raw_selector.len()
+            ),
+        );
+    }
     let selector = match Selector::parse(&raw_selector) {
         Ok(selector) => selector,
         Err(error) => {
@@ -361,6 +376,13 @@ mod tests {
                 "",
                 400,
                 "namespace \"Bad_NS\": \"Bad_NS\" is not a DNS label",
+            ),
+            (
+                "switchyard",
+                BACKLOG_METRIC,
+                &format!("labelSelector={}", "a".repeat(4097)),
+                400,
+                "labelSelector: 4097 bytes, at most 4096",
             ),
             (
                 "switchyard",
