@@ -13,6 +13,18 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// a larger one.
 pub const MAX_CACHE_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// A `google.protobuf.Duration` from the network as a `std::time::Duration`, or `None` when it
+/// is negative. Unlike `TryFrom`, it never panics: prost's conversion negates the seconds
+/// of a negative duration, which overflows for `i64::MIN` (a panic in a debug build). Nanos
+/// outside their range carry into the seconds, as protobuf's normalization does.
+pub fn duration(d: prost_types::Duration) -> Option<std::time::Duration> {
+    const NANOS: i128 = 1_000_000_000;
+    let total = i128::from(d.seconds) * NANOS + i128::from(d.nanos);
+    let seconds = u64::try_from(total.div_euclid(NANOS)).ok()?;
+    let nanos = u32::try_from(total.rem_euclid(NANOS)).ok()?;
+    Some(std::time::Duration::new(seconds, nanos))
+}
+
 pub mod common {
     pub mod v1 {
         tonic::include_proto!("switchyard.common.v1");
@@ -65,6 +77,21 @@ mod tests {
                 "switchyard.watcher.v1.Watches",
             ]
         );
+    }
+
+    #[test]
+    fn durations_convert_without_panicking_whatever_their_fields() {
+        let d = |seconds, nanos| super::duration(prost_types::Duration { seconds, nanos });
+        assert_eq!(d(1, 500), Some(std::time::Duration::new(1, 500)));
+        assert_eq!(d(2, -1), Some(std::time::Duration::new(1, 999_999_999)));
+        assert_eq!(d(0, 2_000_000_001), Some(std::time::Duration::new(2, 1)));
+        assert_eq!(
+            d(i64::MAX, i32::MAX),
+            Some(std::time::Duration::new(i64::MAX as u64 + 2, 147_483_647))
+        );
+        for (seconds, nanos) in [(-1, 0), (0, -1), (i64::MIN, 0), (i64::MIN, i32::MIN)] {
+            assert_eq!(d(seconds, nanos), None, "{seconds} s {nanos} ns");
+        }
     }
 
     #[test]

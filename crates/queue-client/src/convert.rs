@@ -12,7 +12,7 @@ use switchyard_proto::{
         work_response::Response as Reply,
     },
 };
-use switchyard_queue_core::{Priority, WorkKey};
+use switchyard_queue_core::{MAX_DELAY, MAX_LEASE_EXTENSION, Priority, WorkKey};
 use switchyard_runtime::trace::TraceFields;
 
 use crate::{Cause, Event, Lease, Outcome, ReadFloor, Versions};
@@ -22,6 +22,12 @@ fn priority(priority: Priority) -> pb::Priority {
         Priority::Low => pb::Priority::Low,
         Priority::Normal => pb::Priority::Normal,
     }
+}
+
+/// `asked`, at most `longest` (what the queue takes): past it the queue refuses an add, and
+/// past protobuf's range the duration would go as none at all.
+fn duration(asked: Duration, longest: Duration) -> Option<prost_types::Duration> {
+    prost_types::Duration::try_from(asked.min(longest)).ok()
 }
 
 fn key(key: &WorkKey) -> ProtoKey {
@@ -42,7 +48,7 @@ pub(crate) fn enqueue_items<'a>(
     observed_at: Option<SystemTime>,
 ) -> impl Iterator<Item = pb::EnqueueItem> + 'a {
     let delay = (!delay.is_zero())
-        .then(|| prost_types::Duration::try_from(delay).ok())
+        .then(|| duration(delay, MAX_DELAY))
         .flatten();
     let observed_at = observed_at.map(prost_types::Timestamp::from);
     let item = move |trace_context: TraceFields| pb::EnqueueItem {
@@ -85,7 +91,7 @@ pub(crate) fn outcome(
     let result = match outcome {
         Outcome::Done => Verdict::Done(pb::Done {}),
         Outcome::RequeueAfter(delay) => Verdict::RequeueAfter(pb::RequeueAfter {
-            delay: prost_types::Duration::try_from(delay).ok(),
+            delay: duration(delay, MAX_DELAY),
         }),
         Outcome::Failed(reason) => Verdict::Failed(pb::Failed { reason }),
         Outcome::Forget => Verdict::Forget(pb::Forget {}),
@@ -113,7 +119,7 @@ pub(crate) fn extend(lease: &Lease, by: Duration) -> pb::WorkRequest {
         shard: lease.shard,
         epoch: lease.epoch,
         lease_id: lease.id.clone(),
-        extend_by: prost_types::Duration::try_from(by).ok(),
+        extend_by: duration(by, MAX_LEASE_EXTENSION),
     }))
 }
 
@@ -145,9 +151,7 @@ fn lease(item: pb::LeasedItem) -> Lease {
             kinds: item.read_floor.into_iter().collect(),
             namespace: item.namespace_read_floor.into_iter().collect(),
         },
-        shard_held_for: item
-            .shard_held_for
-            .and_then(|d| std::time::Duration::try_from(d).ok()),
+        shard_held_for: item.shard_held_for.and_then(switchyard_proto::duration),
     }
 }
 
@@ -228,6 +232,44 @@ mod tests {
                 name: "a".into()
             })
         );
+    }
+
+    #[test]
+    fn durations_longer_than_the_queue_takes_go_as_its_longest() {
+        // Sent as asked, an add's delay past a week loses the key (the queue refuses it), an
+        // extension past an hour is cut there, and anything past protobuf's range went as no
+        // duration at all: an add or a requeue ready at once, an extension the queue refuses
+        // by ending the stream.
+        let proto = |d: Duration| prost_types::Duration::try_from(d).ok();
+        let key = WorkKey::new("c", "ns", "a");
+        for asked in [MAX_DELAY + Duration::from_secs(1), Duration::MAX] {
+            let items: Vec<_> = enqueue_items(&key, Priority::Normal, asked, &[], None).collect();
+            assert_eq!(items[0].delay, proto(MAX_DELAY), "{asked:?}");
+        }
+        let leased = lease(pb::LeasedItem {
+            lease_id: "l".into(),
+            ..Default::default()
+        });
+        let requeue = outcome(
+            &leased,
+            Outcome::RequeueAfter(Duration::MAX),
+            Duration::MAX,
+            &ReadFloor::default(),
+        );
+        let Some(Msg::Outcome(sent)) = requeue.request else {
+            panic!("{requeue:?}");
+        };
+        assert_eq!(
+            sent.result,
+            Some(Verdict::RequeueAfter(pb::RequeueAfter {
+                delay: proto(MAX_DELAY)
+            }))
+        );
+        let extension = extend(&leased, Duration::MAX);
+        let Some(Msg::Extend(sent)) = extension.request else {
+            panic!("{extension:?}");
+        };
+        assert_eq!(sent.extend_by, proto(MAX_LEASE_EXTENSION));
     }
 
     #[test]

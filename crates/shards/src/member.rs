@@ -39,21 +39,37 @@ pub struct Member {
     pub address: String,
 }
 
+/// The longest member id: a Pod name's length.
+pub const MAX_MEMBER_ID_BYTES: usize = 253;
+
+/// What is wrong with `id` as a member id (one etcd path segment, 1 to
+/// [`MAX_MEMBER_ID_BYTES`] bytes), if anything.
+pub fn member_id_problem(id: &str) -> Option<String> {
+    if id.is_empty() {
+        Some("required".to_owned())
+    } else if id.len() > MAX_MEMBER_ID_BYTES {
+        Some(format!("{} bytes, at most {MAX_MEMBER_ID_BYTES}", id.len()))
+    } else if id.contains('/') {
+        Some("must not contain '/'".to_owned())
+    } else {
+        None
+    }
+}
+
 impl Member {
-    /// Checks the id (a path segment, at most 253 characters) and the address.
+    /// Checks the id ([`member_id_problem`]) and the address.
     pub fn validate(&self) -> Result<(), MembershipError> {
-        let invalid = |field, reason: &str| MembershipError::Invalid {
-            field,
-            reason: reason.to_owned(),
-        };
-        if self.id.is_empty() || self.id.len() > 253 {
-            return Err(invalid("id", "must be 1 to 253 characters"));
-        }
-        if self.id.contains('/') {
-            return Err(invalid("id", "must not contain '/'"));
+        if let Some(reason) = member_id_problem(&self.id) {
+            return Err(MembershipError::Invalid {
+                field: "id",
+                reason,
+            });
         }
         if self.address.is_empty() {
-            return Err(invalid("address", "must not be empty"));
+            return Err(MembershipError::Invalid {
+                field: "address",
+                reason: "must not be empty".to_owned(),
+            });
         }
         Ok(())
     }

@@ -51,8 +51,8 @@ impl std::fmt::Debug for CachedClient {
 /// Why `DrainMember` was refused.
 #[derive(Debug, thiserror::Error)]
 enum DrainRefused {
-    #[error("member_id: required")]
-    MissingMember,
+    #[error("member_id: {0}")]
+    InvalidMember(String),
     #[error("this elector has no etcd to write the mark to")]
     NoEtcd,
     #[error(transparent)]
@@ -63,7 +63,7 @@ impl From<DrainRefused> for Status {
     fn from(error: DrainRefused) -> Self {
         let message = error.to_string();
         match error {
-            DrainRefused::MissingMember => Status::invalid_argument(message),
+            DrainRefused::InvalidMember(_) => Status::invalid_argument(message),
             DrainRefused::NoEtcd => Status::unimplemented(message),
             DrainRefused::Drain(DrainError::NotFound(_)) => Status::not_found(message),
             DrainRefused::Drain(DrainError::NoOtherMember { .. }) => {
@@ -159,8 +159,8 @@ impl ElectorService {
     }
 
     async fn drain_member(&self, request: pb::DrainMemberRequest) -> Result<u32, DrainRefused> {
-        if request.member_id.is_empty() {
-            return Err(DrainRefused::MissingMember);
+        if let Some(problem) = switchyard_shards::member::member_id_problem(&request.member_id) {
+            return Err(DrainRefused::InvalidMember(problem));
         }
         let mut client = self.client().await?;
         let written = if request.undo {
@@ -330,6 +330,35 @@ mod tests {
         let sent = snapshot(Some(&states), Some(&members), 3);
         assert_eq!(sent.shards[1].address, "127.0.0.1:1");
         assert_eq!(switchyard_shards::member_view(&sent), (states, members));
+    }
+
+    /// An id no member could register under is refused before etcd is asked, naming the
+    /// field and the limit.
+    #[tokio::test]
+    async fn a_member_id_no_member_could_have_is_refused_naming_the_field() {
+        let (_map_tx, map) = watch::channel(Some(Vec::new()));
+        let (_members_tx, members) = watch::channel(Some(Vec::new()));
+        let service = ElectorService::new(2, map, members);
+        for (member_id, message) in [
+            (String::new(), "member_id: required"),
+            ("m".repeat(254), "member_id: 254 bytes, at most 253"),
+            ("m".repeat(4 << 20), "member_id: 4194304 bytes, at most 253"),
+            ("q0/../q1".to_owned(), "member_id: must not contain '/'"),
+        ] {
+            for undo in [false, true] {
+                let request = pb::DrainMemberRequest {
+                    member_id: member_id.clone(),
+                    undo,
+                };
+                let status = elector_server::Elector::drain_member(&service, Request::new(request))
+                    .await
+                    .unwrap_err();
+                assert_eq!(
+                    (status.code(), status.message()),
+                    (tonic::Code::InvalidArgument, message)
+                );
+            }
+        }
     }
 
     /// A subscriber that saw the map before its owners' addresses were known gets the

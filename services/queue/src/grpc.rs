@@ -277,6 +277,16 @@ impl queue_server::Queue for QueueService {
                 .into());
             }
         };
+        // More names than the queue may know could only repeat some: each lease would walk
+        // them all.
+        let most = self.keys.max_controllers();
+        if hello.controllers.len() > most {
+            return Err(EdgeError::Invalid(format!(
+                "hello.controllers: {} names, at most {most} (--max-controllers)",
+                hello.controllers.len()
+            ))
+            .into());
+        }
         // A worker's controllers become known here if they are new, so its stream is
         // served before the first key of theirs arrives.
         let controllers = hello
@@ -479,7 +489,7 @@ impl QueueService {
         let delay = match item.delay {
             None => Duration::ZERO,
             Some(d) => {
-                let delay = Duration::try_from(d).map_err(|_| {
+                let delay = switchyard_proto::duration(d).ok_or_else(|| {
                     EdgeError::Invalid(format!("{}: must not be negative", field("delay")))
                 })?;
                 if delay > MAX_DELAY {
@@ -670,14 +680,12 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
                 Some(OutcomeResult::Forget(_)) => Outcome::Forget,
                 Some(OutcomeResult::Failed(_)) => Outcome::Failed,
                 Some(OutcomeResult::RequeueAfter(r)) => {
-                    let delay = r
-                        .delay
-                        .map(Duration::try_from)
-                        .transpose()
-                        .map_err(|_| {
+                    let delay = match r.delay {
+                        None => Duration::ZERO,
+                        Some(d) => switchyard_proto::duration(d).ok_or_else(|| {
                             "outcome.requeue_after.delay: must not be negative".to_owned()
-                        })?
-                        .unwrap_or_default();
+                        })?,
+                    };
                     Outcome::RequeueAfter(delay)
                 }
             };
@@ -694,7 +702,7 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
         Some(WorkMessage::Extend(extend)) => {
             let by = extend
                 .extend_by
-                .and_then(|d| Duration::try_from(d).ok())
+                .and_then(switchyard_proto::duration)
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| "extend.extend_by: must be a positive duration".to_owned())?;
             Ok(Command::Extend {

@@ -723,10 +723,61 @@ async fn delays_beyond_any_clock_are_refused_or_capped_and_the_replica_keeps_ser
     worker.credit(1).await;
     let next = worker.item().await;
     assert_eq!(next.key.unwrap().name, "next");
+    // Nothing accepted was lost: the requeued key waits, a week at most.
+    let first = operator(&server)
+        .await
+        .describe_key(DescribeKeyRequest {
+            key: Some(key("first")),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.phase(), KeyPhase::Delayed, "{first:?}");
+    let ready_in = std::time::SystemTime::try_from(first.ready_at.unwrap())
+        .unwrap()
+        .duration_since(std::time::SystemTime::now())
+        .unwrap();
+    let week = Duration::from_secs(7 * 24 * 3600);
+    assert!(
+        ready_in <= week && ready_in > week - Duration::from_secs(60),
+        "{ready_in:?}"
+    );
     let livez = reqwest::get(format!("http://{}/livez", server.admin))
         .await
         .unwrap();
     assert_eq!(livez.status(), 200, "{:?}", livez.text().await);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_hello_naming_more_controllers_than_the_queue_may_serve_is_refused() {
+    let server = Server::start(&["--max-controllers=4"]).await;
+    let mut client = server.client().await;
+    // 100,000 names in 2 MB: each lease would walk them all for every controller.
+    for (names, served) in [(vec![RS; 100_000], false), (vec![RS; 4], true)] {
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(WorkRequest {
+            request: Some(Msg::Hello(WorkerHello {
+                worker_id: "many".into(),
+                controllers: names.iter().map(|c| (*c).to_owned()).collect(),
+            })),
+        })
+        .await
+        .unwrap();
+        let answer = client.work(ReceiverStream::new(rx)).await;
+        if served {
+            answer.unwrap();
+            continue;
+        }
+        let status = answer.unwrap_err();
+        assert_eq!(
+            (status.code(), status.message()),
+            (
+                Code::InvalidArgument,
+                "hello.controllers: 100000 names, at most 4 (--max-controllers)"
+            )
+        );
+    }
     server.stop().await;
 }
 

@@ -226,8 +226,8 @@ async fn fresh(
     )?;
     let wait = match max_wait {
         None => DEFAULT_WAIT,
-        Some(d) => Duration::try_from(d)
-            .map_err(|_| invalid("freshness.max_wait", "must not be negative"))?,
+        Some(d) => switchyard_proto::duration(d)
+            .ok_or_else(|| invalid("freshness.max_wait", "must not be negative"))?,
     }
     .min(MAX_WAIT);
     // A stream of one namespace cannot order a version of the kind's other namespaces:

@@ -139,9 +139,11 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         batch_period,
     } = watch;
     let batch_period = batch_period
-        .map(std::time::Duration::try_from)
-        .transpose()
-        .map_err(|_| invalid(format!("{field}.batch_period"), "must not be negative"))?
+        .map(|period| {
+            switchyard_proto::duration(period)
+                .ok_or_else(|| invalid(format!("{field}.batch_period"), "must not be negative"))
+        })
+        .transpose()?
         .filter(|period| !period.is_zero());
     let predicates = predicates
         .into_iter()

@@ -300,7 +300,7 @@ impl Console {
                         sum.retrying += shard.retrying;
                         let oldest = shard
                             .oldest_age
-                            .and_then(|d| Duration::try_from(d).ok())
+                            .and_then(switchyard_proto::duration)
                             .unwrap_or_default();
                         sum.oldest = sum.oldest.max(oldest);
                     }

@@ -162,7 +162,9 @@ impl Backoff {
         if bucket.tokens >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-bucket.tokens / qps)
+            // A rate too slow for `Duration` waits as long as it can hold; the queue cuts
+            // every delay to a week anyway.
+            Duration::try_from_secs_f64(-bucket.tokens / qps).unwrap_or(Duration::MAX)
         }
     }
 }
@@ -218,6 +220,15 @@ mod tests {
             },
             controllers,
         )
+    }
+
+    #[test]
+    fn a_bucket_too_slow_for_any_clock_asks_for_the_longest_wait_without_panicking() {
+        // 10^-300 retries a second is a valid --retry-qps: its wait is past `Duration`'s.
+        let mut b = bucket_only(1, 1e-300, 1);
+        let now = Instant::now();
+        assert_eq!(b.delay(0, 1, now), Duration::ZERO);
+        assert_eq!(b.delay(0, 1, now), Duration::MAX);
     }
 
     #[test]

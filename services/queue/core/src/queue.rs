@@ -347,9 +347,10 @@ type DelayedItem = (Instant, u64, ControllerId, Slot);
 /// far from the end of the monotonic clock.
 pub const MAX_DELAY: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
-/// `now + delay`, the delay cut to [`MAX_DELAY`]: never past the clock's end, whatever asked.
-pub(crate) fn after(now: Instant, delay: Duration) -> Instant {
-    now + delay.min(MAX_DELAY)
+/// `now + delay`, the delay cut to `longest`; a time past the clock's end is `now`: whatever
+/// asked, and whatever `now` a caller gives, it never panics.
+pub(crate) fn after(now: Instant, delay: Duration, longest: Duration) -> Instant {
+    now.checked_add(delay.min(longest)).unwrap_or(now)
 }
 
 /// Maps by shard number: the elector chooses the shards a queue holds, so a fast hasher
@@ -582,7 +583,7 @@ impl Queue {
         let due = if delay.is_zero() {
             Due::Now(priority)
         } else {
-            Due::At(after(now, delay))
+            Due::At(after(now, delay, MAX_DELAY))
         };
         if controller as usize >= self.controllers.len() {
             self.know_controllers();

@@ -7,8 +7,8 @@ use std::{
 };
 
 use super::{
-    Cause, Causes, Due, Outcome, OutcomeKind, Priority, Queue, ReadFloor, Refused, ShardState,
-    Slot, State, after, history,
+    Cause, Causes, Due, MAX_DELAY, Outcome, OutcomeKind, Priority, Queue, ReadFloor, Refused,
+    ShardState, Slot, State, after, history,
 };
 use crate::key::{ControllerId, ValidKey};
 
@@ -249,7 +249,7 @@ impl Queue {
                 continue;
             };
             let id = fresh_id(self.lease_ids.as_mut(), &self.leases);
-            let deadline = now + self.config.lease_timeout;
+            let deadline = after(now, self.config.lease_timeout, Duration::MAX);
             entry.state = State::Leased { pending: None };
             let causes = if queue.causes.is_empty() {
                 Causes::default()
@@ -336,7 +336,7 @@ impl Queue {
         self.note_end(lease, kind, error, now);
         let finish = match outcome {
             Outcome::Done | Outcome::Forget => Finish::Forget(None),
-            Outcome::RequeueAfter(d) => Finish::Forget(Some(after(now, d))),
+            Outcome::RequeueAfter(d) => Finish::Forget(Some(after(now, d, MAX_DELAY))),
             Outcome::Failed => Finish::Retry,
         };
         if outcome == Outcome::Failed {
@@ -358,7 +358,7 @@ impl Queue {
         now: Instant,
     ) -> Result<Instant, Refused> {
         self.check_lease(worker, shard, epoch, lease)?;
-        let deadline = now + by.min(MAX_LEASE_EXTENSION);
+        let deadline = after(now, by, MAX_LEASE_EXTENSION);
         if let Some(info) = self.leases.get_mut(&lease) {
             info.deadline = deadline;
         }
@@ -469,7 +469,7 @@ impl Queue {
             Finish::Retry => {
                 entry.failures = entry.failures.saturating_add(1);
                 let delay = self.backoff.delay(controller as usize, entry.failures, now);
-                Some(Due::At(after(now, delay)).merge(pending))
+                Some(Due::At(after(now, delay, MAX_DELAY)).merge(pending))
             }
             Finish::Return => Some(Due::Now(Priority::Normal).merge(pending)),
         };

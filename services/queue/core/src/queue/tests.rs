@@ -283,6 +283,48 @@ fn delays_past_the_clock_s_end_wait_a_week_at_most() {
     assert_eq!(leased, ["a", "b"]);
 }
 
+/// Within a second of the last instant `from`'s clock can hold.
+fn clock_end(from: Instant) -> Instant {
+    let (mut fits, mut overflows) = (0u64, u64::MAX);
+    while overflows - fits > 1 {
+        let mid = fits + (overflows - fits) / 2;
+        if from.checked_add(Duration::from_secs(mid)).is_some() {
+            fits = mid;
+        } else {
+            overflows = mid;
+        }
+    }
+    from + Duration::from_secs(fits)
+}
+
+#[test]
+fn at_the_clock_s_end_nothing_overflows_and_no_key_is_lost() {
+    // The core takes `now` from its caller: whatever it is, no delay, lease deadline,
+    // extension or backoff may panic; what cannot be represented comes due at once.
+    let (mut q, t0) = queue();
+    let end = clock_end(t0);
+    q.add(&key("a"), Priority::Normal, MAX_DELAY, end).unwrap();
+    let l = lease(&mut q, end).expect("a delay past the clock's end is due at once");
+    q.extend(W, l.shard(), l.epoch, l.id, MAX_LEASE_EXTENSION, end)
+        .unwrap();
+    q.complete(
+        W,
+        l.shard(),
+        l.epoch,
+        l.id,
+        Outcome::RequeueAfter(MAX_DELAY),
+        end,
+    )
+    .unwrap();
+    let l = lease(&mut q, end).unwrap();
+    q.complete(W, l.shard(), l.epoch, l.id, Outcome::Failed, end)
+        .unwrap();
+    // Its backoff may still fit before the clock's end: held, due then or at once.
+    q.advance(end);
+    assert_eq!(q.len(), 1);
+    assert!(q.describe(&key("a")).is_some());
+}
+
 #[test]
 fn an_expired_lease_requeues_with_backoff_and_refuses_the_late_outcome() {
     let (mut q, t0) = queue();
