@@ -25,13 +25,17 @@ use switchyard_queue_core::{
     MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, Origin, Outcome, Priority, ReadFloor, ShardStats,
     ValidKey,
 };
-use switchyard_runtime::trace::{self, TraceFields};
+use switchyard_runtime::{
+    authz::Caller,
+    trace::{self, TraceFields},
+};
 use switchyard_shards::member::Member;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::actor::{Add, Closed, Command, EnqueueError, Handle, ToWorker};
+use crate::grants::{NotGranted, WorkGrants};
 
 /// Outcomes and extensions of one work stream whose replies the worker has not yet read. A
 /// worker that sends faster than it reads is held here (and so by HTTP/2 flow control)
@@ -55,6 +59,7 @@ pub struct QueueService {
     handle: Handle,
     keys: KeySpace,
     directory: Option<Directory>,
+    grants: WorkGrants,
 }
 
 /// Who serves which shard, for redirecting callers (membership mode).
@@ -65,11 +70,14 @@ pub struct Directory {
 }
 
 impl QueueService {
-    pub fn new(handle: Handle, keys: KeySpace) -> Self {
+    /// Serves the queue behind `handle`, checking each Work stream's controllers against
+    /// `grants`.
+    pub fn new(handle: Handle, keys: KeySpace, grants: WorkGrants) -> Self {
         Self {
             handle,
             keys,
             directory: None,
+            grants,
         }
     }
 
@@ -265,6 +273,7 @@ impl queue_server::Queue for QueueService {
         &self,
         request: Request<Streaming<pb::WorkRequest>>,
     ) -> Result<Response<Self::WorkStream>, Status> {
+        let caller = request.extensions().get::<Caller>().cloned();
         let mut inbound = request.into_inner();
         let hello = match inbound.message().await? {
             Some(pb::WorkRequest {
@@ -286,6 +295,12 @@ impl queue_server::Queue for QueueService {
                 hello.controllers.len()
             ))
             .into());
+        }
+        // Without identities (plaintext, for development) nothing is checked.
+        if let Some(caller) = caller {
+            self.grants
+                .check(&caller.identity.service_account, &hello.controllers)
+                .map_err(EdgeError::from)?;
         }
         // A worker's controllers become known here if they are new, so its stream is
         // served before the first key of theirs arrives.
@@ -802,6 +817,9 @@ pub enum EdgeError {
     /// Too many batches wait for room: nothing of this one was added.
     #[error("{0}")]
     Busy(String),
+    /// The caller's identity may not do what it asked.
+    #[error(transparent)]
+    NotGranted(#[from] NotGranted),
 }
 
 fn redirect(owner_address: &str) -> String {
@@ -843,6 +861,7 @@ impl From<EdgeError> for Status {
             }
             EdgeError::ShuttingDown => Status::unavailable(message),
             EdgeError::Busy(_) => Status::resource_exhausted(message),
+            EdgeError::NotGranted(_) => Status::permission_denied(message),
         }
     }
 }

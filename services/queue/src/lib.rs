@@ -7,6 +7,7 @@
 
 pub mod actor;
 mod describe;
+pub mod grants;
 pub mod grpc;
 pub mod metrics;
 pub mod ownership;
@@ -100,6 +101,13 @@ pub struct QueueArgs {
     /// the start, as if --controllers named it
     #[arg(long, env = "SWITCHYARD_CONTROLLER_RATE_LIMITS", value_delimiter = ',')]
     pub controller_rate_limit: Vec<rate::ControllerRateLimit>,
+    /// A reconciler identity other than the installation's own may work on this controller,
+    /// as ACCOUNT=CONTROLLER (the service account its certificate names; CONTROLLER `*` for
+    /// any; repeatable, or comma-separated). The installation's own reconciler may work on
+    /// any controller unless a grant names its account; any other is refused the controllers
+    /// not granted (PERMISSION_DENIED)
+    #[arg(long, env = "SWITCHYARD_WORK_GRANTS", value_delimiter = ',')]
+    pub work_grant: Vec<grants::WorkGrant>,
     /// On shutdown, how long in-flight leases may finish before the shards are handed back
     #[arg(long, env = "SWITCHYARD_DRAIN_GRACE", default_value = "10s")]
     pub drain_grace: humantime::Duration,
@@ -258,7 +266,8 @@ impl Args {
         }
         // The actor holds the queue: nothing can take its place without losing the keys.
         rt.spawn_essential("queue-actor", |drain| actor.run(drain));
-        let mut service = grpc::QueueService::new(handle.clone(), keys.clone());
+        let grants = grants::WorkGrants::new(rt.dialer().identity().as_ref(), &queue.work_grant);
+        let mut service = grpc::QueueService::new(handle.clone(), keys.clone(), grants);
         // `config` checked that a member has an elector to follow.
         let (directory, peers) = match &queue.elector_addr {
             Some(elector) if membership => {

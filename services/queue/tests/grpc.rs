@@ -781,6 +781,50 @@ async fn a_hello_naming_more_controllers_than_the_queue_may_serve_is_refused() {
     server.stop().await;
 }
 
+/// A reconciler of its own (an SDK user's binary) works only on the controllers granted to
+/// its service account: it cannot take the installation's controllers' leases.
+#[tokio::test]
+async fn a_reconciler_identity_works_only_on_the_controllers_granted_to_it() {
+    const GREETING: &str = "example.switchyard.io/v1/Greeting";
+    const ACCOUNT: &str = "greeting-switchyard-reconciler";
+    let grant = format!("--work-grant={ACCOUNT}={GREETING}");
+    let server = Server::start(&[&grant]).await;
+    let files = Pki::shared().issue_as(ACCOUNT, ACCOUNT).unwrap();
+    let dialer = switchyard_runtime::Dialer::from_args(&files.args()).unwrap();
+    let endpoint = dialer
+        .endpoint(&server.addr.to_string(), Role::Queue)
+        .unwrap();
+    let mut greeting = QueueClient::new(dialer.connect(&endpoint, Role::Queue).await.unwrap());
+    let hello = |controllers: &[&str]| {
+        let (tx, rx) = mpsc::channel(1);
+        tx.try_send(WorkRequest {
+            request: Some(Msg::Hello(WorkerHello {
+                worker_id: "w".into(),
+                controllers: controllers.iter().map(|c| (*c).to_owned()).collect(),
+            })),
+        })
+        .unwrap();
+        (tx, ReceiverStream::new(rx))
+    };
+    let (_tx, refused) = hello(&[GREETING, RS]);
+    let status = greeting.work(refused).await.unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            Code::PermissionDenied,
+            "hello.controllers[1]: the service account \"greeting-switchyard-reconciler\" may \
+             not work on \"apps/v1/ReplicaSet\" (--work-grant \
+             greeting-switchyard-reconciler=apps/v1/ReplicaSet would allow it)"
+        )
+    );
+    let (_tx, granted) = hello(&[GREETING]);
+    greeting.work(granted).await.unwrap();
+    // The installation's own reconciler works on any controller.
+    let (_tx, own) = hello(&[GREETING, RS]);
+    server.client().await.work(own).await.unwrap();
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn coalesced_adds_hand_their_trace_contexts_to_the_lease() {
     let server = Server::start(&[]).await;
