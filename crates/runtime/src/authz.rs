@@ -28,7 +28,7 @@ use tonic::{
 use tracing::warn;
 
 use crate::{
-    Metrics,
+    Metrics, status_message,
     tls::{Identity, Role, Tls},
 };
 
@@ -198,16 +198,16 @@ impl Policy {
         }
         let Some(cert) = peer.cert else {
             return Err(self.deny(path, "unauthenticated", peer.addr(), || {
-                Status::unauthenticated(format!(
+                Status::unauthenticated(status_message(format!(
                     "{path} requires a client certificate of a Switchyard service"
-                ))
+                )))
             }));
         };
         let identity = match Identity::of_certificate(cert) {
             Ok(identity) => identity,
             Err(error) => {
                 return Err(self.deny(path, "unauthenticated", peer.addr(), || {
-                    Status::unauthenticated(format!("{path}: {error}"))
+                    Status::unauthenticated(status_message(format!("{path}: {error}")))
                 }));
             }
         };
@@ -220,7 +220,7 @@ impl Policy {
         match role {
             Some(role) if allowed => Ok(Some(Caller { identity, role })),
             _ => Err(self.deny(path, "forbidden", identity.to_string(), || {
-                Status::permission_denied(format!("{identity} may not call {path}"))
+                Status::permission_denied(status_message(format!("{identity} may not call {path}")))
             })),
         }
     }

@@ -31,6 +31,26 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is closed (tonic's default).
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The longest status message a service sends. A message travels in the `grpc-message`
+/// header, and clients refuse a header list over 16 KiB (h2's default) as a protocol error:
+/// a refusal that quotes an oversized field must still reach its caller.
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 4096;
+
+/// `message`, cut to [`MAX_STATUS_MESSAGE_BYTES`] on a character boundary, saying how much
+/// was cut. Each service's one mapping of its errors to status codes passes its messages
+/// through this.
+pub fn status_message(message: String) -> String {
+    if message.len() <= MAX_STATUS_MESSAGE_BYTES {
+        return message;
+    }
+    // Room for the note, which is at most 40 bytes.
+    let mut end = MAX_STATUS_MESSAGE_BYTES - 40;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes cut)", &message[..end], message.len() - end)
+}
+
 /// The routes a service serves; health and reflection are added by the runtime.
 #[derive(Debug, Default)]
 pub struct GrpcServer {
@@ -199,4 +219,23 @@ fn reflection(sets: &[&'static [u8]]) -> tonic_reflection::server::Builder<'stat
             .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET),
         |builder, set| builder.register_encoded_file_descriptor_set(set),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_messages_are_cut_to_what_a_header_carries() {
+        assert_eq!(status_message("gvk: required".into()), "gvk: required");
+        let long = format!("gvk: {} is not served", "é".repeat(70_000));
+        let cut = status_message(long.clone());
+        assert!(cut.len() <= MAX_STATUS_MESSAGE_BYTES, "{}", cut.len());
+        assert!(cut.starts_with("gvk: éé"));
+        let kept = cut.rsplit_once('…').unwrap().0.len();
+        assert!(
+            cut.ends_with(&format!("({} bytes cut)", long.len() - kept)),
+            "{cut}"
+        );
+    }
 }

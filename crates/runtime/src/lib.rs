@@ -40,7 +40,7 @@ pub use admin::{Gate, Readiness};
 pub use args::{AdminArgs, GrpcArgs, LogArgs, LogFormat, RuntimeArgs};
 pub use backoff::Backoff;
 pub use dial::{DialError, Dialer, error_chain};
-pub use grpc::GrpcServer;
+pub use grpc::{GrpcServer, MAX_STATUS_MESSAGE_BYTES, status_message};
 pub use instance::{InstanceScope, instance_id};
 pub use kube_client::{KubeArgs, KubeError, await_apiserver};
 pub use metrics::Metrics;

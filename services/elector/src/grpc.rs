@@ -61,7 +61,7 @@ enum DrainRefused {
 
 impl From<DrainRefused> for Status {
     fn from(error: DrainRefused) -> Self {
-        let message = error.to_string();
+        let message = switchyard_runtime::status_message(error.to_string());
         match error {
             DrainRefused::InvalidMember(_) => Status::invalid_argument(message),
             DrainRefused::NoEtcd => Status::unimplemented(message),

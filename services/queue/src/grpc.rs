@@ -839,7 +839,7 @@ impl From<Closed> for EdgeError {
 /// The one mapping from the edge's errors to gRPC status codes.
 impl From<EdgeError> for Status {
     fn from(error: EdgeError) -> Self {
-        let message = error.to_string();
+        let message = switchyard_runtime::status_message(error.to_string());
         match error {
             EdgeError::Invalid(_) => Status::invalid_argument(message),
             // With a `NotShardOwner` detail, so that a sender can go to the owner.

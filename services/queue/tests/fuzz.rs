@@ -453,6 +453,7 @@ async fn arbitrary_calls_from_every_identity_leave_the_replica_serving() {
     let (panics, first_panic) = count_panics();
     let seed = std::env::var("SWITCHYARD_FUZZ_SEED")
         .ok()
+        .filter(|s| !s.is_empty())
         .map(|s| s.parse::<u64>().unwrap())
         .unwrap_or_else(rand::random);
     eprintln!("replay with SWITCHYARD_FUZZ_SEED={seed}");

@@ -93,7 +93,7 @@ pub enum ApiError {
 
 impl From<ApiError> for Status {
     fn from(error: ApiError) -> Self {
-        let message = error.to_string();
+        let message = switchyard_runtime::status_message(error.to_string());
         match error {
             ApiError::Invalid { .. } => Status::invalid_argument(message),
             ApiError::Conflict { .. } | ApiError::EveryNamespace(_) => {
@@ -170,11 +170,7 @@ impl CacheService {
         if gvk.version.is_empty() || gvk.kind.is_empty() {
             return Err(invalid("gvk", "version and kind are required"));
         }
-        let wanted = Gvk {
-            group: gvk.group.clone(),
-            version: gvk.version.clone(),
-            kind: gvk.kind.clone(),
-        };
+        let wanted = crate::watches::checked_gvk("gvk", gvk.clone())?;
         // Without identities (plaintext, for development) nothing is checked.
         let objects = match caller {
             None => Objects::Full,

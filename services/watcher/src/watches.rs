@@ -161,26 +161,45 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         })
         .collect::<Result<_, _>>()?;
     Ok(Watch {
-        gvk: gvk.map(core_gvk),
+        gvk: gvk
+            .map(|gvk| checked_gvk(&format!("{field}.gvk"), gvk))
+            .transpose()?,
         predicates,
         metadata_only,
-        through: through.map(core_gvk),
+        through: through
+            .map(|gvk| checked_gvk(&format!("{field}.through"), gvk))
+            .transpose()?,
         label,
         batch_period,
     })
 }
 
-fn core_gvk(gvk: GroupVersionKind) -> Gvk {
+/// `gvk` in the core's terms, each part no longer than Kubernetes allows (a group is a DNS
+/// subdomain, a version and a lowercased kind DNS labels), so that no refusal quotes a
+/// part of any size; the error names the field.
+pub(crate) fn checked_gvk(field: &str, gvk: GroupVersionKind) -> Result<Gvk, ApiError> {
     let GroupVersionKind {
         group,
         version,
         kind,
     } = gvk;
-    Gvk {
+    for (part, value, most) in [
+        ("group", &group, 253),
+        ("version", &version, 63),
+        ("kind", &kind, 63),
+    ] {
+        if value.len() > most {
+            return Err(invalid(
+                format!("{field}.{part}"),
+                format!("{} bytes, at most {most}", value.len()),
+            ));
+        }
+    }
+    Ok(Gvk {
         group,
         version,
         kind,
-    }
+    })
 }
 
 fn proto_gvk(gvk: &Gvk) -> GroupVersionKind {
@@ -233,6 +252,26 @@ mod tests {
         assert_eq!(registration.registrant(), "r");
         let kinds: Vec<String> = registration.kinds().map(|(g, _)| g.to_string()).collect();
         assert_eq!(kinds, ["v1/ConfigMap", "example.com/v1/Widget"]);
+    }
+
+    #[test]
+    fn a_kind_longer_than_kubernetes_allows_is_refused_by_its_length() {
+        let mut bad = widgets();
+        bad.owns[0].through = gvk("x".repeat(254).as_str(), "v1", "Widget");
+        let status = refused(vec![bad]);
+        assert_eq!(
+            (status.code(), status.message()),
+            (
+                tonic::Code::InvalidArgument,
+                "controllers[0].owns[0].through.group: 254 bytes, at most 253"
+            )
+        );
+        let mut bad = widgets();
+        bad.reconciles.as_mut().unwrap().gvk = gvk("", "v1", &"K".repeat(70_000));
+        assert_eq!(
+            refused(vec![bad]).message(),
+            "controllers[0].reconciles.gvk.kind: 70000 bytes, at most 63"
+        );
     }
 
     #[test]
