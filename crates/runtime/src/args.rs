@@ -33,6 +33,18 @@ pub struct GrpcArgs {
     /// Address of the gRPC server
     #[arg(long, env = "SWITCHYARD_GRPC_ADDR", default_value = "0.0.0.0:8443")]
     pub grpc_addr: SocketAddr,
+    /// How long a connection to the gRPC server lasts before the server asks its client to
+    /// reconnect (HTTP/2 GOAWAY): a rotated CA or a denied serial then reaches every peer
+    /// within this plus the grace
+    #[arg(long, env = "SWITCHYARD_GRPC_MAX_CONNECTION_AGE", default_value = "1h")]
+    pub grpc_max_connection_age: humantime::Duration,
+    /// How long calls still open on a connection past its age may finish before it is closed
+    #[arg(
+        long,
+        env = "SWITCHYARD_GRPC_MAX_CONNECTION_AGE_GRACE",
+        default_value = "5m"
+    )]
+    pub grpc_max_connection_age_grace: humantime::Duration,
 }
 
 #[derive(Clone, Debug, clap::Args)]

@@ -136,6 +136,8 @@ impl GrpcServer {
         let router = Server::builder()
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+            .max_connection_age(args.grpc_max_connection_age.into())
+            .max_connection_age_grace(args.grpc_max_connection_age_grace.into())
             .layer(Authorize::new(tls.cloned(), metrics))
             .add_routes(match http {
                 Some(http) => routes.routes().into_axum_router().merge(http).into(),

@@ -10,6 +10,7 @@ use std::{
 };
 
 use clap::Parser;
+use rustls::pki_types::pem::PemObject;
 use switchyard_certs::{Authority, DEFAULT_NAMESPACE, DEFAULT_TRUST_DOMAIN, Leaf};
 use switchyard_runtime::{Dialer, GrpcServer, Role, Runtime, RuntimeArgs, TlsArgs};
 use tonic::{
@@ -81,6 +82,11 @@ fn issue(
 
 /// A runtime serving only health and reflection, as a queue member with `server`'s files.
 async fn serve(server: &Files) -> (Runtime, SocketAddr) {
+    serve_with(server, &[]).await
+}
+
+/// [`serve`] with `extra` flags.
+async fn serve_with(server: &Files, extra: &[String]) -> (Runtime, SocketAddr) {
     let args = Args::try_parse_from(
         [
             "test".to_owned(),
@@ -88,7 +94,8 @@ async fn serve(server: &Files) -> (Runtime, SocketAddr) {
             "--grpc-addr=127.0.0.1:0".into(),
         ]
         .into_iter()
-        .chain(server.flags()),
+        .chain(server.flags())
+        .chain(extra.iter().cloned()),
     )
     .expect("arguments parse");
     let rt = Runtime::start("switchyard-test", args.runtime)
@@ -264,6 +271,118 @@ async fn health_is_open_reflection_needs_an_identity_and_another_cas_client_is_r
     assert!(
         metric(admin, HANDSHAKE_FAILURES).await >= 1.0,
         "the server refused it in the handshake"
+    );
+
+    shutdown.trigger();
+    running.await.expect("run task").expect("drains cleanly");
+}
+
+/// The serial of the certificate in `files`, as `--tls-denied-serials` takes it.
+fn serial(files: &Files) -> String {
+    let pem = std::fs::read(files.dir.join("tls.crt")).expect("readable");
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(&pem).expect("a certificate");
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).expect("parses");
+    cert.raw_serial()
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// A revoked certificate loses its open connections too: the server refuses a denied serial
+/// at every handshake, and closes every connection after its maximum age, so a client that
+/// connected before the serial was denied is cut off within the age and its grace. A client
+/// refuses a server whose serial it denies.
+#[tokio::test]
+async fn a_denied_serial_is_refused_at_once_and_its_open_connections_end_within_their_age() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = Authority::generate("switchyard test CA").expect("CA");
+    let td = DEFAULT_TRUST_DOMAIN;
+    let server = issue(dir.path(), "queue", &ca, &ca, td, "switchyard-queue");
+    let observer = issue(dir.path(), "observer", &ca, &ca, td, "switchyard-observer");
+    let operator = issue(dir.path(), "operator", &ca, &ca, td, "switchyard-operator");
+    let denied = dir.path().join("denied-serials");
+    std::fs::write(&denied, "# nothing denied yet\n").expect("written");
+    let (rt, addr) = serve_with(
+        &server,
+        &[
+            format!("--tls-denied-serials={}", denied.display()),
+            "--tls-reload-interval=100ms".into(),
+            "--grpc-max-connection-age=1s".into(),
+            "--grpc-max-connection-age-grace=1s".into(),
+        ],
+    )
+    .await;
+    let shutdown = rt.shutdown_handle();
+    let running = tokio::spawn(rt.run());
+    let dial = |files: &Files| {
+        files
+            .dialer()
+            .channel(&addr.to_string(), Role::Queue)
+            .expect("channel")
+    };
+    let open = dial(&observer);
+    list_services(open.clone()).await.expect("served");
+
+    std::fs::write(
+        &denied,
+        format!("{}  # the observer's, revoked\n", serial(&observer)),
+    )
+    .expect("written");
+    let refused = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        loop {
+            match list_services(dial(&observer)).await {
+                Err(status) => return status,
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .expect("a new connection is refused once the file is reread");
+    assert!(
+        format!("{refused:?}").contains("CertificateRevoked"),
+        "refused in the handshake: {refused:?}"
+    );
+    list_services(dial(&operator))
+        .await
+        .expect("another identity is still served");
+    // The connection made before: closed at its age, and its reconnection refused.
+    let started = std::time::Instant::now();
+    let cut = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match list_services(open.clone()).await {
+                Err(status) => return status,
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("the open connection ends within its age and grace");
+    assert!(
+        format!("{cut:?}").contains("CertificateRevoked"),
+        "its reconnection is refused: {cut:?} after {:?}",
+        started.elapsed()
+    );
+
+    // A client that denies the server's serial refuses it.
+    let mut args = TlsArgs::files(
+        &operator.dir.join("tls.crt"),
+        &operator.dir.join("tls.key"),
+        &operator.dir.join("ca.crt"),
+    );
+    let denies_server = dir.path().join("denies-server");
+    std::fs::write(&denies_server, serial(&server)).expect("written");
+    args.tls_denied_serials = Some(denies_server);
+    let wary = Dialer::from_args(&args)
+        .expect("loads")
+        .channel(&addr.to_string(), Role::Queue)
+        .expect("channel");
+    let failed = list_services(wary)
+        .await
+        .expect_err("the server is refused");
+    assert!(
+        format!("{failed:?}").contains("Revoked"),
+        "refused by the client: {failed:?}"
     );
 
     shutdown.trigger();

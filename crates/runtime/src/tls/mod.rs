@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Established connections keep the certificate they were made with; new handshakes use the
-//! current one. A client proves who it is with its certificate and the server authorizes each
+//! current one, and the gRPC server closes every connection after `--grpc-max-connection-age`
+//! so that a rotated CA or a denied serial reaches open connections too. Certificates whose
+//! serial `--tls-denied-serials` lists are refused at every handshake, in both directions. A client proves who it is with its certificate and the server authorizes each
 //! call by that identity ([`crate::authz`]); a client checks that the server's certificate
 //! names the role it meant to reach (the identity, not the address, which for queue members
 //! is a Pod IP no certificate can name in advance).
@@ -19,6 +21,7 @@ mod identity;
 mod verify;
 
 use std::{
+    collections::HashSet,
     path::{Path, PathBuf},
     sync::{Arc, RwLock},
     time::Duration,
@@ -61,6 +64,11 @@ pub struct TlsArgs {
     /// PEM CA bundle that every peer's certificate must chain to
     #[arg(long, env = "SWITCHYARD_TLS_CA", requires = "tls_cert")]
     pub tls_ca: Option<PathBuf>,
+    /// A file of certificate serial numbers to refuse (hex, one per line, colons allowed,
+    /// '#' starts a comment), reloaded with the other files: a peer presenting one of them
+    /// fails the handshake, as a client and as a server
+    #[arg(long, env = "SWITCHYARD_TLS_DENIED_SERIALS", requires = "tls_cert")]
+    pub tls_denied_serials: Option<PathBuf>,
     /// How often the three files are checked for a change; new connections use the new ones
     #[arg(long, env = "SWITCHYARD_TLS_RELOAD_INTERVAL", default_value = "1s")]
     pub tls_reload_interval: humantime::Duration,
@@ -81,6 +89,7 @@ impl TlsArgs {
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
+            tls_denied_serials: None,
             tls_reload_interval: Duration::from_secs(1).into(),
             insecure_plaintext: true,
         }
@@ -120,6 +129,12 @@ pub enum TlsError {
     },
     #[error("invalid TLS material: {0}")]
     Invalid(String),
+    #[error("{path}, line {line}: {text:?} is not a hexadecimal serial number")]
+    Serial {
+        path: PathBuf,
+        line: usize,
+        text: String,
+    },
     #[error("neither --tls-cert/--tls-key/--tls-ca nor --insecure-plaintext was given")]
     Unconfigured,
 }
@@ -131,6 +146,8 @@ struct Material {
     roots: Arc<RootCertStore>,
     identity: Identity,
     client_verifier: Arc<dyn ClientCertVerifier>,
+    /// Serials refused whatever signed them, without leading zero bytes.
+    denied: HashSet<Vec<u8>>,
     not_after: Option<i64>,
     files: Vec<u8>,
 }
@@ -140,10 +157,12 @@ struct Files {
     cert: PathBuf,
     key: PathBuf,
     ca: PathBuf,
+    denied: Option<PathBuf>,
 }
 
-/// The contents of the certificate, key and CA files, PEM, in that order.
-type Contents = (Vec<u8>, Vec<u8>, Vec<u8>);
+/// The contents of the certificate, key and CA files, PEM, and of the denied serials file
+/// (empty without one), in that order.
+type Contents = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
 
 impl Files {
     fn read(&self) -> Result<Contents, TlsError> {
@@ -158,6 +177,10 @@ impl Files {
             read("TLS certificate", &self.cert)?,
             read("TLS key", &self.key)?,
             read("TLS CA", &self.ca)?,
+            match &self.denied {
+                Some(path) => read("denied serials", path)?,
+                None => Vec::new(),
+            },
         ))
     }
 }
@@ -190,6 +213,7 @@ impl Tls {
             cert: cert.clone(),
             key: key.clone(),
             ca: ca.clone(),
+            denied: args.tls_denied_serials.clone(),
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let material = parse(&files, files.read()?, &provider)?;
@@ -225,7 +249,7 @@ impl Tls {
     /// Rereads the files; keeps the current material when they are unchanged or invalid.
     fn reload(&self) -> Result<bool, TlsError> {
         let contents = self.inner.files.read()?;
-        if self.current().files == [&contents.0[..], &contents.1, &contents.2].concat() {
+        if self.current().files == fingerprint(&contents) {
             return Ok(false);
         }
         let material = parse(&self.inner.files, contents, &self.inner.provider)?;
@@ -252,6 +276,10 @@ impl Tls {
             .with_client_cert_verifier(Arc::new(verify::CurrentClientVerifier(self.clone())))
             .with_cert_resolver(Arc::new(verify::CurrentKey(self.clone())));
         config.alpn_protocols = vec![b"h2".to_vec()];
+        // No session resumption: a resumed session skips the client's certificate, so a
+        // denied serial or a rotated CA would not reach a client that reconnects.
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
         config
     }
 
@@ -268,6 +296,8 @@ impl Tls {
             }))
             .with_client_cert_resolver(Arc::new(verify::CurrentKey(self.clone())));
         config.alpn_protocols = vec![b"h2".to_vec()];
+        // Every connection verifies the server's certificate afresh (see `server_config`).
+        config.resumption = rustls::client::Resumption::disabled();
         config
     }
 }
@@ -558,10 +588,15 @@ fn certified_key(
 /// The material in `contents`, as read from `files` (named in errors).
 fn parse(
     files: &Files,
-    (cert_pem, key_pem, ca_pem): Contents,
+    contents: Contents,
     provider: &Arc<CryptoProvider>,
 ) -> Result<Material, TlsError> {
-    let fingerprint = [&cert_pem[..], &key_pem, &ca_pem].concat();
+    let fingerprint = fingerprint(&contents);
+    let (cert_pem, key_pem, ca_pem, denied) = contents;
+    let denied = match &files.denied {
+        Some(path) => denied_serials(path, &denied)?,
+        None => HashSet::new(),
+    };
     let pem_error = |what, path: &Path| {
         let path = path.to_owned();
         move |e: rustls::pki_types::pem::Error| TlsError::Read {
@@ -603,7 +638,113 @@ fn parse(
         roots,
         identity,
         client_verifier,
+        denied,
         not_after,
         files: fingerprint,
     })
+}
+
+/// What tells one set of files from another: each file's length, then the files.
+fn fingerprint((cert, key, ca, denied): &Contents) -> Vec<u8> {
+    let mut all = Vec::new();
+    for file in [cert, key, ca, denied] {
+        all.extend_from_slice(&(file.len() as u64).to_be_bytes());
+        all.extend_from_slice(file);
+    }
+    all
+}
+
+/// The serials of a denied serials file: hexadecimal, one per line, colons allowed, `#`
+/// comments and blank lines skipped; leading zero bytes dropped, as [`serial_of`] does.
+fn denied_serials(path: &Path, text: &[u8]) -> Result<HashSet<Vec<u8>>, TlsError> {
+    let text = String::from_utf8_lossy(text);
+    let mut serials = HashSet::new();
+    for (n, line) in text.lines().enumerate() {
+        let serial = line.split('#').next().unwrap_or_default().trim();
+        if serial.is_empty() {
+            continue;
+        }
+        let bad = || TlsError::Serial {
+            path: path.to_owned(),
+            line: n + 1,
+            text: serial.chars().take(80).collect(),
+        };
+        let digits: String = serial.chars().filter(|c| *c != ':').collect();
+        let digits = digits.strip_prefix("0x").unwrap_or(&digits);
+        if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        let padded = if digits.len() % 2 == 1 {
+            format!("0{digits}")
+        } else {
+            digits.to_owned()
+        };
+        let bytes: Vec<u8> = (0..padded.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&padded[i..i + 2], 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        serials.insert(significant(&bytes).to_vec());
+    }
+    Ok(serials)
+}
+
+/// `serial` without its leading zero bytes (DER pads a serial whose top bit is set).
+fn significant(serial: &[u8]) -> &[u8] {
+    let start = serial.iter().position(|b| *b != 0).unwrap_or(serial.len());
+    &serial[start..]
+}
+
+/// The serial number of `cert`, as [`denied_serials`] writes it; `None` when it cannot be
+/// parsed (the chain check refuses such a certificate anyway).
+fn serial_of(cert: &CertificateDer<'_>) -> Option<Vec<u8>> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    Some(significant(parsed.raw_serial()).to_vec())
+}
+
+impl Material {
+    /// Refuses `end_entity` or any of `intermediates` whose serial is denied.
+    fn check_serials(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+    ) -> Result<(), rustls::Error> {
+        if self.denied.is_empty() {
+            return Ok(());
+        }
+        let denied = std::iter::once(end_entity)
+            .chain(intermediates)
+            .filter_map(serial_of)
+            .any(|serial| self.denied.contains(&serial));
+        if denied {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Revoked,
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn denied_serials_are_hex_with_or_without_colons_and_comments() {
+        let path = Path::new("denied");
+        let serials = denied_serials(
+            path,
+            b"# revoked 2026-11-28\n01:A2:ff\n\n  0x00b3  # the elector's old one\n7\n",
+        )
+        .unwrap();
+        let want: HashSet<Vec<u8>> = [vec![0x01, 0xa2, 0xff], vec![0xb3], vec![0x07]].into();
+        assert_eq!(serials, want);
+        assert_eq!(
+            denied_serials(path, b"01a2\nserial-7\n")
+                .unwrap_err()
+                .to_string(),
+            "denied, line 2: \"serial-7\" is not a hexadecimal serial number"
+        );
+        assert_eq!(significant(&[0, 0, 0x80, 0]), [0x80, 0]);
+    }
 }

@@ -75,10 +75,13 @@ impl ClientCertVerifier for CurrentClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, Error> {
-        self.0
-            .current()
-            .client_verifier
-            .verify_client_cert(end_entity, intermediates, now)
+        let material = self.0.current();
+        let verified =
+            material
+                .client_verifier
+                .verify_client_cert(end_entity, intermediates, now)?;
+        material.check_serials(end_entity, intermediates)?;
+        Ok(verified)
     }
 
     fn verify_tls12_signature(
@@ -131,6 +134,7 @@ impl ServerCertVerifier for PeerVerifier {
             now,
             self.tls.algorithms().all,
         )?;
+        material.check_serials(end_entity, intermediates)?;
         let identity = Identity::of_certificate(end_entity).map_err(|e| {
             Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(Arc::new(e))))
         })?;

@@ -109,6 +109,8 @@ async fn elector_runtime() -> Runtime {
         },
         grpc: GrpcArgs {
             grpc_addr: loopback(0),
+            grpc_max_connection_age: Duration::from_secs(3600).into(),
+            grpc_max_connection_age_grace: Duration::from_secs(300).into(),
         },
         tls: Pki::shared().files(Role::Elector).args(),
         // Errors only: the tests stop etcd under it on purpose, and read the replicas' logs.
