@@ -159,6 +159,17 @@ pub enum Command {
         shard: u32,
         epoch: u64,
     },
+    /// Serve `shard` again at `epoch`, written by this member's renewal of `from`: with the
+    /// keys kept since it was suspended at `from`, if it was.
+    Resume {
+        shard: u32,
+        from: u64,
+        epoch: u64,
+    },
+    /// Stop serving `shard` for now, keeping its keys.
+    Suspend {
+        shard: u32,
+    },
     /// Stop leasing `shard`; in-flight outcomes still count.
     Drain {
         shard: u32,
@@ -517,6 +528,16 @@ impl Actor {
                 }
             }
             Command::Acquire { shard, epoch } => self.queue.acquire(shard, epoch, now),
+            Command::Resume { shard, from, epoch } => {
+                match self.queue.renew(shard, from, epoch, now) {
+                    Some(kept) => info!(
+                        shard,
+                        epoch, kept, "kept the shard's keys across the renewal"
+                    ),
+                    None => info!(shard, epoch, "no keys kept for the shard: serving it empty"),
+                }
+            }
+            Command::Suspend { shard } => self.queue.suspend(shard),
             Command::Drain { shard } => self.queue.drain(shard),
             Command::Release { shard } => self.queue.release(shard),
             Command::InFlight { shard, reply } => {

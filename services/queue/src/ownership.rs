@@ -334,6 +334,33 @@ impl Ownership {
                             .set(i64::try_from(epoch).unwrap_or(i64::MAX));
                         info!(shard, epoch, "serving shard");
                     }
+                    Effect::Resume { from, epoch } => {
+                        let _ = handle.send(Command::Resume { shard, from, epoch }).await;
+                        self.metrics.acquired.inc();
+                        self.metrics
+                            .epoch
+                            .get_or_create(&ShardLabels { shard })
+                            .set(i64::try_from(epoch).unwrap_or(i64::MAX));
+                        // The same message as a fresh start: the log reads as serve intervals.
+                        info!(shard, from, epoch, keys = "kept", "serving shard");
+                    }
+                    Effect::Suspend => {
+                        let _ = handle.send(Command::Suspend { shard }).await;
+                        self.metrics.released(shard, Reason::lease_lost);
+                        info!(
+                            shard,
+                            reason = "lease_lost",
+                            keys = "kept",
+                            "stopped serving shard"
+                        );
+                    }
+                    Effect::Discard => {
+                        let _ = handle.send(Command::Release { shard }).await;
+                        info!(
+                            shard,
+                            "dropped the keys kept for a shard served elsewhere now"
+                        );
+                    }
                     Effect::Drain(epoch) => {
                         let _ = handle.send(Command::Drain { shard }).await;
                         info!(shard, epoch, "draining shard for handover");
@@ -351,8 +378,8 @@ impl Ownership {
                         info!(shard, ?reason, "stopped serving shard");
                     }
                     Effect::Renew(epoch) => {
-                        let ok = self.renew(guard, client, shard, epoch).await;
-                        next = member::renewed(epoch, ok);
+                        let written = self.renew(guard, client, shard, epoch).await;
+                        next = member::renewed(next, written);
                     }
                     Effect::HandOver(epoch) => {
                         let ok = self.hand_over(guard, client, shard, epoch).await;
@@ -414,15 +441,15 @@ impl Ownership {
         false
     }
 
-    /// Renews the epoch of a shard held from an earlier registration. False when it must be
-    /// retried.
+    /// Renews the epoch of a shard held from an earlier registration: the epoch written, or
+    /// `None` when it must be retried.
     async fn renew(
         &self,
         guard: &LeaseGuard,
         client: &mut Option<etcd_client::Client>,
         shard: u32,
         epoch: u64,
-    ) -> bool {
+    ) -> Option<u64> {
         let call = async {
             let c = self.connected(client).await?;
             Some(shardmap::renew(c, shard, &self.member, epoch).await)
@@ -437,7 +464,7 @@ impl Ownership {
                     "renewed the epoch of a shard held from an earlier registration"
                 );
                 self.metrics.renewed.inc();
-                return true;
+                return Some(renewed);
             }
             Some(Err(ShardMapError::Fenced)) => {}
             Some(Err(error)) => {
@@ -453,6 +480,6 @@ impl Ownership {
             }
         }
         self.metrics.failed("renewal");
-        false
+        None
     }
 }

@@ -11,15 +11,25 @@
 //!  Releasing(me, e)      Serving(e)                Drain(e)                       Draining(e)
 //!  Releasing(me, e)      Draining(e), idle or      Stop(handover[_grace_expired]) HandingOver(e)
 //!                          past the grace            HandOver(e) (etcd, fenced)     until it lands
+//!  anything              served, lease lost        Suspend (keys kept)            Suspended(e)
+//!  Active(me, e),        Suspended(e)              Renew(e) (etcd, fenced)        Renewing(e, kept)
+//!    e before my registration
+//!  Active(me, n),        Renewing(e, kept), the    Resume(from e, at n)           Serving(n)
+//!    n what my renewal wrote                         (keys kept)
 //!  anything else         served                    Stop(lease_lost | reassigned)  nothing, or
-//!                                                    HandOver(e) if Releasing(me)  HandingOver(e)
+//!                        or keys kept              Discard                        HandingOver(e)
+//!                                                    HandOver(e) if Releasing(me)
 //! ```
 //!
 //! A shard the map gives this member at an epoch older than its registration was activated
 //! for an earlier registration (before a lost lease, or before the process restarted under the
-//! same id), and its keys are gone: the member renews the epoch and serves only at the new
-//! one, so every fresh start of a shard has an epoch of its own and the watcher resyncs it.
-//! Without its lease a member serves nothing: the leader may already have moved its shards.
+//! same id): the member renews the epoch and serves only at the new one, so every fresh start
+//! of a shard has an epoch of its own and the watcher resyncs it. Without its lease a member
+//! serves nothing: the leader may already have moved its shards. But it keeps the keys of the
+//! shards it stopped serving then: if the map still gives a shard to it at the epoch it held,
+//! no other member served the shard in between (any change of owner writes a new epoch), and
+//! once its own renewal lands the member resumes the shard with its keys, delays and backoff
+//! counts. Any other outcome discards them.
 
 use std::time::{Duration, Instant};
 
@@ -37,11 +47,16 @@ pub enum Local {
     /// Stopped serving; the release in etcd has not landed yet (retried).
     HandingOver(u64),
     /// Held at the epoch of an earlier registration, so not served: the epoch is renewed
-    /// first (`renewed` once etcd took it, until the map shows the new epoch).
+    /// first (`renewed`: the epoch etcd wrote, once it took the renewal; until the map shows
+    /// it). `kept`: the shard's keys are kept from `epoch` for [`Effect::Resume`].
     Renewing {
         epoch: u64,
-        renewed: bool,
+        renewed: Option<u64>,
+        kept: bool,
     },
+    /// Served at this epoch until the member's lease may have expired: not served, its keys
+    /// kept in case the map still gives it here at this epoch.
+    Suspended(u64),
 }
 
 impl Local {
@@ -54,8 +69,23 @@ impl Local {
     pub fn pending(self) -> bool {
         matches!(
             self,
-            Self::Draining { .. } | Self::HandingOver(_) | Self::Renewing { renewed: false, .. }
+            Self::Draining { .. } | Self::HandingOver(_) | Self::Renewing { renewed: None, .. }
         )
+    }
+
+    /// Whether the queue holds the shard's keys for this member (served or kept).
+    fn holds_keys(self) -> bool {
+        self.served() || matches!(self, Self::Suspended(_) | Self::Renewing { kept: true, .. })
+    }
+
+    fn epoch(self) -> u64 {
+        match self {
+            Self::Serving(epoch)
+            | Self::Draining { epoch, .. }
+            | Self::HandingOver(epoch)
+            | Self::Renewing { epoch, .. }
+            | Self::Suspended(epoch) => epoch,
+        }
     }
 }
 
@@ -106,6 +136,14 @@ pub enum Stop {
 pub enum Effect {
     /// Start serving the shard, empty, at this epoch.
     Acquire(u64),
+    /// Serve the shard again at `epoch`, which this member's renewal of `from` wrote,
+    /// with the keys kept since it was suspended at `from`.
+    Resume { from: u64, epoch: u64 },
+    /// The member lease may have expired: stop serving the shard, keeping its keys.
+    Suspend,
+    /// Forget the keys kept for a shard that is not served here (no release to count: it
+    /// was counted when suspended).
+    Discard,
     /// Stop leasing the shard; in-flight leases may still end.
     Drain(u64),
     /// Stop serving the shard; `drained_for` is how long a planned handover drained.
@@ -152,6 +190,23 @@ pub fn step(
     };
     match (local, want) {
         (None, None) => keep(None),
+        // Without the lease nothing is served, but the keys are kept.
+        (Some(here), _) if !lease_held && here.served() => Step {
+            effects: vec![Effect::Suspend],
+            local: Some(Local::Suspended(here.epoch())),
+        },
+        (Some(Local::Suspended(_)), None) if !lease_held => keep(local),
+        (
+            Some(Local::Renewing {
+                epoch: from,
+                renewed: Some(written),
+                kept: true,
+            }),
+            Some(Want::Serve(epoch)),
+        ) if epoch == written => Step {
+            effects: vec![Effect::Resume { from, epoch }],
+            local: Some(Local::Serving(epoch)),
+        },
         (Some(Local::Serving(e)), Some(Want::Serve(epoch))) if e == epoch => keep(local),
         (_, Some(Want::Serve(epoch))) => Step {
             effects: vec![Effect::Acquire(epoch)],
@@ -160,21 +215,28 @@ pub fn step(
         (
             Some(Local::Renewing {
                 epoch,
-                renewed: true,
+                renewed: Some(_),
+                ..
             }),
             Some(Want::Renew(e)),
         ) if e == epoch => keep(local),
         (now_here, Some(Want::Renew(epoch))) => {
+            // Kept from this very epoch: no other member has served the shard since.
+            let kept = now_here.is_some_and(|here| here.holds_keys() && here.epoch() == epoch)
+                && !now_here.is_some_and(Local::served);
             let mut effects = Vec::new();
             if now_here.is_some_and(Local::served) {
                 effects.push(stop(Stop::Reassigned));
+            } else if now_here.is_some_and(Local::holds_keys) && !kept {
+                effects.push(Effect::Discard);
             }
             effects.push(Effect::Renew(epoch));
             Step {
                 effects,
                 local: Some(Local::Renewing {
                     epoch,
-                    renewed: false,
+                    renewed: None,
+                    kept,
                 }),
             }
         }
@@ -218,6 +280,8 @@ pub fn step(
                 } else {
                     Stop::LeaseLost
                 }));
+            } else if was.is_some_and(Local::holds_keys) {
+                effects.push(Effect::Discard);
             }
             match want {
                 Some(Want::Release(epoch)) => {
@@ -243,9 +307,17 @@ fn stop(reason: Stop) -> Effect {
     }
 }
 
-/// The shard after a [`Effect::Renew`] that etcd took (`ok`) or not (retried).
-pub fn renewed(epoch: u64, ok: bool) -> Option<Local> {
-    Some(Local::Renewing { epoch, renewed: ok })
+/// The shard after a [`Effect::Renew`] from `local` (the step's): `written` is the epoch
+/// etcd wrote, `None` when it did not take the renewal (retried).
+pub fn renewed(local: Option<Local>, written: Option<u64>) -> Option<Local> {
+    match local {
+        Some(Local::Renewing { epoch, kept, .. }) => Some(Local::Renewing {
+            epoch,
+            renewed: written,
+            kept,
+        }),
+        other => other,
+    }
 }
 
 /// The shard after a [`Effect::HandOver`]: gone from here once etcd took it, else retried.
@@ -355,18 +427,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_lease_stops_every_served_shard_and_a_stale_epoch_is_renewed_first() {
+    fn a_lost_lease_suspends_every_served_shard_and_a_stale_epoch_is_renewed_first() {
         let now = Instant::now();
         let lost = step(Some(Local::Serving(3)), None, false, IDLE, now);
-        assert_eq!(
-            lost.effects,
-            [Effect::Stop {
-                reason: Stop::LeaseLost,
-                drained_for: None
-            }]
-        );
-        assert_eq!(lost.local, None);
+        assert_eq!(lost.effects, [Effect::Suspend]);
+        assert_eq!(lost.local, Some(Local::Suspended(3)));
+        // Still without the lease: kept as it is.
+        let still = step(lost.local, None, false, IDLE, now);
+        assert!(still.effects.is_empty());
+        assert_eq!(still.local, lost.local);
 
+        // Served at an epoch older than the registration (the process restarted under the
+        // same id): stopped, renewed, and served empty at the new epoch.
         let renew = step(
             Some(Local::Serving(3)),
             Some(Want::Renew(3)),
@@ -385,10 +457,53 @@ mod tests {
             ]
         );
         // Taken by etcd: wait for the map to show the new epoch, then serve at it.
-        let waiting = step(renewed(3, true), Some(Want::Renew(3)), true, IDLE, now);
+        let taken = renewed(renew.local, Some(11));
+        let waiting = step(taken, Some(Want::Renew(3)), true, IDLE, now);
         assert!(waiting.effects.is_empty());
-        let serve = step(renewed(3, true), Some(Want::Serve(11)), true, IDLE, now);
+        let serve = step(taken, Some(Want::Serve(11)), true, IDLE, now);
         assert_eq!(serve.effects, [Effect::Acquire(11)]);
         assert_eq!(serve.local, Some(Local::Serving(11)));
+    }
+
+    #[test]
+    fn a_shard_the_map_still_gives_here_at_the_epoch_held_resumes_with_its_keys() {
+        let now = Instant::now();
+        let suspended = Some(Local::Suspended(3));
+        let renew = step(suspended, Some(Want::Renew(3)), true, IDLE, now);
+        assert_eq!(renew.effects, [Effect::Renew(3)]);
+        // etcd did not take it: retried, the keys still kept.
+        let refused = renewed(renew.local, None);
+        let retry = step(refused, Some(Want::Renew(3)), true, IDLE, now);
+        assert_eq!(retry.effects, [Effect::Renew(3)]);
+        let taken = renewed(retry.local, Some(11));
+        let resume = step(taken, Some(Want::Serve(11)), true, IDLE, now);
+        assert_eq!(resume.effects, [Effect::Resume { from: 3, epoch: 11 }]);
+        assert_eq!(resume.local, Some(Local::Serving(11)));
+        // The map shows an epoch this member's renewal did not write: empty.
+        let other = step(taken, Some(Want::Serve(12)), true, IDLE, now);
+        assert_eq!(other.effects, [Effect::Acquire(12)]);
+    }
+
+    #[test]
+    fn kept_keys_are_discarded_when_the_shard_went_elsewhere_or_moved_on() {
+        let now = Instant::now();
+        let suspended = Some(Local::Suspended(3));
+        // Another member has it now.
+        let gone = step(suspended, None, true, IDLE, now);
+        assert_eq!(gone.effects, [Effect::Discard]);
+        assert_eq!(gone.local, None);
+        // Given here at another epoch than the one held: the keys are not the shard's.
+        let renew = step(suspended, Some(Want::Renew(5)), true, IDLE, now);
+        assert_eq!(renew.effects, [Effect::Discard, Effect::Renew(5)]);
+        assert!(matches!(
+            renew.local,
+            Some(Local::Renewing { kept: false, .. })
+        ));
+        // Activated here afresh: acquired empty (the queue discards what it kept).
+        let fresh = step(suspended, Some(Want::Serve(8)), true, IDLE, now);
+        assert_eq!(fresh.effects, [Effect::Acquire(8)]);
+        // Asked to release while suspended: nothing to drain.
+        let release = step(suspended, Some(Want::Release(3)), true, IDLE, now);
+        assert_eq!(release.effects, [Effect::Discard, Effect::HandOver(3)]);
     }
 }

@@ -2,9 +2,10 @@
 //! random interleavings of leader rounds, member steps, crashes and rejoins, against a small
 //! model of etcd (one revision counter, the map, the registrations).
 //!
-//! Checked after every operation: no shard is served by two members at once, and a member
+//! Checked after every operation: no shard is served by two members at once, a member
 //! serves a shard only at an epoch written after its current registration (so every fresh
-//! start of a shard has an epoch of its own). Checked at the end: once the leader and the
+//! start of a shard has an epoch of its own), and a member resumes a shard with the keys it
+//! kept only if no other member was given the shard since it suspended it. Checked at the end: once the leader and the
 //! members have run without faults, every shard is served by its desired owner, at the epoch
 //! the map names, and by no one else.
 
@@ -51,6 +52,9 @@ struct Member {
     local: Vec<Option<Local>>,
     /// Per shard, the epoch it serves at (set by Acquire, cleared by Stop).
     serving: Vec<Option<u64>>,
+    /// Per shard, the keys kept since a Suspend: the epoch they are of, and how many times
+    /// the shard had changed owner then.
+    kept: Vec<Option<(u64, u64)>>,
 }
 
 #[derive(Debug)]
@@ -59,6 +63,11 @@ struct World {
     map: Vec<ShardState>,
     members: Vec<Member>,
     now: Instant,
+    /// Per shard, how many writes gave it to another owner (the leader's transitions and
+    /// hand-overs; not renewals, which keep the owner).
+    owner_changes: Vec<u64>,
+    /// Resumes of keys kept across a change of owner.
+    violations: Vec<String>,
 }
 
 impl World {
@@ -73,9 +82,12 @@ impl World {
                     registered: None,
                     local: vec![None; SHARDS as usize],
                     serving: vec![None; SHARDS as usize],
+                    kept: vec![None; SHARDS as usize],
                 })
                 .collect(),
             now: Instant::now(),
+            owner_changes: vec![0; SHARDS as usize],
+            violations: Vec::new(),
         }
     }
 
@@ -99,6 +111,10 @@ impl World {
         };
         for transition in plan(&self.map, &desired, &alive) {
             let epoch = self.write();
+            let shard = match &transition {
+                Transition::Activate { shard, .. } | Transition::Release { shard, .. } => *shard,
+            };
+            self.owner_changes[shard as usize] += 1;
             match transition {
                 Transition::Activate { shard, owner, .. } => {
                     self.map[shard as usize] = ShardState::Active { owner, epoch };
@@ -130,23 +146,47 @@ impl World {
             let next = step(member.local[s], wanted, held, drain, self.now);
             let mut local = next.local;
             for effect in next.effects {
+                let changes = self.owner_changes[s];
+                let member = &mut self.members[index];
                 match effect {
-                    Effect::Acquire(epoch) => self.members[index].serving[s] = Some(epoch),
+                    Effect::Acquire(epoch) => {
+                        member.serving[s] = Some(epoch);
+                        member.kept[s] = None;
+                    }
+                    Effect::Resume { from, epoch } => {
+                        if member.kept[s] != Some((from, changes)) {
+                            self.violations.push(format!(
+                                "{} resumed shard {shard} from epoch {from} with keys {:?}, \
+                                 the shard having changed owner {changes} times",
+                                member.id, member.kept[s]
+                            ));
+                        }
+                        member.serving[s] = Some(epoch);
+                        member.kept[s] = None;
+                    }
+                    Effect::Suspend => {
+                        member.kept[s] = member.serving[s].take().map(|epoch| (epoch, changes));
+                    }
+                    Effect::Discard => member.kept[s] = None,
                     Effect::Drain(_) => {}
-                    Effect::Stop { .. } => self.members[index].serving[s] = None,
+                    Effect::Stop { .. } => {
+                        member.serving[s] = None;
+                        member.kept[s] = None;
+                    }
                     Effect::Renew(epoch) => {
-                        let id = self.members[index].id.clone();
+                        let id = member.id.clone();
                         let ok = renewable(&self.map[s], shard, &id, epoch).is_ok();
-                        if ok {
-                            let epoch = self.write();
+                        let written = ok.then(|| self.write());
+                        if let Some(epoch) = written {
                             self.map[s] = ShardState::Active { owner: id, epoch };
                         }
-                        local = renewed(epoch, ok);
+                        local = renewed(local, written);
                     }
                     Effect::HandOver(epoch) => {
                         let id = self.members[index].id.clone();
                         let next = released(&self.map[s], shard, &id, epoch);
                         if let Ok(owner) = &next {
+                            self.owner_changes[s] += 1;
                             let epoch = self.write();
                             self.map[s] = ShardState::Active {
                                 owner: owner.clone(),
@@ -182,6 +222,7 @@ impl World {
     }
 
     fn check_safety(&self) -> Result<(), TestCaseError> {
+        prop_assert!(self.violations.is_empty(), "{:?}", self.violations);
         for shard in 0..SHARDS as usize {
             let servers: Vec<&str> = self
                 .members

@@ -149,12 +149,16 @@ enum ShardState {
     Active(u64),
     /// Handing over: no adds, no new leases; outcomes of in-flight leases still count.
     Draining(u64),
+    /// Not served for now (the member's lease may have expired): no adds, no new leases;
+    /// outcomes of in-flight leases still count, and the keys are kept in case the same
+    /// member renews the shard's epoch ([`Queue::renew`]).
+    Suspended(u64),
 }
 
 impl ShardState {
     fn epoch(self) -> u64 {
         match self {
-            Self::Active(e) | Self::Draining(e) => e,
+            Self::Active(e) | Self::Draining(e) | Self::Suspended(e) => e,
         }
     }
 }
@@ -375,6 +379,8 @@ pub struct Queue {
     floors: ShardMap<ShardFloor>,
     /// When each shard served was taken at its epoch.
     held_since: ShardMap<Instant>,
+    /// The epoch a shard was renewed from by this member: its leases given then still count.
+    renewed_from: ShardMap<u64>,
     leases: LeaseMap<LeaseInfo>,
     lease_deadlines: BinaryHeap<Reverse<(Instant, LeaseId)>>,
     delayed: BinaryHeap<Reverse<DelayedItem>>,
@@ -406,6 +412,7 @@ impl Queue {
             shards: ShardMap::default(),
             floors: ShardMap::default(),
             held_since: ShardMap::default(),
+            renewed_from: ShardMap::default(),
             leases: LeaseMap::default(),
             lease_deadlines: BinaryHeap::new(),
             delayed: BinaryHeap::new(),
@@ -464,6 +471,61 @@ impl Queue {
         self.shards.insert(shard, ShardState::Active(epoch));
         self.held_since.insert(shard, now);
         self.reshare();
+    }
+
+    /// Serves `shard` again at `epoch`, which this member's own renewal of epoch `from` wrote
+    /// (no other member held the shard in between): if the shard is suspended at `from`, its
+    /// keys, delays, backoff counts and in-flight leases are kept, and outcomes of leases
+    /// given at `from` still count. Returns how many keys were kept; otherwise it acquires
+    /// the shard empty, as [`Self::acquire`] does, and returns `None`.
+    pub fn renew(&mut self, shard: u32, from: u64, epoch: u64, now: Instant) -> Option<usize> {
+        if self.shards.get(&shard) != Some(&ShardState::Suspended(from)) {
+            self.acquire(shard, epoch, now);
+            return None;
+        }
+        self.shards.insert(shard, ShardState::Active(epoch));
+        self.renewed_from.insert(shard, from);
+        self.reshare();
+        // Leasing skipped (and let go of) the ready keys of the suspended shard: ready again.
+        let ready: Vec<(ControllerId, Slot, Priority)> = self
+            .controllers
+            .iter()
+            .enumerate()
+            .flat_map(|(controller, queue)| {
+                queue
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(move |(slot, entry)| {
+                        let entry = entry.as_ref().filter(|e| e.shard == shard)?;
+                        match entry.state {
+                            State::Ready(priority) => {
+                                Some((controller as ControllerId, slot as Slot, priority))
+                            }
+                            _ => None,
+                        }
+                    })
+            })
+            .collect();
+        for (controller, slot, priority) in ready {
+            self.schedule(controller, slot, Due::Now(priority), now);
+        }
+        Some(
+            self.controllers
+                .iter()
+                .map(|queue| queue.entries().filter(|e| e.shard == shard).count())
+                .sum(),
+        )
+    }
+
+    /// Stops serving `shard` for now, keeping its keys: the member's lease may have expired,
+    /// and the same member may renew the shard ([`Self::renew`]) or lose it (`release`).
+    pub fn suspend(&mut self, shard: u32) {
+        if let Some(state) = self.shards.get(&shard).copied() {
+            self.shards
+                .insert(shard, ShardState::Suspended(state.epoch()));
+            self.reshare();
+        }
     }
 
     /// Grows the per-controller state to every controller the key space knows (names made
@@ -546,7 +608,7 @@ impl Queue {
             .iter()
             .filter_map(|(s, st)| match st {
                 ShardState::Active(e) => Some((*s, *e)),
-                ShardState::Draining(_) => None,
+                ShardState::Draining(_) | ShardState::Suspended(_) => None,
             })
             .collect();
         shards.sort_unstable();
@@ -693,6 +755,7 @@ impl Queue {
         }
         self.floors.remove(&shard);
         self.held_since.remove(&shard);
+        self.renewed_from.remove(&shard);
         self.leases.retain(|_, l| l.key.shard() != shard);
         for queue in &mut self.controllers {
             self.len -= queue.retain(&mut self.history, |e| e.shard != shard);

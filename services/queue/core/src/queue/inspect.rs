@@ -53,7 +53,7 @@ impl Queue {
     /// leases still finish here).
     pub fn describe(&self, key: &ValidKey) -> Option<KeyView<'_>> {
         let epoch = match self.shards.get(&key.shard())? {
-            ShardState::Active(e) | ShardState::Draining(e) => *e,
+            ShardState::Active(e) | ShardState::Draining(e) | ShardState::Suspended(e) => *e,
         };
         let hash = self.hasher.hash_one(key.object());
         let entry = self

@@ -410,7 +410,9 @@ impl Queue {
         epoch: u64,
         lease: LeaseId,
     ) -> Result<&LeaseInfo, Refused> {
-        if self.shards.get(&shard).map(|s| s.epoch()) != Some(epoch) {
+        if self.shards.get(&shard).map(|s| s.epoch()) != Some(epoch)
+            && self.renewed_from.get(&shard) != Some(&epoch)
+        {
             self.totals.refused_stale_epoch += 1;
             return Err(Refused::StaleEpoch);
         }

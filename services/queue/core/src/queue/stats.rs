@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{Queue, State};
+use super::{Queue, ShardState, State};
 use crate::key::{ControllerId, ValidKey};
 
 /// Introspection figures of one controller's keys in one shard.
@@ -48,7 +48,12 @@ impl Queue {
     pub fn stats(&self, now: Instant) -> Vec<ShardStats> {
         let mut stats: HashMap<(ControllerId, u32), ShardStats> = HashMap::new();
         let known = self.keys.len().max(self.controllers.len());
-        for (&shard, state) in &self.shards {
+        // A suspended shard is not served: its kept keys are not this replica's backlog.
+        let served = self
+            .shards
+            .iter()
+            .filter(|(_, state)| !matches!(state, ShardState::Suspended(_)));
+        for (&shard, state) in served {
             for controller in 0..known as ControllerId {
                 stats.insert(
                     (controller, shard),

@@ -464,6 +464,98 @@ fn outcomes_with_a_stale_epoch_are_refused_and_change_nothing() {
     assert!(q.is_empty(), "a new epoch starts empty");
 }
 
+/// Keys of `shard`, other than `a`.
+fn keys_in(shard: u32, n: usize) -> Vec<ValidKey> {
+    (0..10_000)
+        .map(|i| key(&format!("k{i}")))
+        .filter(|k| k.shard() == shard)
+        .take(n)
+        .collect()
+}
+
+#[test]
+fn a_shard_renewed_by_its_own_member_keeps_its_keys_delays_and_leases() {
+    let (mut q, now) = queue();
+    let shard = key("a").shard();
+    let [waiting, delayed, failing, new] = keys_in(shard, 4).try_into().unwrap();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let leased = lease(&mut q, now).unwrap();
+    q.add(&failing, Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    let l = lease(&mut q, now).unwrap();
+    q.complete(W, shard, l.epoch, l.id, Outcome::Failed, now)
+        .unwrap();
+    q.add(&waiting, Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    q.add(&delayed, Priority::Normal, Duration::from_secs(300), now)
+        .unwrap();
+
+    // The member's lease may have expired: nothing is leased or added, nothing is dropped.
+    q.suspend(shard);
+    assert_eq!(lease(&mut q, now + Duration::from_secs(1)), None);
+    assert_eq!(
+        q.add(&new, Priority::Normal, Duration::ZERO, now)
+            .map(|_| ()),
+        Err(Error::NotOwner { shard })
+    );
+    assert!(q.owned_shards().iter().all(|(s, _)| *s != shard));
+    assert_eq!(q.len(), 4);
+
+    // Renewed from the epoch it held: the same keys, the same delay, the same failures, and
+    // the lease given before still answers.
+    assert_eq!(q.renew(shard, leased.epoch, 9, now), Some(4));
+    assert_eq!(q.shard_epoch(shard), Some(9));
+    q.complete(W, shard, leased.epoch, leased.id, Outcome::Done, now)
+        .unwrap();
+    let later = now + Duration::from_secs(1);
+    let mut names: Vec<String> = std::iter::from_fn(|| lease(&mut q, later))
+        .map(|l| {
+            assert_eq!(l.epoch, 9);
+            l.key.name().to_owned()
+        })
+        .collect();
+    names.sort();
+    let mut expected = vec![waiting.name().to_owned(), failing.name().to_owned()];
+    expected.sort();
+    assert_eq!(names, expected, "the failing key's backoff is over by then");
+    assert_eq!(
+        q.describe(&failing).map(|d| d.failures),
+        Some(1),
+        "its failure count is kept"
+    );
+    assert!(
+        q.describe(&delayed).is_some(),
+        "the delayed key still waits"
+    );
+}
+
+#[test]
+fn a_shard_renewed_from_another_epoch_or_acquired_starts_empty() {
+    let (mut q, now) = queue();
+    let shard = key("a").shard();
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    q.suspend(shard);
+    // The map gave the shard at an epoch this member did not hold it at.
+    assert_eq!(q.renew(shard, 6, 9, now), None);
+    assert!(q.is_empty());
+    assert_eq!(q.shard_epoch(shard), Some(9));
+    // Suspended, then acquired afresh (another owner held it meanwhile): empty too.
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    q.suspend(shard);
+    q.acquire(shard, 12, now);
+    assert!(q.is_empty());
+    // And a suspended shard released is gone.
+    q.add(&key("a"), Priority::Normal, Duration::ZERO, now)
+        .unwrap();
+    q.suspend(shard);
+    q.release(shard);
+    assert!(q.is_empty());
+    assert_eq!(q.shard_epoch(shard), None);
+}
+
 #[test]
 fn a_draining_shard_leases_nothing_new_but_accepts_outcomes() {
     let (mut q, now) = queue();
