@@ -417,6 +417,8 @@ impl Queue {
             format!("--shard-count={shard_count}"),
             format!("--external-metrics-addr=127.0.0.1:{metrics_port}"),
             format!("--external-metrics-client-ca={}", client_ca.display()),
+            // The name of the harness's front-proxy client certificate, as kubeadm's.
+            "--external-metrics-allowed-names=front-proxy-client".into(),
             format!("--tls-cert={}", tls.join("tls.crt").display()),
             format!("--tls-key={}", tls.join("tls.key").display()),
             format!("--tls-ca={}", tls.join("ca.crt").display()),

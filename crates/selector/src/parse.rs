@@ -156,10 +156,12 @@ fn requirement(offset: usize, part: &str) -> Result<Requirement, Problem> {
             }
         };
         let key = key(left)?;
+        // Repeats dropped with a set, so that a long list costs linear time, not quadratic.
         let mut values: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for v in text[open + 1..close].split(',') {
             let v = value(v)?;
-            if !values.contains(&v) {
+            if seen.insert(v.clone()) {
                 values.push(v);
             }
         }
@@ -212,6 +214,16 @@ mod tests {
             value: value.into(),
             reason,
         })
+    }
+
+    #[test]
+    fn a_long_value_list_keeps_each_value_once_in_its_order() {
+        let values: Vec<String> = (0..1000).map(|n| format!("v{n}")).collect();
+        let listed = [values.clone(), values.clone()].concat().join(",");
+        assert_eq!(
+            parse(&format!("k in ({listed})")).unwrap(),
+            [Requirement::In("k".into(), values)]
+        );
     }
 
     #[test]

@@ -141,6 +141,8 @@ async fn queue(metrics: SocketAddr) -> InProcess {
         "--grpc-addr=127.0.0.1:0".into(),
         format!("--shard-count={SHARDS}"),
         format!("--external-metrics-addr={metrics}"),
+        // Read straight by the test, not through the aggregation layer.
+        "--external-metrics-insecure-any-client".into(),
         "--drain-grace=1s".into(),
     ];
     args.extend(Pki::shared().flags(Role::Queue));

@@ -272,11 +272,7 @@ impl Args {
         let (directory, peers) = match &queue.elector_addr {
             Some(elector) if membership => {
                 let (directory, peers) = directory(&rt, &queue, elector.clone());
-                let peers = external_metrics::Peers {
-                    members: peers,
-                    me: member_id(&queue),
-                    dialer: rt.dialer(),
-                };
+                let peers = external_metrics::Peers::new(peers, member_id(&queue), rt.dialer());
                 (Some(directory), Some(peers))
             }
             _ => (None, None),

@@ -155,6 +155,7 @@ async fn serves_discovery_and_backlog_per_controller_and_refuses_bad_selectors()
             format!("--shard-count={SHARDS}"),
             format!("--controllers={RS},{DEPLOY}"),
             format!("--external-metrics-addr=127.0.0.1:{port}"),
+            "--external-metrics-insecure-any-client".into(),
         ]
         .into_iter()
         .chain(Pki::shared().flags(Role::Queue)),
@@ -335,6 +336,7 @@ async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
                 &format!("--shard-count={SHARDS}"),
                 &format!("--controllers={RS},{DEPLOY}"),
                 &format!("--external-metrics-addr=127.0.0.1:{port}"),
+                "--external-metrics-insecure-any-client",
             ],
             &[
                 ("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint()),
@@ -400,8 +402,9 @@ async fn every_member_answers_with_the_backlog_of_the_whole_queue() {
     elector_task.abort();
 }
 
-/// A CA and a client certificate it issued, as PEM.
-fn ca_and_client(name: &str) -> (String, String, String) {
+/// A CA and a client certificate it issued for each of `names` (common names), as PEM: the
+/// CA, then each certificate and its key.
+fn ca_and_clients(name: &str, names: &[&str]) -> (String, Vec<(String, String)>) {
     use rcgen::{
         BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
         IsCa, KeyPair,
@@ -411,21 +414,27 @@ fn ca_and_client(name: &str) -> (String, String, String) {
         .push(DnType::CommonName, format!("{name}-ca"));
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
-    client
-        .distinguished_name
-        .push(DnType::CommonName, "front-proxy-client");
-    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let key = KeyPair::generate().unwrap();
-    let cert = client.signed_by(&key, &ca).unwrap();
-    (ca.pem(), cert.pem(), key.serialize_pem())
+    let clients = names
+        .iter()
+        .map(|cn| {
+            let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+            client.distinguished_name.push(DnType::CommonName, *cn);
+            client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            let key = KeyPair::generate().unwrap();
+            let cert = client.signed_by(&key, &ca).unwrap();
+            (cert.pem(), key.serialize_pem())
+        })
+        .collect();
+    (ca.pem(), clients)
 }
 
 #[tokio::test]
-async fn with_a_client_ca_only_clients_it_issued_may_call() {
+async fn only_the_front_proxy_s_certificate_may_call() {
     let dir = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = ca_and_client("front-proxy");
-    let (_, other_cert, other_key) = ca_and_client("stranger");
+    let (ca, clients) = ca_and_clients("front-proxy", &["front-proxy-client", "some-pod"]);
+    let [(cert, key), (pod_cert, pod_key)] = clients.try_into().unwrap();
+    let (_, strangers) = ca_and_clients("stranger", &["front-proxy-client"]);
+    let [(other_cert, other_key)] = strangers.try_into().unwrap();
     let ca_path = dir.path().join("front-proxy-ca.crt");
     std::fs::write(&ca_path, ca).unwrap();
     let port = free_port();
@@ -437,6 +446,7 @@ async fn with_a_client_ca_only_clients_it_issued_may_call() {
             format!("--shard-count={SHARDS}"),
             format!("--external-metrics-addr=127.0.0.1:{port}"),
             format!("--external-metrics-client-ca={}", ca_path.display()),
+            "--external-metrics-allowed-names=front-proxy-client".into(),
         ]
         .into_iter()
         .chain(Pki::shared().flags(Role::Queue)),
@@ -476,9 +486,39 @@ async fn with_a_client_ca_only_clients_it_issued_may_call() {
         call(client(Some((&other_cert, &other_key)))).await.is_err(),
         "a certificate from another CA: refused in the handshake"
     );
+    assert!(
+        call(client(Some((&pod_cert, &pod_key)))).await.is_err(),
+        "a certificate of the front-proxy CA with a name not allowed: refused"
+    );
 
     shutdown.trigger();
     running.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn the_api_is_not_served_to_any_client_unless_asked() {
+    let started = switchyard_queue::Args::try_parse_from(
+        [
+            "switchyard-queue".to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--external-metrics-addr=127.0.0.1:{}", free_port()),
+        ]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue)),
+    )
+    .unwrap()
+    .start()
+    .await;
+    let Err(error) = started else {
+        panic!("served to any client")
+    };
+    assert!(
+        error
+            .to_string()
+            .contains("--external-metrics-client-ca: required with --external-metrics-addr"),
+        "{error}"
+    );
 }
 
 /// The certificate a new connection to `url` is served (DER), with a client that trusts the
@@ -531,6 +571,7 @@ async fn a_rotated_certificate_serves_new_connections_without_a_restart() {
             format!("--external-metrics-addr=127.0.0.1:{port}"),
             format!("--external-metrics-tls-cert={}", before.cert.display()),
             format!("--external-metrics-tls-key={}", before.key.display()),
+            "--external-metrics-insecure-any-client".into(),
             "--tls-reload-interval=100ms".into(),
         ]
         .into_iter()

@@ -23,10 +23,30 @@ pub struct ExternalMetricsArgs {
         requires = "external_metrics_tls_cert"
     )]
     pub external_metrics_tls_key: Option<PathBuf>,
-    /// PEM CA bundle that client certificates must chain to (the apiserver's requestheader
-    /// CA): only the aggregation layer may then call
+    /// PEM CA bundle that client certificates must chain to: the apiserver's requestheader
+    /// CA (`requestheader-client-ca-file` of `kube-system/extension-apiserver-authentication`),
+    /// so that only the aggregation layer may call. Required with --external-metrics-addr
+    /// unless --external-metrics-insecure-any-client
     #[arg(long, env = "SWITCHYARD_EXTERNAL_METRICS_CLIENT_CA")]
     pub external_metrics_client_ca: Option<PathBuf>,
+    /// Common names a client certificate may have (the apiserver's
+    /// `--requestheader-allowed-names`, for example front-proxy-client); empty allows any
+    /// certificate the client CA issued, as the apiserver does
+    #[arg(
+        long,
+        env = "SWITCHYARD_EXTERNAL_METRICS_ALLOWED_NAMES",
+        value_delimiter = ',',
+        requires = "external_metrics_client_ca"
+    )]
+    pub external_metrics_allowed_names: Vec<String>,
+    /// Serve the external metrics API to any client, with or without a certificate
+    /// (development only: anyone who reaches the port reads every controller's backlog)
+    #[arg(
+        long,
+        env = "SWITCHYARD_EXTERNAL_METRICS_INSECURE_ANY_CLIENT",
+        conflicts_with = "external_metrics_client_ca"
+    )]
+    pub external_metrics_insecure_any_client: bool,
 }
 
 #[cfg(test)]

@@ -262,11 +262,11 @@ mod tests {
 
     /// Member `q0`'s view of `members`, dialing the others as a queue member does.
     fn peers_of(members: watch::Receiver<Option<Vec<Peer>>>) -> Peers {
-        Peers {
+        Peers::new(
             members,
-            me: "q0".into(),
-            dialer: switchyard_testenv::Pki::shared().dialer(switchyard_runtime::Role::Queue),
-        }
+            "q0".into(),
+            switchyard_testenv::Pki::shared().dialer(switchyard_runtime::Role::Queue),
+        )
     }
 
     fn state(backlog: Fixed, peers: Option<Peers>) -> ApiState<Fixed> {

@@ -46,10 +46,21 @@ impl<B: Backlog> Server<B> {
             external_metrics_tls_cert,
             external_metrics_tls_key,
             external_metrics_client_ca,
+            external_metrics_allowed_names,
+            external_metrics_insecure_any_client,
         } = args;
         let Some(addr) = *external_metrics_addr else {
             return Ok(None);
         };
+        if external_metrics_client_ca.is_none() && !external_metrics_insecure_any_client {
+            return Err(tls::Error::Tls(
+                "--external-metrics-client-ca: required with --external-metrics-addr (the \
+                 apiserver's requestheader CA, so that only the aggregation layer may call); \
+                 --external-metrics-insecure-any-client serves any client instead"
+                    .into(),
+            )
+            .into());
+        }
         let serving = match external_metrics_tls_cert
             .as_deref()
             .zip(external_metrics_tls_key.as_deref())
@@ -60,7 +71,13 @@ impl<B: Backlog> Server<B> {
             ),
             None => None,
         };
-        let tls = tls::config(serving, external_metrics_client_ca.as_deref())?;
+        let clients = external_metrics_client_ca
+            .as_deref()
+            .map(|ca| tls::Clients {
+                ca,
+                allowed_names: external_metrics_allowed_names,
+            });
+        let tls = tls::config(serving, clients)?;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Bind { addr, source })?;
