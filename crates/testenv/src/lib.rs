@@ -21,6 +21,7 @@ mod cluster;
 mod error;
 mod etcd;
 pub mod exposition;
+pub mod fuzz;
 mod in_process;
 mod kubeconfig;
 pub mod manifests;

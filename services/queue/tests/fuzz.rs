@@ -8,15 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use clap::Parser;
 use proptest::{
@@ -36,7 +28,10 @@ use switchyard_proto::{
 };
 use switchyard_queue_core::shard::shard_of;
 use switchyard_runtime::Role;
-use switchyard_testenv::Pki;
+use switchyard_testenv::{
+    Pki,
+    fuzz::{self, Panics},
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -434,29 +429,10 @@ async fn start() -> (switchyard_runtime::ShutdownHandle, SocketAddr, SocketAddr)
     (shutdown, addr, admin)
 }
 
-/// Counts every panic of the process, in whatever task or thread, keeping the first
-/// message: a handler's panic kills only its connection, which the calls would not notice.
-fn count_panics() -> (Arc<AtomicUsize>, Arc<Mutex<Option<String>>>) {
-    let (count, first) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
-    let (counted, kept) = (Arc::clone(&count), Arc::clone(&first));
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        kept.lock().unwrap().get_or_insert_with(|| info.to_string());
-        default(info);
-    }));
-    (count, first)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arbitrary_calls_from_every_identity_leave_the_replica_serving() {
-    let (panics, first_panic) = count_panics();
-    let seed = std::env::var("SWITCHYARD_FUZZ_SEED")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<u64>().unwrap())
-        .unwrap_or_else(rand::random);
-    eprintln!("replay with SWITCHYARD_FUZZ_SEED={seed}");
+    let panics = Panics::count();
+    let seed = fuzz::seed();
     let (shutdown, addr, admin) = start().await;
     let mut clients = Vec::new();
     for role in Role::ALL {
@@ -495,19 +471,15 @@ async fn arbitrary_calls_from_every_identity_leave_the_replica_serving() {
             panic!(
                 "case {case} as {:?} hung (panics: {:?}): {shown:.2000}",
                 Role::ALL[who],
-                first_panic.lock().unwrap()
+                panics.so_far()
             );
         }
     }
 
     // Nothing panicked, the replica is alive with no task restarted, and it kept every key
     // it had accepted.
-    assert_eq!(
-        panics.load(Ordering::SeqCst),
-        0,
-        "{:?}",
-        first_panic.lock().unwrap()
-    );
+    let (count, first) = panics.so_far();
+    assert_eq!(count, 0, "{first:?}");
     let livez = reqwest::get(format!("http://{admin}/livez")).await.unwrap();
     assert_eq!(livez.status(), 200, "{:?}", livez.text().await);
     let metrics = reqwest::get(format!("http://{admin}/metrics"))

@@ -9,13 +9,7 @@
 
 mod support;
 
-use std::{
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
+use std::time::Duration;
 
 use proptest::{
     collection, option,
@@ -32,7 +26,10 @@ use switchyard_proto::{
     },
 };
 use switchyard_runtime::Role;
-use switchyard_testenv::{ControlPlane, Pki, TestNamespace};
+use switchyard_testenv::{
+    ControlPlane, Pki, TestNamespace,
+    fuzz::{self, Panics},
+};
 use tonic::transport::Channel;
 
 use support::*;
@@ -343,29 +340,10 @@ fn cases(seed: u64) -> Vec<(usize, Call)> {
         .unwrap()
 }
 
-/// Counts every panic of the process, in whatever task or thread, keeping the first
-/// message: a handler's panic kills only its connection, which the calls would not notice.
-fn count_panics() -> (Arc<AtomicUsize>, Arc<Mutex<Option<String>>>) {
-    let (count, first) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
-    let (counted, kept) = (Arc::clone(&count), Arc::clone(&first));
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        kept.lock().unwrap().get_or_insert_with(|| info.to_string());
-        default(info);
-    }));
-    (count, first)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arbitrary_calls_from_every_identity_leave_the_watcher_serving() {
-    let (panics, first_panic) = count_panics();
-    let seed = std::env::var("SWITCHYARD_FUZZ_SEED")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<u64>().unwrap())
-        .unwrap_or_else(rand::random);
-    eprintln!("replay with SWITCHYARD_FUZZ_SEED={seed}");
+    let panics = Panics::count();
+    let seed = fuzz::seed();
     let plane = ControlPlane::shared().unwrap();
     let client = plane.client().await.unwrap();
     let ns = TestNamespace::create(plane, &client, "watcher-fuzz")
@@ -424,7 +402,7 @@ registrations:
             panic!(
                 "case {case} as {:?} hung (panics: {:?}): {shown:.2000}",
                 Role::ALL[who],
-                first_panic.lock().unwrap()
+                panics.so_far()
             );
         };
         if got.1.starts_with("Internal") {
@@ -443,12 +421,8 @@ registrations:
 
     // Nothing panicked, the watcher is alive with no task restarted, and it still keys and
     // serves.
-    assert_eq!(
-        panics.load(Ordering::SeqCst),
-        0,
-        "{:?}",
-        first_panic.lock().unwrap()
-    );
+    let (count, first) = panics.so_far();
+    assert_eq!(count, 0, "{first:?}");
     let (status, body) = watcher.admin_get("/livez").await;
     assert_eq!(status, 200, "{body}");
     let (_, metrics) = watcher.admin_get("/metrics").await;
