@@ -82,3 +82,39 @@ fn services_depend_on_contracts_never_on_each_other() {
         "service crates depending on another service's crate: {crossings:?}"
     );
 }
+
+/// Every method of every Switchyard service in the contracts has a row in the authorization
+/// table (a method without one is refused to everyone at run time), and every Switchyard row
+/// of the table names a method or a service of the contracts (a row for a removed method
+/// would open it again if the name came back).
+#[test]
+fn every_contract_method_has_an_authorization_row_and_every_row_a_method() {
+    use prost::Message;
+    use switchyard_runtime::authz::{TABLE, access};
+
+    let set =
+        prost_types::FileDescriptorSet::decode(switchyard_proto::FILE_DESCRIPTOR_SET).unwrap();
+    let mut methods = Vec::new();
+    for file in &set.file {
+        for service in &file.service {
+            let prefix = format!("/{}.{}/", file.package(), service.name());
+            for method in &service.method {
+                methods.push(format!("{prefix}{}", method.name()));
+            }
+        }
+    }
+    assert!(methods.len() > 10, "{methods:?}");
+    let missing: Vec<&String> = methods.iter().filter(|m| access(m).is_none()).collect();
+    assert!(missing.is_empty(), "methods without a row: {missing:?}");
+    let stale: Vec<&str> = TABLE
+        .iter()
+        .map(|(path, _)| *path)
+        .filter(|path| path.starts_with("/switchyard."))
+        .filter(|path| {
+            !methods
+                .iter()
+                .any(|m| m == path || (path.ends_with('/') && m.starts_with(path)))
+        })
+        .collect();
+    assert!(stale.is_empty(), "rows naming no method: {stale:?}");
+}
