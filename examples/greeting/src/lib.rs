@@ -27,7 +27,7 @@ use kube::{
 use serde_json::json;
 use switchyard_reconciler::{
     finalizer::{Step, finalize},
-    sdk::{Action, Builder, Context, Controller, EventType, Result},
+    sdk::{Action, Builder, Context, Controller, EventType, Refusal, Result},
 };
 
 mod greeting;
@@ -122,7 +122,7 @@ async fn cleanup(ctx: &Context, greeting: &Greeting) -> Result {
             "Deleted",
             format!("deleted ConfigMap {map_name}"),
         ),
-        Err(kube::Error::Api(status)) if status.is_not_found() => {}
+        Err(error) if error.is_not_found() => {}
         Err(error) => return Err(error.into()),
     }
     Ok(Action::await_change())

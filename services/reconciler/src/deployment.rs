@@ -37,7 +37,7 @@ use tracing::{debug, info, warn};
 use crate::{
     cache::ListFilter,
     sdk::{
-        Action, Context, Error, EventType, Request, Result, is_namespace_terminating,
+        Action, Context, Error, EventType, Refusal, Request, Result, is_namespace_terminating,
         status_message,
     },
 };
@@ -58,14 +58,6 @@ impl crate::sdk::Controller for DeploymentController {
     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
         reconcile(ctx, request).await
     }
-}
-
-fn is_not_found(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.is_not_found())
-}
-
-fn is_already_exists(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.is_already_exists())
 }
 
 fn rs_name(rs: &ReplicaSet) -> &str {
@@ -211,7 +203,7 @@ impl Run<'_> {
                 self.set_revision(revision);
                 Ok(Some(name))
             }
-            Err(error) if is_already_exists(&error) => {
+            Err(error) if error.is_already_exists() => {
                 let existing = self.rs_api.get(&name).await?;
                 if core::is_ours_with_template(spec, &existing) {
                     let revision = revision(&existing);
@@ -281,7 +273,7 @@ impl Run<'_> {
                     debug!(replica_set = %name, "deleted old replica set");
                     self.owned.retain(|rs| rs_name(rs) != name);
                 }
-                Err(error) if is_not_found(&error) => {}
+                Err(error) if error.is_not_found() => {}
                 Err(error) => return Err(error.into()),
             }
         }
@@ -548,7 +540,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                     run.owned.push(rs);
                 }
             }
-            Err(error) if is_not_found(&error) => {}
+            Err(error) if error.is_not_found() => {}
             Err(error) => {
                 first_error.get_or_insert(error.into());
             }

@@ -40,7 +40,7 @@ use switchyard_reconciler_core::gc::{
 };
 use tracing::{debug, info};
 
-use crate::sdk::{Action, Context, Controller, Error, EventType, Request, Result};
+use crate::sdk::{Action, Context, Controller, Error, EventType, Refusal, Request, Result};
 
 /// The name the collector's keys carry (the watcher's `garbageCollector.controller`).
 pub const NAME: &str = "garbage-collector";
@@ -459,7 +459,7 @@ async fn changed_if_conflict<T>(
 fn settled(result: kube::Result<()>) -> Result<Option<()>> {
     match result {
         Ok(()) => Ok(Some(())),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+        Err(error) if error.is_not_found() => Ok(None),
         Err(error) => Err(error.into()),
     }
 }
@@ -494,7 +494,7 @@ async fn patch_references(
         .await
     {
         Ok(object) => Ok(Some(object.metadata)),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+        Err(error) if error.is_not_found() => Ok(None),
         Err(error) => Err(error.into()),
     }
 }

@@ -40,7 +40,7 @@ use switchyard_reconciler_core::namespace::{
 };
 use tracing::{debug, info, warn};
 
-use crate::sdk::{Action, Context, Controller, Error, Request, Result, status_message};
+use crate::sdk::{Action, Context, Controller, Error, Refusal, Request, Result, status_message};
 
 pub const NAME: &str = "v1/Namespace";
 /// Resources emptied at once: the controller's QPS limit paces the calls in any case; a few
@@ -72,24 +72,10 @@ impl Controller for NamespaceController {
     }
 }
 
-/// The apiserver's refusal with this HTTP code or reason. By code too: a path the apiserver
-/// does not serve answers a plain-text 404, which client-go counts as `NotFound` as well.
-fn refused(error: &kube::Error, code: u16, reason: &str) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == code || status.reason == reason)
-}
-
-fn is_not_found(error: &kube::Error) -> bool {
-    refused(error, 404, "NotFound")
-}
-
-fn is_conflict(error: &kube::Error) -> bool {
-    refused(error, 409, "Conflict")
-}
-
 /// 404 or 405: the resource does not serve the call (discovery may list a resource whose
 /// verbs it does not serve at this path), so the deleter goes on without it.
 fn is_unsupported(error: &kube::Error) -> bool {
-    is_not_found(error) || refused(error, 405, "MethodNotAllowed")
+    error.is_not_found() || error.is_method_not_allowed()
 }
 
 async fn reconcile(ctx: &Context, request: &Request) -> Result {
@@ -129,7 +115,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
             .await
         {
             Ok(written) => written,
-            Err(error) if is_not_found(&error) => return Ok(Action::Done),
+            Err(error) if error.is_not_found() => return Ok(Action::Done),
             Err(error) => return Err(error.into()),
         };
     }
@@ -185,8 +171,8 @@ async fn finalize(api: &Api<Namespace>, mut namespace: Namespace) -> Result<()> 
         {
             Ok(_) => return Ok(()),
             // Another controller sharing the finalizer finished first.
-            Err(error) if is_not_found(&error) => return Ok(()),
-            Err(error) if is_conflict(&error) => {
+            Err(error) if error.is_not_found() => return Ok(()),
+            Err(error) if error.is_conflict() => {
                 let Some(fresh) = api.get_opt(&name).await? else {
                     return Ok(());
                 };
@@ -547,8 +533,8 @@ mod tests {
         assert!(is_unsupported(&answer(405)));
         assert!(!is_unsupported(&answer(403)));
         assert!(!is_unsupported(&answer(500)));
-        assert!(is_conflict(&answer(409)));
-        assert!(!is_conflict(&answer(404)));
-        assert!(is_not_found(&answer(404)));
+        assert!(answer(409).is_conflict());
+        assert!(!answer(404).is_conflict());
+        assert!(answer(404).is_not_found());
     }
 }

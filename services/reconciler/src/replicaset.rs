@@ -45,8 +45,8 @@ use tracing::{debug, warn};
 use crate::{
     cache::{CacheClient, ListFilter},
     sdk::{
-        Action, Context, Controller, Error, EventType, Request, Result, is_namespace_terminating,
-        status_message,
+        Action, Context, Controller, Error, EventType, Refusal, Request, Result,
+        is_namespace_terminating, status_message,
     },
 };
 
@@ -109,10 +109,6 @@ fn note(first: &mut Option<Error>, error: kube::Error) {
     if first.is_none() {
         *first = Some(error.into());
     }
-}
-
-fn is_not_found(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.is_not_found())
 }
 
 /// The Pods the ReplicaSet controls and those its selector matches (orphans to adopt), in
@@ -334,14 +330,14 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                 adopted_pods.push(pod);
             }
             // Gone since the read: nothing to adopt.
-            Err(error) if is_not_found(&error) => {}
+            Err(error) if error.is_not_found() => {}
             Err(error) => note(&mut first_error, error),
         }
     }
     for result in released {
         match result {
             Ok(pod) => writes.saw(&pod),
-            Err(error) if is_not_found(&error) => {}
+            Err(error) if error.is_not_found() => {}
             Err(error) => note(&mut first_error, error),
         }
     }
@@ -444,7 +440,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                             format!("Deleted pod: {name}"),
                         );
                     }
-                    Err(error) if is_not_found(&error) => {}
+                    Err(error) if error.is_not_found() => {}
                     Err(error) => {
                         let message = status_message(&error);
                         ctx.events.publish(

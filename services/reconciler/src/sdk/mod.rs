@@ -18,6 +18,7 @@
 mod builder;
 mod controller;
 mod mapping;
+mod refusal;
 mod watches;
 
 use std::{fmt, sync::Arc, time::Duration};
@@ -30,6 +31,7 @@ use switchyard_queue_client::{Enqueuer, Priority, WorkKey};
 pub use self::{
     builder::{Builder, Built, Map, Object, Policy, backoff},
     controller::{Controller, Registered, Registry},
+    refusal::Refusal,
     watches::{Options, Predicate, Watch, Watches, default_name, gvk_of},
 };
 pub use crate::events::EventType;
@@ -99,7 +101,7 @@ fn kube_message(error: &switchyard_k8s::kube::Error) -> String {
 impl Error {
     /// A 409 from the apiserver (a write based on a stale read).
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Self::Kube(switchyard_k8s::kube::Error::Api(status)) if status.is_conflict())
+        matches!(self, Self::Kube(error) if error.is_conflict())
     }
 
     /// The apiserver refused a creation because the namespace is being deleted. The worker
