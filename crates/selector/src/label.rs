@@ -56,7 +56,7 @@ pub fn validate_key(key: &str) -> Result<(), LabelError> {
             if prefix.is_empty() || prefix.len() > MAX_PREFIX_LENGTH {
                 return Err(invalid(Reason::PrefixLength));
             }
-            if !is_dns_subdomain(prefix) {
+            if !crate::names::is_dns_subdomain(prefix) {
                 return Err(invalid(Reason::Prefix));
             }
             name
@@ -96,20 +96,6 @@ fn check_name(name: &str) -> Result<(), Reason> {
         return Err(Reason::Ends);
     }
     Ok(())
-}
-
-/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*`, the length checked by
-/// the caller.
-fn is_dns_subdomain(s: &str) -> bool {
-    s.split('.').all(|part| {
-        let edge =
-            |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-        edge(part.chars().next())
-            && edge(part.chars().next_back())
-            && part
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    })
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 
 pub mod label;
 mod label_selector;
+pub mod names;
 mod parse;
 
 use std::{borrow::Borrow, collections::BTreeMap, fmt, str::FromStr};

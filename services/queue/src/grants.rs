@@ -31,7 +31,7 @@ impl std::str::FromStr for WorkGrant {
         let (account, controller) = flag
             .split_once('=')
             .ok_or_else(|| format!("{flag:?}: expected ACCOUNT=CONTROLLER"))?;
-        if !is_service_account(account) {
+        if !switchyard_selector::names::is_dns_subdomain(account) {
             return Err(format!(
                 "{flag:?}: {account:?} is not a service account name (lowercase letters, \
                  digits, '-' and '.', at most 253)"
@@ -47,14 +47,6 @@ impl std::str::FromStr for WorkGrant {
             controller: controller.to_owned(),
         })
     }
-}
-
-/// A Kubernetes service account name, as the SPIFFE URI of a certificate carries it.
-fn is_service_account(name: &str) -> bool {
-    (1..=253).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 /// The table a hello is checked against.

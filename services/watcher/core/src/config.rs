@@ -633,16 +633,11 @@ fn validate_grants(raw: Vec<RawGrant>) -> Result<Grants> {
 /// Longest service account name: Kubernetes names them as DNS subdomains (RFC 1123).
 const MAX_SERVICE_ACCOUNT: usize = 253;
 
-/// Whether `name` can be a service account's name, as a certificate's SPIFFE URI carries it:
-/// a full URI or a name with capitals would never match a caller, and its grant would be lost.
+/// Whether `name` can be a service account's name, as a certificate's SPIFFE URI carries it
+/// (a DNS subdomain): a full URI or a name with capitals would never match a caller, and its
+/// grant would be lost.
 fn is_service_account(name: &str) -> bool {
-    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    name.len() <= MAX_SERVICE_ACCOUNT
-        && name.starts_with(alphanumeric)
-        && name.ends_with(alphanumeric)
-        && name
-            .chars()
-            .all(|c| alphanumeric(c) || c == '-' || c == '.')
+    switchyard_selector::names::is_dns_subdomain(name)
 }
 
 /// Longest batch period: a key held longer than this is a controller that reacts late, not
@@ -735,7 +730,7 @@ fn validate_namespaces(raw: RawNamespaces) -> Result<Namespaces> {
     }
     for (list, names) in [("include", &include), ("exclude", &exclude)] {
         for (i, name) in names.iter().enumerate() {
-            if !is_dns_label(name) {
+            if !switchyard_selector::names::is_dns_label(name) {
                 return Err(invalid(
                     format!("namespaces.{list}[{i}]"),
                     format!(
@@ -746,16 +741,6 @@ fn validate_namespaces(raw: RawNamespaces) -> Result<Namespaces> {
         }
     }
     Ok(Namespaces { include, exclude })
-}
-
-fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
 }
 
 #[cfg(test)]

@@ -503,7 +503,7 @@ fn check_gvk(field: &str, gvk: &Gvk) -> Result<()> {
         version,
         kind,
     } = gvk;
-    if !group.is_empty() && !is_dns_subdomain(group) {
+    if !group.is_empty() && !switchyard_selector::names::is_dns_subdomain(group) {
         return Err(invalid(
             format!("{field}.group"),
             format!("{group:?} is not an API group such as apps or example.com"),
@@ -533,19 +533,6 @@ fn check_gvk(field: &str, gvk: &Gvk) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn is_dns_subdomain(name: &str) -> bool {
-    name.len() <= 253
-        && name.split('.').all(|part| {
-            !part.is_empty()
-                && part.len() <= 63
-                && part
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        })
 }
 
 /// Names one registration while it lasts.
