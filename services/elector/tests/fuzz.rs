@@ -18,14 +18,6 @@ use tonic::transport::Channel;
 
 const SHARDS: u32 = 8;
 const CASES: u32 = 300;
-const ROLES: [Role; 6] = [
-    Role::Watcher,
-    Role::Queue,
-    Role::Reconciler,
-    Role::Elector,
-    Role::Observer,
-    Role::Operator,
-];
 const MEMBERS: [&str; 2] = ["q0", "q1"];
 
 /// A member id as a caller may send it: empty, a registered one, any Unicode, an etcd key
@@ -103,7 +95,7 @@ async fn arbitrary_calls_from_every_identity_leave_the_elector_serving() {
     .unwrap();
     process.wait_ready().await.unwrap();
     let mut clients = Vec::new();
-    for role in ROLES {
+    for role in Role::ALL {
         let channel = Pki::shared()
             .channel(role, Role::Elector, process.grpc_addr())
             .await
@@ -115,7 +107,7 @@ async fn arbitrary_calls_from_every_identity_leave_the_elector_serving() {
         cases: CASES,
         ..ProptestConfig::default()
     });
-    let strategy = (0..ROLES.len(), call());
+    let strategy = (0..Role::ALL.len(), call());
     for _ in 0..CASES {
         let (who, call) = strategy.new_tree(&mut runner).unwrap().current();
         make(&mut clients[who], call).await;

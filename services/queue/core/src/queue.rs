@@ -486,36 +486,25 @@ impl Queue {
         self.shards.insert(shard, ShardState::Active(epoch));
         self.renewed_from.insert(shard, from);
         self.reshare();
-        // Leasing skipped (and let go of) the ready keys of the suspended shard: ready again.
-        let ready: Vec<(ControllerId, Slot, Priority)> = self
-            .controllers
-            .iter()
-            .enumerate()
-            .flat_map(|(controller, queue)| {
-                queue
-                    .slots
-                    .iter()
-                    .enumerate()
-                    .filter_map(move |(slot, entry)| {
-                        let entry = entry.as_ref().filter(|e| e.shard == shard)?;
-                        match entry.state {
-                            State::Ready(priority) => {
-                                Some((controller as ControllerId, slot as Slot, priority))
-                            }
-                            _ => None,
-                        }
-                    })
-            })
-            .collect();
+        // One pass over the keys: those of the shard are counted, and its ready ones queued
+        // again (leasing skipped, and let go of, them while the shard was suspended).
+        let mut kept = 0;
+        let mut ready: Vec<(ControllerId, Slot, Priority)> = Vec::new();
+        for (controller, queue) in self.controllers.iter().enumerate() {
+            for (slot, entry) in queue.slots.iter().enumerate() {
+                let Some(entry) = entry.as_ref().filter(|e| e.shard == shard && e.is_held()) else {
+                    continue;
+                };
+                kept += 1;
+                if let State::Ready(priority) = entry.state {
+                    ready.push((controller as ControllerId, slot as Slot, priority));
+                }
+            }
+        }
         for (controller, slot, priority) in ready {
             self.schedule(controller, slot, Due::Now(priority), now);
         }
-        Some(
-            self.controllers
-                .iter()
-                .map(|queue| queue.entries().filter(|e| e.shard == shard).count())
-                .sum(),
-        )
+        Some(kept)
     }
 
     /// Stops serving `shard` for now, keeping its keys: the member's lease may have expired,
