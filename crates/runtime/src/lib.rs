@@ -19,6 +19,7 @@ mod dial;
 mod grpc;
 mod instance;
 mod kube_client;
+mod log_limiter;
 mod metrics;
 mod shutdown;
 mod supervise;

@@ -10,9 +10,6 @@ use crate::{
     grpc::{EdgeError, QueueService, duration, proto_key, timestamp},
 };
 
-/// Bytes of a worker's id kept from its hello: a pod name and a suffix fit.
-pub const MAX_WORKER_ID_BYTES: usize = 253;
-
 impl QueueService {
     pub(crate) async fn describe_key(
         &self,

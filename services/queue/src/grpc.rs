@@ -46,6 +46,8 @@ pub const MAX_PENDING_REPLIES: usize = 2 * MAX_CREDIT as usize;
 /// `tracestate` at most 512, so this leaves room for a longer future version and nothing more
 /// (a queued key keeps up to 16 of them).
 pub const MAX_TRACE_CONTEXT_BYTES: usize = 1024;
+/// Bytes of a worker's id kept from its hello: a pod name and a suffix fit.
+pub const MAX_WORKER_ID_BYTES: usize = 253;
 /// Batches of one `EnqueueMany` call: a sender's keys for one replica, a batch per shard
 /// (at most the shard count, 256 by default), with room for a sender that splits a shard's
 /// keys over several batches.
@@ -314,11 +316,11 @@ impl queue_server::Queue for QueueService {
                     .map_err(|error| name_error(&format!("hello.controllers[{i}]"), error))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if hello.worker_id.len() > crate::describe::MAX_WORKER_ID_BYTES {
+        if hello.worker_id.len() > MAX_WORKER_ID_BYTES {
             return Err(EdgeError::Invalid(format!(
                 "hello.worker_id: {} bytes, at most {}",
                 hello.worker_id.len(),
-                crate::describe::MAX_WORKER_ID_BYTES
+                MAX_WORKER_ID_BYTES
             ))
             .into());
         }

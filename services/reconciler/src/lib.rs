@@ -12,7 +12,6 @@
 
 pub mod cache;
 pub mod deployment;
-pub mod events;
 pub mod finalizer;
 pub mod gc;
 pub mod metrics;

@@ -43,8 +43,8 @@ use tokio::{
 use tracing::{info, warn};
 
 use crate::{
-    informer::SyncBarrier,
     metrics::{GroupVersionLabels, WatcherMetrics},
+    sync_barrier::SyncBarrier,
 };
 
 /// Resources whose changes may add or remove resources: a change rediscovers at once.

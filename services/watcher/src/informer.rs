@@ -22,10 +22,7 @@
 use std::{
     collections::HashSet,
     fmt::Debug,
-    sync::{
-        Arc, Mutex, PoisonError,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -44,7 +41,7 @@ use switchyard_k8s::{
     },
 };
 use switchyard_queue_client::{Enqueuer, Priority};
-use switchyard_runtime::{Backoff, Drain, Gate, trace};
+use switchyard_runtime::{Backoff, Drain, trace};
 use switchyard_watcher_core::{ControllerRef, EventKind, Summary, WorkKey, store::Applied};
 use tracing::{info, warn};
 
@@ -57,44 +54,6 @@ use crate::{
 /// (yet): short enough that a CRD created while the watcher runs is picked up in seconds.
 const DISCOVERY_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(200), Duration::from_secs(5));
-
-/// Opens the readiness gate once every resource has finished its initial list.
-#[derive(Debug)]
-pub struct SyncBarrier {
-    remaining: AtomicUsize,
-    gate: Mutex<Option<Gate>>,
-}
-
-impl SyncBarrier {
-    pub fn new(count: usize, gate: Gate) -> Arc<Self> {
-        let barrier = Arc::new(Self {
-            remaining: AtomicUsize::new(count),
-            gate: Mutex::new(Some(gate)),
-        });
-        if count == 0 {
-            barrier.open();
-        }
-        barrier
-    }
-
-    pub fn done(&self) {
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.open();
-        }
-    }
-
-    fn open(&self) {
-        let gate = self
-            .gate
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(gate) = gate {
-            info!("every initial list is done");
-            gate.ready();
-        }
-    }
-}
 
 #[derive(Clone)]
 pub struct Informer {

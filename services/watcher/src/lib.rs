@@ -16,11 +16,13 @@
 
 pub mod cache;
 pub mod directory;
+pub mod error;
 pub mod graph;
 pub mod grpc;
 pub mod informer;
 pub mod informers;
 pub mod metrics;
+pub mod sync_barrier;
 pub mod watches;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
@@ -39,9 +41,9 @@ use crate::{
     cache::Caches,
     directory::ShardView,
     graph::GraphInformers,
-    informer::SyncBarrier,
     informers::{InformerDeps, Informers, wait_listed},
     metrics::WatcherMetrics,
+    sync_barrier::SyncBarrier,
     watches::WatchesService,
 };
 

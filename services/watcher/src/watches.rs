@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status};
 use tracing::warn;
 
 use crate::{
-    grpc::{ApiError, invalid},
+    error::{ApiError, invalid},
     informers::{Informers, RegisterError},
 };
 

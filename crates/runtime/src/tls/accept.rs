@@ -18,7 +18,7 @@ use tokio::{
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tracing::{debug, warn};
 
-use crate::authz::LogLimiter;
+use crate::log_limiter::LogLimiter;
 
 /// A client that never finishes its handshake gives up its slot after this long; a
 /// Switchyard peer completes one in milliseconds.

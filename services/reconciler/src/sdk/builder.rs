@@ -16,26 +16,13 @@
 
 use std::{fmt, future::Future, marker::PhantomData, sync::Arc};
 
-use serde::de::DeserializeOwned;
 use switchyard_k8s::kube::{Resource, runtime::reflector::ObjectRef};
 
 use super::{
-    Action, Context, Controller, Error, Registered, Request, Result,
+    Action, Context, Controller, Error, Object, Registered, Request, Result,
     mapping::{MapFn, Mapping, erase, mapping_name},
     watches::{Options, Watch, Watches, default_name},
 };
-
-/// A kind a controller reconciles: any `kube::Resource` of a static type that the cache can
-/// decode (k8s-openapi's types, and `#[derive(CustomResource)]` ones).
-pub trait Object:
-    Resource<DynamicType = ()> + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static
-{
-}
-
-impl<K> Object for K where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static
-{
-}
 
 /// How a change of a watched kind `V` maps to keys of the reconciled kind `K`
 /// (`Builder::watches`).

@@ -28,8 +28,7 @@ use switchyard_k8s::kube::{Resource, runtime::reflector::ObjectRef};
 use switchyard_queue_client::WorkKey;
 
 use super::{
-    Action, Context, Controller, Result,
-    builder::Object,
+    Action, Context, Controller, Object, Result,
     watches::{Watch, Watches},
 };
 

@@ -17,28 +17,43 @@
 
 mod builder;
 mod controller;
+pub mod events;
 mod mapping;
 mod refusal;
 mod watches;
 
 use std::{fmt, sync::Arc, time::Duration};
 
+use serde::de::DeserializeOwned;
 /// What a mapping function returns ([`Map::with`]): kube-rs's reference to an object.
 pub use switchyard_k8s::kube::runtime::reflector::ObjectRef;
-use switchyard_k8s::{Client, kube};
+use switchyard_k8s::{
+    Client,
+    kube::{self, Resource},
+};
 use switchyard_queue_client::{Enqueuer, Priority, WorkKey};
 
+pub use self::events::EventType;
+use self::events::Recorder;
 pub use self::{
-    builder::{Builder, Built, Map, Object, Policy, backoff},
+    builder::{Builder, Built, Map, Policy, backoff},
     controller::{Controller, Registered, Registry},
     refusal::Refusal,
     watches::{Options, Predicate, Watch, Watches, default_name, gvk_of},
 };
-pub use crate::events::EventType;
-use crate::{
-    cache::{CacheClient, CacheError},
-    events::Recorder,
-};
+use crate::cache::{CacheClient, CacheError};
+
+/// A kind a controller reconciles: any `kube::Resource` of a static type that the cache can
+/// decode (k8s-openapi's types, and `#[derive(CustomResource)]` ones).
+pub trait Object:
+    Resource<DynamicType = ()> + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Object for K where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static
+{
+}
 
 /// What a reconcile asks for next: the queue's outcomes, in kube-rs's and client-go's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +217,7 @@ impl Context {
 }
 
 /// Publishes `events.k8s.io/v1` Events, reported by `switchyard-reconciler` and this worker,
-/// correlated as kube-controller-manager's recorder correlates them ([`crate::events`]): each
+/// correlated as kube-controller-manager's recorder correlates them ([`events`]): each
 /// distinct note is an Event of its own, and its repeats within six minutes raise its
 /// `series.count`.
 #[derive(Clone, Debug)]

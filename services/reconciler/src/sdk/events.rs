@@ -42,7 +42,7 @@ use switchyard_k8s::{
 
 use tracing::{Instrument, debug, warn};
 
-use crate::sdk::is_namespace_terminating;
+use super::is_namespace_terminating;
 
 /// Repeats of one Event within this time raise its `series.count` (kube-runtime's recorder
 /// keeps the same six minutes).
