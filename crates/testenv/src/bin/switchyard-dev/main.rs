@@ -87,6 +87,10 @@ enum Cmd {
         /// Test binaries run at once (0 counts as 1)
         #[arg(long, env = "SWITCHYARD_TEST_JOBS", default_value_t = DEFAULT_TEST_JOBS)]
         jobs: usize,
+        /// Write each binary's time into this document, between its
+        /// `<!-- switchyard-dev test --record: begin -->` and `end` lines (docs/testing.md)
+        #[arg(long, value_name = "DOCUMENT")]
+        record: Option<PathBuf>,
         /// Arguments for every test binary (a test name filter, --nocapture)
         #[arg(last = true)]
         args: Vec<String>,
@@ -144,7 +148,7 @@ async fn main() -> anyhow::Result<()> {
             };
             run::run(services_dir, exit_when_ready, own, &crd).await
         }
-        Cmd::Test { jobs, args } => test::test(jobs, args).await,
+        Cmd::Test { jobs, record, args } => test::test(jobs, args, record).await,
     }
 }
 

@@ -143,40 +143,159 @@ pub(crate) fn counts(output: &str) -> Counts {
 struct Finished {
     key: String,
     log: PathBuf,
-    status: ExitStatus,
+    /// The exit status, or why the binary could not be run at all.
+    status: Result<ExitStatus, String>,
     counts: Counts,
     took: Duration,
 }
 
-async fn run_one(key: String, log: PathBuf, mut command: Command) -> anyhow::Result<Finished> {
-    let file = std::fs::File::create(&log)?;
+impl Finished {
+    fn passed(&self) -> bool {
+        self.status.as_ref().is_ok_and(ExitStatus::success)
+    }
+}
+
+/// Runs one binary; a binary that cannot be started counts as failed, with the reason, and
+/// the others still run.
+async fn run_one(key: String, log: PathBuf, mut command: Command) -> Finished {
     let begun = Instant::now();
-    let status = command
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .kill_on_drop(true)
-        .status()
-        .await
-        .with_context(|| format!("starting {key}"))?;
-    let output = std::fs::read_to_string(&log).unwrap_or_default();
-    Ok(Finished {
+    let status = async {
+        let file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        command
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true)
+            .status()
+            .await
+            .with_context(|| format!("starting {key}"))
+    }
+    .await
+    .map_err(|e| format!("{e:#}"));
+    // A test may print bytes that are not UTF-8 (a child process's log); they are shown
+    // replaced, never a reason to stop.
+    let output = read_log(&log);
+    Finished {
         key,
         log,
         status,
         counts: counts(&output),
         took: begun.elapsed(),
-    })
+    }
+}
+
+fn read_log(log: &Path) -> String {
+    std::fs::read(log)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_default()
+}
+
+/// Where `switchyard-dev test --record` writes the table of times in a document.
+const RECORD_BEGIN: &str = "<!-- switchyard-dev test --record: begin -->";
+const RECORD_END: &str = "<!-- switchyard-dev test --record: end -->";
+
+/// One run of the suite, as `--record` reports it.
+pub(crate) struct Run {
+    pub(crate) date: String,
+    pub(crate) commit: String,
+    pub(crate) machine: String,
+    pub(crate) jobs: usize,
+    pub(crate) wall: Duration,
+    pub(crate) counts: Counts,
+    /// `(key, seconds, passed)`, in any order.
+    pub(crate) binaries: Vec<(String, f64, bool)>,
+}
+
+/// The Markdown block `--record` puts between the markers: the run, then every binary,
+/// longest first.
+pub(crate) fn report(run: &Run) -> String {
+    let mut binaries = run.binaries.clone();
+    binaries.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let sum: f64 = binaries.iter().map(|b| b.1).sum();
+    let mut out = format!(
+        "{RECORD_BEGIN}\n\
+         Recorded by `switchyard-dev test --record docs/testing.md` on {}, at {}, on {}: \
+         {} passed, {} failed, {} ignored; {} test binaries and the doc tests, {} at a time, \
+         in {:.0} s of wall time ({:.0} s summed).\n\n\
+         | seconds | test binary (package directory, kind, target) | result |\n\
+         |--:|---|---|\n",
+        run.date,
+        run.commit,
+        run.machine,
+        run.counts.passed,
+        run.counts.failed,
+        run.counts.ignored,
+        binaries.len().saturating_sub(1),
+        run.jobs,
+        run.wall.as_secs_f64(),
+        sum,
+    );
+    for (key, seconds, passed) in &binaries {
+        let mark = if *passed { "ok" } else { "failed" };
+        out.push_str(&format!("| {seconds:.1} | `{key}` | {mark} |\n"));
+    }
+    out.push_str(RECORD_END);
+    out
+}
+
+/// `document` with the block between the markers replaced by `block` (markers included);
+/// an error if the markers are missing, so a typo never appends a second table.
+pub(crate) fn replace_record(document: &str, block: &str) -> anyhow::Result<String> {
+    let begin = document
+        .find(RECORD_BEGIN)
+        .with_context(|| format!("no {RECORD_BEGIN:?} line to record at"))?;
+    let end = document[begin..]
+        .find(RECORD_END)
+        .map(|i| begin + i + RECORD_END.len())
+        .with_context(|| format!("no {RECORD_END:?} after {RECORD_BEGIN:?}"))?;
+    Ok(format!("{}{block}{}", &document[..begin], &document[end..]))
+}
+
+fn output(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The machine in a few words: cores and memory, as the figures depend on them.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or("unknown memory".to_owned(), |kib| {
+            format!("{} GiB", (kib + (1 << 19)) >> 20)
+        });
+    format!("{cores} cores, {memory}")
 }
 
 /// Builds the test binaries, runs them `jobs` at a time (and the doc tests as one more job),
 /// and fails if any of them failed. `args` go to every test binary (a filter, `--nocapture`).
-pub(crate) async fn test(jobs: usize, args: Vec<String>) -> anyhow::Result<()> {
+/// With `record`, the times of every binary replace the recorded table in that document.
+pub(crate) async fn test(
+    jobs: usize,
+    args: Vec<String>,
+    record: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let workspace = std::env::current_dir()?;
     let state = workspace.join("target/switchyard-test");
     let logs = state.join("logs");
     std::fs::create_dir_all(&logs)?;
+    if let Some(document) = &record {
+        // Fail before an hour of tests rather than after.
+        replace_record(&std::fs::read_to_string(document)?, "")
+            .with_context(|| format!("--record {}", document.display()))?;
+    }
 
     let built = Command::new(&cargo)
         .args([
@@ -231,6 +350,7 @@ pub(crate) async fn test(jobs: usize, args: Vec<String>) -> anyhow::Result<()> {
     let mut running = JoinSet::new();
     let mut total = Counts::default();
     let mut failed = Vec::new();
+    let mut times = Vec::new();
     loop {
         while running.len() < jobs.max(1) {
             let Some((key, log, command)) = pending.pop_front() else {
@@ -241,28 +361,33 @@ pub(crate) async fn test(jobs: usize, args: Vec<String>) -> anyhow::Result<()> {
         let Some(joined) = running.join_next().await else {
             break;
         };
-        let finished = joined??;
+        let finished = joined.context("a test binary's task")?;
         total.passed += finished.counts.passed;
         total.failed += finished.counts.failed;
         total.ignored += finished.counts.ignored;
         let seconds = finished.took.as_secs_f64();
-        if finished.status.success() {
+        if finished.passed() {
             println!(
                 "ok      {seconds:7.1} s  {} ({} passed)",
                 finished.key, finished.counts.passed
             );
         } else {
+            let how = match &finished.status {
+                Ok(status) => status.to_string(),
+                Err(error) => error.clone(),
+            };
             println!(
-                "FAILED  {seconds:7.1} s  {} ({}); its output, {}:",
+                "FAILED  {seconds:7.1} s  {} ({how}); its output, {}:",
                 finished.key,
-                finished.status,
                 finished.log.display()
             );
-            println!("{}", std::fs::read_to_string(&finished.log)?);
+            println!("{}", read_log(&finished.log));
             failed.push(finished.key.clone());
         }
+        times.push((finished.key.clone(), seconds, finished.passed()));
         durations.insert(finished.key, seconds);
     }
+    let wall = started.elapsed();
     std::fs::write(&durations_path, format_durations(&durations))?;
     println!(
         "{} passed, {} failed, {} ignored; {} test binaries and the doc tests in {:.0} s",
@@ -270,8 +395,22 @@ pub(crate) async fn test(jobs: usize, args: Vec<String>) -> anyhow::Result<()> {
         total.failed,
         total.ignored,
         binaries.len(),
-        started.elapsed().as_secs_f64()
+        wall.as_secs_f64()
     );
+    if let Some(document) = &record {
+        let run = Run {
+            date: output("date", &["-u", "+%F"]),
+            commit: output("git", &["rev-parse", "--short", "HEAD"]),
+            machine: machine(),
+            jobs,
+            wall,
+            counts: total,
+            binaries: times,
+        };
+        let text = std::fs::read_to_string(document)?;
+        std::fs::write(document, replace_record(&text, &report(&run))?)?;
+        println!("recorded the times in {}", document.display());
+    }
     if !failed.is_empty() {
         bail!("failed: {}", failed.join(", "));
     }
@@ -354,5 +493,65 @@ mod tests {
                 ignored: 1
             }
         );
+    }
+
+    #[test]
+    fn a_record_replaces_only_the_block_between_its_markers() {
+        let run = Run {
+            date: "2026-11-28".to_owned(),
+            commit: "abc1234".to_owned(),
+            machine: "2 cores, 24 GiB".to_owned(),
+            jobs: 2,
+            wall: Duration::from_secs(600),
+            counts: Counts {
+                passed: 5,
+                failed: 1,
+                ignored: 0,
+            },
+            binaries: vec![
+                ("doc tests".to_owned(), 20.0, true),
+                ("tests test soak".to_owned(), 120.04, true),
+                ("services/queue test fuzz".to_owned(), 3.0, false),
+            ],
+        };
+        let block = report(&run);
+        let lines: Vec<_> = block.lines().collect();
+        assert!(lines[1].contains("on 2026-11-28, at abc1234, on 2 cores, 24 GiB"));
+        assert!(lines[1].contains("5 passed, 1 failed, 0 ignored; 2 test binaries"));
+        assert!(lines[1].contains("in 600 s of wall time (143 s summed)"));
+        assert_eq!(
+            &lines[5..8],
+            [
+                "| 120.0 | `tests test soak` | ok |",
+                "| 20.0 | `doc tests` | ok |",
+                "| 3.0 | `services/queue test fuzz` | failed |",
+            ]
+        );
+
+        let document =
+            format!("# Testing\n\nbefore\n\n{RECORD_BEGIN}\nold\n{RECORD_END}\n\nafter\n");
+        let recorded = replace_record(&document, &block).unwrap();
+        assert_eq!(
+            recorded,
+            format!("# Testing\n\nbefore\n\n{block}\n\nafter\n")
+        );
+        assert_eq!(replace_record(&recorded, &block).unwrap(), recorded);
+        assert!(replace_record("# no markers\n", &block).is_err());
+        assert!(replace_record(&format!("{RECORD_BEGIN}\n"), &block).is_err());
+    }
+
+    #[test]
+    fn a_log_that_is_not_utf8_is_read_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("bytes.log");
+        std::fs::write(
+            &log,
+            b"test result: ok. 2 passed; 0 failed; 0 ignored\n\xff\xfe\n",
+        )
+        .unwrap();
+        let output = read_log(&log);
+        assert!(output.contains('\u{fffd}'));
+        assert_eq!(counts(&output).passed, 2);
+        assert_eq!(read_log(&dir.path().join("missing.log")), "");
     }
 }
