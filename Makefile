@@ -9,12 +9,14 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help deps run test soak lint deny testenv build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity
+.PHONY: help deps run test test-long soak lint deny testenv testenv-test build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity
 
 help:
 	@echo "make run           start a local control plane and every service against it"
-	@echo "make test          lint (fmt, clippy, cargo deny) and every test, against the real control plane"
+	@echo "make test          lint (fmt, clippy, cargo deny) and every test, against the real control plane;"
+	@echo "                   RECORD=docs/testing.md writes each test binary's time there"
 	@echo "make soak          23 minutes of rollouts under faults, then 5 under kube-controller-manager (needs root)"
+	@echo "make test-long     the HA watchers test on 200 Deployments (make test runs 20)"
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
@@ -23,6 +25,10 @@ help:
 
 testenv:
 	@scripts/testenv.sh build >/dev/null
+
+# What the tests use beyond `make run`'s control plane: the OpenTelemetry Collector.
+testenv-test: testenv
+	@scripts/testenv.sh otelcol >/dev/null
 
 deps:
 	scripts/install-deps.sh
@@ -46,18 +52,19 @@ deny:
 		echo "cargo deny: advisories not checked: $(ADVISORY_DB) cannot be reached from this machine"; \
 	fi
 
-test: lint deny testenv
+test: lint deny testenv-test
 	@# The integration tests run the workspace's binaries (services, tools, examples); cargo test
 	@# builds a binary beside the tests only for its own package's tests, so build them all first.
 	$(CARGO) build --locked --workspace --bins
 	@# What `cargo test --workspace` runs, with several test binaries at a time (docs/testing.md).
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) CARGO=$(CARGO) $(DEV) test
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) CARGO=$(CARGO) $(DEV) test $(if $(RECORD),--record $(RECORD))
 	@# The smoke run uses its own control plane, never the cluster KUBECONFIG may name.
 	env -u KUBECONFIG SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run --exit-when-ready
 	scripts/check-no-orphans.sh
 
-# The soak (tests/soak.rs) runs 5 minutes inside `make test`; here 23 minutes under Switchyard,
-# then 5 minutes of the same workload under kube-controller-manager for its figures beside ours.
+# The soak (tests/soak.rs) injects every fault once inside `make test`; here it runs rounds of
+# faults for 23 minutes under Switchyard, then 5 minutes of the same workload under
+# kube-controller-manager for its figures beside ours.
 SOAK_SECONDS ?= 1380
 SOAK_PEER_SECONDS ?= 300
 
@@ -68,6 +75,14 @@ soak: testenv
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) SWITCHYARD_SOAK_SECONDS=$(SOAK_PEER_SECONDS) \
 		SWITCHYARD_SOAK_PEER=kube-controller-manager \
 		$(CARGO) test --locked -p switchyard-tests --test soak -- --nocapture
+
+# The HA watchers test (tests/ha_watchers.rs) on 200 Deployments instead of `make test`'s 20.
+HA_DEPLOYMENTS ?= 200
+
+test-long: testenv
+	$(CARGO) build --locked --workspace --bins
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) SWITCHYARD_HA_DEPLOYMENTS=$(HA_DEPLOYMENTS) \
+		$(CARGO) test --locked -p switchyard-tests --test ha_watchers -- --nocapture
 
 # RUN_ARGS: more `switchyard-dev run` flags, for example a reconciler of your own beside the
 # built-in ones (docs/sdk.md): --reconciler target/debug/<binary> --crd <file> [--grant v1/Kind]

@@ -17,6 +17,8 @@
 # keyed by its version and the Go version, and built only when its binaries are missing.
 #
 #   scripts/testenv.sh build     build what is missing, then print the bin directory
+#   scripts/testenv.sh otelcol   also build the OpenTelemetry Collector (only tests use it:
+#                                `make test` builds it, `make run` does not)
 #   scripts/testenv.sh kcm-slowed  also build kube-controller-manager-slowed (for
 #                                  `make bench-capacity`; see build_kcm_slowed)
 #   scripts/testenv.sh bin-dir   print the bin directory (builds nothing)
@@ -427,12 +429,163 @@ spec:
 STAGE
 }
 
-# kwok needs Stage objects to act as the kubelet; they ship inside its Go module. Its
-# pod-ready Stage is given one more expression so that it leaves the Pods of
-# kwok_image_pull_stage alone.
+# What a Pod's containers ask for decides how the Pod ends, as a kubelet running them would
+# (docs/testing.md, "Pod outcomes"). A container's script is its command and args joined
+# with spaces; in it, `exit N` is its exit code (0 without one) and every `sleep S` adds S
+# seconds to its running time. A container runs forever when its image is the pause image or
+# its script says `sleep infinity`. A Pod ends when it is Running, none of its containers
+# runs forever, and it is a Job's or one of its scripts says `exit` or `sleep`; then, after
+# its longest container's running time (KWOK_SHORT_RUN when none sleeps):
+#   - restartPolicy Never: phase Succeeded when every exit code is 0, Failed otherwise, each
+#     container terminated with its code (reason Completed or Error);
+#   - restartPolicy OnFailure: Succeeded when every exit code is 0; otherwise its containers
+#     are restarted (restartCount + 1, lastState terminated with the code), again and again;
+#   - restartPolicy Always: its containers are restarted after every exit.
+# Bump KWOK_STAGES_REVISION (and crates/testenv's KWOK_STAGES_REVISION) when this changes.
+KWOK_STAGES_REVISION="switchyard-stages: 2"
+KWOK_SHORT_RUN=1s
+
+# The jq definitions the selectors and delays share (kwok evaluates them with gojq).
+KWOK_JQ_DEFS='def script: ((.command // []) + (.args // [])) | map(tostring) | join(" ");
+def code: ([script | match("(^|[;&|(\\s])exit\\s+([0-9]+)") | .captures[1].string | tonumber] | first) // 0;
+def seconds: [script | match("(^|[^A-Za-z0-9_./-])sleep\\s+([0-9]+(\\.[0-9]+)?)"; "g") | .captures[1].string | tonumber] | add // 0;
+def forever: (.image // "" | test("(^|/)pause(:|@|$)")) or (script | test("(^|[;&|(\\s])sleep\\s+infinity"));
+def ends: (.spec.containers | any(forever) | not) and ((.metadata.ownerReferences // [] | any(.kind == "Job")) or (.spec.containers | any(script | test("(^|[;&|(\\s])(exit|sleep)\\s"))));
+def failing: .spec.containers | any(code != 0);'
+
+# The template piece that gives a container's script, exit code in Go templates (sprig).
+KWOK_TPL_CODE='{{ $script := join " " (concat (default list $item.command) (default list $item.args)) }}
+      {{ $exit := regexFind "(^|[;&|(\\s])exit\\s+[0-9]+" $script }}
+      {{ $code := regexFind "[0-9]+$" $exit | default "0" | atoi }}'
+
+kwok_pod_outcome_stages() {
+  local selector="    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'"
+  local delay="  delay:
+    durationFrom:
+      jq:
+        expression: |
+$(printf '%s\n' "$KWOK_JQ_DEFS" | sed 's/^/          /')
+          ([.spec.containers[] | seconds] | max) as \$s | if \$s > 0 then \"\\(\$s)s\" else \"$KWOK_SHORT_RUN\" end"
+  cat <<STAGE
+# $KWOK_STAGES_REVISION
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-outcome
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+$selector
+    - jq:
+        key: |
+$(printf '%s\n' "$KWOK_JQ_DEFS" | sed 's/^/          /')
+          ends and ((.spec.restartPolicy == "Never") or (.spec.restartPolicy == "OnFailure" and (failing | not)))
+        operator: 'In'
+        values: ['true']
+$delay
+  next:
+    statusTemplate: |
+      {{ \$now := Now }}
+      {{ \$root := . }}
+      {{ \$failed := false }}
+      containerStatuses:
+      {{ range \$index, \$item := .spec.containers }}
+      $KWOK_TPL_CODE
+      {{ if ne \$code 0 }}{{ \$failed = true }}{{ end }}
+      {{ \$started := \$now }}
+      {{ with \$root.status.containerStatuses }}{{ with index . \$index }}{{ with .state.running }}{{ \$started = .startedAt }}{{ end }}{{ end }}{{ end }}
+      - image: {{ \$item.image | Quote }}
+        name: {{ \$item.name | Quote }}
+        ready: false
+        restartCount: {{ with \$root.status.containerStatuses }}{{ with index . \$index }}{{ .restartCount | default 0 }}{{ end }}{{ else }}0{{ end }}
+        started: false
+        state:
+          terminated:
+            exitCode: {{ \$code }}
+            finishedAt: {{ \$now | Quote }}
+            reason: {{ if eq \$code 0 }}Completed{{ else }}Error{{ end }}
+            startedAt: {{ \$started | Quote }}
+      {{ end }}
+      conditions:
+      - lastTransitionTime: {{ \$now | Quote }}
+        reason: {{ if \$failed }}PodFailed{{ else }}PodCompleted{{ end }}
+        status: "False"
+        type: Ready
+      - lastTransitionTime: {{ \$now | Quote }}
+        reason: {{ if \$failed }}PodFailed{{ else }}PodCompleted{{ end }}
+        status: "False"
+        type: ContainersReady
+      phase: {{ if \$failed }}Failed{{ else }}Succeeded{{ end }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-container-restart
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+$selector
+    - jq:
+        key: |
+$(printf '%s\n' "$KWOK_JQ_DEFS" | sed 's/^/          /')
+          ends and ((.spec.restartPolicy // "Always") == "Always" or (.spec.restartPolicy == "OnFailure" and failing))
+        operator: 'In'
+        values: ['true']
+$delay
+  next:
+    statusTemplate: |
+      {{ \$now := Now }}
+      {{ \$root := . }}
+      {{ \$always := eq (.spec.restartPolicy | default "Always") "Always" }}
+      containerStatuses:
+      {{ range \$index, \$item := .spec.containers }}
+      $KWOK_TPL_CODE
+      {{ \$restarts := 0 }}
+      {{ \$started := \$now }}
+      {{ with \$root.status.containerStatuses }}{{ with index . \$index }}{{ \$restarts = .restartCount | default 0 }}{{ with .state.running }}{{ \$started = .startedAt }}{{ end }}{{ end }}{{ end }}
+      - image: {{ \$item.image | Quote }}
+        name: {{ \$item.name | Quote }}
+        ready: true
+        started: true
+      {{ if or \$always (ne \$code 0) }}
+        restartCount: {{ add1 \$restarts }}
+        lastState:
+          terminated:
+            exitCode: {{ \$code }}
+            finishedAt: {{ \$now | Quote }}
+            reason: {{ if eq \$code 0 }}Completed{{ else }}Error{{ end }}
+            startedAt: {{ \$started | Quote }}
+        state:
+          running:
+            startedAt: {{ \$now | Quote }}
+      {{ else }}
+        restartCount: {{ \$restarts }}
+        state:
+          running:
+            startedAt: {{ \$started | Quote }}
+      {{ end }}
+      {{ end }}
+STAGE
+}
+
+# kwok needs Stage objects to act as the kubelet. The node Stages, pod-ready and pod-delete
+# ship inside its Go module; pod-ready is given one more expression so that it leaves the
+# Pods of kwok_image_pull_stage alone. kwok's pod-complete (every Job Pod succeeds at once) is
+# replaced by kwok_pod_outcome_stages.
 write_kwok_stages() {
   local out=$1/kwok-stages.yaml
-  [ -s "$out" ] && grep -q 'name: pod-image-pull-fails' "$out" && return 0
+  [ -s "$out" ] && grep -qF "# $KWOK_STAGES_REVISION" "$out" && return 0
   local stages; stages="$(go env GOMODCACHE)/sigs.k8s.io/kwok@v$KWOK_VERSION/kustomize/stage"
   [ -d "$stages" ] || (cd "$(product_dir kwok "$KWOK_VERSION")" && go mod download "sigs.k8s.io/kwok@v$KWOK_VERSION" >/dev/null 2>&1) || true
   [ -d "$stages" ] || die "kwok stage definitions not found under $stages"
@@ -450,9 +603,9 @@ write_kwok_stages() {
         printf "    - key: '.metadata.annotations[\"%s\"]'\n      operator: 'DoesNotExist'\n" "$KWOK_IMAGE_PULL_FAILS"
       fi
     done <"$ready"
-    local f
-    for f in pod-complete pod-delete; do echo "---"; cat "$stages/pod/fast/$f.yaml"; done
+    echo "---"; cat "$stages/pod/fast/pod-delete.yaml"
     echo "---"; kwok_image_pull_stage
+    echo "---"; kwok_pod_outcome_stages
   } >"$out.tmp"
   mv "$out.tmp" "$out"
 }
@@ -465,7 +618,6 @@ link_bin_dir() {
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do ln -sfn "$k/bin/$b" "$bin/$b"; done
   ln -sfn "$e/bin/etcd" "$bin/etcd"; ln -sfn "$e/bin/etcdctl" "$bin/etcdctl"
   ln -sfn "$w/bin/kwok" "$bin/kwok"; ln -sfn "$z/bin/kustomize" "$bin/kustomize"
-  ln -sfn "$(product_dir otelcol "$OTELCOL_VERSION")/bin/otelcol-switchyard" "$bin/otelcol-switchyard"
   ln -sfn "$(product_dir cert-manager "$CERT_MANAGER_VERSION")" "$bin/cert-manager"
   ln -sfn "$(product_dir approver-policy "$APPROVER_POLICY_VERSION")" "$bin/approver-policy"
   ln -sfn "$(product_dir prometheus-operator "$PROMETHEUS_OPERATOR_VERSION")" "$bin/prometheus-operator"
@@ -506,12 +658,19 @@ case "$cmd" in
     build_go_install kwok "$KWOK_VERSION" kwok "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
     build_go_install kustomize "$KUSTOMIZE_VERSION" kustomize "sigs.k8s.io/kustomize/kustomize/v5@v$KUSTOMIZE_VERSION"
     build_kubernetes
-    build_otelcol
     fetch_cert_manager_crds
     fetch_approver_policy_crds
     fetch_prometheus_operator_crds
     ensure_iproute2
     link_bin_dir
+    bin_dir ;;
+  otelcol)
+    check_go
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/.lock"; flock 9
+    build_otelcol
+    mkdir -p "$(bin_dir)"
+    ln -sfn "$(product_dir otelcol "$OTELCOL_VERSION")/bin/otelcol-switchyard" "$(bin_dir)/otelcol-switchyard"
     bin_dir ;;
   kcm-slowed)
     check_go
@@ -520,5 +679,5 @@ case "$cmd" in
     build_kcm_slowed
     ln -sfn "$(product_dir kubernetes "$K8S_VERSION")/bin/kube-controller-manager-slowed" "$(bin_dir)/kube-controller-manager-slowed"
     bin_dir ;;
-  *) die "unknown command '$cmd' (expected build, kcm-slowed, bin-dir or versions)" ;;
+  *) die "unknown command '$cmd' (expected build, otelcol, kcm-slowed, bin-dir or versions)" ;;
 esac

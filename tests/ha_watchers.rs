@@ -1,8 +1,9 @@
 //! Read-your-writes across watcher replicas, in the `ha` overlay's shape: 3 electors, 3 queue
 //! replicas, 2 watchers and 4 reconcilers, each its own process. Every reconciler reads from
 //! both watchers in turn, so consecutive reconciles of one key are answered by caches that lag
-//! one another. 100 Deployments are created and rolled out twice while one watcher is killed
-//! with SIGKILL and started again every 5 s.
+//! one another. 20 Deployments (`SWITCHYARD_HA_DEPLOYMENTS`; `make test-long` runs 200) are
+//! created and rolled out twice while one watcher is killed with SIGKILL and started again
+//! every 5 s.
 //!
 //! - No ReplicaSet ever has more active Pods than `replicas + maxSurge` (a watch on the Pods
 //!   checks at every event). The most active Pods of one Deployment's ReplicaSets together is
@@ -37,9 +38,19 @@ use switchyard_tests::{
 };
 use tokio::sync::Mutex;
 
-/// Enough that every watcher kill lands among reconciles in flight; the script's cost grows
-/// with it, and this test runs beside others in `make test`.
-const DEPLOYMENTS: usize = 100;
+/// Enough that watcher kills land among reconciles in flight, and short enough for `make
+/// test`, where this runs beside other binaries; `make test-long` sets
+/// `SWITCHYARD_HA_DEPLOYMENTS=200`.
+const DEFAULT_DEPLOYMENTS: usize = 20;
+
+fn deployments() -> usize {
+    match std::env::var("SWITCHYARD_HA_DEPLOYMENTS") {
+        Ok(n) => n
+            .parse()
+            .unwrap_or_else(|_| panic!("SWITCHYARD_HA_DEPLOYMENTS={n:?} is not a count")),
+        Err(_) => DEFAULT_DEPLOYMENTS,
+    }
+}
 const REPLICAS: i32 = 2;
 const MAX_SURGE: i32 = 1;
 /// The images the script rolls through after the first.
@@ -69,7 +80,7 @@ async fn script(client: &Client, namespace: &str) -> Run {
     let started = Instant::now();
     let census = PodCensus::watch(client.clone(), namespace);
     let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
-    let names: Vec<String> = (0..DEPLOYMENTS).map(|i| format!("d{i:03}")).collect();
+    let names: Vec<String> = (0..deployments()).map(|i| format!("d{i:03}")).collect();
     create_all(&api, names.iter().map(|n| deployment(n)).collect(), 16).await;
     converge(&api, manifests::IMAGE).await;
     for image in ROLLOUTS {
@@ -105,8 +116,9 @@ impl Run {
 }
 
 async fn converge(api: &Api<Deployment>, image: &str) {
-    if let Err(done) = await_rolled_out(api, image, REPLICAS, DEPLOYMENTS, CONVERGE).await {
-        panic!("{done} of {DEPLOYMENTS} Deployments run {image} after {CONVERGE:?}");
+    let deployments = deployments();
+    if let Err(done) = await_rolled_out(api, image, REPLICAS, deployments, CONVERGE).await {
+        panic!("{done} of {deployments} Deployments run {image} after {CONVERGE:?}");
     }
 }
 

@@ -43,9 +43,11 @@
 //! Switchyard's place (faults: apiserver and controller-manager restarts), printing the same
 //! figures as `soak.kcm_*` and asserting only convergence.
 //!
-//! `SWITCHYARD_SOAK_SECONDS` (default 300) bounds the whole test, start-up and final
-//! convergence included; `make soak` runs it for 1,800. The seed of every random choice is
-//! printed and can be set with `SWITCHYARD_SOAK_SEED`.
+//! By default (`make test`) the chaos loop injects every fault once, in a random order, and
+//! the whole test is bounded by 300 s. `SWITCHYARD_SOAK_SECONDS` runs rounds of faults
+//! instead until that time is nearly up, start-up and final convergence included; `make soak`
+//! runs it for 1,380. The seed of every random choice is printed and can be set with
+//! `SWITCHYARD_SOAK_SEED`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -523,18 +525,21 @@ async fn start_switchyard(plane: &ControlPlane, namespace: &str) -> (Fleet, Etcd
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployments_converge_and_invariants_hold_under_faults() {
-    let seconds = std::env::var("SWITCHYARD_SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(DEFAULT_SECONDS);
-    let total = Duration::from_secs(seconds);
+    let seconds = std::env::var("SWITCHYARD_SOAK_SECONDS").ok().map(|s| {
+        s.parse()
+            .unwrap_or_else(|_| panic!("SWITCHYARD_SOAK_SECONDS={s:?} is not a number"))
+    });
+    let one_round = seconds.is_none();
+    let total = Duration::from_secs(seconds.unwrap_or(DEFAULT_SECONDS));
     // The test ends by itself: whatever hangs, it fails when its time is up.
-    tokio::time::timeout(total + TEARDOWN, soak(total))
+    tokio::time::timeout(total + TEARDOWN, soak(total, one_round))
         .await
         .expect("the soak finished within its time");
 }
 
-async fn soak(total: Duration) {
+/// `one_round`: every fault once, then convergence; otherwise rounds until `total` is
+/// nearly up.
+async fn soak(total: Duration, one_round: bool) {
     let begin = Instant::now();
     let seed = std::env::var("SWITCHYARD_SOAK_SEED")
         .ok()
@@ -599,7 +604,7 @@ async fn soak(total: Duration) {
         for fault in round {
             tokio::time::sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
             // The slowest fault (an apiserver restart) takes about 20 s.
-            if Instant::now() + Duration::from_secs(30) > chaos_end {
+            if !one_round && Instant::now() + Duration::from_secs(30) > chaos_end {
                 break 'rounds;
             }
             if fault == Fault::ApiserverRestart
@@ -664,6 +669,9 @@ async fn soak(total: Duration) {
             };
             println!("{} {} recovered in {recovery:?}", at(), fault.name());
             recoveries.entry(fault).or_default().push(recovery);
+        }
+        if one_round {
+            break;
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -769,6 +777,17 @@ async fn soak(total: Duration) {
     assert!(
         converged.is_some() && behind.is_empty(),
         "not converged (seed {seed}): {behind:#?}"
+    );
+    let kinds = if peer {
+        PEER_FAULTS.len()
+    } else {
+        Fault::ALL.len()
+    };
+    assert!(
+        !one_round || recoveries.len() == kinds,
+        "a round injected {} of the {kinds} faults (seed {seed}): {:?}",
+        recoveries.len(),
+        recoveries.keys().map(|f| f.name()).collect::<Vec<_>>()
     );
     if peer {
         // kube-controller-manager's figures are for comparison, not under test.

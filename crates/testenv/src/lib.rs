@@ -57,6 +57,11 @@ pub use tls::Pki;
 /// (`scripts/testenv.sh` writes the Stage and keeps kwok's pod-ready Stage off such Pods.)
 pub const KWOK_IMAGE_PULL_FAILS: &str = "kwok.switchyard.dev/image-pull-fails";
 
+/// The line `scripts/testenv.sh` puts in the kwok Stages it writes, changed with the rules
+/// (Pod outcomes from their containers' commands, docs/testing.md): Stages without it were
+/// written by an older script and are written again by `scripts/testenv.sh build`.
+pub const KWOK_STAGES_REVISION: &str = "# switchyard-stages: 2";
+
 /// For benchmarks: whether the measurement `name` should run. `SWITCHYARD_BENCH_RUNS`, a
 /// comma-separated list of names, runs only those; unset, everything runs.
 pub fn bench_selected(name: &str) -> bool {

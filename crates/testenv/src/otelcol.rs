@@ -52,7 +52,7 @@ impl Collector {
     }
 
     async fn start_with(binaries: &Binaries, tls: Option<Files>) -> Result<Self> {
-        let program = binaries.path("otelcol-switchyard");
+        let program = binaries.otelcol()?;
         let dir = tempfile::Builder::new()
             .prefix("switchyard-otelcol-")
             .tempdir()?;
