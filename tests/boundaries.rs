@@ -1,7 +1,9 @@
 //! The crate boundaries of docs/architecture.md, checked on the workspace's own metadata:
-//! a service's crates depend (outside tests) only on their own service's crates, on pure
-//! `core` crates, and on the shared crates under `crates/` and `proto/`. Services talk over
-//! the contracts, never through each other's code.
+//! a service's crates depend (outside tests) only on their own service's crates and on the
+//! shared crates under `crates/` and `proto/`, which depend on no service's crate. Services
+//! talk over the contracts, never through each other's code. A pure crate (a service's
+//! `core`, and the shared vocabulary) does no I/O: no async runtime, gRPC, Kubernetes, etcd
+//! or HTTP client among its dependencies.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,27 +13,49 @@ use std::{
     process::Command,
 };
 
-/// Where a workspace crate sits: the service it belongs to (`services/<service>/...`), and
-/// whether it is a pure core crate.
+/// The shared crates that are pure as the cores are: the vocabulary services share.
+const PURE_SHARED: [&str; 3] = [
+    "switchyard-work",
+    "switchyard-ownership",
+    "switchyard-selector",
+];
+
+/// What a pure crate may not depend on, directly or through another crate.
+const IO_CRATES: [&str; 6] = [
+    "tokio",
+    "tonic",
+    "kube",
+    "kube-client",
+    "etcd-client",
+    "reqwest",
+];
+
+/// Where a workspace crate sits: the service it belongs to (`services/<service>/...`),
+/// whether it is shared (`crates/`, `proto/`), and whether it is pure.
 #[derive(Debug)]
 struct Place {
     service: Option<String>,
-    core: bool,
+    shared: bool,
+    pure: bool,
 }
 
-fn place(root: &Path, manifest: &Path) -> Place {
+fn place(root: &Path, manifest: &Path, name: &str) -> Place {
     let dir = manifest.parent().unwrap().strip_prefix(root).unwrap();
     let parts: Vec<&str> = dir.iter().map(|p| p.to_str().unwrap()).collect();
     Place {
         service: (parts.first() == Some(&"services")).then(|| parts[1].to_owned()),
-        core: parts.last() == Some(&"core"),
+        shared: matches!(parts.first(), Some(&"crates" | &"proto")),
+        pure: parts.last() == Some(&"core") || PURE_SHARED.contains(&name),
     }
 }
 
-#[test]
-fn services_depend_on_contracts_never_on_each_other() {
+fn metadata(no_deps: bool) -> serde_json::Value {
+    let mut args = vec!["metadata", "--format-version=1", "--offline"];
+    if no_deps {
+        args.push("--no-deps");
+    }
     let output = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version=1", "--no-deps", "--offline"])
+        .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
@@ -40,27 +64,52 @@ fn services_depend_on_contracts_never_on_each_other() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn places(metadata: &serde_json::Value) -> BTreeMap<String, Place> {
     let root = PathBuf::from(metadata["workspace_root"].as_str().unwrap());
-    let packages = metadata["packages"].as_array().unwrap();
-    let places: BTreeMap<&str, Place> = packages
+    metadata["workspace_members"]
+        .as_array()
+        .unwrap()
         .iter()
-        .map(|p| {
-            let manifest = Path::new(p["manifest_path"].as_str().unwrap());
-            (p["name"].as_str().unwrap(), place(&root, manifest))
+        .map(|id| {
+            let package = metadata["packages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["id"] == *id)
+                .unwrap();
+            let name = package["name"].as_str().unwrap();
+            let manifest = Path::new(package["manifest_path"].as_str().unwrap());
+            (name.to_owned(), place(&root, manifest, name))
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn services_depend_on_contracts_never_on_each_other() {
+    let metadata = metadata(true);
+    let places = places(&metadata);
     assert!(
         places.values().filter(|p| p.service.is_some()).count() >= 8,
         "the four services and their cores are found: {places:?}"
     );
+    assert!(
+        PURE_SHARED
+            .iter()
+            .all(|name| places.get(*name).is_some_and(|p| p.shared)),
+        "the pure shared crates live under crates/: {places:?}"
+    );
 
     let mut crossings = Vec::new();
-    for package in packages {
+    for package in metadata["packages"].as_array().unwrap() {
         let name = package["name"].as_str().unwrap();
-        let Some(service) = &places[name].service else {
+        let from = &places[name];
+        if from.service.is_none() && !from.shared {
+            // Tools, examples and tests use whatever they exercise.
             continue;
-        };
+        }
         for dependency in package["dependencies"].as_array().unwrap() {
             // `kind` is null for normal dependencies, "dev" or "build" otherwise.
             if !dependency["kind"].is_null() {
@@ -70,8 +119,7 @@ fn services_depend_on_contracts_never_on_each_other() {
                 continue;
             };
             if let Some(other) = &target.service
-                && other != service
-                && !target.core
+                && from.service.as_ref() != Some(other)
             {
                 crossings.push(format!("{name} -> {}", dependency["name"]));
             }
@@ -79,8 +127,65 @@ fn services_depend_on_contracts_never_on_each_other() {
     }
     assert!(
         crossings.is_empty(),
-        "service crates depending on another service's crate: {crossings:?}"
+        "crates depending on another service's crate: {crossings:?}"
     );
+}
+
+/// Every pure crate's normal dependencies, followed through the whole graph, include none of
+/// [`IO_CRATES`].
+#[test]
+fn pure_crates_pull_in_no_io() {
+    let metadata = metadata(false);
+    let places = places(&metadata);
+    let nodes = metadata["resolve"]["nodes"].as_array().unwrap();
+    let package_name = |id: &serde_json::Value| -> String {
+        metadata["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == *id)
+            .map(|p| p["name"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    let mut found = Vec::new();
+    for (name, place) in &places {
+        if !place.pure {
+            continue;
+        }
+        let start = metadata["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name.as_str() && p["source"].is_null())
+            .map(|p| p["id"].clone())
+            .unwrap();
+        // Normal dependencies only, transitively.
+        let mut seen = vec![start.clone()];
+        let mut stack = vec![(start, vec![name.clone()])];
+        while let Some((id, path)) = stack.pop() {
+            let node = nodes.iter().find(|n| n["id"] == id).unwrap();
+            for dep in node["deps"].as_array().unwrap() {
+                let normal = dep["dep_kinds"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|k| k["kind"].is_null());
+                if !normal || seen.contains(&dep["pkg"]) {
+                    continue;
+                }
+                seen.push(dep["pkg"].clone());
+                let dep_name = package_name(&dep["pkg"]);
+                let mut path = path.clone();
+                path.push(dep_name.clone());
+                if IO_CRATES.contains(&dep_name.as_str()) {
+                    found.push(path.join(" -> "));
+                    continue;
+                }
+                stack.push((dep["pkg"].clone(), path));
+            }
+        }
+    }
+    assert!(found.is_empty(), "pure crates depending on I/O: {found:#?}");
 }
 
 /// Every method of every Switchyard service in the contracts has a row in the authorization

@@ -24,9 +24,9 @@ use switchyard_proto::{
         queue_client::QueueClient, work_request::Request as Msg, work_response::Response as Reply,
     },
 };
-use switchyard_queue_core::shard::shard_of;
 use switchyard_runtime::Role;
 use switchyard_testenv::ControlPlane;
+use switchyard_work::shard::shard_of;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 

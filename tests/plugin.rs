@@ -32,10 +32,10 @@ use switchyard_proto::{
     elector::v1::{GetShardMapRequest, elector_client::ElectorClient},
     queue::v1::{EnqueueItem, EnqueueRequest, queue_client::QueueClient},
 };
-use switchyard_queue_core::shard::shard_of;
 use switchyard_runtime::Role;
 use switchyard_testenv::{ControlPlane, Etcd, Pki, ServiceProcess, TestNamespace, manifests};
 use switchyard_tests::{CONVERGE_TIMEOUT, fleet::Spec, service_binary};
+use switchyard_work::shard::shard_of;
 
 const SHARDS: u32 = 16;
 /// A controller the queue serves and no reconciler runs: its keys stay queued.

@@ -16,4 +16,7 @@ pub use kube::{
     runtime::{wait::await_condition, watcher},
 };
 
+pub mod args;
 pub mod discovery;
+
+pub use args::{KubeArgs, KubeError, await_apiserver};

@@ -12,8 +12,8 @@ use switchyard_proto::{
         work_response::Response as Reply,
     },
 };
-use switchyard_queue_core::{MAX_DELAY, MAX_LEASE_EXTENSION, Priority, WorkKey};
 use switchyard_runtime::trace::TraceFields;
+use switchyard_work::{MAX_DELAY, MAX_LEASE_EXTENSION, Priority, WorkKey};
 
 use crate::{Cause, Event, Lease, Outcome, ReadFloor, Versions};
 

@@ -55,9 +55,9 @@ use futures::{StreamExt, stream::FuturesUnordered};
 use switchyard_proto::queue::v1::{
     EnqueueManyRequest, EnqueueRequest, enqueue_result, queue_client::QueueClient,
 };
-use switchyard_queue_core::{MAX_CAUSES, Priority, WorkKey, earliest};
 use switchyard_runtime::{Backoff, Dialer, Drain, Role, sleep_until, trace::TraceFields};
 use switchyard_shards::ShardView;
+use switchyard_work::{MAX_CAUSES, Priority, WorkKey, earliest};
 use tokio::{
     sync::{Notify, watch},
     time::Instant,

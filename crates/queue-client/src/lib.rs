@@ -18,7 +18,7 @@
 //!   credits.
 //! - [`Error`]: what went wrong, typed; `tonic` status codes are matched in one place.
 //!
-//! The work key is [`WorkKey`] from `switchyard-queue-core`, the one type from the watcher's
+//! The work key is [`WorkKey`] from `switchyard-work`, the one type from the watcher's
 //! mapping to the queue's core.
 
 mod convert;
@@ -28,7 +28,7 @@ mod work;
 
 pub use enqueue::{Add, Cause, EnqueueMetrics, Enqueuer, NoMetrics};
 pub use error::{Error, Result};
-pub use switchyard_queue_core::{MAX_CREDIT, Priority, WorkKey};
+pub use switchyard_work::{MAX_CREDIT, Priority, WorkKey};
 pub use work::{Event, Lease, Outcome, ReadFloor, Replies, Versions, WorkSession};
 
 /// The gRPC endpoint of a queue replica at `address` (`host:port`, as the shard map and the

@@ -16,8 +16,8 @@ use std::{
 };
 
 use switchyard_proto::queue::v1::{WorkRequest, WorkResponse, queue_client::QueueClient};
-use switchyard_queue_core::{MAX_CREDIT, WorkKey};
 use switchyard_runtime::{Dialer, Role, trace::TraceFields};
+use switchyard_work::{MAX_CREDIT, WorkKey};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 

@@ -13,7 +13,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use switchyard_elector_core::ShardState;
+use switchyard_ownership::ShardState;
 use switchyard_proto::elector::v1::{
     self as pb, ShardMap, WatchShardMapRequest, elector_client::ElectorClient,
 };

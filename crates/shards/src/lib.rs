@@ -38,5 +38,5 @@ pub mod view;
 pub use etcd::{Etcd, EtcdConfigError, EtcdTlsArgs};
 pub use follow::{FollowError, follow_elector, follow_elector_as, member_view};
 pub use route::{NoRoute, Route};
-pub use switchyard_elector_core::{MemberId, ReleaseError, ShardState};
+pub use switchyard_ownership::{MemberId, ReleaseError, ShardState};
 pub use view::{Owner, STATIC_EPOCH, ShardView};

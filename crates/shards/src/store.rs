@@ -14,7 +14,7 @@
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
-use switchyard_elector_core::{MemberId, ReleaseError, ShardState, released, renewable};
+use switchyard_ownership::{MemberId, ReleaseError, ShardState, released, renewable};
 
 pub const SHARDS_PREFIX: &str = "/switchyard/shards/";
 

@@ -12,7 +12,7 @@ use std::{
 
 use futures::{Stream, StreamExt};
 use prost::Message;
-use switchyard_elector_core::ShardState;
+use switchyard_ownership::ShardState;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey as ProtoKey},
     queue::v1::{

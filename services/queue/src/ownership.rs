@@ -1,5 +1,5 @@
 //! Which shards this replica serves: the I/O loop around the member's step of the shard
-//! protocol (`switchyard_elector_core::member`, pure and property-tested against the leader's
+//! protocol (`switchyard_ownership::member`, pure and property-tested against the leader's
 //! plan).
 //!
 //! ```text
@@ -28,7 +28,7 @@ use prometheus_client::{
     registry::Unit,
 };
 use std::time::Instant;
-use switchyard_elector_core::{
+use switchyard_ownership::{
     ShardState,
     member::{self, DrainProgress, Effect, Local, Stop},
 };

@@ -25,12 +25,12 @@ pub mod worker;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 pub use switchyard_shards::Route;
 
-use switchyard_k8s::kube;
+use switchyard_k8s::{KubeArgs, await_apiserver, kube};
 use switchyard_queue_client::{Enqueuer, NoMetrics};
 use switchyard_runtime::{
-    GrpcServer, InstanceScope, KubeArgs, Runtime, RuntimeArgs,
+    GrpcServer, InstanceScope, Runtime, RuntimeArgs,
     apiserver::{ApiserverLayer, ApiserverMetrics},
-    await_apiserver, instance_id,
+    instance_id,
 };
 use tracing::info;
 
@@ -55,7 +55,7 @@ pub enum Error {
     #[error(transparent)]
     Runtime(#[from] switchyard_runtime::Error),
     #[error(transparent)]
-    Kube(#[from] switchyard_runtime::KubeError),
+    Kube(#[from] switchyard_k8s::KubeError),
     #[error(transparent)]
     Cache(#[from] CacheError),
     #[error(transparent)]
@@ -322,7 +322,7 @@ impl Args {
                 config.auth_info.impersonate = Some(user);
             }
             Ok(kube::client::ClientBuilder::try_from(config)
-                .map_err(switchyard_runtime::KubeError::from)?
+                .map_err(switchyard_k8s::KubeError::from)?
                 .with_layer(&limit)
                 .with_layer(&apiserver)
                 .build())

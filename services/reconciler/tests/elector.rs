@@ -16,9 +16,9 @@ use switchyard_k8s::{
     kube::api::{Patch, PatchParams},
 };
 use switchyard_proto::elector::v1::{GetShardMapRequest, ShardMap, ShardState};
-use switchyard_queue_core::shard::shard_of;
 use switchyard_runtime::Role;
 use switchyard_testenv::{ControlPlane, Etcd, Pki, TestNamespace};
+use switchyard_work::shard::shard_of;
 
 use support::{RS, SHARDS, WITHIN, converged, replica_set};
 

@@ -119,7 +119,7 @@ async fn enqueue(queue: SocketAddr, name: &str) {
     client
         .enqueue(EnqueueRequest {
             batch_id: 1,
-            shard: switchyard_queue_core::shard::shard_of(SCRIPTED, "ns", name, support::SHARDS),
+            shard: switchyard_work::shard::shard_of(SCRIPTED, "ns", name, support::SHARDS),
             items: vec![EnqueueItem {
                 key: Some(WorkKey {
                     controller: SCRIPTED.into(),

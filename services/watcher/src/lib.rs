@@ -28,11 +28,11 @@ pub mod watches;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 pub use switchyard_shards::Route;
 
+use switchyard_k8s::{KubeArgs, await_apiserver};
 use switchyard_queue_client::Enqueuer;
 use switchyard_runtime::{
-    Drain, GrpcServer, KubeArgs, Runtime, RuntimeArgs,
+    Drain, GrpcServer, Runtime, RuntimeArgs,
     apiserver::{ApiserverLayer, ApiserverMetrics},
-    await_apiserver,
 };
 use tokio::sync::watch;
 use tracing::info;
@@ -54,7 +54,7 @@ pub enum Error {
     #[error(transparent)]
     Runtime(#[from] switchyard_runtime::Error),
     #[error(transparent)]
-    Kube(#[from] switchyard_runtime::KubeError),
+    Kube(#[from] switchyard_k8s::KubeError),
     #[error("failed to read the configuration file {path}: {source}")]
     ReadConfig {
         path: PathBuf,
@@ -177,7 +177,7 @@ impl Args {
         // Counted, not traced: a watch is one long request, not a step of any change's trace.
         let apiserver = ApiserverLayer::new(ApiserverMetrics::register(rt.metrics()), false);
         let client = switchyard_k8s::kube::client::ClientBuilder::try_from(kube.config().await?)
-            .map_err(switchyard_runtime::KubeError::from)?
+            .map_err(switchyard_k8s::KubeError::from)?
             .with_layer(&apiserver)
             .build();
         let gate = rt.readiness().gate("apiserver");

@@ -9,7 +9,7 @@ use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
     queue::v1::{DescribeKeyRequest, DescribeKeyResponse, KeyPhase, OutcomeKind, StatsRequest},
 };
-use switchyard_queue_core::shard::shard_of;
+use switchyard_work::shard::shard_of;
 use tonic::Code;
 
 use crate::{

@@ -1,6 +1,7 @@
 //! Which queue replica serves which virtual shard, and how a shard moves between replicas:
-//! both sides of the protocol, free of etcd and gRPC. The leader's side is here; a member's
-//! side (what a queue replica does with each shard it is given) is [`member`].
+//! the leader's side of the protocol, free of etcd and gRPC. What both sides share (a shard's
+//! [`ShardState`], the checks of a release and a renewal) and a member's side (what a queue
+//! replica does with each shard it is given, [`member`]) are `switchyard-ownership`'s.
 //!
 //! - [`assign`]: rendezvous (highest-random-weight) hashing with bounded loads. Every shard
 //!   ranks the members by `score(shard, member)`, and takes the best-ranked member that is
@@ -22,38 +23,7 @@
 
 use std::collections::HashMap;
 
-pub mod member;
-
-/// A queue replica's member id.
-pub type MemberId = String;
-
-/// Where a shard stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ShardState {
-    Unassigned,
-    /// `owner` serves the shard at `epoch`.
-    Active {
-        owner: MemberId,
-        epoch: u64,
-    },
-    /// `owner` was told to stop serving the shard (it drains); `next` takes it after the
-    /// release.
-    Releasing {
-        owner: MemberId,
-        epoch: u64,
-        next: MemberId,
-    },
-}
-
-impl ShardState {
-    /// The member that may serve the shard now, if any.
-    pub fn owner(&self) -> Option<&str> {
-        match self {
-            Self::Unassigned => None,
-            Self::Active { owner, .. } | Self::Releasing { owner, .. } => Some(owner),
-        }
-    }
-}
+pub use switchyard_ownership::{MemberId, ReleaseError, ShardState, member, released, renewable};
 
 /// One step towards the desired assignment. The adapter writes it to etcd; the new epoch of
 /// an activation is the revision of that write.
@@ -84,40 +54,6 @@ impl Transition {
         }
     }
 }
-
-/// Errors of a release acknowledgement.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReleaseError {
-    NotHeld {
-        shard: u32,
-        member: MemberId,
-    },
-    StaleEpoch {
-        shard: u32,
-        epoch: u64,
-        current: u64,
-    },
-}
-
-impl std::fmt::Display for ReleaseError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::NotHeld { shard, member } => {
-                write!(f, "shard {shard} is not held by member {member:?}")
-            }
-            Self::StaleEpoch {
-                shard,
-                epoch,
-                current,
-            } => write!(
-                f,
-                "stale epoch {epoch} for shard {shard} (current epoch {current})"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ReleaseError {}
 
 /// The desired owner of every shard (`S` entries) for `members`, or `None` with no members.
 /// `slack` is how many shards above `ceil(S / members)` a member may hold.
@@ -188,67 +124,6 @@ pub fn plan(current: &[ShardState], desired: &[MemberId], alive: &[MemberId]) ->
         }
     }
     transitions
-}
-
-/// Checks a release acknowledgement for `shard` in `state` and returns the member that takes
-/// the shard next.
-pub fn released(
-    state: &ShardState,
-    shard: u32,
-    member: &str,
-    epoch: u64,
-) -> Result<MemberId, ReleaseError> {
-    match state {
-        ShardState::Releasing {
-            owner,
-            epoch: current_epoch,
-            next,
-        } if owner == member => {
-            if *current_epoch != epoch {
-                return Err(ReleaseError::StaleEpoch {
-                    shard,
-                    epoch,
-                    current: *current_epoch,
-                });
-            }
-            Ok(next.clone())
-        }
-        _ => Err(ReleaseError::NotHeld {
-            shard,
-            member: member.to_owned(),
-        }),
-    }
-}
-
-/// Checks that `member` may renew the epoch of `shard` in `state`: it holds the shard as
-/// active at `epoch`. A member renews the epoch of a shard that was activated for an earlier
-/// registration of its own (see the queue's ownership), so the new epoch marks a fresh start.
-pub fn renewable(
-    state: &ShardState,
-    shard: u32,
-    member: &str,
-    epoch: u64,
-) -> Result<(), ReleaseError> {
-    match state {
-        ShardState::Active {
-            owner,
-            epoch: current,
-        } if owner == member => {
-            if *current == epoch {
-                Ok(())
-            } else {
-                Err(ReleaseError::StaleEpoch {
-                    shard,
-                    epoch,
-                    current: *current,
-                })
-            }
-        }
-        _ => Err(ReleaseError::NotHeld {
-            shard,
-            member: member.to_owned(),
-        }),
-    }
 }
 
 /// `splitmix64(fnv1a64(member) ^ shard)`: a stable, well-mixed weight per (shard, member).

@@ -31,13 +31,8 @@ use std::{
     sync::{Arc, PoisonError, RwLock},
 };
 
-use crate::shard::shard_of;
+use switchyard_work::{MAX_CONTROLLER_LEN, MAX_NAME_LEN, MAX_NAMESPACE_LEN, WorkKey, shard_of};
 
-/// Kubernetes limits: a namespace is a DNS label, a name at most a DNS subdomain.
-pub const MAX_NAMESPACE_LEN: usize = 63;
-pub const MAX_NAME_LEN: usize = 253;
-/// Longest controller name: it travels in every work key (the watcher's limit too).
-pub const MAX_CONTROLLER_LEN: usize = 253;
 /// Controllers one queue serves at most unless configured otherwise: four times the four
 /// built-in ones. Each name costs a queue of its own and up to 33 metric series per served
 /// shard (docs/operations.md), so 16 names over 256 shards stay near 135,000 series; the bound
@@ -58,33 +53,6 @@ pub enum KeyError {
          limit (--max-controllers)"
     )]
     TooManyControllers { name: String, limit: usize },
-}
-
-/// A work key as callers name it: the reconciler kind, and the object's namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WorkKey {
-    pub controller: Arc<str>,
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
-}
-
-impl WorkKey {
-    pub fn new(
-        controller: impl Into<Arc<str>>,
-        namespace: impl Into<Arc<str>>,
-        name: impl Into<Arc<str>>,
-    ) -> Self {
-        Self {
-            controller: controller.into(),
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
-    /// The key's virtual shard among `shard_count` (see [`crate::shard`]).
-    pub fn shard(&self, shard_count: u32) -> u32 {
-        shard_of(&self.controller, &self.namespace, &self.name, shard_count)
-    }
 }
 
 /// A key's namespace and name as the queue holds them: one allocation, the namespace's

@@ -28,32 +28,25 @@
 //!
 //! The core does no I/O and reads no clock: every call takes `now`, so tests drive time.
 //!
-//! The work key lives here too ([`key`]): one [`WorkKey`] type from the watcher's mapping to
-//! the queue, and the [`ValidKey`] the queue's gRPC edge makes once and the core stores. The
-//! queue core is where a key gets its meaning (validated, hashed to its shard, kept), and it
-//! is a pure crate without I/O, so the watcher core and the queue client share the type by
-//! depending on it without pulling in a service. The protocol limit both sides of a work
-//! stream respect, [`MAX_CREDIT`], lives here for the same reason.
+//! The work vocabulary the services share ([`WorkKey`], its shard, [`Priority`], the
+//! protocol's limits) is `switchyard-work`'s, re-exported here; the queue core is where a key
+//! gets its meaning: validated once by the gRPC edge into the [`ValidKey`] the core stores
+//! ([`key`]).
 
 mod backoff;
 pub mod key;
 mod queue;
-pub mod shard;
+
+pub use switchyard_work::{
+    MAX_CAUSES, MAX_CONTROLLER_LEN, MAX_CREDIT, MAX_DELAY, MAX_LEASE_EXTENSION, MAX_NAME_LEN,
+    MAX_NAMESPACE_LEN, Priority, WorkKey, earliest, shard,
+};
 
 pub use backoff::{Backoff, BackoffConfig, RateLimit};
-pub use key::{
-    ControllerId, DEFAULT_MAX_CONTROLLERS, KeyError, KeySpace, MAX_CONTROLLER_LEN, MAX_NAME_LEN,
-    MAX_NAMESPACE_LEN, ValidKey, WorkKey,
-};
+pub use key::{ControllerId, DEFAULT_MAX_CONTROLLERS, KeyError, KeySpace, ValidKey};
 pub use queue::{
     AddOutcome, Cause, DEFAULT_OUTCOME_HISTORY, Error, History, InvalidLeaseId, KeyPhase, KeyView,
-    KindVersions, LastOutcome, Lease, LeaseId, LeaseIds, MAX_CAUSES, MAX_DELAY, MAX_ERROR_BYTES,
-    MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, MAX_FLOOR_NAMESPACES, MAX_LEASE_EXTENSION, Origin,
-    Outcome, OutcomeKind, Priority, Queue, QueueConfig, ReadFloor, Refused, Result,
-    SequentialLeaseIds, ShardStats, Totals, TraceId, WorkerId, earliest,
+    KindVersions, LastOutcome, Lease, LeaseId, LeaseIds, MAX_ERROR_BYTES, MAX_FLOOR_KIND_LEN,
+    MAX_FLOOR_KINDS, MAX_FLOOR_NAMESPACES, Origin, Outcome, OutcomeKind, Queue, QueueConfig,
+    ReadFloor, Refused, Result, SequentialLeaseIds, ShardStats, Totals, TraceId, WorkerId,
 };
-
-/// Credits one message of a work stream may grant: the queue refuses more, and the queue
-/// client never sends more (a worker's concurrency is at most this). Ten thousand leases in
-/// flight per stream is far beyond what one worker process reconciles at once.
-pub const MAX_CREDIT: u32 = 10_000;

@@ -28,6 +28,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use switchyard_work::{MAX_DELAY, Priority};
+
 use crate::{
     Backoff, BackoffConfig, RateLimit,
     key::{ControllerId, KeySpace, ObjectName, ValidKey},
@@ -44,7 +46,7 @@ mod stats;
 mod tests;
 
 use causes::Causes;
-pub use causes::{Cause, MAX_CAUSES, Origin, earliest};
+pub use causes::{Cause, Origin};
 use floor::ShardFloor;
 pub use floor::{
     KindVersions, MAX_FLOOR_KIND_LEN, MAX_FLOOR_KINDS, MAX_FLOOR_NAMESPACES, ReadFloor,
@@ -54,9 +56,7 @@ pub use history::{
     DEFAULT_OUTCOME_HISTORY, History, LastOutcome, MAX_ERROR_BYTES, OutcomeKind, TraceId,
 };
 pub use inspect::{KeyPhase, KeyView};
-pub use lease::{
-    InvalidLeaseId, Lease, LeaseId, LeaseIds, MAX_LEASE_EXTENSION, SequentialLeaseIds, WorkerId,
-};
+pub use lease::{InvalidLeaseId, Lease, LeaseId, LeaseIds, SequentialLeaseIds, WorkerId};
 use lease::{LeaseInfo, LeaseMap};
 use slot_index::SlotIndex;
 pub use stats::{ShardStats, Totals};
@@ -88,14 +88,6 @@ pub enum Refused {
     /// The lease is live but bound to another worker's stream; it stays that worker's.
     #[error("failed precondition: lease held by another stream")]
     ForeignLease,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Priority {
-    /// Initial list, resync.
-    Low = 0,
-    /// Live events.
-    Normal = 1,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,13 +335,6 @@ fn tag(hash: u64) -> u32 {
 
 /// Ready time, entry seq when scheduled, controller, slot.
 type DelayedItem = (Instant, u64, ControllerId, Slot);
-
-/// The longest a key waits for a delay: an add's, a `RequeueAfter`'s or a backoff's. Longer
-/// ones are the caller's to refuse (the gRPC edge names the field) or are cut to this; a
-/// controller that meant a later time is reconciled once a week and asks again. A week is far
-/// beyond any requeue a controller of kube-controller-manager makes, and keeps `now + delay`
-/// far from the end of the monotonic clock.
-pub const MAX_DELAY: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// `now + delay`, the delay cut to `longest`; a time past the clock's end is `now`: whatever
 /// asked, and whatever `now` a caller gives, it never panics.

@@ -17,7 +17,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-pub use switchyard_queue_core::WorkKey;
+pub use switchyard_work::WorkKey;
 
 use crate::{
     Config, ControllerRef, Predicate, Summary,

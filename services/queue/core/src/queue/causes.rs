@@ -3,9 +3,7 @@
 
 use std::{sync::Arc, time::SystemTime};
 
-/// Causes kept per key: a key added a thousand times while leased is reconciled once, and
-/// its trace links to the latest adds only. 16 links are what a trace view still shows.
-pub const MAX_CAUSES: usize = 16;
+use switchyard_work::{MAX_CAUSES, earliest};
 
 /// What caused an add, opaque to the queue (the service keeps a W3C trace context in it).
 pub type Cause = Arc<[(String, String)]>;
@@ -29,14 +27,6 @@ impl Origin {
 
     pub(super) fn is_empty(&self) -> bool {
         self.cause.is_none() && self.observed_at.is_none()
-    }
-}
-
-/// The earlier of two observation times, either of which may be missing.
-pub fn earliest(a: Option<SystemTime>, b: Option<SystemTime>) -> Option<SystemTime> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
 

@@ -6,15 +6,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use switchyard_work::{MAX_DELAY, MAX_LEASE_EXTENSION, Priority};
+
 use super::{
-    Cause, Causes, Due, MAX_DELAY, Outcome, OutcomeKind, Priority, Queue, ReadFloor, Refused,
-    ShardState, Slot, State, after, history,
+    Cause, Causes, Due, Outcome, OutcomeKind, Queue, ReadFloor, Refused, ShardState, Slot, State,
+    after, history,
 };
 use crate::key::{ControllerId, ValidKey};
-
-/// Lease extensions longer than this are refused: a reconcile that needs more should extend
-/// again, so a dead worker's key is not held for hours.
-pub const MAX_LEASE_EXTENSION: Duration = Duration::from_secs(3600);
 
 /// Deadlines of ended or extended leases stay in the deadline heap until they come due;
 /// when they outnumber the live ones by more than this many, the heap is rebuilt from the

@@ -1,5 +1,7 @@
 use std::{sync::Arc, time::SystemTime};
 
+use switchyard_work::{MAX_CAUSES, MAX_LEASE_EXTENSION};
+
 use super::*;
 
 const RS: &str = "apps/v1/ReplicaSet";

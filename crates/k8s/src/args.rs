@@ -1,9 +1,12 @@
+//! How a service reaches the apiserver: its flags ([`KubeArgs`]), and the wait for the
+//! apiserver that keeps the service unready until it answers.
+
 use std::{path::PathBuf, time::Duration};
 
-use switchyard_k8s::{Client, Config, kube};
+use switchyard_runtime::{Backoff, Drain, Gate};
 use tracing::{info, warn};
 
-use crate::{Backoff, Drain, Gate};
+use crate::{Client, Config, kube};
 
 /// How to reach the apiserver.
 #[derive(Clone, Debug, clap::Args)]
