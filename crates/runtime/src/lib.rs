@@ -16,6 +16,7 @@ mod args;
 pub mod authz;
 mod backoff;
 mod dial;
+pub mod exposition;
 mod grpc;
 mod instance;
 mod log_limiter;

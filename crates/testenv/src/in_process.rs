@@ -93,11 +93,16 @@ impl InProcess {
         }
     }
 
-    /// The value of one sample of `/metrics` (the line starting with `series`), 0 if absent.
+    /// The value of one sample of `/metrics`, written as it is exposed (`name{label="v"}` or
+    /// `name`), 0 if absent; the body must parse as OpenMetrics.
     pub async fn metric(&self, series: &str) -> f64 {
         let (_, text) = self.admin_get("/metrics").await;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(0.0)
+        let exposition = crate::exposition::parse(&text)
+            .unwrap_or_else(|e| panic!("/metrics is not OpenMetrics: {e}"));
+        exposition
+            .samples
+            .iter()
+            .find(|sample| sample.is(series))
+            .map_or(0.0, |sample| sample.value)
     }
 }

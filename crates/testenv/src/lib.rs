@@ -20,7 +20,6 @@ mod binaries;
 mod cluster;
 mod error;
 mod etcd;
-pub mod exposition;
 pub mod fuzz;
 mod in_process;
 mod kubeconfig;
@@ -49,6 +48,8 @@ pub use serve_log::serve_intervals;
 pub use service::{
     ServiceProcess, assert_service_lifecycle, cpu_seconds, list_services, resident_bytes,
 };
+/// The OpenMetrics reader, the runtime's ([`switchyard_runtime::exposition`]).
+pub use switchyard_runtime::exposition;
 pub use tls::Pki;
 
 /// A Pod annotated with this key (any value) is never made Ready by the harness's kwok: it

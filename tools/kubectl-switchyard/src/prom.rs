@@ -1,82 +1,12 @@
-//! The few series the plugin reads from an admin port's `/metrics`, parsed from the
-//! Prometheus text format.
+//! The samples the plugin reads from an admin port's `/metrics` (parsed by the runtime's
+//! OpenMetrics reader), and the histogram arithmetic over them.
 
-use std::collections::BTreeMap;
+pub use switchyard_runtime::exposition::Sample;
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-}
-
-impl Sample {
-    pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels.get(name).map(String::as_str)
-    }
-}
-
-/// Every sample of `text`; comments and lines that do not parse are skipped.
-pub fn parse(text: &str) -> Vec<Sample> {
-    text.lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(parse_line)
-        .collect()
-}
-
-fn parse_line(line: &str) -> Option<Sample> {
-    let (name, labels, rest) = match line.find('{') {
-        Some(open) => {
-            let close = line.rfind('}')?;
-            (
-                &line[..open],
-                parse_labels(&line[open + 1..close])?,
-                &line[close + 1..],
-            )
-        }
-        None => {
-            let space = line.find(' ')?;
-            (&line[..space], BTreeMap::new(), &line[space..])
-        }
-    };
-    let value = rest.split_whitespace().next()?;
-    let value = match value {
-        "+Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        v => v.parse().ok()?,
-    };
-    Some(Sample {
-        name: name.to_owned(),
-        labels,
-        value,
-    })
-}
-
-fn parse_labels(text: &str) -> Option<BTreeMap<String, String>> {
-    let mut labels = BTreeMap::new();
-    let mut rest = text.trim();
-    while !rest.is_empty() {
-        let eq = rest.find('=')?;
-        let name = rest[..eq].trim().to_owned();
-        rest = rest[eq + 1..].trim_start().strip_prefix('"')?;
-        let mut value = String::new();
-        let mut chars = rest.char_indices();
-        let end = loop {
-            let (i, c) = chars.next()?;
-            match c {
-                '\\' => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    other => value.push(other),
-                },
-                '"' => break i,
-                c => value.push(c),
-            }
-        };
-        labels.insert(name, value);
-        rest = rest[end + 1..].trim_start();
-        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
-    }
-    Some(labels)
+/// Every sample of an admin port's `/metrics` (OpenMetrics, read strictly: a body that is
+/// not is an error naming its first bad line).
+pub fn parse(text: &str) -> Result<Vec<Sample>, String> {
+    switchyard_runtime::exposition::parse(text).map(|exposition| exposition.samples)
 }
 
 /// The `q` quantile of a cumulative histogram's buckets (upper bound, count), by linear
@@ -114,19 +44,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn samples_and_their_labels_parse() {
-        let text = "# HELP x y\n\
+    fn samples_and_their_labels_parse_and_a_body_that_is_not_openmetrics_is_refused() {
+        let text = "# TYPE switchyard_build info\n\
                     switchyard_build_info{service=\"switchyard-queue\",version=\"0.1.0\"} 1\n\
+                    # TYPE workqueue_adds counter\n\
                     workqueue_adds_total{name=\"apps/v1/ReplicaSet\",shard=\"3\"} 42\n\
+                    # TYPE process_start_time_seconds gauge\n\
                     process_start_time_seconds 1.7e9\n\
-                    h_bucket{le=\"+Inf\"} 5\n";
-        let samples = parse(text);
+                    # TYPE h histogram\n\
+                    h_bucket{le=\"+Inf\"} 5\n\
+                    # EOF\n";
+        let samples = parse(text).unwrap();
         assert_eq!(samples.len(), 4);
         assert_eq!(samples[0].label("version"), Some("0.1.0"));
         assert_eq!(samples[1].label("name"), Some("apps/v1/ReplicaSet"));
         assert_eq!(samples[1].value, 42.0);
         assert_eq!(samples[2].value, 1.7e9);
         assert_eq!(samples[3].label("le"), Some("+Inf"));
+        let refused = parse("<html>not metrics</html>\n").unwrap_err();
+        assert!(refused.starts_with("line 1:"), "{refused}");
     }
 
     #[test]

@@ -294,6 +294,11 @@ async fn services(connections: &Connections, problems: &mut Vec<String>) -> Vec<
         let (_, metrics) = connections.admin_get(address, "/metrics").await?;
         let (ready, _) = connections.admin_get(address, "/readyz").await?;
         let info = prom::parse(&metrics)
+            .map_err(|unreadable| Error::Unreachable {
+                what: "admin port",
+                address: address.clone(),
+                reason: format!("its /metrics is not OpenMetrics: {unreadable}"),
+            })?
             .into_iter()
             .find(|s| s.name == "switchyard_build_info")
             .ok_or_else(|| Error::Unreachable {

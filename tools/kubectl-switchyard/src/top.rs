@@ -116,8 +116,12 @@ async fn sample(connections: &Connections) -> Result<(Sampled, Vec<String>)> {
     let mut replicas = 0;
     let mut last_error = None;
     for answer in scraped {
-        let samples = match answer {
-            Ok((_, body)) => prom::parse(&body),
+        let samples = match answer.map(|(_, body)| prom::parse(&body)) {
+            Ok(Ok(samples)) => samples,
+            Ok(Err(unreadable)) => {
+                problems.push(format!("/metrics: {unreadable}"));
+                continue;
+            }
             Err(error) => {
                 problems.push(error.to_string());
                 last_error = Some(error);
@@ -265,20 +269,25 @@ mod tests {
     fn rates_and_p99s_are_over_the_interval() {
         let text = |adds: u32, fast: u32, slow: u32| {
             format!(
-                "switchyard_build_info{{service=\"switchyard-queue\",version=\"0.1.0\"}} 1\n\
+                "# TYPE switchyard_build info\n\
+                 switchyard_build_info{{service=\"switchyard-queue\",version=\"0.1.0\"}} 1\n\
+                 # TYPE workqueue_adds counter\n\
                  workqueue_adds_total{{name=\"rs\",shard=\"0\"}} {adds}\n\
                  workqueue_adds_total{{name=\"rs\",shard=\"1\"}} {adds}\n\
+                 # TYPE workqueue_depth gauge\n\
                  workqueue_depth{{name=\"rs\",shard=\"0\"}} 3\n\
+                 # TYPE workqueue_work_duration_seconds histogram\n\
                  workqueue_work_duration_seconds_bucket{{name=\"rs\",shard=\"0\",le=\"0.1\"}} {fast}\n\
                  workqueue_work_duration_seconds_bucket{{name=\"rs\",shard=\"0\",le=\"1.0\"}} {}\n\
-                 workqueue_work_duration_seconds_bucket{{name=\"rs\",shard=\"0\",le=\"+Inf\"}} {}\n",
+                 workqueue_work_duration_seconds_bucket{{name=\"rs\",shard=\"0\",le=\"+Inf\"}} {}\n\
+                 # EOF\n",
                 fast + slow,
                 fast + slow
             )
         };
         let totals = |body: String| {
             let mut t = BTreeMap::new();
-            for s in prom::parse(&body) {
+            for s in prom::parse(&body).unwrap() {
                 add(&mut t, &s);
             }
             t

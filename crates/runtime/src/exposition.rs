@@ -1,5 +1,7 @@
-//! A strict reader of the OpenMetrics text format (what `/metrics` serves; Prometheus reads
-//! it too), so tests check that an endpoint parses and read its samples.
+//! A strict reader of the OpenMetrics text format (what every admin port's `/metrics`
+//! serves; Prometheus reads it too): the one parser of it in the project, for the plugin
+//! that reads the services' figures and for the tests that check an endpoint parses and read
+//! its samples.
 //!
 //! Checked: `# TYPE`/`# HELP`/`# UNIT` lines name a family once, before its samples; every
 //! sample belongs to a declared family with a suffix its type allows; label names and quoted,
@@ -14,6 +16,20 @@ pub struct Sample {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub value: f64,
+}
+
+impl Sample {
+    /// Whether this sample is the series `series`, written as it is exposed
+    /// (`name{a="x",b="y"}`, labels in any order, or `name`): same name, same labels.
+    pub fn is(&self, series: &str) -> bool {
+        parse_sample(&format!("{series} 0"))
+            .is_ok_and(|wanted| wanted.name == self.name && wanted.labels == self.labels)
+    }
+
+    /// The value of label `name`, if the sample has it.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels.get(name).map(String::as_str)
+    }
 }
 
 /// The samples of a parsed exposition.
@@ -256,6 +272,14 @@ mod tests {
         );
         assert_eq!(parsed.value("b_info", &[("v", "a \"q\"")]), Some(1.0));
         assert_eq!(parsed.value("a_seconds_count", &[]), Some(2.0));
+
+        let sample = &parsed.samples[0];
+        assert!(sample.is(r#"a_requests_total{verb="get",code="200"}"#));
+        assert!(sample.is(r#"a_requests_total{code="200",verb="get"}"#));
+        assert!(!sample.is(r#"a_requests_total{verb="get"}"#));
+        assert!(!sample.is("a_requests_total"));
+        assert!(parsed.samples[2].is("a_seconds_sum"));
+        assert_eq!(sample.label("code"), Some("200"));
     }
 
     #[test]
