@@ -20,14 +20,9 @@
 use std::collections::BTreeMap;
 
 use futures::future::join_all;
-use serde_json::json;
 use switchyard_k8s::{
     Api, DeleteParams, Deployment, Pod, PostParams, ReplicaSet,
     k8s_openapi::{api::apps::v1::DeploymentStatus, jiff::Timestamp},
-    kube::{
-        self,
-        api::{Patch, PatchParams},
-    },
 };
 use switchyard_reconciler_core::deployment::{
     self as core, REVISION, Spec, Strategy, controller_of, replicas, revision,
@@ -37,8 +32,8 @@ use tracing::{debug, info, warn};
 use crate::{
     cache::ListFilter,
     sdk::{
-        Action, Context, Error, EventType, Refusal, Request, Result, is_namespace_terminating,
-        status_message,
+        self, Action, Context, Error, EventType, Refusal, Request, Result,
+        is_namespace_terminating, status_message,
     },
 };
 
@@ -430,57 +425,9 @@ async fn read_replica_sets(ctx: &Context, spec: &Spec<'_>) -> Result<Vec<Replica
     Ok(rss)
 }
 
-/// Sets or removes the Deployment as the ReplicaSet's controller, unless the ReplicaSet
-/// changed since it was read.
-async fn patch_owner(
-    api: &Api<ReplicaSet>,
-    spec: &Spec<'_>,
-    rs: &ReplicaSet,
-    adopt: bool,
-) -> kube::Result<ReplicaSet> {
-    let mut refs: Vec<_> = rs
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .filter(|r| r.uid != spec.uid)
-        .cloned()
-        .collect();
-    if adopt {
-        refs.push(spec.controller_ref());
-    }
-    let patch = json!({
-        "metadata": {
-            "ownerReferences": refs,
-            "resourceVersion": rs.metadata.resource_version,
-        }
-    });
-    api.patch(rs_name(rs), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-}
-
-/// kube-controller-manager's `canAdopt`: before the first adoption, the Deployment is read
-/// again from the apiserver. One deleted, or deleted and recreated under the same name, since
-/// the cache read adopts nothing.
+/// kube-controller-manager's `canAdopt` for a Deployment ([`sdk::can_adopt`]).
 pub async fn can_adopt(ctx: &Context, d: &Deployment) -> Result<()> {
-    let namespace = d.metadata.namespace.as_deref().unwrap_or_default();
-    let name = d.metadata.name.as_deref().unwrap_or_default();
-    let fresh = Api::<Deployment>::namespaced(ctx.client.clone(), namespace)
-        .get(name)
-        .await?;
-    if fresh.metadata.uid != d.metadata.uid {
-        return Err(Error::Other(format!(
-            "original deployment {namespace}/{name} is gone: got uid {}, wanted {}",
-            fresh.metadata.uid.unwrap_or_default(),
-            d.metadata.uid.as_deref().unwrap_or_default()
-        )));
-    }
-    if fresh.metadata.deletion_timestamp.is_some() {
-        return Err(Error::Other(format!(
-            "deployment {namespace}/{name} has just been deleted"
-        )));
-    }
-    Ok(())
+    sdk::can_adopt(ctx, d, "deployment").await
 }
 
 async fn reconcile(ctx: &Context, request: &Request) -> Result {
@@ -511,12 +458,12 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
         claim
             .adopt
             .iter()
-            .map(|rs| patch_owner(&rs_api, &spec, rs, true))
+            .map(|rs| sdk::set_controller_ref(&rs_api, rs, spec.uid, Some(spec.controller_ref())))
             .chain(
                 claim
                     .release
                     .iter()
-                    .map(|rs| patch_owner(&rs_api, &spec, rs, false)),
+                    .map(|rs| sdk::set_controller_ref(&rs_api, rs, spec.uid, None)),
             ),
     )
     .await;

@@ -24,14 +24,8 @@
 use std::collections::BTreeMap;
 
 use futures::future::join_all;
-use serde_json::json;
 use switchyard_k8s::{
-    Api, DeleteParams, ListParams, Pod, PostParams, ReplicaSet,
-    k8s_openapi::jiff::Timestamp,
-    kube::{
-        self,
-        api::{Patch, PatchParams},
-    },
+    Api, DeleteParams, ListParams, Pod, PostParams, ReplicaSet, k8s_openapi::jiff::Timestamp, kube,
 };
 use switchyard_reconciler_core::{
     replicaset::{
@@ -45,7 +39,7 @@ use tracing::{debug, warn};
 use crate::{
     cache::{CacheClient, ListFilter},
     sdk::{
-        Action, Context, Controller, Error, EventType, Refusal, Request, Result,
+        self, Action, Context, Controller, Error, EventType, Refusal, Request, Result,
         is_namespace_terminating, status_message,
     },
 };
@@ -146,67 +140,9 @@ async fn newest_pod_version(api: &Api<Pod>, spec: &Spec<'_>) -> Result<Option<St
         .map(|(_, rv)| rv.to_owned()))
 }
 
-/// Sets the ReplicaSet as the Pod's controller, unless the Pod changed since it was read.
-async fn adopt(api: &Api<Pod>, spec: &Spec<'_>, pod: &Pod) -> kube::Result<Pod> {
-    let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
-    refs.push(core::controller_ref(spec));
-    patch_owners(api, pod, refs).await
-}
-
-/// Removes the ReplicaSet's controller reference, unless the Pod changed since it was read.
-async fn release(api: &Api<Pod>, spec: &Spec<'_>, pod: &Pod) -> kube::Result<Pod> {
-    let refs = pod
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .filter(|r| r.uid != spec.uid)
-        .cloned()
-        .collect();
-    patch_owners(api, pod, refs).await
-}
-
-async fn patch_owners(
-    api: &Api<Pod>,
-    pod: &Pod,
-    refs: Vec<switchyard_k8s::OwnerReference>,
-) -> kube::Result<Pod> {
-    let patch = json!({
-        "metadata": {
-            "ownerReferences": refs,
-            "resourceVersion": pod.metadata.resource_version,
-        }
-    });
-    api.patch(
-        pod.metadata.name.as_deref().unwrap_or_default(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-}
-
-/// kube-controller-manager's `canAdopt`: before the first adoption, the ReplicaSet is read
-/// again from the apiserver, not the cache. One deleted (or deleted and recreated under the
-/// same name) since the cache read must not adopt: its Pods would go to an owner that is gone.
+/// kube-controller-manager's `canAdopt` for a ReplicaSet ([`sdk::can_adopt`]).
 pub async fn can_adopt(ctx: &Context, rs: &ReplicaSet) -> Result<()> {
-    let namespace = rs.metadata.namespace.as_deref().unwrap_or_default();
-    let name = rs.metadata.name.as_deref().unwrap_or_default();
-    let fresh = Api::<ReplicaSet>::namespaced(ctx.client.clone(), namespace)
-        .get(name)
-        .await?;
-    if fresh.metadata.uid != rs.metadata.uid {
-        return Err(Error::Other(format!(
-            "original replica set {namespace}/{name} is gone: got uid {}, wanted {}",
-            fresh.metadata.uid.unwrap_or_default(),
-            rs.metadata.uid.as_deref().unwrap_or_default()
-        )));
-    }
-    if fresh.metadata.deletion_timestamp.is_some() {
-        return Err(Error::Other(format!(
-            "replica set {namespace}/{name} has just been deleted"
-        )));
-    }
-    Ok(())
+    sdk::can_adopt(ctx, rs, "replica set").await
 }
 
 /// The Pods of every ReplicaSet controlled by this one's controller, this one's included
@@ -314,12 +250,15 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     if !claim.adopt.is_empty() {
         can_adopt(ctx, &rs).await?;
     }
-    let adopted = join_all(claim.adopt.iter().map(|pod| adopt(&pods_api, &spec, pod))).await;
+    let adopted = join_all(claim.adopt.iter().map(|pod| {
+        sdk::set_controller_ref(&pods_api, pod, spec.uid, Some(core::controller_ref(&spec)))
+    }))
+    .await;
     let released = join_all(
         claim
             .release
             .iter()
-            .map(|pod| release(&pods_api, &spec, pod)),
+            .map(|pod| sdk::set_controller_ref(&pods_api, pod, spec.uid, None)),
     )
     .await;
     let mut adopted_pods = Vec::new();

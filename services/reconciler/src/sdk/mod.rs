@@ -15,6 +15,7 @@
 //! state (a key is not a snapshot), may be run on any worker, is never run twice at once for
 //! one key, and is bounded by the worker's reconcile timeout.
 
+mod adoption;
 mod builder;
 mod controller;
 pub mod events;
@@ -36,6 +37,7 @@ use switchyard_queue_client::{Enqueuer, Priority, WorkKey};
 pub use self::events::EventType;
 use self::events::Recorder;
 pub use self::{
+    adoption::{can_adopt, owner_references, set_controller_ref},
     builder::{Builder, Built, Map, Policy, backoff},
     controller::{Controller, Registered, Registry},
     refusal::Refusal,
