@@ -166,10 +166,21 @@ async fn run_one(key: String, log: PathBuf, mut command: Command) -> Finished {
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
-            .kill_on_drop(true)
-            .status()
-            .await
-            .with_context(|| format!("starting {key}"))
+            .kill_on_drop(true);
+        // An executable another process still holds open for writing (a linker, a fork of a
+        // process that had it open) cannot be started for a moment: ETXTBSY. Try again.
+        let mut attempts = 0;
+        loop {
+            match command.status().await {
+                Err(error)
+                    if error.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 20 =>
+                {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                result => break result.with_context(|| format!("starting {key}")),
+            }
+        }
     }
     .await
     .map_err(|e| format!("{e:#}"));
