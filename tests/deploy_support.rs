@@ -16,7 +16,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use clap::Parser;
 use switchyard_certs::identities;
 use switchyard_runtime::{Role, ShutdownHandle};
 use switchyard_testenv::{ControlPlane, Pki};
@@ -410,30 +409,28 @@ impl Queue {
             .local_addr()
             .unwrap()
             .port();
-        let (rt, grpc) = switchyard_queue::Args::try_parse_from([
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            format!("--shard-count={shard_count}"),
-            format!("--external-metrics-addr=127.0.0.1:{metrics_port}"),
-            format!("--external-metrics-client-ca={}", client_ca.display()),
-            // The name of the harness's front-proxy client certificate, as kubeadm's.
-            "--external-metrics-allowed-names=front-proxy-client".into(),
-            format!("--tls-cert={}", tls.join("tls.crt").display()),
-            format!("--tls-key={}", tls.join("tls.key").display()),
-            format!("--tls-ca={}", tls.join("ca.crt").display()),
-            format!(
-                "--external-metrics-tls-cert={}",
-                tls.join("tls.crt").display()
-            ),
-            format!(
-                "--external-metrics-tls-key={}",
-                tls.join("tls.key").display()
-            ),
-            "--drain-grace=1s".into(),
-        ])
-        .unwrap()
-        .start()
+        let (rt, grpc) = switchyard_queue::Args::start_local(
+            shard_count,
+            &[],
+            [
+                format!("--external-metrics-addr=127.0.0.1:{metrics_port}"),
+                format!("--external-metrics-client-ca={}", client_ca.display()),
+                // The name of the harness's front-proxy client certificate, as kubeadm's.
+                "--external-metrics-allowed-names=front-proxy-client".into(),
+                format!("--tls-cert={}", tls.join("tls.crt").display()),
+                format!("--tls-key={}", tls.join("tls.key").display()),
+                format!("--tls-ca={}", tls.join("ca.crt").display()),
+                format!(
+                    "--external-metrics-tls-cert={}",
+                    tls.join("tls.crt").display()
+                ),
+                format!(
+                    "--external-metrics-tls-key={}",
+                    tls.join("tls.key").display()
+                ),
+                "--drain-grace=1s".into(),
+            ],
+        )
         .await
         .unwrap();
         let shutdown = rt.shutdown_handle();

@@ -13,7 +13,6 @@ use std::{
     time::Duration,
 };
 
-use clap::Parser;
 use switchyard_proto::queue::v1::{
     DescribeKeyRequest, DescribeKeyResponse, EnqueueAck, EnqueueManyRequest, EnqueueManyResponse,
     EnqueueRequest, EnqueueResponse, ListFailingRequest, ListFailingResponse, StatsRequest,
@@ -34,21 +33,15 @@ const SHARDS: u32 = 4;
 const PATIENCE: Duration = Duration::from_secs(10);
 
 async fn queue() -> (SocketAddr, ShutdownHandle) {
-    let args = switchyard_queue::Args::try_parse_from(
-        [
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            "--log-level=warn".into(),
-            format!("--shard-count={SHARDS}"),
-            format!("--controllers={RS}"),
-            "--retry-base-delay=10ms".into(),
-        ]
-        .into_iter()
-        .chain(Pki::shared().flags(Role::Queue)),
-    )
-    .unwrap();
-    let (rt, addr) = args.start().await.unwrap();
+    let flags = [
+        "--log-level=warn".to_owned(),
+        "--retry-base-delay=10ms".into(),
+    ]
+    .into_iter()
+    .chain(Pki::shared().flags(Role::Queue));
+    let (rt, addr) = switchyard_queue::Args::start_local(SHARDS, &[RS], flags)
+        .await
+        .unwrap();
     let shutdown = rt.shutdown_handle();
     tokio::spawn(rt.run());
     (addr, shutdown)

@@ -43,7 +43,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use clap::Parser;
 use switchyard_proto::{
     common::v1::WorkKey as ProtoKey,
     queue::v1::{
@@ -347,21 +346,15 @@ async fn server(link: Link) -> (SocketAddr, switchyard_runtime::ShutdownHandle) 
         Link::Plaintext => vec!["--insecure-plaintext".to_owned()],
         Link::Mtls => Pki::shared().flags(Role::Queue),
     };
-    let args = switchyard_queue::Args::try_parse_from(
-        [
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            "--log-level=warn".into(),
-            format!("--shard-count={SHARDS}"),
-            format!("--controllers={RS}"),
-            "--queue-capacity=2000000".into(),
-        ]
-        .into_iter()
-        .chain(security),
-    )
-    .unwrap();
-    let (rt, addr) = args.start().await.unwrap();
+    let flags = [
+        "--log-level=warn".to_owned(),
+        "--queue-capacity=2000000".into(),
+    ]
+    .into_iter()
+    .chain(security);
+    let (rt, addr) = switchyard_queue::Args::start_local(SHARDS, &[RS], flags)
+        .await
+        .unwrap();
     let shutdown = rt.shutdown_handle();
     tokio::spawn(rt.run());
     (addr, shutdown)

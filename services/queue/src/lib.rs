@@ -223,6 +223,32 @@ impl Args {
         Ok(())
     }
 
+    /// A replica for tests and benchmarks that run it inside their own process: both ports
+    /// chosen by the kernel on 127.0.0.1, static mode over `shard_count` shards (all served
+    /// here), `controllers` declared (none given: the default, the built-in controllers), then
+    /// `flags` (security, limits, logging), as a command line would give them. Started, not
+    /// yet running: see [`Args::start`].
+    pub async fn start_local(
+        shard_count: u32,
+        controllers: &[&str],
+        flags: impl IntoIterator<Item = String>,
+    ) -> Result<(Runtime, SocketAddr)> {
+        let args = [
+            SERVICE.to_owned(),
+            "--admin-addr=127.0.0.1:0".into(),
+            "--grpc-addr=127.0.0.1:0".into(),
+            format!("--shard-count={shard_count}"),
+        ]
+        .into_iter()
+        .chain(
+            (!controllers.is_empty()).then(|| format!("--controllers={}", controllers.join(","))),
+        )
+        .chain(flags);
+        let args = <Self as clap::Parser>::try_parse_from(args)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        args.start().await
+    }
+
     /// Starts the service and returns its runtime (not yet running) and gRPC address.
     pub async fn start(self) -> Result<(Runtime, SocketAddr)> {
         let Self {

@@ -147,23 +147,15 @@ fn https_api(port: u16) -> Api {
 #[tokio::test]
 async fn serves_discovery_and_backlog_per_controller_and_refuses_bad_selectors() {
     let port = free_port();
-    let (rt, grpc) = switchyard_queue::Args::try_parse_from(
-        [
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            format!("--shard-count={SHARDS}"),
-            format!("--controllers={RS},{DEPLOY}"),
-            format!("--external-metrics-addr=127.0.0.1:{port}"),
-            "--external-metrics-insecure-any-client".into(),
-        ]
-        .into_iter()
-        .chain(Pki::shared().flags(Role::Queue)),
-    )
-    .unwrap()
-    .start()
-    .await
-    .unwrap();
+    let flags = [
+        format!("--external-metrics-addr=127.0.0.1:{port}"),
+        "--external-metrics-insecure-any-client".into(),
+    ]
+    .into_iter()
+    .chain(Pki::shared().flags(Role::Queue));
+    let (rt, grpc) = switchyard_queue::Args::start_local(SHARDS, &[RS, DEPLOY], flags)
+        .await
+        .unwrap();
     let shutdown = rt.shutdown_handle();
     let running = tokio::spawn(rt.run());
     let api = https_api(port);
@@ -438,23 +430,16 @@ async fn only_the_front_proxy_s_certificate_may_call() {
     let ca_path = dir.path().join("front-proxy-ca.crt");
     std::fs::write(&ca_path, ca).unwrap();
     let port = free_port();
-    let (rt, _) = switchyard_queue::Args::try_parse_from(
-        [
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            format!("--shard-count={SHARDS}"),
-            format!("--external-metrics-addr=127.0.0.1:{port}"),
-            format!("--external-metrics-client-ca={}", ca_path.display()),
-            "--external-metrics-allowed-names=front-proxy-client".into(),
-        ]
-        .into_iter()
-        .chain(Pki::shared().flags(Role::Queue)),
-    )
-    .unwrap()
-    .start()
-    .await
-    .unwrap();
+    let flags = [
+        format!("--external-metrics-addr=127.0.0.1:{port}"),
+        format!("--external-metrics-client-ca={}", ca_path.display()),
+        "--external-metrics-allowed-names=front-proxy-client".into(),
+    ]
+    .into_iter()
+    .chain(Pki::shared().flags(Role::Queue));
+    let (rt, _) = switchyard_queue::Args::start_local(SHARDS, &[], flags)
+        .await
+        .unwrap();
     let shutdown = rt.shutdown_handle();
     let running = tokio::spawn(rt.run());
 
@@ -497,19 +482,10 @@ async fn only_the_front_proxy_s_certificate_may_call() {
 
 #[tokio::test]
 async fn the_api_is_not_served_to_any_client_unless_asked() {
-    let started = switchyard_queue::Args::try_parse_from(
-        [
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            format!("--external-metrics-addr=127.0.0.1:{}", free_port()),
-        ]
+    let flags = [format!("--external-metrics-addr=127.0.0.1:{}", free_port())]
         .into_iter()
-        .chain(Pki::shared().flags(Role::Queue)),
-    )
-    .unwrap()
-    .start()
-    .await;
+        .chain(Pki::shared().flags(Role::Queue));
+    let started = switchyard_queue::Args::start_local(SHARDS, &[], flags).await;
     let Err(error) = started else {
         panic!("served to any client")
     };
@@ -562,25 +538,18 @@ async fn a_rotated_certificate_serves_new_connections_without_a_restart() {
     let before = pki.issue_as(NAME, "switchyard-queue").unwrap();
     let first = der_of(&before.cert);
     let port = free_port();
-    let (rt, _) = switchyard_queue::Args::try_parse_from(
-        [
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            format!("--shard-count={SHARDS}"),
-            format!("--external-metrics-addr=127.0.0.1:{port}"),
-            format!("--external-metrics-tls-cert={}", before.cert.display()),
-            format!("--external-metrics-tls-key={}", before.key.display()),
-            "--external-metrics-insecure-any-client".into(),
-            "--tls-reload-interval=100ms".into(),
-        ]
-        .into_iter()
-        .chain(pki.flags(Role::Queue)),
-    )
-    .unwrap()
-    .start()
-    .await
-    .unwrap();
+    let flags = [
+        format!("--external-metrics-addr=127.0.0.1:{port}"),
+        format!("--external-metrics-tls-cert={}", before.cert.display()),
+        format!("--external-metrics-tls-key={}", before.key.display()),
+        "--external-metrics-insecure-any-client".into(),
+        "--tls-reload-interval=100ms".into(),
+    ]
+    .into_iter()
+    .chain(pki.flags(Role::Queue));
+    let (rt, _) = switchyard_queue::Args::start_local(SHARDS, &[], flags)
+        .await
+        .unwrap();
     let admin = rt.admin_addr();
     let shutdown = rt.shutdown_handle();
     let running = tokio::spawn(rt.run());

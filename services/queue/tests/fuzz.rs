@@ -10,7 +10,6 @@
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
-use clap::Parser;
 use proptest::{
     collection, option,
     prelude::*,
@@ -410,18 +409,10 @@ async fn session(client: &mut QueueClient<Channel>, answers: Vec<Answer>, case: 
 }
 
 async fn start() -> (switchyard_runtime::ShutdownHandle, SocketAddr, SocketAddr) {
-    let mut args = vec![
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        format!("--shard-count={SHARDS}"),
-        format!("--controllers={RS},{KEPT}"),
-        "--drain-grace=1s".into(),
-    ];
-    args.extend(Pki::shared().flags(Role::Queue));
-    let (rt, addr) = switchyard_queue::Args::try_parse_from(args)
-        .unwrap()
-        .start()
+    let flags = ["--drain-grace=1s".to_owned()]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue));
+    let (rt, addr) = switchyard_queue::Args::start_local(SHARDS, &[RS, KEPT], flags)
         .await
         .unwrap();
     let (shutdown, admin) = (rt.shutdown_handle(), rt.admin_addr());

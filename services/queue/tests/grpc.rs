@@ -10,7 +10,6 @@ use std::{
     time::Duration,
 };
 
-use clap::Parser;
 use prost::Message;
 use switchyard_proto::{
     common::v1::{NotShardOwner, WorkKey},
@@ -41,22 +40,14 @@ struct Server {
 
 impl Server {
     async fn start(extra: &[&str]) -> Self {
-        let mut args = vec![
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            format!("--shard-count={SHARDS}"),
-            format!("--controllers={RS},apps/v1/Deployment"),
-            "--retry-qps=0".into(),
-            "--drain-grace=1s".into(),
-        ];
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
-        args.extend(Pki::shared().flags(Role::Queue));
-        let (rt, addr) = switchyard_queue::Args::try_parse_from(args)
-            .unwrap()
-            .start()
-            .await
-            .unwrap();
+        let flags = ["--retry-qps=0".to_owned(), "--drain-grace=1s".into()]
+            .into_iter()
+            .chain(extra.iter().map(|a| (*a).to_owned()))
+            .chain(Pki::shared().flags(Role::Queue));
+        let (rt, addr) =
+            switchyard_queue::Args::start_local(SHARDS, &[RS, "apps/v1/Deployment"], flags)
+                .await
+                .unwrap();
         let shutdown = rt.shutdown_handle();
         Self {
             addr,

@@ -201,19 +201,10 @@ impl Collector {
 }
 
 async fn in_process_queue() -> InProcess {
-    let args = [
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        "--shard-count=256".into(),
-        "--controllers=garbage-collector".into(),
-        "--log-level=warn".into(),
-    ]
-    .into_iter()
-    .chain(Pki::shared().flags(Role::Queue));
-    let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
-        .unwrap()
-        .start()
+    let flags = ["--log-level=warn".to_owned()]
+        .into_iter()
+        .chain(Pki::shared().flags(Role::Queue));
+    let (rt, grpc) = switchyard_queue::Args::start_local(256, &["garbage-collector"], flags)
         .await
         .unwrap();
     InProcess::spawn(rt, Some(grpc))

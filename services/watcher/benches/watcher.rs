@@ -195,22 +195,12 @@ async fn run() {
 }
 
 async fn queue() -> InProcess {
-    let (rt, grpc) = switchyard_queue::Args::try_parse_from(
-        [
-            "switchyard-queue".to_owned(),
-            "--admin-addr=127.0.0.1:0".into(),
-            "--grpc-addr=127.0.0.1:0".into(),
-            format!("--shard-count={SHARDS}"),
-            format!("--controllers={CONTROLLER}"),
-            "--log-level=warn".into(),
-        ]
+    let flags = ["--log-level=warn".to_owned()]
         .into_iter()
-        .chain(Pki::shared().flags(Role::Queue)),
-    )
-    .unwrap()
-    .start()
-    .await
-    .unwrap();
+        .chain(Pki::shared().flags(Role::Queue));
+    let (rt, grpc) = switchyard_queue::Args::start_local(SHARDS, &[CONTROLLER], flags)
+        .await
+        .unwrap();
     InProcess::spawn(rt, Some(grpc))
 }
 

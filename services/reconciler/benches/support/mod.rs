@@ -566,19 +566,11 @@ impl Controllers {
 }
 
 async fn in_process_queue(mtls: bool) -> InProcess {
-    let args = [
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        "--shard-count=256".into(),
-        format!("--controllers={CONTROLLERS}"),
-        "--log-level=warn".into(),
-    ]
-    .into_iter()
-    .chain(security(mtls, Role::Queue));
-    let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
-        .unwrap()
-        .start()
+    let flags = ["--log-level=warn".to_owned()]
+        .into_iter()
+        .chain(security(mtls, Role::Queue));
+    let controllers: Vec<&str> = CONTROLLERS.split(',').collect();
+    let (rt, grpc) = switchyard_queue::Args::start_local(256, &controllers, flags)
         .await
         .unwrap();
     InProcess::spawn(rt, Some(grpc))

@@ -27,19 +27,11 @@ pub const SHARDS: u32 = 16;
 
 /// A queue serving every shard (static mode) for `controllers`.
 pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
-    let mut args = vec![
-        "switchyard-queue".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        format!("--shard-count={SHARDS}"),
-        format!("--controllers={}", controllers.join(",")),
-        "--drain-grace=1s".into(),
-    ];
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
-    args.extend(Pki::shared().flags(Role::Queue));
-    let (rt, grpc) = switchyard_queue::Args::try_parse_from(args)
-        .unwrap()
-        .start()
+    let flags = ["--drain-grace=1s".to_owned()]
+        .into_iter()
+        .chain(extra.iter().map(|a| (*a).to_owned()))
+        .chain(Pki::shared().flags(Role::Queue));
+    let (rt, grpc) = switchyard_queue::Args::start_local(SHARDS, controllers, flags)
         .await
         .unwrap();
     InProcess::spawn(rt, Some(grpc))
