@@ -6,7 +6,6 @@
 //! the HPA is its own crate, `switchyard-external-metrics`, fed the actor's backlog.
 
 pub mod actor;
-mod describe;
 pub mod grants;
 pub mod grpc;
 pub mod metrics;
