@@ -18,12 +18,19 @@ use std::{
 };
 
 use switchyard_queue_core::{
-    AddOutcome, ControllerId, Error as CoreError, KeyPhase, KeyView, LastOutcome, Lease, LeaseId,
-    Origin, Outcome, Priority, Queue, ReadFloor, Refused, ShardStats, ValidKey, WorkerId,
+    AddOutcome, ControllerId, Error as CoreError, KeyPhase, KeyView, Queue, ShardStats, ValidKey,
+    WorkerId,
 };
 use switchyard_runtime::{Drain, sleep_until};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::{debug, info};
+
+mod protocol;
+
+pub use protocol::{
+    Add, Added, Closed, Command, Described, EnqueueError, Handle, ToWorker, WorkerView,
+};
+use protocol::{Completion, EnqueueReply, FailingKeys};
 
 use crate::metrics::QueueMetrics;
 
@@ -40,257 +47,6 @@ const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 /// Names of departed workers kept, so that a remembered outcome still names its worker after
 /// the worker's stream closed: reconciler restarts over hours, each a new stream per worker.
 const DEPARTED_WORKER_NAMES: usize = 1024;
-
-/// An add, validated by the gRPC edge (the key carries its controller and shard).
-#[derive(Debug)]
-pub struct Add {
-    pub key: ValidKey,
-    pub priority: Priority,
-    pub delay: Duration,
-    /// What caused the add (its trace context, when its event was observed), kept with the
-    /// key.
-    pub origin: Origin,
-}
-
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Added {
-    pub added: u32,
-    pub coalesced: u32,
-}
-
-/// What the actor sends a worker's stream.
-#[derive(Debug)]
-pub enum ToWorker {
-    Item(Lease),
-    Ack {
-        lease: LeaseId,
-        result: Result<(), Refused>,
-    },
-    Extended {
-        lease: LeaseId,
-        result: Result<Instant, Refused>,
-    },
-    /// A message of the worker was invalid; its stream ends with INVALID_ARGUMENT.
-    Invalid(String),
-}
-
-/// Why a batch was refused: its shard is not served here. Nothing of it is applied, except
-/// when ownership moves mid-batch (after some keys were added; the sender resends the batch
-/// and the added keys coalesce). The edge checked every key before (each hashes to `shard`).
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum EnqueueError {
-    #[error("shard {shard} is not served by this replica")]
-    NotOwner { shard: u32 },
-    /// The queue is full and as many batches as it holds already wait for room.
-    #[error("the queue is full and {waiting} batches already wait for room; retry later")]
-    Busy { waiting: usize },
-}
-
-type EnqueueReply = oneshot::Sender<Result<Added, EnqueueError>>;
-
-#[derive(Debug)]
-pub enum Command {
-    Enqueue {
-        shard: u32,
-        adds: Vec<Add>,
-        reply: EnqueueReply,
-    },
-    Connect {
-        /// The worker_id of its hello.
-        name: Arc<str>,
-        controllers: Vec<ControllerId>,
-        tx: mpsc::UnboundedSender<ToWorker>,
-        reply: oneshot::Sender<WorkerId>,
-    },
-    /// The edge refused a message of this worker's stream; the stream ends with this reason.
-    Invalid {
-        worker: WorkerId,
-        reason: String,
-    },
-    Credit {
-        worker: WorkerId,
-        items: u32,
-    },
-    Complete {
-        worker: WorkerId,
-        shard: u32,
-        epoch: u64,
-        lease: LeaseId,
-        outcome: Outcome,
-        /// What the reconcile read at: raises the shard's read floor once applied.
-        observed: ReadFloor,
-        /// A failed reconcile's reason.
-        error: Option<String>,
-    },
-    Extend {
-        worker: WorkerId,
-        shard: u32,
-        epoch: u64,
-        lease: LeaseId,
-        by: Duration,
-    },
-    Disconnect {
-        worker: WorkerId,
-        /// A clean close returns the worker's leases at once; a broken stream leaves them to
-        /// expire (the worker may still be reconciling them).
-        clean: bool,
-    },
-    Stats {
-        controller: Option<ControllerId>,
-        reply: oneshot::Sender<Vec<ShardStats>>,
-    },
-    /// The Work streams open now.
-    Workers {
-        reply: oneshot::Sender<Vec<WorkerView>>,
-    },
-    /// One key now; `None` when its shard is not served here.
-    Describe {
-        key: ValidKey,
-        reply: oneshot::Sender<Option<Described>>,
-    },
-    /// The keys with failures not yet forgotten (`Queue::failing`), and how many in all.
-    Failing {
-        controller: Option<ControllerId>,
-        limit: usize,
-        reply: oneshot::Sender<(Vec<(ValidKey, Described)>, usize)>,
-    },
-    /// Serve `shard` at `epoch` (starting empty).
-    Acquire {
-        shard: u32,
-        epoch: u64,
-    },
-    /// Serve `shard` again at `epoch`, written by this member's renewal of `from`: with the
-    /// keys kept since it was suspended at `from`, if it was.
-    Resume {
-        shard: u32,
-        from: u64,
-        epoch: u64,
-    },
-    /// Stop serving `shard` for now, keeping its keys.
-    Suspend {
-        shard: u32,
-    },
-    /// Stop leasing `shard`; in-flight outcomes still count.
-    Drain {
-        shard: u32,
-    },
-    /// Stop serving `shard` entirely.
-    Release {
-        shard: u32,
-    },
-    /// Leases in flight in `shard`.
-    InFlight {
-        shard: u32,
-        reply: oneshot::Sender<usize>,
-    },
-}
-
-/// The sending side, cloned into every handler.
-#[derive(Clone, Debug)]
-pub struct Handle {
-    tx: mpsc::Sender<Command>,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("the queue is shutting down")]
-pub struct Closed;
-
-impl Handle {
-    /// Sends `command`, waiting while the actor's queue of commands is full.
-    pub async fn send(&self, command: Command) -> Result<(), Closed> {
-        self.tx.send(command).await.map_err(|_| Closed)
-    }
-
-    pub async fn enqueue(
-        &self,
-        shard: u32,
-        adds: Vec<Add>,
-    ) -> Result<Result<Added, EnqueueError>, Closed> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Enqueue { shard, adds, reply }).await?;
-        rx.await.map_err(|_| Closed)
-    }
-
-    pub async fn connect(
-        &self,
-        name: Arc<str>,
-        controllers: Vec<ControllerId>,
-        tx: mpsc::UnboundedSender<ToWorker>,
-    ) -> Result<WorkerId, Closed> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Connect {
-            name,
-            controllers,
-            tx,
-            reply,
-        })
-        .await?;
-        rx.await.map_err(|_| Closed)
-    }
-
-    pub async fn in_flight(&self, shard: u32) -> Result<usize, Closed> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::InFlight { shard, reply }).await?;
-        rx.await.map_err(|_| Closed)
-    }
-
-    pub async fn stats(&self, controller: Option<ControllerId>) -> Result<Vec<ShardStats>, Closed> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Stats { controller, reply }).await?;
-        rx.await.map_err(|_| Closed)
-    }
-
-    pub async fn workers(&self) -> Result<Vec<WorkerView>, Closed> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Workers { reply }).await?;
-        rx.await.map_err(|_| Closed)
-    }
-
-    pub async fn describe(&self, key: ValidKey) -> Result<Option<Described>, Closed> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Describe { key, reply }).await?;
-        rx.await.map_err(|_| Closed)
-    }
-
-    pub async fn failing(
-        &self,
-        controller: Option<ControllerId>,
-        limit: usize,
-    ) -> Result<(Vec<(ValidKey, Described)>, usize), Closed> {
-        let (reply, rx) = oneshot::channel();
-        self.send(Command::Failing {
-            controller,
-            limit,
-            reply,
-        })
-        .await?;
-        rx.await.map_err(|_| Closed)
-    }
-}
-
-/// One open Work stream.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerView {
-    pub name: Arc<str>,
-    pub controllers: Vec<ControllerId>,
-    /// Items granted and not yet sent.
-    pub credits: u32,
-    pub in_flight: usize,
-    /// Outcomes accepted from it.
-    pub finished: u64,
-}
-
-/// A key now, with its workers named (the core knows them by number).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Described {
-    pub epoch: u64,
-    pub phase: KeyPhase,
-    /// The worker holding the lease, when leased.
-    pub holder: Option<Arc<str>>,
-    pub failures: u32,
-    /// The latest outcome, with the name of the worker that held that lease.
-    pub last: Option<(LastOutcome, Option<Arc<str>>)>,
-}
 
 struct Worker {
     name: Arc<str>,
@@ -402,59 +158,16 @@ impl Actor {
     fn handle(&mut self, command: Command) {
         let now = now();
         match command {
-            Command::Enqueue { shard, adds, reply } => {
-                if self.queue.shard_epoch(shard).is_none() {
-                    let _ = reply.send(Err(EnqueueError::NotOwner { shard }));
-                    return;
-                }
-                let blocked = Blocked {
-                    shard,
-                    adds: adds.into(),
-                    done: Added::default(),
-                    reply,
-                };
-                if self.blocked.is_empty() {
-                    if let Some(waiting) = self.apply(blocked, now) {
-                        self.blocked.push_back(waiting);
-                    }
-                } else if self.blocked.len() >= MAX_BLOCKED_BATCHES {
-                    self.metrics.busy();
-                    let _ = blocked.reply.send(Err(EnqueueError::Busy {
-                        waiting: self.blocked.len(),
-                    }));
-                } else {
-                    // Earlier senders are waiting for room: keep arrival order.
-                    self.blocked.push_back(blocked);
-                }
-            }
+            Command::Enqueue { shard, adds, reply } => self.enqueue(shard, adds, reply, now),
             Command::Connect {
                 name,
                 controllers,
                 tx,
                 reply,
             } => {
-                let id = self.next_worker;
-                self.next_worker += 1;
-                self.workers.insert(
-                    id,
-                    Worker {
-                        name,
-                        controllers,
-                        credits: 0,
-                        finished: 0,
-                        tx,
-                    },
-                );
-                let _ = reply.send(id);
+                let _ = reply.send(self.connect(name, controllers, tx));
             }
-            Command::Credit { worker, items } => {
-                if let Some(w) = self.workers.get_mut(&worker) {
-                    if w.credits == 0 {
-                        self.hungry.push_back(worker);
-                    }
-                    w.credits = w.credits.saturating_add(items);
-                }
-            }
+            Command::Credit { worker, items } => self.credit(worker, items),
             Command::Complete {
                 worker,
                 shard,
@@ -463,39 +176,18 @@ impl Actor {
                 outcome,
                 observed,
                 error,
-            } => {
-                let key = self.queue.lease_key(lease).cloned();
-                let controller = key.as_ref().map(ValidKey::controller);
-                let result = self.queue.complete_with_error(
-                    worker,
+            } => self.complete(
+                worker,
+                Completion {
                     shard,
                     epoch,
                     lease,
                     outcome,
-                    error.as_deref(),
-                    now,
-                );
-                if let (Ok(_), Some(key)) = (&result, &key) {
-                    self.queue.raise_floor(shard, key.namespace(), &observed);
-                    if let Some(w) = self.workers.get_mut(&worker) {
-                        w.finished += 1;
-                    }
-                }
-                match (&result, controller) {
-                    (Ok(worked), Some(controller)) => {
-                        self.metrics.completed(controller, shard, *worked, outcome)
-                    }
-                    (Err(refused), _) => self.metrics.refused(*refused),
-                    _ => {}
-                }
-                self.reply(
-                    worker,
-                    ToWorker::Ack {
-                        lease,
-                        result: result.map(|_| ()),
-                    },
-                );
-            }
+                    observed,
+                    error,
+                },
+                now,
+            ),
             Command::Extend {
                 worker,
                 shard,
@@ -514,29 +206,9 @@ impl Actor {
                 // A misbehaving worker's leases expire like a broken stream's.
                 self.forget_worker(worker);
             }
-            Command::Disconnect { worker, clean } => {
-                self.forget_worker(worker);
-                if clean {
-                    let returned = self.queue.release_worker(worker, now);
-                    debug!(worker, returned, "worker left");
-                } else {
-                    debug!(
-                        worker,
-                        leases = self.queue.worker_leases(worker),
-                        "worker stream broke; its leases expire"
-                    );
-                }
-            }
+            Command::Disconnect { worker, clean } => self.disconnect(worker, clean, now),
             Command::Acquire { shard, epoch } => self.queue.acquire(shard, epoch, now),
-            Command::Resume { shard, from, epoch } => {
-                match self.queue.renew(shard, from, epoch, now) {
-                    Some(kept) => info!(
-                        shard,
-                        epoch, kept, "kept the shard's keys across the renewal"
-                    ),
-                    None => info!(shard, epoch, "no keys kept for the shard: serving it empty"),
-                }
-            }
+            Command::Resume { shard, from, epoch } => self.resume(shard, from, epoch, now),
             Command::Suspend { shard } => self.queue.suspend(shard),
             Command::Drain { shard } => self.queue.drain(shard),
             Command::Release { shard } => self.queue.release(shard),
@@ -544,27 +216,10 @@ impl Actor {
                 let _ = reply.send(self.queue.shard_in_flight(shard));
             }
             Command::Stats { controller, reply } => {
-                let mut stats = self.queue.stats(now);
-                if let Some(c) = controller {
-                    stats.retain(|s| s.controller == c);
-                }
-                let _ = reply.send(stats);
+                let _ = reply.send(self.stats(controller, now));
             }
             Command::Workers { reply } => {
-                let mut workers: Vec<_> = self.workers.iter().collect();
-                workers.sort_unstable_by_key(|(id, _)| **id);
-                let _ = reply.send(
-                    workers
-                        .into_iter()
-                        .map(|(id, w)| WorkerView {
-                            name: w.name.clone(),
-                            controllers: w.controllers.clone(),
-                            credits: w.credits,
-                            in_flight: self.queue.worker_leases(*id),
-                            finished: w.finished,
-                        })
-                        .collect(),
-                );
+                let _ = reply.send(self.workers());
             }
             Command::Describe { key, reply } => {
                 let described = self.queue.describe(&key).map(|view| self.described(view));
@@ -575,14 +230,170 @@ impl Actor {
                 limit,
                 reply,
             } => {
-                let (keys, total) = self.queue.failing(controller, limit);
-                let keys = keys
-                    .into_iter()
-                    .map(|(key, view)| (key, self.described(view)))
-                    .collect();
-                let _ = reply.send((keys, total));
+                let _ = reply.send(self.failing(controller, limit));
             }
         }
+    }
+
+    /// A batch of adds for `shard`: applied now, or queued behind earlier batches waiting for
+    /// room, or refused when too many wait.
+    fn enqueue(&mut self, shard: u32, adds: Vec<Add>, reply: EnqueueReply, now: Instant) {
+        if self.queue.shard_epoch(shard).is_none() {
+            let _ = reply.send(Err(EnqueueError::NotOwner { shard }));
+            return;
+        }
+        let blocked = Blocked {
+            shard,
+            adds: adds.into(),
+            done: Added::default(),
+            reply,
+        };
+        if self.blocked.is_empty() {
+            if let Some(waiting) = self.apply(blocked, now) {
+                self.blocked.push_back(waiting);
+            }
+        } else if self.blocked.len() >= MAX_BLOCKED_BATCHES {
+            self.metrics.busy();
+            let _ = blocked.reply.send(Err(EnqueueError::Busy {
+                waiting: self.blocked.len(),
+            }));
+        } else {
+            // Earlier senders are waiting for room: keep arrival order.
+            self.blocked.push_back(blocked);
+        }
+    }
+
+    /// A new Work stream; its worker id.
+    fn connect(
+        &mut self,
+        name: Arc<str>,
+        controllers: Vec<ControllerId>,
+        tx: mpsc::UnboundedSender<ToWorker>,
+    ) -> WorkerId {
+        let id = self.next_worker;
+        self.next_worker += 1;
+        self.workers.insert(
+            id,
+            Worker {
+                name,
+                controllers,
+                credits: 0,
+                finished: 0,
+                tx,
+            },
+        );
+        id
+    }
+
+    fn credit(&mut self, worker: WorkerId, items: u32) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            if w.credits == 0 {
+                self.hungry.push_back(worker);
+            }
+            w.credits = w.credits.saturating_add(items);
+        }
+    }
+
+    /// A worker's outcome: applied to the core (or refused), its read floor raised, counted,
+    /// and acknowledged.
+    fn complete(&mut self, worker: WorkerId, done: Completion, now: Instant) {
+        let Completion {
+            shard,
+            epoch,
+            lease,
+            outcome,
+            observed,
+            error,
+        } = done;
+        let key = self.queue.lease_key(lease).cloned();
+        let controller = key.as_ref().map(ValidKey::controller);
+        let result = self.queue.complete_with_error(
+            worker,
+            shard,
+            epoch,
+            lease,
+            outcome,
+            error.as_deref(),
+            now,
+        );
+        if let (Ok(_), Some(key)) = (&result, &key) {
+            self.queue.raise_floor(shard, key.namespace(), &observed);
+            if let Some(w) = self.workers.get_mut(&worker) {
+                w.finished += 1;
+            }
+        }
+        match (&result, controller) {
+            (Ok(worked), Some(controller)) => {
+                self.metrics.completed(controller, shard, *worked, outcome)
+            }
+            (Err(refused), _) => self.metrics.refused(*refused),
+            _ => {}
+        }
+        self.reply(
+            worker,
+            ToWorker::Ack {
+                lease,
+                result: result.map(|_| ()),
+            },
+        );
+    }
+
+    fn disconnect(&mut self, worker: WorkerId, clean: bool, now: Instant) {
+        self.forget_worker(worker);
+        if clean {
+            let returned = self.queue.release_worker(worker, now);
+            debug!(worker, returned, "worker left");
+        } else {
+            debug!(
+                worker,
+                leases = self.queue.worker_leases(worker),
+                "worker stream broke; its leases expire"
+            );
+        }
+    }
+
+    /// The member renewed the epoch of a shard it had suspended: serve it again, with the
+    /// keys it kept if it held that epoch.
+    fn resume(&mut self, shard: u32, from: u64, epoch: u64, now: Instant) {
+        match self.queue.renew(shard, from, epoch, now) {
+            Some(kept) => info!(
+                shard,
+                epoch, kept, "kept the shard's keys across the renewal"
+            ),
+            None => info!(shard, epoch, "no keys kept for the shard: serving it empty"),
+        }
+    }
+
+    fn stats(&self, controller: Option<ControllerId>, now: Instant) -> Vec<ShardStats> {
+        let mut stats = self.queue.stats(now);
+        if let Some(c) = controller {
+            stats.retain(|s| s.controller == c);
+        }
+        stats
+    }
+
+    fn workers(&self) -> Vec<WorkerView> {
+        let mut workers: Vec<_> = self.workers.iter().collect();
+        workers.sort_unstable_by_key(|(id, _)| **id);
+        workers
+            .into_iter()
+            .map(|(id, w)| WorkerView {
+                name: w.name.clone(),
+                controllers: w.controllers.clone(),
+                credits: w.credits,
+                in_flight: self.queue.worker_leases(*id),
+                finished: w.finished,
+            })
+            .collect()
+    }
+
+    fn failing(&self, controller: Option<ControllerId>, limit: usize) -> FailingKeys {
+        let (keys, total) = self.queue.failing(controller, limit);
+        let keys = keys
+            .into_iter()
+            .map(|(key, view)| (key, self.described(view)))
+            .collect();
+        (keys, total)
     }
 
     /// A key's view with its workers named.
