@@ -1,7 +1,10 @@
 //! The merge of registrations with the configuration file, with hand-built registrations.
 
 use super::*;
-use crate::{ControllerRef, EventKind, Mapper, NoOwners, Summary, WorkKey};
+use crate::{
+    Config, ControllerRef, EventKind, Mapper, NoOwners, Summary, WorkKey,
+    config::{Rule, RuleKind},
+};
 
 const FILE: &str = r#"
 resources:
