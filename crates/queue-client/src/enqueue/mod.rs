@@ -44,7 +44,7 @@
 //! those events was observed (repeats keep the earliest), which the lease hands on.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     fmt,
     pin::pin,
     sync::{Arc, Mutex, PoisonError},
@@ -52,20 +52,24 @@ use std::{
 };
 
 use futures::{StreamExt, stream::FuturesUnordered};
-use switchyard_proto::queue::v1::{
-    EnqueueManyRequest, EnqueueRequest, enqueue_result, queue_client::QueueClient,
-};
-use switchyard_runtime::{Backoff, Dialer, Drain, Role, sleep_until, trace::TraceFields};
+use switchyard_runtime::{Dialer, Drain, sleep_until, trace::TraceFields};
 use switchyard_shards::ShardView;
-use switchyard_work::{MAX_CAUSES, Priority, WorkKey, earliest};
+use switchyard_work::{Priority, WorkKey};
 use tokio::{
     sync::{Notify, watch},
     time::Instant,
 };
-use tonic::{Code, transport::Channel};
 use tracing::{debug, error, warn};
 
-use crate::{Error, convert};
+mod pending;
+mod schedule;
+mod wire;
+
+use pending::{Batch, Pending, Waiting};
+use schedule::{Retry, calls};
+use wire::{Replica, Sent, send};
+
+use crate::Error;
 
 /// Keys per batch and per call: big enough to amortise a round trip, small enough that one
 /// call never holds a queue's actor for long.
@@ -128,94 +132,6 @@ impl From<(WorkKey, Option<Duration>)> for Add {
             key,
             delay: delay.unwrap_or_default(),
         }
-    }
-}
-
-/// A key waiting to be sent: its priority, its delay, what caused it and when the earliest
-/// of its events was observed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Waiting {
-    priority: Priority,
-    delay: Duration,
-    causes: Vec<Cause>,
-    observed_at: Option<SystemTime>,
-}
-
-impl Waiting {
-    fn merge(&mut self, other: Waiting) {
-        self.priority = self.priority.max(other.priority);
-        self.delay = self.delay.min(other.delay);
-        self.observed_at = earliest(self.observed_at, other.observed_at);
-        for cause in other.causes {
-            if self.causes.len() == MAX_CAUSES {
-                self.causes.remove(0);
-            }
-            self.causes.push(cause);
-        }
-    }
-}
-
-type Batch = Vec<(WorkKey, Waiting)>;
-
-#[derive(Debug, Default)]
-struct Pending {
-    by_shard: BTreeMap<u32, HashMap<WorkKey, Waiting>>,
-    total: usize,
-    /// Where the next [`Pending::take`] starts, so that a limit does not always favour the
-    /// same shards.
-    next: u32,
-}
-
-impl Pending {
-    fn insert(&mut self, shard: u32, key: WorkKey, waiting: Waiting) {
-        let keys = self.by_shard.entry(shard).or_default();
-        match keys.get_mut(&key) {
-            Some(w) => w.merge(waiting),
-            None => {
-                keys.insert(key, waiting);
-                self.total += 1;
-            }
-        }
-    }
-
-    /// Takes up to [`BATCH`] keys of every shard that has an owner and is not `held`, at
-    /// most `limit` keys in all, starting after the last shard the previous call took.
-    fn take(
-        &mut self,
-        view: &ShardView,
-        held: impl Fn(u32) -> bool,
-        limit: usize,
-    ) -> Vec<(u32, Batch)> {
-        let mut batches = Vec::new();
-        let mut taken_keys = 0;
-        let (after, before): (Vec<_>, Vec<_>) = self
-            .by_shard
-            .iter_mut()
-            .partition(|(shard, _)| **shard >= self.next);
-        for (&shard, keys) in after.into_iter().chain(before) {
-            let most = BATCH.min(limit - taken_keys);
-            if most == 0 {
-                break;
-            }
-            if view.owner(shard).is_none() || keys.is_empty() || held(shard) {
-                continue;
-            }
-            let batch: Batch = if keys.len() <= most {
-                keys.drain().collect()
-            } else {
-                let taken: Vec<WorkKey> = keys.keys().take(most).cloned().collect();
-                taken
-                    .into_iter()
-                    .filter_map(|k| keys.remove_entry(&k))
-                    .collect()
-            };
-            self.total -= batch.len();
-            taken_keys += batch.len();
-            self.next = shard.wrapping_add(1);
-            batches.push((shard, batch));
-        }
-        self.by_shard.retain(|_, keys| !keys.is_empty());
-        batches
     }
 }
 
@@ -464,196 +380,10 @@ impl Enqueuer {
     }
 }
 
-/// Batches of several shards: those of one call to one replica (at most [`BATCH`] keys
-/// together), or those waiting to be sent.
-type Batches = Vec<(u32, Batch)>;
-
-/// Groups `batches` into calls to the replica `owner` names for each shard, filling a call up
-/// to [`BATCH`] keys before starting the next one for that replica. The batches of shards
-/// without an owner come back apart.
-fn calls(
-    batches: Batches,
-    owner: impl Fn(u32) -> Option<Arc<str>>,
-) -> (Vec<(Arc<str>, Batches)>, Batches) {
-    let mut calls: Vec<(Arc<str>, Batches, usize)> = Vec::new();
-    // The call being filled for each replica, by index into `calls`.
-    let mut filling: HashMap<Arc<str>, usize> = HashMap::new();
-    let mut ownerless = Vec::new();
-    for (shard, batch) in batches {
-        let Some(address) = owner(shard) else {
-            ownerless.push((shard, batch));
-            continue;
-        };
-        let keys = batch.len();
-        match filling.get(&address) {
-            Some(&i) if calls[i].2 + keys <= BATCH => {
-                calls[i].1.push((shard, batch));
-                calls[i].2 += keys;
-            }
-            _ => {
-                filling.insert(address.clone(), calls.len());
-                calls.push((address, vec![(shard, batch)], keys));
-            }
-        }
-    }
-    let calls = calls
-        .into_iter()
-        .map(|(address, call, _)| (address, call))
-        .collect();
-    (calls, ownerless)
-}
-
-/// A shard waiting to be sent again after a failure.
-struct Retry {
-    backoff: Backoff,
-    until: Instant,
-}
-
-impl Retry {
-    fn new() -> Self {
-        Self {
-            backoff: Backoff::new(RETRY_BACKOFF.0, RETRY_BACKOFF.1),
-            until: Instant::now(),
-        }
-    }
-}
-
-/// A queue replica's client, and whether it answers EnqueueMany (a replica from before
-/// it answers UNIMPLEMENTED, and is then sent a batch per Enqueue).
-#[derive(Clone, Debug)]
-struct Replica {
-    client: QueueClient<Channel>,
-    many: bool,
-    /// Calls to it in flight.
-    calls: usize,
-}
-
-impl Replica {
-    fn new(dialer: &Dialer, address: &str) -> Self {
-        let client = match crate::endpoint(dialer, address) {
-            Ok(endpoint) => QueueClient::new(dialer.lazy(&endpoint, Role::Queue)),
-            Err(error) => {
-                // An address from the shard map that is not a URI authority: requests fail
-                // and the keys wait until the map names a usable address.
-                error!(%address, %error, "invalid queue address in the shard map");
-                QueueClient::new(Channel::from_static("http://invalid.invalid").connect_lazy())
-            }
-        };
-        Self {
-            client,
-            many: true,
-            calls: 0,
-        }
-    }
-}
-
-/// A call's answer: one result per batch, in the call's order; `None` when the replica has
-/// no EnqueueMany.
-struct Sent {
-    address: Arc<str>,
-    call: Batches,
-    results: Option<Vec<Result<(), Error>>>,
-}
-
-fn request(shard: u32, batch: &Batch) -> EnqueueRequest {
-    EnqueueRequest {
-        batch_id: 0,
-        shard,
-        items: batch
-            .iter()
-            .flat_map(|(key, waiting)| {
-                convert::enqueue_items(
-                    key,
-                    waiting.priority,
-                    waiting.delay,
-                    &waiting.causes,
-                    waiting.observed_at,
-                )
-            })
-            .collect(),
-    }
-}
-
-async fn send(replica: Replica, address: Arc<str>, call: Batches) -> Sent {
-    let Replica {
-        mut client, many, ..
-    } = replica;
-    if !many {
-        let results = futures::future::join_all(call.iter().map(|(shard, batch)| {
-            let mut client = client.clone();
-            let request = request(*shard, batch);
-            async move {
-                client
-                    .enqueue(request)
-                    .await
-                    .map(|_| ())
-                    .map_err(Error::from)
-            }
-        }))
-        .await;
-        return Sent {
-            address,
-            call,
-            results: Some(results),
-        };
-    }
-    let request = EnqueueManyRequest {
-        batches: call
-            .iter()
-            .map(|(shard, batch)| request(*shard, batch))
-            .collect(),
-    };
-    let results = match client.enqueue_many(request).await {
-        Ok(response) => {
-            let mut results: Vec<Result<(), Error>> = response
-                .into_inner()
-                .results
-                .into_iter()
-                .map(|result| match result.result {
-                    Some(enqueue_result::Result::Added(_)) => Ok(()),
-                    Some(enqueue_result::Result::Refused(refusal)) => {
-                        Err(Error::from(tonic::Status::with_details(
-                            Code::from(refusal.code),
-                            refusal.message,
-                            refusal.details.into(),
-                        )))
-                    }
-                    None => Err(Error::Other {
-                        code: Code::Unknown,
-                        message: "EnqueueMany: a result without an outcome".into(),
-                    }),
-                })
-                .collect();
-            // A batch the replica did not answer was not acknowledged: it goes again.
-            results.resize_with(call.len(), || {
-                Err(Error::Other {
-                    code: Code::Unknown,
-                    message: format!("EnqueueMany: {} batches sent, fewer answered", call.len()),
-                })
-            });
-            results
-        }
-        Err(status) if status.code() == Code::Unimplemented => {
-            return Sent {
-                address,
-                call,
-                results: None,
-            };
-        }
-        Err(status) => {
-            let error = Error::from(status);
-            call.iter().map(|_| Err(error.clone())).collect()
-        }
-    };
-    Sent {
-        address,
-        call,
-        results: Some(results),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use switchyard_work::MAX_CAUSES;
+
     use super::*;
 
     fn key(name: &str) -> WorkKey {
