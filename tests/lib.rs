@@ -12,6 +12,7 @@ pub const CONVERGE_TIMEOUT: Duration = Duration::from_secs(90);
 
 pub mod browser;
 pub mod fleet;
+pub mod topology;
 
 /// A service binary built beside the running test (`target/<profile>/`).
 #[allow(clippy::unwrap_used)]

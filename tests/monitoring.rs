@@ -29,21 +29,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::{Value, json};
-use switchyard_k8s::{
-    Api, Deployment, PostParams,
-    k8s_openapi::api::core::v1::ResourceQuota,
-    kube::api::{Patch, PatchParams},
-};
+use serde_json::Value;
+use switchyard_k8s::{Api, Deployment, PostParams};
 use switchyard_proto::queue::v1::{EnqueueRequest, queue_client::QueueClient};
 use switchyard_runtime::Role;
 use switchyard_testenv::{
-    ControlPlane, Etcd, Pki, Prometheus, Sample, ServiceProcess, TestNamespace, manifests, promtool,
+    ControlPlane, Pki, Prometheus, Sample, TestNamespace, manifests, promtool,
 };
 use switchyard_tests::{
     CONVERGE_TIMEOUT,
-    fleet::{Spec, await_rolled_out, create_all},
-    service_binary,
+    fleet::{await_rolled_out, create_all},
+    topology::{self, Shape, Topology},
 };
 
 const SHARDS: u32 = 16;
@@ -53,7 +49,6 @@ const REPLICAS: i32 = 2;
 const QUERIES_TIMEOUT: Duration = Duration::from_secs(60);
 /// The whole topology test, however it goes; its processes are killed when it ends.
 const TEST_TIMEOUT: Duration = Duration::from_secs(300);
-const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 const DASHBOARD: &str =
     include_str!("../deploy/kustomize/components/monitoring/dashboards/switchyard.json");
 const ALERTS: &str = include_str!("../deploy/kustomize/components/monitoring/alerts.yaml");
@@ -226,106 +221,19 @@ async fn scrape_a_running_topology() {
     let ns = TestNamespace::create(plane, &client, "monitoring")
         .await
         .unwrap();
-    let refused = TestNamespace::create(plane, &client, "monitoring-refused")
-        .await
-        .unwrap();
-    // A quota of no Pods, with the status kube-controller-manager's quota controller would
-    // write (none runs here): the apiserver refuses every Pod of the namespace.
-    let quotas = Api::<ResourceQuota>::namespaced(client.clone(), refused.name());
-    let quota: ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "no-pods"},
-        "spec": {"hard": {"pods": "0"}},
-    }))
-    .unwrap();
-    quotas.create(&PostParams::default(), &quota).await.unwrap();
-    quotas
-        .patch_status(
-            "no-pods",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}})),
-        )
-        .await
-        .unwrap();
-
-    let etcd = Etcd::start().await.unwrap();
-    let config = plane.dir().join(format!("watcher-{}.yaml", ns.name()));
-    std::fs::write(
-        &config,
-        format!(
-            "{}namespaces:\n  include: [{}, {}]\n",
-            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
-            ns.name(),
-            refused.name()
-        ),
+    let refused = topology::refusing_pods(plane, &client, "monitoring-refused").await;
+    let topology = Topology::start(
+        plane,
+        Shape {
+            shards: SHARDS,
+            queues: 2,
+            reconcilers: 2,
+            namespaces: vec![ns.name().to_owned(), refused.name().to_owned()],
+            elector_args: Vec::new(),
+            queue_args: Vec::new(),
+        },
     )
-    .unwrap();
-    let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
-    let shards = format!("--shard-count={SHARDS}");
-    let etcd_env = vec![(
-        "SWITCHYARD_ETCD_ENDPOINTS".to_owned(),
-        etcd.endpoint().to_owned(),
-    )];
-
-    // (job, process), in start order; the job names are the ServiceMonitors'.
-    let mut running: Vec<(&str, ServiceProcess)> = Vec::new();
-    let elector = Spec {
-        envs: etcd_env.clone(),
-        ..Spec::new(
-            "elector",
-            service_binary("switchyard-elector"),
-            vec![shards.clone()],
-        )
-    }
-    .start()
     .await;
-    let elector_addr = format!("--elector-addr={}", elector.grpc_addr());
-    running.push(("switchyard-elector", elector));
-    for i in 0..2 {
-        let queue = Spec {
-            envs: etcd_env.clone(),
-            ..Spec::new(
-                format!("queue-{i}"),
-                service_binary("switchyard-queue"),
-                vec![
-                    format!("--member-id=q{i}"),
-                    shards.clone(),
-                    elector_addr.clone(),
-                ],
-            )
-        }
-        .start()
-        .await;
-        running.push(("switchyard-queue", queue));
-    }
-    let watcher = Spec::new(
-        "watcher",
-        service_binary("switchyard-watcher"),
-        vec![
-            kubeconfig.clone(),
-            format!("--config={}", config.display()),
-            elector_addr.clone(),
-        ],
-    )
-    .start()
-    .await;
-    let watcher_addr = format!("--watcher-addr={}", watcher.grpc_addr());
-    running.push(("switchyard-watcher", watcher));
-    for i in 0..2 {
-        let reconciler = Spec::new(
-            format!("reconciler-{i}"),
-            service_binary("switchyard-reconciler"),
-            vec![
-                kubeconfig.clone(),
-                elector_addr.clone(),
-                shards.clone(),
-                watcher_addr.clone(),
-                format!("--worker-id=r{i}"),
-            ],
-        )
-        .start()
-        .await;
-        running.push(("switchyard-reconciler", reconciler));
-    }
     println!("{:>5.1}s topology ready", start.elapsed().as_secs_f64());
 
     let rules = plane.dir().join(format!("alerts-{}.rules.yaml", ns.name()));
@@ -335,7 +243,8 @@ async fn scrape_a_running_topology() {
         .status()
         .unwrap();
     assert!(extracted.success());
-    let targets: Vec<(&str, std::net::SocketAddr)> = running
+    let targets: Vec<(&str, std::net::SocketAddr)> = topology
+        .running
         .iter()
         .map(|(job, process)| (*job, process.admin_addr()))
         .collect();
@@ -359,7 +268,7 @@ async fn scrape_a_running_topology() {
         )
         .await
         .unwrap();
-    let queue = &running[1].1;
+    let queue = topology.of("switchyard-queue")[0];
     let channel = Pki::shared()
         .channel(Role::Observer, Role::Queue, queue.grpc_addr())
         .await
@@ -479,14 +388,7 @@ async fn scrape_a_running_topology() {
     assert!(firing.is_empty(), "no alert fires: {firing:?}");
 
     drop(prometheus);
-    let mut unclean = Vec::new();
-    while let Some((job, process)) = running.pop() {
-        let (status, log) = process.terminate().await.unwrap();
-        if !status.success() {
-            unclean.push(format!("{job}: {status}\n{log}"));
-        }
-    }
+    let unclean = topology.terminate().await;
     assert!(unclean.is_empty(), "{}", unclean.join("\n"));
-    drop(etcd);
     println!("{:>5.1}s stopped", start.elapsed().as_secs_f64());
 }

@@ -24,7 +24,6 @@ use std::{
 use serde_json::{Value, json};
 use switchyard_k8s::{
     Api, PostParams, ReplicaSet,
-    k8s_openapi::api::core::v1::ResourceQuota,
     kube::api::{Patch, PatchParams},
 };
 use switchyard_proto::{
@@ -33,8 +32,11 @@ use switchyard_proto::{
     queue::v1::{EnqueueItem, EnqueueRequest, queue_client::QueueClient},
 };
 use switchyard_runtime::Role;
-use switchyard_testenv::{ControlPlane, Etcd, Pki, ServiceProcess, TestNamespace, manifests};
-use switchyard_tests::{CONVERGE_TIMEOUT, fleet::Spec, service_binary};
+use switchyard_testenv::{ControlPlane, Pki, TestNamespace, manifests};
+use switchyard_tests::{
+    CONVERGE_TIMEOUT, service_binary,
+    topology::{self, Shape, Topology},
+};
 use switchyard_work::shard::shard_of;
 
 const SHARDS: u32 = 16;
@@ -43,7 +45,6 @@ const IDLE: &str = "example.com/v1/Idle";
 const IDLE_KEYS: u64 = 7;
 const CONTROLLERS: &str =
     "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace,example.com/v1/Idle";
-const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 /// The whole test, however it goes; its processes are killed when it ends.
 const TEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long one plugin run may take.
@@ -130,113 +131,35 @@ async fn plugin_against_a_topology() {
     let start = Instant::now();
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
-    let refused = TestNamespace::create(plane, &client, "plugin-refused")
-        .await
-        .unwrap();
-    // A quota of no Pods, with the status kube-controller-manager's quota controller would
-    // write (none runs here): the apiserver refuses every Pod of the namespace.
-    let quotas = Api::<ResourceQuota>::namespaced(client.clone(), refused.name());
-    let quota: ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "no-pods"},
-        "spec": {"hard": {"pods": "0"}},
-    }))
-    .unwrap();
-    quotas.create(&PostParams::default(), &quota).await.unwrap();
-    quotas
-        .patch_status(
-            "no-pods",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"hard": {"pods": "0"}, "used": {"pods": "0"}}})),
-        )
-        .await
-        .unwrap();
-
-    let etcd = Etcd::start().await.unwrap();
-    let config = plane.dir().join(format!("watcher-{}.yaml", refused.name()));
-    std::fs::write(
-        &config,
-        format!(
-            "{}namespaces:\n  include: [{}]\n",
-            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
-            refused.name()
-        ),
-    )
-    .unwrap();
-    let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
-    let shards = format!("--shard-count={SHARDS}");
-    let etcd_env = vec![(
-        "SWITCHYARD_ETCD_ENDPOINTS".to_owned(),
-        etcd.endpoint().to_owned(),
-    )];
-    let mut running: Vec<ServiceProcess> = Vec::new();
-    let elector = Spec {
-        envs: etcd_env.clone(),
-        ..Spec::new(
-            "elector",
-            service_binary("switchyard-elector"),
-            vec![
-                shards.clone(),
+    let refused = topology::refusing_pods(plane, &client, "plugin-refused").await;
+    let topology = Topology::start(
+        plane,
+        Shape {
+            shards: SHARDS,
+            queues: 2,
+            reconcilers: 1,
+            namespaces: vec![refused.name().to_owned()],
+            elector_args: vec![
                 "--console-interval=500ms".into(),
                 "--console-trace-url=http://jaeger.invalid/trace/{trace_id}".into(),
             ],
-        )
-    }
-    .start()
-    .await;
-    let elector_grpc = elector.grpc_addr().to_string();
-    let elector_addr = format!("--elector-addr={elector_grpc}");
-    running.push(elector);
-    for i in 0..2 {
-        let queue = Spec {
-            envs: etcd_env.clone(),
-            ..Spec::new(
-                format!("queue-{i}"),
-                service_binary("switchyard-queue"),
-                vec![
-                    format!("--member-id=q{i}"),
-                    shards.clone(),
-                    elector_addr.clone(),
-                    format!("--controllers={CONTROLLERS}"),
-                    "--drain-grace=2s".into(),
-                ],
-            )
-        }
-        .start()
-        .await;
-        running.push(queue);
-    }
-    let watcher = Spec::new(
-        "watcher",
-        service_binary("switchyard-watcher"),
-        vec![
-            kubeconfig.clone(),
-            format!("--config={}", config.display()),
-            elector_addr.clone(),
-        ],
+            queue_args: vec![
+                format!("--controllers={CONTROLLERS}"),
+                "--drain-grace=2s".into(),
+            ],
+        },
     )
-    .start()
     .await;
-    let watcher_addr = format!("--watcher-addr={}", watcher.grpc_addr());
-    running.push(watcher);
-    let reconciler = Spec::new(
-        "reconciler",
-        service_binary("switchyard-reconciler"),
-        vec![
-            kubeconfig.clone(),
-            elector_addr.clone(),
-            shards.clone(),
-            watcher_addr,
-            "--worker-id=r0".into(),
-        ],
-    )
-    .start()
-    .await;
-    running.push(reconciler);
+    let elector_grpc = topology.of("switchyard-elector")[0].grpc_addr().to_string();
     println!("{:>5.1}s topology ready", start.elapsed().as_secs_f64());
 
     let plugin = Plugin {
         elector: elector_grpc.clone(),
-        admins: running.iter().map(|p| p.admin_addr().to_string()).collect(),
+        admins: topology
+            .running
+            .iter()
+            .map(|(_, p)| p.admin_addr().to_string())
+            .collect(),
     };
 
     // The failing object, and the idle backlog (each key sent to its shard's owner, as the
@@ -573,7 +496,10 @@ async fn plugin_against_a_topology() {
     // problems, and the exit code says something is wrong.
     let degraded = Plugin {
         elector: elector_grpc.clone(),
-        admins: vec![running[0].admin_addr().to_string(), nowhere.clone()],
+        admins: vec![
+            topology.running[0].1.admin_addr().to_string(),
+            nowhere.clone(),
+        ],
     };
     let output = degraded
         .run(Role::Observer, &["status", "-o", "json"])
@@ -591,7 +517,7 @@ async fn plugin_against_a_topology() {
         "{}",
         text(&output.stderr)
     );
-    drop(running);
+    drop(topology);
 }
 
 /// `status` through a kubeconfig, as kubectl users reach a cluster: `--context` picks the
