@@ -458,39 +458,47 @@ KWOK_TPL_CODE='{{ $script := join " " (concat (default list $item.command) (defa
       {{ $exit := regexFind "(^|[;&|(\\s])exit\\s+[0-9]+" $script }}
       {{ $code := regexFind "[0-9]+$" $exit | default "0" | atoi }}'
 
-kwok_pod_outcome_stages() {
-  local selector="    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values:
-      - 'Running'"
-  local delay="  delay:
-    durationFrom:
-      jq:
-        expression: |
-$(printf '%s\n' "$KWOK_JQ_DEFS" | sed 's/^/          /')
-          ([.spec.containers[] | seconds] | max) as \$s | if \$s > 0 then \"\\(\$s)s\" else \"$KWOK_SHORT_RUN\" end"
+# The head of a Stage for Running Pods for which the jq expression $2 (over the Pod, with
+# KWOK_JQ_DEFS) is true, applied after the Pod's longest container's running time.
+kwok_running_pod_stage_head() {
+  local defs; defs=$(printf '%s\n' "$KWOK_JQ_DEFS" | sed 's/^/          /')
   cat <<STAGE
-# $KWOK_STAGES_REVISION
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
-  name: pod-outcome
+  name: $1
 spec:
   resourceRef:
     apiGroup: v1
     kind: Pod
   selector:
     matchExpressions:
-$selector
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
     - jq:
         key: |
-$(printf '%s\n' "$KWOK_JQ_DEFS" | sed 's/^/          /')
-          ends and ((.spec.restartPolicy == "Never") or (.spec.restartPolicy == "OnFailure" and (failing | not)))
+$defs
+          $2
         operator: 'In'
         values: ['true']
-$delay
+  delay:
+    durationFrom:
+      jq:
+        expression: |
+$defs
+          ([.spec.containers[] | seconds] | max) as \$s | if \$s > 0 then "\\(\$s)s" else "$KWOK_SHORT_RUN" end
+STAGE
+}
+
+kwok_pod_outcome_stages() {
+  echo "# $KWOK_STAGES_REVISION"
+  kwok_running_pod_stage_head pod-outcome \
+    'ends and ((.spec.restartPolicy == "Never") or (.spec.restartPolicy == "OnFailure" and (failing | not)))'
+  cat <<STAGE
   next:
     statusTemplate: |
       {{ \$now := Now }}
@@ -524,25 +532,11 @@ $delay
         status: "False"
         type: ContainersReady
       phase: {{ if \$failed }}Failed{{ else }}Succeeded{{ end }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: pod-container-restart
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-$selector
-    - jq:
-        key: |
-$(printf '%s\n' "$KWOK_JQ_DEFS" | sed 's/^/          /')
-          ends and ((.spec.restartPolicy // "Always") == "Always" or (.spec.restartPolicy == "OnFailure" and failing))
-        operator: 'In'
-        values: ['true']
-$delay
+STAGE
+  echo "---"
+  kwok_running_pod_stage_head pod-container-restart \
+    'ends and ((.spec.restartPolicy // "Always") == "Always" or (.spec.restartPolicy == "OnFailure" and failing))'
+  cat <<STAGE
   next:
     statusTemplate: |
       {{ \$now := Now }}

@@ -10,8 +10,9 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    process::Command,
 };
+
+use switchyard_tests::cargo_metadata;
 
 /// The shared crates that are pure as the cores are: the vocabulary services share.
 const PURE_SHARED: [&str; 3] = [
@@ -49,24 +50,6 @@ fn place(root: &Path, manifest: &Path, name: &str) -> Place {
     }
 }
 
-fn metadata(no_deps: bool) -> serde_json::Value {
-    let mut args = vec!["metadata", "--format-version=1", "--offline"];
-    if no_deps {
-        args.push("--no-deps");
-    }
-    let output = Command::new(env!("CARGO"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
-
 fn places(metadata: &serde_json::Value) -> BTreeMap<String, Place> {
     let root = PathBuf::from(metadata["workspace_root"].as_str().unwrap());
     metadata["workspace_members"]
@@ -89,7 +72,7 @@ fn places(metadata: &serde_json::Value) -> BTreeMap<String, Place> {
 
 #[test]
 fn services_depend_on_contracts_never_on_each_other() {
-    let metadata = metadata(true);
+    let metadata = cargo_metadata(true);
     let places = places(&metadata);
     assert!(
         places.values().filter(|p| p.service.is_some()).count() >= 8,
@@ -135,7 +118,7 @@ fn services_depend_on_contracts_never_on_each_other() {
 /// [`IO_CRATES`].
 #[test]
 fn pure_crates_pull_in_no_io() {
-    let metadata = metadata(false);
+    let metadata = cargo_metadata(false);
     let places = places(&metadata);
     let nodes = metadata["resolve"]["nodes"].as_array().unwrap();
     let package_name = |id: &serde_json::Value| -> String {

@@ -14,6 +14,26 @@ pub mod browser;
 pub mod fleet;
 pub mod topology;
 
+/// `cargo metadata` of the workspace (offline; `--no-deps` when `no_deps`), as JSON.
+#[allow(clippy::unwrap_used)]
+pub fn cargo_metadata(no_deps: bool) -> serde_json::Value {
+    let mut args = vec!["metadata", "--format-version=1", "--offline"];
+    if no_deps {
+        args.push("--no-deps");
+    }
+    let output = std::process::Command::new(env!("CARGO"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// A service binary built beside the running test (`target/<profile>/`).
 #[allow(clippy::unwrap_used)]
 pub fn service_binary(name: &str) -> PathBuf {

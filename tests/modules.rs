@@ -13,7 +13,6 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use syn::visit::Visit;
@@ -305,17 +304,7 @@ impl<'ast> Visit<'ast> for Paths {
 
 /// The source files of every library and binary target of the workspace.
 fn targets() -> Vec<(String, PathBuf)> {
-    let output = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version=1", "--no-deps", "--offline"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let metadata = switchyard_tests::cargo_metadata(true);
     let mut targets = Vec::new();
     for package in metadata["packages"].as_array().unwrap() {
         for target in package["targets"].as_array().unwrap() {

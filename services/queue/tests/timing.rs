@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use switchyard_queue::{
-    actor::{Actor, Add, Command, Handle, ToWorker},
+    actor::{Actor, Add, Command, Completion, Handle, ToWorker},
     metrics::QueueMetrics,
     serving_queue,
 };
@@ -121,12 +121,14 @@ async fn failures_back_off_exponentially() {
         handle
             .send(Command::Complete {
                 worker: worker_id,
-                shard: lease.shard(),
-                epoch: lease.epoch,
-                lease: lease.id,
-                outcome: Outcome::Failed,
-                observed: Default::default(),
-                error: Some("still failing".into()),
+                done: Completion {
+                    shard: lease.shard(),
+                    epoch: lease.epoch,
+                    lease: lease.id,
+                    outcome: Outcome::Failed,
+                    observed: Default::default(),
+                    error: Some("still failing".into()),
+                },
             })
             .await
             .unwrap();

@@ -28,9 +28,9 @@ use tracing::{debug, info};
 mod protocol;
 
 pub use protocol::{
-    Add, Added, Closed, Command, Described, EnqueueError, Handle, ToWorker, WorkerView,
+    Add, Added, Closed, Command, Completion, Described, EnqueueError, Handle, ToWorker, WorkerView,
 };
-use protocol::{Completion, EnqueueReply, FailingKeys};
+use protocol::{EnqueueReply, FailingKeys};
 
 use crate::metrics::QueueMetrics;
 
@@ -168,26 +168,7 @@ impl Actor {
                 let _ = reply.send(self.connect(name, controllers, tx));
             }
             Command::Credit { worker, items } => self.credit(worker, items),
-            Command::Complete {
-                worker,
-                shard,
-                epoch,
-                lease,
-                outcome,
-                observed,
-                error,
-            } => self.complete(
-                worker,
-                Completion {
-                    shard,
-                    epoch,
-                    lease,
-                    outcome,
-                    observed,
-                    error,
-                },
-                now,
-            ),
+            Command::Complete { worker, done } => self.complete(worker, done, now),
             Command::Extend {
                 worker,
                 shard,

@@ -63,13 +63,16 @@ pub(super) type EnqueueReply = oneshot::Sender<Result<Added, EnqueueError>>;
 pub(super) type FailingKeys = (Vec<(ValidKey, Described)>, usize);
 
 /// A worker's outcome, as [`Command::Complete`] carries it.
-pub(super) struct Completion {
-    pub(super) shard: u32,
-    pub(super) epoch: u64,
-    pub(super) lease: LeaseId,
-    pub(super) outcome: Outcome,
-    pub(super) observed: ReadFloor,
-    pub(super) error: Option<String>,
+#[derive(Debug)]
+pub struct Completion {
+    pub shard: u32,
+    pub epoch: u64,
+    pub lease: LeaseId,
+    pub outcome: Outcome,
+    /// What the reconcile read at: raises the shard's read floor once applied.
+    pub observed: ReadFloor,
+    /// A failed reconcile's reason.
+    pub error: Option<String>,
 }
 
 #[derive(Debug)]
@@ -97,14 +100,7 @@ pub enum Command {
     },
     Complete {
         worker: WorkerId,
-        shard: u32,
-        epoch: u64,
-        lease: LeaseId,
-        outcome: Outcome,
-        /// What the reconcile read at: raises the shard's read floor once applied.
-        observed: ReadFloor,
-        /// A failed reconcile's reason.
-        error: Option<String>,
+        done: Completion,
     },
     Extend {
         worker: WorkerId,

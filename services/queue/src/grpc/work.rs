@@ -30,7 +30,7 @@ use super::{
     convert::{name_error, proto_key, timestamp},
     error::EdgeError,
 };
-use crate::actor::{Command, ToWorker};
+use crate::actor::{Command, Completion, ToWorker};
 
 impl QueueService {
     /// A worker's `Work` stream: its hello, then leases out as credits allow and outcomes
@@ -262,12 +262,14 @@ fn convert_work_message(worker: u64, message: pb::WorkRequest) -> Result<Command
             };
             Ok(Command::Complete {
                 worker,
-                shard: outcome.shard,
-                epoch: outcome.epoch,
-                lease: lease_id(&outcome.lease_id),
-                outcome: result,
-                observed: read_floor(&outcome)?,
-                error,
+                done: Completion {
+                    shard: outcome.shard,
+                    epoch: outcome.epoch,
+                    lease: lease_id(&outcome.lease_id),
+                    outcome: result,
+                    observed: read_floor(&outcome)?,
+                    error,
+                },
             })
         }
         Some(WorkMessage::Extend(extend)) => {
