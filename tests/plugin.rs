@@ -43,8 +43,10 @@ const SHARDS: u32 = 16;
 /// A controller the queue serves and no reconciler runs: its keys stay queued.
 const IDLE: &str = "example.com/v1/Idle";
 const IDLE_KEYS: u64 = 7;
-const CONTROLLERS: &str =
-    "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace,example.com/v1/Idle";
+/// The built-in controllers and the idle one.
+fn controllers() -> String {
+    format!("{},{IDLE}", switchyard_work::builtin::LIST)
+}
 /// The whole test, however it goes; its processes are killed when it ends.
 const TEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long one plugin run may take.
@@ -144,7 +146,7 @@ async fn plugin_against_a_topology() {
                 "--console-trace-url=http://jaeger.invalid/trace/{trace_id}".into(),
             ],
             queue_args: vec![
-                format!("--controllers={CONTROLLERS}"),
+                format!("--controllers={}", controllers()),
                 "--drain-grace=2s".into(),
             ],
         },

@@ -11,6 +11,31 @@ use std::{
 
 pub mod shard;
 
+/// Each name once: a constant per controller, [`builtin::ALL`] and the comma-separated
+/// [`builtin::LIST`] a flag's default takes.
+macro_rules! built_in {
+    ($first:ident = $first_name:literal $(, $rest:ident = $name:literal)* $(,)?) => {
+        pub const $first: &str = $first_name;
+        $(pub const $rest: &str = $name;)*
+        /// Every one, in the order the reconciler registers them.
+        pub const ALL: &[&str] = &[$first $(, $rest)*];
+        /// [`ALL`] joined with commas.
+        pub const LIST: &str = concat!($first_name $(, ",", $name)*);
+    };
+}
+
+/// The controllers built into the reconciler, by the name their keys carry: one list for
+/// what a queue serves from the start by default (its `--controllers`) and what the
+/// reconciler runs by default.
+pub mod builtin {
+    built_in!(
+        REPLICASET = "apps/v1/ReplicaSet",
+        DEPLOYMENT = "apps/v1/Deployment",
+        GARBAGE_COLLECTOR = "garbage-collector",
+        NAMESPACE = "v1/Namespace",
+    );
+}
+
 pub use shard::shard_of;
 
 /// A work key as callers name it: the reconciler kind, and the object's namespace and name.
@@ -80,5 +105,17 @@ pub fn earliest(a: Option<SystemTime>, b: Option<SystemTime>) -> Option<SystemTi
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::builtin;
+
+    #[test]
+    fn the_built_in_list_is_every_name_joined() {
+        assert_eq!(builtin::LIST, builtin::ALL.join(","));
+        assert_eq!(builtin::ALL[0], builtin::REPLICASET);
+        assert_eq!(builtin::ALL.len(), 4);
     }
 }

@@ -59,7 +59,7 @@ pub struct QueueArgs {
         long,
         env = "SWITCHYARD_CONTROLLERS",
         value_delimiter = ',',
-        default_value = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace"
+        default_value = switchyard_work::builtin::LIST
     )]
     pub controllers: Vec<String>,
     /// Controllers served at most, those of --controllers and --controller-rate-limit

@@ -37,7 +37,7 @@ use crate::{
     },
 };
 
-pub const NAME: &str = "apps/v1/Deployment";
+pub const NAME: &str = switchyard_work::builtin::DEPLOYMENT;
 /// kube-controller-manager's Event reason for every change of a ReplicaSet's size.
 const SCALING_REPLICA_SET: &str = "ScalingReplicaSet";
 

@@ -43,7 +43,7 @@ use tracing::{debug, info};
 use crate::sdk::{Action, Context, Controller, Error, EventType, Refusal, Request, Result};
 
 /// The name the collector's keys carry (the watcher's `garbageCollector.controller`).
-pub const NAME: &str = "garbage-collector";
+pub const NAME: &str = switchyard_work::builtin::GARBAGE_COLLECTOR;
 
 const FOREGROUND: &str = "foregroundDeletion";
 const ORPHAN: &str = "orphan";

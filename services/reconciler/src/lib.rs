@@ -254,13 +254,9 @@ pub fn controller_user(controller: &str, namespace: &str) -> Option<String> {
 }
 
 /// The names of the controllers built into the reconciler: what a queue serving this
-/// reconciler's defaults must serve (the queue's own default `--controllers`).
-pub const BUILTIN: &[&str] = &[
-    replicaset::NAME,
-    deployment::NAME,
-    gc::NAME,
-    namespace::NAME,
-];
+/// reconciler's defaults must serve (the queue's own default `--controllers`, from the same
+/// list, `switchyard_work::builtin`).
+pub const BUILTIN: &[&str] = switchyard_work::builtin::ALL;
 
 /// The controllers built into the reconciler.
 pub fn builtin_controllers() -> Registry {

@@ -42,7 +42,7 @@ use tracing::{debug, info, warn};
 
 use crate::sdk::{Action, Context, Controller, Error, Refusal, Request, Result, status_message};
 
-pub const NAME: &str = "v1/Namespace";
+pub const NAME: &str = switchyard_work::builtin::NAMESPACE;
 /// Resources emptied at once: the controller's QPS limit paces the calls in any case; a few
 /// at once keep one slow list or deletion from holding up the rest.
 const RESOURCES_AT_ONCE: usize = 8;

@@ -50,7 +50,7 @@ const FAILED_CREATE: &str = "FailedCreate";
 const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
 const FAILED_DELETE: &str = "FailedDelete";
 
-pub const NAME: &str = "apps/v1/ReplicaSet";
+pub const NAME: &str = switchyard_work::builtin::REPLICASET;
 
 /// kube-controller-manager's ReplicaSet controller.
 #[derive(Debug, Clone, Copy, Default)]

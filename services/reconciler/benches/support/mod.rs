@@ -21,7 +21,7 @@ const CLIENT_QPS: u32 = 100;
 const CLIENT_BURST: u32 = 200;
 /// The shipped watcher configuration: what the built-in controllers watch.
 const WATCHER_CONFIG: &str = include_str!("../../../../deploy/kustomize/base/watcher-config.yaml");
-const CONTROLLERS: &str = "apps/v1/ReplicaSet,apps/v1/Deployment,garbage-collector,v1/Namespace";
+const CONTROLLERS: &str = switchyard_work::builtin::LIST;
 
 #[derive(Clone, Copy, Debug)]
 pub enum Under {
