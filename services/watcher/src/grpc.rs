@@ -1,4 +1,4 @@
-//! The gRPC edge: the Cache API for reconcilers and shard resync for queues (and, in
+//! The gRPC edge: the Cache API for reconcilers (and, in
 //! [`crate::watches`], the watches reconcilers register). Requests are validated here
 //! (errors name the field), answered from the caches, and converted back. [`ApiError`]
 //! (`crate::error`) is the one place a [`Status`] is made.
