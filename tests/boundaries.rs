@@ -12,6 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use serde::Deserialize;
 use switchyard_tests::cargo_metadata;
 
 /// The shared crates that are pure as the cores are: the vocabulary services share.
@@ -205,4 +206,132 @@ fn every_contract_method_has_an_authorization_row_and_every_row_a_method() {
         })
         .collect();
     assert!(stale.is_empty(), "rows naming no method: {stale:?}");
+}
+
+/// `(group, resource, verb)` triples, one per verb on a resource of a group.
+type Grants = std::collections::BTreeSet<(String, String, String)>;
+
+/// The kustomize base's ClusterRoles, by name, as the triples their rules grant.
+fn base_cluster_roles() -> BTreeMap<String, Grants> {
+    let text = include_str!("../deploy/kustomize/base/rbac.yaml");
+    let mut roles = BTreeMap::new();
+    for document in serde_norway::Deserializer::from_str(text) {
+        let value = serde_norway::Value::deserialize(document).unwrap();
+        if value["kind"].as_str() != Some("ClusterRole") {
+            continue;
+        }
+        let name = value["metadata"]["name"].as_str().unwrap().to_owned();
+        let mut grants = Grants::new();
+        for rule in value["rules"].as_sequence().unwrap() {
+            let list = |field: &str| -> Vec<String> {
+                rule[field]
+                    .as_sequence()
+                    .map(|s| s.iter().map(|v| v.as_str().unwrap().to_owned()).collect())
+                    .unwrap_or_default()
+            };
+            assert!(
+                rule.get("resourceNames").is_none(),
+                "{name}: a rule with resourceNames is not a grant this check reads"
+            );
+            for group in list("apiGroups") {
+                for resource in list("resources") {
+                    for verb in list("verbs") {
+                        grants.insert((group.clone(), resource.clone(), verb));
+                    }
+                }
+            }
+        }
+        roles.insert(name, grants);
+    }
+    roles
+}
+
+fn expand(permissions: &[switchyard_reconciler::Permission]) -> Grants {
+    let mut grants = Grants::new();
+    for permission in permissions {
+        for resource in permission.resources {
+            for verb in permission.verbs {
+                grants.insert((
+                    permission.group.to_owned(),
+                    (*resource).to_owned(),
+                    (*verb).to_owned(),
+                ));
+            }
+        }
+    }
+    grants
+}
+
+fn differences(role: &str, granted: &Grants, declared: &Grants) -> Vec<String> {
+    let mut out: Vec<String> = granted
+        .difference(declared)
+        .map(|g| format!("{role} grants {g:?}, which nothing declares"))
+        .collect();
+    out.extend(
+        declared
+            .difference(granted)
+            .map(|g| format!("{role} lacks {g:?}, which is declared")),
+    );
+    out
+}
+
+/// Each built-in controller's account holds exactly what the controller declares
+/// (`PERMISSIONS` beside it), and the watcher's account exactly get, list and watch on the
+/// kinds the built-in controllers' watches name: a new controller, kind or verb fails here
+/// until its RBAC rule says the same, and a rule left behind fails too.
+#[test]
+fn every_built_in_controller_s_role_grants_what_it_declares_and_nothing_more() {
+    use switchyard_k8s::kube::{api::ApiResource, core::GroupVersionKind};
+
+    let roles = base_cluster_roles();
+    let mut problems = Vec::new();
+    assert_eq!(
+        switchyard_reconciler::BUILTIN_PERMISSIONS.len(),
+        switchyard_reconciler::BUILTIN.len()
+    );
+    for (controller, permissions) in switchyard_reconciler::BUILTIN_PERMISSIONS {
+        let account = switchyard_reconciler::BUILTIN_SERVICE_ACCOUNTS
+            .iter()
+            .find(|(name, _)| name == controller)
+            .map(|(_, account)| *account)
+            .unwrap_or_else(|| panic!("{controller} has no service account"));
+        let Some(granted) = roles.get(account) else {
+            problems.push(format!("no ClusterRole {account} for {controller}"));
+            continue;
+        };
+        problems.extend(differences(account, granted, &expand(permissions)));
+    }
+
+    // The watcher: what the built-in controllers watch, read and watched, nothing else.
+    let config: serde_norway::Value =
+        serde_norway::from_str(include_str!("../deploy/kustomize/base/watcher-config.yaml"))
+            .unwrap();
+    let mut watched = Grants::new();
+    let mut kind = |value: &serde_norway::Value| {
+        let api_version = value["apiVersion"].as_str().unwrap();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            group,
+            version,
+            value["kind"].as_str().unwrap(),
+        ));
+        for verb in ["get", "list", "watch"] {
+            watched.insert((group.to_owned(), resource.plural.clone(), verb.to_owned()));
+        }
+    };
+    for controller in config["controllers"].as_sequence().unwrap() {
+        kind(&controller["for"]);
+        for owned in controller["owns"].as_sequence().into_iter().flatten() {
+            kind(owned);
+            if let Some(through) = owned.get("through") {
+                kind(through);
+            }
+        }
+    }
+    problems.extend(differences(
+        "switchyard-watcher",
+        &roles["switchyard-watcher"],
+        &watched,
+    ));
+    assert!(problems.is_empty(), "{problems:#?}");
 }

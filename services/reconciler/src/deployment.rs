@@ -29,6 +29,7 @@ use switchyard_reconciler_core::deployment::{
 };
 use tracing::{debug, info, warn};
 
+use crate::{Permission, RECORD_EVENTS};
 use crate::{
     cache::ListFilter,
     sdk::{
@@ -38,6 +39,24 @@ use crate::{
 };
 
 pub const NAME: &str = switchyard_work::builtin::DEPLOYMENT;
+
+/// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): write
+/// ReplicaSets, read a Deployment before adopting, write the status and set
+/// blockOwnerDeletion, record Events.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::new(
+        "apps",
+        &["replicasets"],
+        &["get", "create", "update", "patch", "delete"],
+    ),
+    Permission::new("apps", &["deployments"], &["get"]),
+    Permission::new(
+        "apps",
+        &["deployments/status", "deployments/finalizers"],
+        &["update"],
+    ),
+    RECORD_EVENTS,
+];
 /// kube-controller-manager's Event reason for every change of a ReplicaSet's size.
 const SCALING_REPLICA_SET: &str = "ScalingReplicaSet";
 

@@ -41,9 +41,18 @@ use switchyard_reconciler_core::gc::{
 use tracing::{debug, info};
 
 use crate::sdk::{Action, Context, Controller, Error, EventType, Refusal, Request, Result};
+use crate::{Permission, RECORD_EVENTS};
 
 /// The name the collector's keys carry (the watcher's `garbageCollector.controller`).
 pub const NAME: &str = switchyard_work::builtin::GARBAGE_COLLECTOR;
+
+/// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): read
+/// owners and dependents, delete dependents and patch away owner references and its
+/// finalizers, on any resource; record Events.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::new("*", &["*"], &["get", "patch", "delete"]),
+    RECORD_EVENTS,
+];
 
 const FOREGROUND: &str = "foregroundDeletion";
 const ORPHAN: &str = "orphan";

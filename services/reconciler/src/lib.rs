@@ -244,6 +244,42 @@ pub const BUILTIN_SERVICE_ACCOUNTS: &[(&str, &str)] = &[
     (namespace::NAME, "switchyard-namespace-controller"),
 ];
 
+/// One RBAC rule a controller's account needs: `verbs` on `resources` of API `group` (`""`
+/// the core group, `"*"` every group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Permission {
+    pub group: &'static str,
+    pub resources: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+}
+
+impl Permission {
+    pub const fn new(
+        group: &'static str,
+        resources: &'static [&'static str],
+        verbs: &'static [&'static str],
+    ) -> Self {
+        Self {
+            group,
+            resources,
+            verbs,
+        }
+    }
+}
+
+/// Events (`events.k8s.io/v1`), as every built-in controller records them.
+pub const RECORD_EVENTS: Permission =
+    Permission::new("events.k8s.io", &["events"], &["create", "patch"]);
+
+/// What each built-in controller's account may do, declared beside the controller; the
+/// kustomize base's role for the account grants exactly this (`tests/boundaries.rs`).
+pub const BUILTIN_PERMISSIONS: &[(&str, &[Permission])] = &[
+    (replicaset::NAME, replicaset::PERMISSIONS),
+    (deployment::NAME, deployment::PERMISSIONS),
+    (gc::NAME, gc::PERMISSIONS),
+    (namespace::NAME, namespace::PERMISSIONS),
+];
+
 /// The user a built-in controller's requests impersonate, with service accounts in
 /// `namespace`; `None` for a controller that is not built in.
 pub fn controller_user(controller: &str, namespace: &str) -> Option<String> {

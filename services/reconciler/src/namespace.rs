@@ -41,8 +41,23 @@ use switchyard_reconciler_core::namespace::{
 use tracing::{debug, info, warn};
 
 use crate::sdk::{Action, Context, Controller, Error, Refusal, Request, Result, status_message};
+use crate::{Permission, RECORD_EVENTS};
 
 pub const NAME: &str = switchyard_work::builtin::NAMESPACE;
+
+/// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): read the
+/// namespace, write its conditions and remove its finalizer, empty it of every resource,
+/// record Events.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::new("", &["namespaces"], &["get"]),
+    Permission::new(
+        "",
+        &["namespaces/status", "namespaces/finalize"],
+        &["update"],
+    ),
+    Permission::new("*", &["*"], &["list", "delete", "deletecollection"]),
+    RECORD_EVENTS,
+];
 /// Resources emptied at once: the controller's QPS limit paces the calls in any case; a few
 /// at once keep one slow list or deletion from holding up the rest.
 const RESOURCES_AT_ONCE: usize = 8;

@@ -36,6 +36,7 @@ use switchyard_reconciler_core::{
 };
 use tracing::{debug, warn};
 
+use crate::{Permission, RECORD_EVENTS};
 use crate::{
     cache::{CacheClient, ListFilter},
     sdk::{
@@ -51,6 +52,20 @@ const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
 const FAILED_DELETE: &str = "FailedDelete";
 
 pub const NAME: &str = switchyard_work::builtin::REPLICASET;
+
+/// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): write
+/// Pods and list their metadata, read a ReplicaSet before adopting, write the status and set
+/// blockOwnerDeletion (`finalizers`), record Events. Reads go through the watcher's cache.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::new("", &["pods"], &["list", "create", "delete", "patch"]),
+    Permission::new("apps", &["replicasets"], &["get"]),
+    Permission::new(
+        "apps",
+        &["replicasets/status", "replicasets/finalizers"],
+        &["update"],
+    ),
+    RECORD_EVENTS,
+];
 
 /// kube-controller-manager's ReplicaSet controller.
 #[derive(Debug, Clone, Copy, Default)]
