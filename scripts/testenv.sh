@@ -375,14 +375,14 @@ fetch_prometheus_operator_crds() {
 # image (crates/testenv's KWOK_IMAGE_PULL_FAILS names the same key).
 KWOK_IMAGE_PULL_FAILS=kwok.switchyard.dev/image-pull-fails
 
-# The Stage for those Pods: Pending with an ImagePullBackOff container, as a kubelet reports
-# an image it cannot pull; once (it sets startTime, which its selector wants unset).
-kwok_image_pull_stage() {
+# The start of a Stage named $1 for Pods not being deleted; the caller adds its own
+# matchExpressions after it.
+kwok_pod_stage_start() {
   cat <<STAGE
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
-  name: pod-image-pull-fails
+  name: $1
 spec:
   resourceRef:
     apiGroup: v1
@@ -391,6 +391,14 @@ spec:
     matchExpressions:
     - key: '.metadata.deletionTimestamp'
       operator: 'DoesNotExist'
+STAGE
+}
+
+# The Stage for those Pods: Pending with an ImagePullBackOff container, as a kubelet reports
+# an image it cannot pull; once (it sets startTime, which its selector wants unset).
+kwok_image_pull_stage() {
+  kwok_pod_stage_start pod-image-pull-fails
+  cat <<STAGE
     - key: '.metadata.annotations["$KWOK_IMAGE_PULL_FAILS"]'
       operator: 'Exists'
     - key: '.status.startTime'
@@ -462,19 +470,8 @@ KWOK_TPL_CODE='{{ $script := join " " (concat (default list $item.command) (defa
 # KWOK_JQ_DEFS) is true, applied after the Pod's longest container's running time.
 kwok_running_pod_stage_head() {
   local defs; defs=$(printf '%s\n' "$KWOK_JQ_DEFS" | sed 's/^/          /')
+  kwok_pod_stage_start "$1"
   cat <<STAGE
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: $1
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
     - key: '.status.phase'
       operator: 'In'
       values:

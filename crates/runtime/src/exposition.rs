@@ -22,8 +22,11 @@ impl Sample {
     /// Whether this sample is the series `series`, written as it is exposed
     /// (`name{a="x",b="y"}`, labels in any order, or `name`): same name, same labels.
     pub fn is(&self, series: &str) -> bool {
-        parse_sample(&format!("{series} 0"))
-            .is_ok_and(|wanted| wanted.name == self.name && wanted.labels == self.labels)
+        parse_sample(&format!("{series} 0")).is_ok_and(|wanted| self.same_series(&wanted))
+    }
+
+    fn same_series(&self, other: &Sample) -> bool {
+        self.name == other.name && self.labels == other.labels
     }
 
     /// The value of label `name`, if the sample has it.
@@ -41,6 +44,15 @@ pub struct Exposition {
 }
 
 impl Exposition {
+    /// The value of the series `series`, written as it is exposed (see [`Sample::is`]).
+    pub fn series(&self, series: &str) -> Option<f64> {
+        let wanted = parse_sample(&format!("{series} 0")).ok()?;
+        self.samples
+            .iter()
+            .find(|sample| sample.same_series(&wanted))
+            .map(|sample| sample.value)
+    }
+
     /// The value of the sample `name` whose labels include `labels`; summed when several
     /// match (for example over a label not given).
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {

@@ -99,10 +99,6 @@ impl InProcess {
         let (_, text) = self.admin_get("/metrics").await;
         let exposition = crate::exposition::parse(&text)
             .unwrap_or_else(|e| panic!("/metrics is not OpenMetrics: {e}"));
-        exposition
-            .samples
-            .iter()
-            .find(|sample| sample.is(series))
-            .map_or(0.0, |sample| sample.value)
+        exposition.series(series).unwrap_or(0.0)
     }
 }
