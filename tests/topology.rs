@@ -6,7 +6,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::time::{Duration, Instant};
+
 use serde_json::json;
+use switchyard_elector_core::assign;
 use switchyard_k8s::{
     Api, PostParams,
     k8s_openapi::api::core::v1::ResourceQuota,
@@ -15,11 +18,17 @@ use switchyard_k8s::{
         api::{Patch, PatchParams},
     },
 };
-use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace};
+use switchyard_proto::elector::v1::{
+    GetShardMapRequest, ShardMap, ShardState, elector_client::ElectorClient,
+};
+use switchyard_runtime::Role;
+use switchyard_testenv::{ControlPlane, Etcd, Pki, ServiceProcess, TestNamespace};
 
 use crate::{fleet::Spec, service_binary};
 
 const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
+/// How long the queue replicas' joins may take to settle in the shard map.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -130,7 +139,53 @@ impl Topology {
             .await;
             running.push(("switchyard-reconciler", reconciler));
         }
-        Self { running, etcd }
+        let this = Self { running, etcd };
+        this.settled(&shape).await;
+        this
+    }
+
+    /// Waits until the shard map is where the elector means it to stay: every queue replica
+    /// a member, and every shard active with the owner the elector's assignment gives it.
+    /// Until then shards move, and a moved shard starts empty (docs/reliability.md), so a key
+    /// a test enqueues directly could vanish.
+    async fn settled(&self, shape: &Shape) -> ShardMap {
+        let slack = shape
+            .elector_args
+            .iter()
+            .find_map(|a| a.strip_prefix("--shard-slack=")?.parse().ok())
+            .unwrap_or(1);
+        let elector = self.of("switchyard-elector")[0].grpc_addr().to_string();
+        let mut client = ElectorClient::new(
+            Pki::shared()
+                .channel(Role::Observer, Role::Elector, &elector)
+                .await
+                .unwrap(),
+        );
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            let map = client
+                .get_shard_map(GetShardMapRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            let members: Vec<String> = map.members.iter().map(|m| m.id.clone()).collect();
+            let desired = assign(shape.shards, &members, slack);
+            let settled = members.len() == shape.queues
+                && desired.is_some_and(|owners| {
+                    map.shards.len() == owners.len()
+                        && map.shards.iter().zip(&owners).all(|(s, owner)| {
+                            s.state == ShardState::Active as i32 && s.member_id == *owner
+                        })
+                });
+            if settled {
+                return map;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the shard map did not settle within {SETTLE_TIMEOUT:?}: {map:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The processes of one service (`switchyard-queue`), in start order.
