@@ -285,53 +285,73 @@ fn every_built_in_controller_s_role_grants_what_it_declares_and_nothing_more() {
 
     let roles = base_cluster_roles();
     let mut problems = Vec::new();
-    assert_eq!(
-        switchyard_reconciler::BUILTIN_PERMISSIONS.len(),
-        switchyard_reconciler::BUILTIN.len()
-    );
-    for (controller, permissions) in switchyard_reconciler::BUILTIN_PERMISSIONS {
-        let account = switchyard_reconciler::BUILTIN_SERVICE_ACCOUNTS
-            .iter()
-            .find(|(name, _)| name == controller)
-            .map(|(_, account)| *account)
-            .unwrap_or_else(|| panic!("{controller} has no service account"));
+    for builtin in switchyard_reconciler::BUILTINS {
+        let account = builtin.service_account;
         let Some(granted) = roles.get(account) else {
-            problems.push(format!("no ClusterRole {account} for {controller}"));
+            problems.push(format!("no ClusterRole {account} for {}", builtin.name));
             continue;
         };
-        problems.extend(differences(account, granted, &expand(permissions)));
+        problems.extend(differences(account, granted, &expand(builtin.permissions)));
     }
 
-    // The watcher: what the built-in controllers watch, read and watched, nothing else.
-    let config: serde_norway::Value =
-        serde_norway::from_str(include_str!("../deploy/kustomize/base/watcher-config.yaml"))
-            .unwrap();
-    let mut watched = Grants::new();
-    let mut kind = |value: &serde_norway::Value| {
-        let api_version = value["apiVersion"].as_str().unwrap();
-        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            group,
-            version,
-            value["kind"].as_str().unwrap(),
-        ));
-        for verb in ["get", "list", "watch"] {
-            watched.insert((group.to_owned(), resource.plural.clone(), verb.to_owned()));
-        }
-    };
-    for controller in config["controllers"].as_sequence().unwrap() {
-        kind(&controller["for"]);
-        for owned in controller["owns"].as_sequence().into_iter().flatten() {
-            kind(owned);
-            if let Some(through) = owned.get("through") {
-                kind(through);
+    // The watcher: what the built-in controllers register, read and watched, nothing else;
+    // and the reconciler's identity granted those kinds in full, nothing else.
+    let mut kinds = std::collections::BTreeSet::new();
+    for (_, watches) in switchyard_reconciler::builtin_controllers().watches() {
+        let all = std::iter::once(&watches.reconciles)
+            .chain(&watches.owns)
+            .chain(&watches.by_label);
+        for watch in all {
+            for gvk in std::iter::once(&watch.gvk).chain(&watch.through) {
+                kinds.insert((gvk.group.clone(), gvk.version.clone(), gvk.kind.clone()));
             }
         }
+    }
+    let mut watched = Grants::new();
+    let mut declared_kinds = std::collections::BTreeSet::new();
+    for (group, version, kind) in &kinds {
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        for verb in ["get", "list", "watch"] {
+            watched.insert((group.clone(), resource.plural.clone(), verb.to_owned()));
+        }
+        declared_kinds.insert((resource.api_version.clone(), kind.clone()));
     }
     problems.extend(differences(
         "switchyard-watcher",
         &roles["switchyard-watcher"],
         &watched,
     ));
+    let config: serde_norway::Value =
+        serde_norway::from_str(include_str!("../deploy/kustomize/base/watcher-config.yaml"))
+            .unwrap();
+    let grant = config["registrations"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|g| g["serviceAccount"] == "switchyard-reconciler")
+        .expect("watcher-config.yaml grants switchyard-reconciler");
+    let mut granted_kinds = std::collections::BTreeSet::new();
+    for kind in grant["kinds"].as_sequence().unwrap() {
+        let named = (
+            kind["apiVersion"].as_str().unwrap().to_owned(),
+            kind["kind"].as_str().unwrap().to_owned(),
+        );
+        if kind["objects"].as_str() != Some("full") {
+            problems.push(format!(
+                "watcher-config.yaml grants {named:?} without objects: full"
+            ));
+        }
+        granted_kinds.insert(named);
+    }
+    for kind in granted_kinds.difference(&declared_kinds) {
+        problems.push(format!(
+            "watcher-config.yaml grants switchyard-reconciler {kind:?}, which no built-in controller watches"
+        ));
+    }
+    for kind in declared_kinds.difference(&granted_kinds) {
+        problems.push(format!(
+            "a built-in controller watches {kind:?}, which watcher-config.yaml does not grant switchyard-reconciler"
+        ));
+    }
     assert!(problems.is_empty(), "{problems:#?}");
 }

@@ -380,6 +380,21 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
     .await
     .unwrap();
     watcher.wait_ready().await.unwrap();
+    // The Deployment controller's watches, registered as a reconciler registers them.
+    let (_shutdown, drain) = switchyard_runtime::drain_channel();
+    let _watching = switchyard_reconciler::registration::Registration::new(
+        &Pki::shared().dialer(Role::Reconciler),
+        &watcher.grpc_addr().to_string(),
+        "zero-trust",
+        &[(
+            switchyard_reconciler::deployment::NAME.to_owned(),
+            switchyard_reconciler::deployment::watches(),
+        )],
+    )
+    .unwrap()
+    .register(&drain)
+    .await
+    .unwrap();
     let api: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
     api.create(
         &PostParams::default(),

@@ -29,16 +29,26 @@ use switchyard_reconciler_core::deployment::{
 };
 use tracing::{debug, info, warn};
 
-use crate::{Permission, RECORD_EVENTS};
+use crate::builtin::{Builtin, Permission, RECORD_EVENTS};
 use crate::{
     cache::ListFilter,
     sdk::{
-        self, Action, Context, Error, EventType, Refusal, Request, Result,
-        is_namespace_terminating, status_message,
+        self, Action, Builder, Context, Error, EventType, Options, Predicate, Refusal, Request,
+        Result, Watches, is_namespace_terminating, status_message,
     },
 };
 
 pub const NAME: &str = switchyard_work::builtin::DEPLOYMENT;
+
+/// This controller, as the reconciler's list of built-ins names it.
+pub const BUILTIN: Builtin = Builtin {
+    name: NAME,
+    service_account: "switchyard-deployment-controller",
+    permissions: PERMISSIONS,
+    register: |registry| {
+        registry.register(DeploymentController);
+    },
+};
 
 /// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): write
 /// ReplicaSets, read a Deployment before adopting, write the status and set
@@ -64,9 +74,23 @@ const SCALING_REPLICA_SET: &str = "ScalingReplicaSet";
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeploymentController;
 
+/// Every change of a Deployment; every change of a ReplicaSet it controls (its status sums
+/// theirs); and a Pod of such a ReplicaSet created, deleted or relabeled: Recreate starts the
+/// new Pods once the last old one is gone (kube-controller-manager's deletePod).
+pub fn watches() -> Watches {
+    Builder::for_::<Deployment>()
+        .owns::<ReplicaSet>()
+        .owns_through::<Pod, ReplicaSet>(Options::default().predicates([Predicate::LabelsChanged]))
+        .into_watches()
+}
+
 impl crate::sdk::Controller for DeploymentController {
     fn name(&self) -> &str {
         NAME
+    }
+
+    fn watches(&self) -> Option<Watches> {
+        Some(watches())
     }
 
     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {

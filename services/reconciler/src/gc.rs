@@ -40,11 +40,21 @@ use switchyard_reconciler_core::gc::{
 };
 use tracing::{debug, info};
 
+use crate::builtin::{Builtin, Permission, RECORD_EVENTS};
 use crate::sdk::{Action, Context, Controller, Error, EventType, Refusal, Request, Result};
-use crate::{Permission, RECORD_EVENTS};
 
 /// The name the collector's keys carry (the watcher's `garbageCollector.controller`).
 pub const NAME: &str = switchyard_work::builtin::GARBAGE_COLLECTOR;
+
+/// This controller, as the reconciler's list of built-ins names it.
+pub const BUILTIN: Builtin = Builtin {
+    name: NAME,
+    service_account: "switchyard-garbage-collector",
+    permissions: PERMISSIONS,
+    register: |registry| {
+        registry.register(GarbageCollector::default());
+    },
+};
 
 /// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): read
 /// owners and dependents, delete dependents and patch away owner references and its

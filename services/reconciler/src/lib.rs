@@ -10,6 +10,7 @@
 //! Built-in controllers: ReplicaSet ([`replicaset`]), Deployment ([`deployment`]), the garbage
 //! collector ([`gc`]) and Namespace ([`namespace`]).
 
+pub mod builtin;
 pub mod cache;
 pub mod deployment;
 pub mod finalizer;
@@ -34,6 +35,7 @@ use switchyard_runtime::{
 };
 use tracing::info;
 
+pub use crate::builtin::{Builtin, Permission, RECORD_EVENTS};
 use crate::{
     cache::{CacheClient, CacheError},
     ratelimit::RateLimitLayer,
@@ -234,59 +236,27 @@ fn check_namespace(name: &str) -> std::result::Result<(), &'static str> {
     Ok(())
 }
 
-/// The service account each built-in controller acts as under
-/// `--controller-service-accounts`; `deploy/kustomize/base/rbac.yaml` gives each only the
-/// verbs it needs.
-pub const BUILTIN_SERVICE_ACCOUNTS: &[(&str, &str)] = &[
-    (replicaset::NAME, "switchyard-replicaset-controller"),
-    (deployment::NAME, "switchyard-deployment-controller"),
-    (gc::NAME, "switchyard-garbage-collector"),
-    (namespace::NAME, "switchyard-namespace-controller"),
-];
-
-/// One RBAC rule a controller's account needs: `verbs` on `resources` of API `group` (`""`
-/// the core group, `"*"` every group).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Permission {
-    pub group: &'static str,
-    pub resources: &'static [&'static str],
-    pub verbs: &'static [&'static str],
-}
-
-impl Permission {
-    pub const fn new(
-        group: &'static str,
-        resources: &'static [&'static str],
-        verbs: &'static [&'static str],
-    ) -> Self {
-        Self {
-            group,
-            resources,
-            verbs,
-        }
-    }
-}
-
-/// Events (`events.k8s.io/v1`), as every built-in controller records them.
-pub const RECORD_EVENTS: Permission =
-    Permission::new("events.k8s.io", &["events"], &["create", "patch"]);
-
-/// What each built-in controller's account may do, declared beside the controller; the
-/// kustomize base's role for the account grants exactly this (`tests/boundaries.rs`).
-pub const BUILTIN_PERMISSIONS: &[(&str, &[Permission])] = &[
-    (replicaset::NAME, replicaset::PERMISSIONS),
-    (deployment::NAME, deployment::PERMISSIONS),
-    (gc::NAME, gc::PERMISSIONS),
-    (namespace::NAME, namespace::PERMISSIONS),
+/// The controllers built into the reconciler, each declared in its adapter module, in the
+/// order of `switchyard_work::builtin::ALL`.
+pub const BUILTINS: &[Builtin] = &[
+    replicaset::BUILTIN,
+    deployment::BUILTIN,
+    gc::BUILTIN,
+    namespace::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in
 /// `namespace`; `None` for a controller that is not built in.
 pub fn controller_user(controller: &str, namespace: &str) -> Option<String> {
-    BUILTIN_SERVICE_ACCOUNTS
+    BUILTINS
         .iter()
-        .find(|(name, _)| *name == controller)
-        .map(|(_, account)| format!("system:serviceaccount:{namespace}:{account}"))
+        .find(|builtin| builtin.name == controller)
+        .map(|builtin| {
+            format!(
+                "system:serviceaccount:{namespace}:{}",
+                builtin.service_account
+            )
+        })
 }
 
 /// The names of the controllers built into the reconciler: what a queue serving this
@@ -297,10 +267,9 @@ pub const BUILTIN: &[&str] = switchyard_work::builtin::ALL;
 /// The controllers built into the reconciler.
 pub fn builtin_controllers() -> Registry {
     let mut registry = Registry::default();
-    registry.register(replicaset::ReplicaSetController);
-    registry.register(deployment::DeploymentController);
-    registry.register(gc::GarbageCollector::default());
-    registry.register(namespace::NamespaceController);
+    for builtin in BUILTINS {
+        (builtin.register)(&mut registry);
+    }
     registry
 }
 
@@ -497,8 +466,19 @@ mod tests {
     }
 
     #[test]
+    fn the_built_in_table_follows_the_one_list_of_names() {
+        let names: Vec<&str> = BUILTINS.iter().map(|b| b.name).collect();
+        assert_eq!(names, BUILTIN);
+        let mut registered = builtin_controllers().names();
+        registered.sort_unstable();
+        let mut names = names;
+        names.sort_unstable();
+        assert_eq!(registered, names);
+    }
+
+    #[test]
     fn every_built_in_controller_has_a_service_account_of_its_own() {
-        let mut accounts: Vec<&str> = BUILTIN_SERVICE_ACCOUNTS.iter().map(|(_, a)| *a).collect();
+        let mut accounts: Vec<&str> = BUILTINS.iter().map(|b| b.service_account).collect();
         accounts.sort_unstable();
         accounts.dedup();
         assert_eq!(accounts.len(), BUILTIN.len());

@@ -40,10 +40,22 @@ use switchyard_reconciler_core::namespace::{
 };
 use tracing::{debug, info, warn};
 
-use crate::sdk::{Action, Context, Controller, Error, Refusal, Request, Result, status_message};
-use crate::{Permission, RECORD_EVENTS};
+use crate::builtin::{Builtin, Permission, RECORD_EVENTS};
+use crate::sdk::{
+    Action, Builder, Context, Controller, Error, Refusal, Request, Result, Watches, status_message,
+};
 
 pub const NAME: &str = switchyard_work::builtin::NAMESPACE;
+
+/// This controller, as the reconciler's list of built-ins names it.
+pub const BUILTIN: Builtin = Builtin {
+    name: NAME,
+    service_account: "switchyard-namespace-controller",
+    permissions: PERMISSIONS,
+    register: |registry| {
+        registry.register(NamespaceController);
+    },
+};
 
 /// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): read the
 /// namespace, write its conditions and remove its finalizer, empty it of every resource,
@@ -77,9 +89,19 @@ const METADATA_LIST: &str =
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NamespaceController;
 
+/// Every change of a Namespace: one being deleted is emptied, then its `kubernetes`
+/// finalizer removed; one not being deleted is done at the cache, with no apiserver call.
+pub fn watches() -> Watches {
+    Builder::for_::<Namespace>().into_watches()
+}
+
 impl Controller for NamespaceController {
     fn name(&self) -> &str {
         NAME
+    }
+
+    fn watches(&self) -> Option<Watches> {
+        Some(watches())
     }
 
     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {

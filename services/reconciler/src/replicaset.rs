@@ -36,12 +36,12 @@ use switchyard_reconciler_core::{
 };
 use tracing::{debug, warn};
 
-use crate::{Permission, RECORD_EVENTS};
+use crate::builtin::{Builtin, Permission, RECORD_EVENTS};
 use crate::{
     cache::{CacheClient, ListFilter},
     sdk::{
-        self, Action, Context, Controller, Error, EventType, Refusal, Request, Result,
-        is_namespace_terminating, status_message,
+        self, Action, Builder, Context, Controller, Error, EventType, Options, Refusal, Request,
+        Result, Watches, is_namespace_terminating, status_message,
     },
 };
 
@@ -52,6 +52,16 @@ const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
 const FAILED_DELETE: &str = "FailedDelete";
 
 pub const NAME: &str = switchyard_work::builtin::REPLICASET;
+
+/// This controller, as the reconciler's list of built-ins names it.
+pub const BUILTIN: Builtin = Builtin {
+    name: NAME,
+    service_account: "switchyard-replicaset-controller",
+    permissions: PERMISSIONS,
+    register: |registry| {
+        registry.register(ReplicaSetController);
+    },
+};
 
 /// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): write
 /// Pods and list their metadata, read a ReplicaSet before adopting, write the status and set
@@ -71,9 +81,27 @@ pub const PERMISSIONS: &[Permission] = &[
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReplicaSetController;
 
+/// Every change of a ReplicaSet, its status included (whoever changes it, the controller
+/// repairs the drift, as kube-controller-manager does), and every change of a Pod it
+/// controls: the status counts ready and available Pods. Pod changes are held 250 ms, so
+/// that Pods turning Ready one after another are one status write, not one each
+/// (kube-controller-manager's Job controller batches its Pod events for 1 s).
+pub fn watches() -> Watches {
+    Builder::for_::<ReplicaSet>()
+        .owns_with::<Pod>(Options::default().batch_period(POD_BATCH_PERIOD))
+        .into_watches()
+}
+
+/// How long a Pod change's key is held (`watches`).
+const POD_BATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl Controller for ReplicaSetController {
     fn name(&self) -> &str {
         NAME
+    }
+
+    fn watches(&self) -> Option<Watches> {
+        Some(watches())
     }
 
     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {

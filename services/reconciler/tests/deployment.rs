@@ -49,12 +49,16 @@ struct Stack {
 impl Stack {
     async fn start(plane: &ControlPlane, namespace: &str) -> Self {
         let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
-        let watcher =
-            support::watcher(plane, &support::deploy_config(namespace), queue.grpc()).await;
+        let watcher = support::watcher(
+            plane,
+            &support::watcher_config(&[namespace], ""),
+            queue.grpc(),
+        )
+        .await;
         watcher.wait_ready(WITHIN).await;
         let reconciler = support::reconciler(
             plane,
-            switchyard_reconciler::builtin_controllers(),
+            support::builtins(&[support::RS, support::DEPLOY]),
             queue.grpc(),
             watcher.grpc(),
             &[],

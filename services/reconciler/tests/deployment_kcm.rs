@@ -320,11 +320,16 @@ async fn the_same_scenario_ends_the_same_under_kube_controller_manager_and_switc
         .await
         .unwrap();
     let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
-    let watcher = support::watcher(plane, &support::deploy_config(ns.name()), queue.grpc()).await;
+    let watcher = support::watcher(
+        plane,
+        &support::watcher_config(&[ns.name()], ""),
+        queue.grpc(),
+    )
+    .await;
     watcher.wait_ready(WITHIN).await;
     let reconciler = support::reconciler(
         plane,
-        switchyard_reconciler::builtin_controllers(),
+        support::builtins(&[support::RS, support::DEPLOY]),
         queue.grpc(),
         watcher.grpc(),
         &[],

@@ -98,7 +98,8 @@ async fn replica_sets_on_every_queue_replica_converge_and_keep_converging_after_
     let map = until_assigned(&elector, &["q0", "q1"]).await;
 
     let route = format!("--elector-addr={elector}");
-    let watcher = support::watcher_routed(plane, &support::rs_config(ns.name()), &route).await;
+    let watcher =
+        support::watcher_routed(plane, &support::watcher_config(&[ns.name()], ""), &route).await;
     watcher.wait_ready(WITHIN).await;
     let reconciler = support::reconciler_routed(
         plane,

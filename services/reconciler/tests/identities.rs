@@ -23,7 +23,7 @@ use switchyard_k8s::{
         rbac::v1::{ClusterRole, ClusterRoleBinding},
     },
 };
-use switchyard_reconciler::BUILTIN_SERVICE_ACCOUNTS;
+use switchyard_reconciler::BUILTINS;
 use switchyard_testenv::{ControlPlane, TestNamespace, manifests};
 
 /// How long a controller without a role is watched doing nothing.
@@ -36,7 +36,7 @@ fn base_roles() -> Vec<(String, Value)> {
         "/../../deploy/kustomize/base/rbac.yaml"
     );
     let text = std::fs::read_to_string(path).unwrap();
-    let accounts: Vec<&str> = BUILTIN_SERVICE_ACCOUNTS.iter().map(|(_, a)| *a).collect();
+    let accounts: Vec<&str> = BUILTINS.iter().map(|b| b.service_account).collect();
     let roles: Vec<(String, Value)> = text
         .split("\n---\n")
         .map(|doc| serde_norway::from_str::<Value>(doc).unwrap())
@@ -94,7 +94,7 @@ async fn each_built_in_controller_writes_as_its_own_account_with_only_its_role()
         .await
         .unwrap();
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns.name());
-    for (_, account) in BUILTIN_SERVICE_ACCOUNTS {
+    for account in BUILTINS.iter().map(|b| b.service_account) {
         let sa: ServiceAccount =
             serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
         accounts.create(&PostParams::default(), &sa).await.unwrap();

@@ -41,7 +41,7 @@ use switchyard_testenv::{
     ControlPlane, KWOK_IMAGE_PULL_FAILS, ServiceProcess, TestNamespace, manifests,
 };
 
-use support::{DEPLOY, RS, SHARDS, WITHIN};
+use support::{DEPLOY, RS, WITHIN};
 
 /// How long one step may take.
 const STEP: Duration = Duration::from_secs(60);
@@ -710,27 +710,6 @@ async fn run(
     (outcome, tamper)
 }
 
-fn watcher_config(namespaces: &[&str]) -> String {
-    format!(
-        r#"
-shardCount: {SHARDS}
-namespaces:
-  include: [{}]
-controllers:
-  - name: {RS}
-    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
-    owns:
-      - {{apiVersion: v1, kind: Pod}}
-  - name: {DEPLOY}
-    for: {{apiVersion: apps/v1, kind: Deployment}}
-    owns:
-      - {{apiVersion: apps/v1, kind: ReplicaSet}}
-      - {{apiVersion: v1, kind: Pod, through: {{apiVersion: apps/v1, kind: ReplicaSet}}, predicates: [labelsChanged]}}
-"#,
-        namespaces.join(", ")
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn level_triggered_scenarios_end_the_same_under_kube_controller_manager_and_switchyard() {
     let plane = ControlPlane::shared().expect("control plane");
@@ -756,7 +735,12 @@ async fn level_triggered_scenarios_end_the_same_under_kube_controller_manager_an
     let started = Instant::now();
     let ns = Namespaces::create(plane, &client, "sy").await;
     let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
-    let watcher = support::watcher(plane, &watcher_config(&ns.names()), queue.grpc()).await;
+    let watcher = support::watcher(
+        plane,
+        &support::watcher_config(&ns.names(), ""),
+        queue.grpc(),
+    )
+    .await;
     watcher.wait_ready(WITHIN).await;
     // A process of its own, so that its log can be read.
     let queue_addr = format!("--queue-addr={}", queue.grpc());
@@ -764,7 +748,13 @@ async fn level_triggered_scenarios_end_the_same_under_kube_controller_manager_an
     let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
     let mut reconciler = ServiceProcess::start(
         Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
-        &[&kubeconfig, &queue_addr, &watcher_addr, "--log-format=json"],
+        &[
+            &kubeconfig,
+            &queue_addr,
+            &watcher_addr,
+            "--log-format=json",
+            &format!("--controllers={RS},{DEPLOY}"),
+        ],
         &[],
     )
     .await

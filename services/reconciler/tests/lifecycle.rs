@@ -12,17 +12,20 @@ async fn starts_reports_ready_and_stops_cleanly_on_sigterm() {
     // The binary runs every built-in controller; the queue serves them all.
     let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
     let queue_addr = queue.grpc().to_string();
+    // The controllers register their watches before the workers start.
+    let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
+    let watcher_addr = watcher.grpc().to_string();
     switchyard_testenv::assert_service_lifecycle(
         std::path::Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
         "switchyard-reconciler",
         &[
             ("KUBECONFIG", &kubeconfig),
             ("SWITCHYARD_QUEUE_ADDR", &queue_addr),
-            // Read lazily: nothing is reconciled in this test.
-            ("SWITCHYARD_WATCHER_ADDR", "127.0.0.1:1"),
+            ("SWITCHYARD_WATCHER_ADDR", &watcher_addr),
         ],
     )
     .await;
+    watcher.stop().await;
     queue.stop().await;
 }
 

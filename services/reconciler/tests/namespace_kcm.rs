@@ -500,7 +500,7 @@ async fn a_namespace_of_1000_objects_ends_the_same_under_kube_controller_manager
         .await
         .unwrap();
     let queue = support::queue(&[NS], &[]).await;
-    let watcher = support::watcher(plane, &support::namespace_config(), queue.grpc()).await;
+    let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
     watcher.wait_ready(WITHIN).await;
     let reconciler = support::reconciler(
         plane,

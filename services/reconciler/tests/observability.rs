@@ -117,7 +117,7 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
     .await;
     let mut config = tempfile::NamedTempFile::new().unwrap();
     config
-        .write_all(support::deploy_config(ns.name()).as_bytes())
+        .write_all(support::watcher_config(&[ns.name()], "").as_bytes())
         .unwrap();
     let watcher_env = otel("watcher", Role::Watcher);
     let watcher = start(
@@ -131,7 +131,7 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
     )
     .await;
     let reconciler_env = otel("reconciler", Role::Reconciler);
-    // Every built-in controller.
+    // The workload controllers (the namespace controller's watches cover every Namespace).
     let reconciler = start(
         Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
         &[
@@ -139,6 +139,7 @@ async fn traces_follow_a_deployment_rollout_from_watch_events_to_apiserver_write
             &format!("--queue-addr={}", queue.grpc_addr()),
             &format!("--watcher-addr={}", watcher.grpc_addr()),
             "--log-level=info,switchyard_reconciler=debug",
+            &format!("--controllers={RS},{DEPLOY}"),
         ],
         &as_refs(&reconciler_env),
     )

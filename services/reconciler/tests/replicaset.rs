@@ -120,7 +120,12 @@ async fn replica_set_gets_its_pods_scales_and_replaces_without_overshooting() {
         .await
         .unwrap();
     let queue = support::queue(&[RS], &[]).await;
-    let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
+    let watcher = support::watcher(
+        plane,
+        &support::watcher_config(&[ns.name()], ""),
+        queue.grpc(),
+    )
+    .await;
     watcher.wait_ready(WITHIN).await;
     // Two workers: the key moves between them, and each must see the other's writes.
     let mut reconcilers = Vec::new();
@@ -221,7 +226,12 @@ async fn replica_set_adopts_matching_orphans_and_releases_pods_that_stop_matchin
         .await
         .unwrap();
     let queue = support::queue(&[RS], &[]).await;
-    let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
+    let watcher = support::watcher(
+        plane,
+        &support::watcher_config(&[ns.name()], ""),
+        queue.grpc(),
+    )
+    .await;
     watcher.wait_ready(WITHIN).await;
     let reconciler = support::reconciler(
         plane,
@@ -319,8 +329,14 @@ async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
         .unwrap();
     // Nobody leases from this queue: the reconciles below are the only ones.
     let queue = support::queue(&[RS], &[]).await;
-    let watcher = support::watcher(plane, &support::rs_config(ns.name()), queue.grpc()).await;
+    let watcher = support::watcher(
+        plane,
+        &support::watcher_config(&[ns.name()], ""),
+        queue.grpc(),
+    )
+    .await;
     watcher.wait_ready(WITHIN).await;
+    let _watching = support::register(watcher.grpc(), &support::replica_set_controller()).await;
     // Two watcher addresses, one of them down: every read it gets goes on to the other.
     let mut ctx = Context::new(
         client.clone(),
@@ -478,12 +494,13 @@ async fn after_a_shard_move_pods_missing_from_the_cache_are_confirmed_before_cre
     let proxy = support::HeldProxy::start(plane).await;
     let watcher = support::watcher_reaching(
         proxy.kubeconfig(),
-        &support::rs_config(ns.name()),
+        &support::watcher_config(&[ns.name()], ""),
         &format!("--queue-addr={}", queue.grpc()),
         "127.0.0.1:0",
     )
     .await;
     watcher.wait_ready(WITHIN).await;
+    let _watching = support::register(watcher.grpc(), &support::replica_set_controller()).await;
     let cache = CacheClient::new(
         &Pki::shared().dialer(Role::Reconciler),
         &watcher.grpc().to_string(),

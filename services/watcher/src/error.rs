@@ -24,6 +24,13 @@ pub enum ApiError {
     Unavailable(String),
     #[error("gvk: {gvk} is not watched by this watcher (it watches {watched})")]
     NotWatched { gvk: Gvk, watched: String },
+    /// Granted to the caller, and watched for no registration now (the watcher restarted
+    /// and the reconcilers have not registered again yet).
+    #[error(
+        "gvk: {0} is watched for no registration of this watcher now (it restarted lately, or \
+         no reconciler registered the kind): a reconciler that registers it brings it back"
+    )]
+    NotRegistered(Gvk),
     #[error("the cache of {0} has not finished its initial list")]
     NotSynced(Gvk),
     #[error(
@@ -64,9 +71,10 @@ impl From<ApiError> for Status {
             ApiError::NotWatched { .. } | ApiError::NoGraph | ApiError::NotServed(_) => {
                 Status::not_found(message)
             }
-            ApiError::NotSynced(_) | ApiError::GraphNotSynced | ApiError::Unavailable(_) => {
-                Status::unavailable(message)
-            }
+            ApiError::NotSynced(_)
+            | ApiError::NotRegistered(_)
+            | ApiError::GraphNotSynced
+            | ApiError::Unavailable(_) => Status::unavailable(message),
             ApiError::NotFresh { .. } => Status::deadline_exceeded(message),
             ApiError::Denied(_) => Status::permission_denied(message),
         }

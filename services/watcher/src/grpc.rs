@@ -92,6 +92,10 @@ impl CacheService {
         };
         match self.caches.find(&wanted) {
             Some(cache) => Ok((cache, objects)),
+            // Granted to the caller and watched for none of its registrations now: after a
+            // restart of this watcher, until the reconcilers have registered again. A retry
+            // (or the other watcher replica) may answer.
+            None if caller.is_some() => Err(ApiError::NotRegistered(wanted)),
             None => Err(ApiError::NotWatched {
                 watched: self.caches.watched(),
                 gvk: wanted,

@@ -223,7 +223,10 @@ async fn a_registration_starts_informers_that_key_and_serve_until_its_stream_end
         .into_inner();
     assert!(got.found);
 
-    // The stream ends: the informers stop, their caches go.
+    // The stream ends: the informers stop, their caches go. A kind granted to the caller
+    // answers UNAVAILABLE until a registration brings it back (a restarted watcher, before
+    // the reconcilers register again), so that the read is retried or goes to another
+    // replica.
     drop(stream);
     eventually("the informers stop when the stream ends", async || {
         total(&watcher, INFORMERS).await == 0.0 && watcher.metric(REGISTRATIONS).await == 0.0
@@ -233,9 +236,11 @@ async fn a_registration_starts_informers_that_key_and_serve_until_its_stream_end
         .get(get("ConfigMap", &ns, "settings"))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(
-        status.message().contains("v1/ConfigMap is not watched"),
+        status
+            .message()
+            .contains("v1/ConfigMap is watched for no registration of this watcher now"),
         "{}",
         status.message()
     );

@@ -159,6 +159,22 @@ impl<K: Object> Builder<K> {
         self
     }
 
+    /// The watches alone, for a controller that implements [`Controller`] itself and
+    /// returns them from [`Controller::watches`] (the built-in controllers do). A
+    /// [`Map::with`] function runs in the reconcile of a controller the builder makes, so
+    /// it needs [`Builder::reconcile`] instead.
+    ///
+    /// # Panics
+    ///
+    /// If a [`Map::with`] was given: a programming error, met when the controller starts.
+    pub fn into_watches(self) -> Watches {
+        assert!(
+            self.mappings.is_empty(),
+            "Builder::into_watches: a Map::with mapping needs Builder::reconcile"
+        );
+        self.watches
+    }
+
     /// The controller, reconciling with `reconcile(object, ctx)`; a failure is retried with
     /// the queue's backoff unless an [`Built::error_policy`] says otherwise.
     pub fn reconcile<F, Fut>(self, reconcile: F) -> Built<K, F, Policy>

@@ -20,7 +20,7 @@ use switchyard_k8s::{
 use switchyard_reconciler_core::replicaset::{controller_of, is_active};
 use switchyard_testenv::{ControlPlane, InProcess, manifests};
 
-use crate::support::{self, DEPLOY, RS, SHARDS, WITHIN};
+use crate::support::{self, DEPLOY, RS, WITHIN};
 
 /// How long a collector may take to reach a scenario's end state.
 pub const COLLECTED_WITHIN: Duration = Duration::from_secs(30);
@@ -113,24 +113,7 @@ impl Stack {
     /// As [`Stack::start`], the reconciler with these flags besides.
     pub async fn start_with(plane: &ControlPlane, namespaces: &[&str], flags: &[&str]) -> Self {
         let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
-        let config = format!(
-            r#"
-shardCount: {SHARDS}
-namespaces:
-  include: [{}]
-garbageCollector: {{}}
-controllers:
-  - name: {RS}
-    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
-    owns:
-      - {{apiVersion: v1, kind: Pod}}
-  - name: {DEPLOY}
-    for: {{apiVersion: apps/v1, kind: Deployment}}
-    owns:
-      - {{apiVersion: apps/v1, kind: ReplicaSet}}
-"#,
-            namespaces.join(", ")
-        );
+        let config = support::watcher_config(namespaces, "garbageCollector: {}\n");
         let watcher = support::watcher(plane, &config, queue.grpc()).await;
         watcher.wait_ready(Duration::from_secs(60)).await;
         let mut stack = Self {
@@ -149,7 +132,7 @@ controllers:
     async fn start_reconciler_with(&mut self, plane: &ControlPlane, flags: &[&str]) {
         let reconciler = support::reconciler(
             plane,
-            switchyard_reconciler::builtin_controllers(),
+            support::builtins(&[RS, DEPLOY, switchyard_reconciler::gc::NAME]),
             self.queue.grpc(),
             self.watcher.grpc(),
             flags,

@@ -25,16 +25,12 @@ pub const WITHIN: Duration = Duration::from_secs(30);
 
 /// The ReplicaSet controller alone, for tests whose queue serves only its keys.
 pub fn replica_set_controller() -> Registry {
-    let mut registry = Registry::default();
-    registry.register(switchyard_reconciler::replicaset::ReplicaSetController);
-    registry
+    builtins(&[RS])
 }
 
 /// The namespace controller alone.
 pub fn namespace_controller() -> Registry {
-    let mut registry = Registry::default();
-    registry.register(switchyard_reconciler::namespace::NamespaceController);
-    registry
+    builtins(&[NS])
 }
 
 /// A queue serving every shard (static mode) for `controllers`.
@@ -161,57 +157,31 @@ pub async fn reconciler_routed(
     InProcess::spawn(rt, None)
 }
 
-/// The ReplicaSet controller's watcher configuration for one namespace (Pods in full: the
-/// controller needs their status).
-pub fn rs_config(namespace: &str) -> String {
-    format!(
-        r#"
-shardCount: {SHARDS}
-namespaces:
-  include: [{namespace}]
-controllers:
-  - name: {RS}
-    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
-    owns:
-      - {{apiVersion: v1, kind: Pod}}
-"#
-    )
+/// A test's watcher configuration: the shard count, the namespaces watched (none: every
+/// namespace), `more` (YAML keys, `garbageCollector: {}` for one), and the kustomize base's
+/// grants, so that the built-in controllers register their own watches as they do when
+/// deployed.
+pub fn watcher_config(namespaces: &[&str], more: &str) -> String {
+    let base = include_str!("../../../../deploy/kustomize/base/watcher-config.yaml");
+    let (_, grants) = base
+        .split_once("\nregistrations:")
+        .expect("the base grants the built-in controllers' kinds");
+    let namespaces = if namespaces.is_empty() {
+        String::new()
+    } else {
+        format!("namespaces:\n  include: [{}]\n", namespaces.join(", "))
+    };
+    format!("shardCount: {SHARDS}\n{namespaces}{more}registrations:{grants}")
 }
 
-/// The ReplicaSet and Deployment controllers' watcher configuration for one namespace: a Pod
-/// keys its ReplicaSet, and (created, deleted or relabeled) the Deployment of that ReplicaSet,
-/// which Recreate waits on.
-pub fn deploy_config(namespace: &str) -> String {
-    format!(
-        r#"
-shardCount: {SHARDS}
-namespaces:
-  include: [{namespace}]
-controllers:
-  - name: {RS}
-    for: {{apiVersion: apps/v1, kind: ReplicaSet}}
-    owns:
-      - {{apiVersion: v1, kind: Pod}}
-  - name: {DEPLOY}
-    for: {{apiVersion: apps/v1, kind: Deployment}}
-    owns:
-      - {{apiVersion: apps/v1, kind: ReplicaSet}}
-      - {{apiVersion: v1, kind: Pod, through: {{apiVersion: apps/v1, kind: ReplicaSet}}, predicates: [labelsChanged]}}
-"#
-    )
-}
-
-/// The namespace controller's watcher configuration: every Namespace (cluster-scoped, so no
-/// namespace selection applies) keys itself.
-pub fn namespace_config() -> String {
-    format!(
-        r#"
-shardCount: {SHARDS}
-controllers:
-  - name: {NS}
-    for: {{apiVersion: v1, kind: Namespace}}
-"#
-    )
+/// The built-in controllers named, alone: a test runs those it is about, so that no other
+/// registers its watches (the namespace controller's cover every Namespace of the cluster).
+pub fn builtins(names: &[&str]) -> Registry {
+    let mut registry = switchyard_reconciler::builtin_controllers();
+    registry
+        .retain(&names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+        .unwrap();
+    registry
 }
 
 /// A ReplicaSet whose Pods also carry `tier=web` (a label the selector does not name).
@@ -372,4 +342,24 @@ async fn relay(
             return;
         }
     }
+}
+
+/// The watches of `registry`'s controllers, registered with the watcher at `watcher` as a
+/// reconciler registers them at start, for a test that calls a controller itself. The
+/// registration lasts as long as the value returned.
+pub async fn register(
+    watcher: SocketAddr,
+    registry: &Registry,
+) -> Vec<switchyard_reconciler::registration::Held> {
+    let (_shutdown, drain) = switchyard_runtime::drain_channel();
+    switchyard_reconciler::registration::Registration::new(
+        &Pki::shared().dialer(Role::Reconciler),
+        &watcher.to_string(),
+        "test",
+        &registry.watches(),
+    )
+    .unwrap()
+    .register(&drain)
+    .await
+    .unwrap()
 }

@@ -924,28 +924,20 @@ controllers:
     }
 
     #[test]
-    fn the_shipped_configuration_is_valid_and_maps_pods_through_replica_sets() {
+    fn the_shipped_configuration_keeps_the_graph_and_grants_and_no_controller() {
         let shipped = include_str!("../../../../deploy/kustomize/base/watcher-config.yaml");
         let config = Config::from_yaml(shipped).unwrap();
+        // The built-in controllers register their watches; the file keys the graph alone.
+        assert_eq!(config.controllers(), [DEFAULT_COLLECTOR]);
+        assert!(config.resources.is_empty() && config.rules.is_empty());
+        let pod = Gvk::parse("v1", "Pod").unwrap();
         assert_eq!(
-            config.controllers(),
-            [
-                "apps/v1/ReplicaSet",
-                "apps/v1/Deployment",
-                "v1/Namespace",
-                DEFAULT_COLLECTOR
-            ]
+            config.access("switchyard-reconciler", &pod),
+            Some(Objects::Full)
         );
-        let rs = config
-            .resources
-            .iter()
-            .position(|r| r.gvk.kind == "ReplicaSet")
-            .unwrap();
-        assert!(config.rules.iter().any(|r| r.kind
-            == RuleKind::Owns {
-                owner: Gvk::parse("apps/v1", "Deployment").unwrap(),
-                through: Some(rs),
-            }));
+        assert_eq!(config.access("someone-else", &pod), None);
+        let secret = Gvk::parse("v1", "Secret").unwrap();
+        assert_eq!(config.access("switchyard-reconciler", &secret), None);
     }
 
     #[test]

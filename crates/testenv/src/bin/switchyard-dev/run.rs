@@ -143,22 +143,12 @@ pub struct Own {
     pub grants: Vec<String>,
 }
 
-/// The controllers the built-in watcher configuration keys: what the queues serve by default.
-fn builtin_controllers() -> anyhow::Result<Vec<String>> {
-    let config: serde_json::Value = serde_norway::from_str(WATCHER_CONFIG)?;
-    let mut names: Vec<String> = config["controllers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["name"].as_str().map(str::to_owned))
-        .collect();
-    if let Some(collector) = config.get("garbageCollector") {
-        let name = collector["controller"]
-            .as_str()
-            .unwrap_or("garbage-collector");
-        names.push(name.to_owned());
-    }
-    Ok(names)
+/// The built-in controllers: what the queues serve by default.
+fn builtin_controllers() -> Vec<String> {
+    switchyard_work::builtin::ALL
+        .iter()
+        .map(|name| (*name).to_owned())
+        .collect()
 }
 
 /// Installs the CustomResourceDefinitions in `paths` and waits until each is established;
@@ -197,21 +187,33 @@ async fn install_crds(client: &Client, paths: &[PathBuf]) -> anyhow::Result<Vec<
     Ok(kinds)
 }
 
-/// The built-in watcher configuration, with `registrations` granting the reconciler's
-/// identity `kinds` (apiVersion, Kind) in full: what a reconciler of one's own registers.
-fn watcher_config(kinds: &[(String, String)]) -> String {
+/// The built-in watcher configuration, its grant to the reconciler's identity widened by
+/// `kinds` (apiVersion, Kind) in full: what a reconciler of one's own registers.
+fn watcher_config(kinds: &[(String, String)]) -> anyhow::Result<String> {
     if kinds.is_empty() {
-        return WATCHER_CONFIG.to_owned();
+        return Ok(WATCHER_CONFIG.to_owned());
     }
-    let mut config = format!(
-        "{WATCHER_CONFIG}registrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n"
-    );
+    let mut config: serde_json::Value = serde_norway::from_str(WATCHER_CONFIG)?;
+    let grant = config["registrations"]
+        .as_array_mut()
+        .and_then(|grants| {
+            grants
+                .iter_mut()
+                .find(|g| g["serviceAccount"] == "switchyard-reconciler")
+        })
+        .and_then(|grant| grant["kinds"].as_array_mut())
+        .context("the built-in watcher configuration grants switchyard-reconciler no kinds")?;
     for (api_version, kind) in kinds {
-        config.push_str(&format!(
-            "      - {{apiVersion: {api_version}, kind: {kind}, objects: full}}\n"
-        ));
+        let listed = grant
+            .iter()
+            .any(|g| g["apiVersion"] == api_version.as_str() && g["kind"] == kind.as_str());
+        if !listed {
+            grant.push(
+                serde_json::json!({"apiVersion": api_version, "kind": kind, "objects": "full"}),
+            );
+        }
     }
-    config
+    Ok(serde_norway::to_string(&config)?)
 }
 
 /// `--grant` values (apiVersion/Kind, the apiVersion with or without a group) as
@@ -269,7 +271,7 @@ pub async fn run(
             &cluster,
             &etcd,
             own.as_ref(),
-            &watcher_config(&grants),
+            &watcher_config(&grants)?,
             &mut running,
         )
         .await
@@ -309,7 +311,7 @@ async fn start_services(
     running: &mut Vec<(String, ServiceProcess)>,
 ) -> anyhow::Result<()> {
     let kubeconfig = cluster.kubeconfig().display().to_string();
-    let mut served = builtin_controllers()?;
+    let mut served = builtin_controllers();
     if let Some(own) = own {
         served.extend(own.controllers.iter().cloned());
     }

@@ -1,0 +1,48 @@
+//! What a built-in controller declares beside its code, in its adapter module, as one
+//! [`Builtin`]: its name, the service account it acts as, what that account may do, and how
+//! it is registered. The reconciler's list of them (`crate::BUILTINS`) is the one place the
+//! reconciler, its flags and the kustomize base's checks read it from.
+
+use crate::sdk::Registry;
+
+/// A controller built into the reconciler.
+#[derive(Clone, Copy, Debug)]
+pub struct Builtin {
+    /// The name its keys carry, from `switchyard_work::builtin` (the queue's default
+    /// `--controllers` comes from the same list).
+    pub name: &'static str,
+    /// The service account it acts as under `--controller-service-accounts`;
+    /// `deploy/kustomize/base/rbac.yaml` binds it a role of its own.
+    pub service_account: &'static str,
+    /// What that account may do: the role grants exactly this (`tests/boundaries.rs`).
+    pub permissions: &'static [Permission],
+    /// Adds the controller (and its watches, which it declares itself) to a registry.
+    pub register: fn(&mut Registry),
+}
+
+/// One RBAC rule a controller's account needs: `verbs` on `resources` of API `group` (`""`
+/// the core group, `"*"` every group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Permission {
+    pub group: &'static str,
+    pub resources: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+}
+
+impl Permission {
+    pub const fn new(
+        group: &'static str,
+        resources: &'static [&'static str],
+        verbs: &'static [&'static str],
+    ) -> Self {
+        Self {
+            group,
+            resources,
+            verbs,
+        }
+    }
+}
+
+/// Events (`events.k8s.io/v1`), as every built-in controller records them.
+pub const RECORD_EVENTS: Permission =
+    Permission::new("events.k8s.io", &["events"], &["create", "patch"]);
