@@ -296,25 +296,33 @@ fn every_built_in_controller_s_role_grants_what_it_declares_and_nothing_more() {
 
     // The watcher: what the built-in controllers register, read and watched, nothing else;
     // and the reconciler's identity granted those kinds in full, nothing else.
-    let mut kinds = std::collections::BTreeSet::new();
+    // (group, version, kind) -> whether a built-in caches it in full.
+    let mut kinds = BTreeMap::new();
     for (_, watches) in switchyard_reconciler::builtin_controllers().watches() {
         let all = std::iter::once(&watches.reconciles)
             .chain(&watches.owns)
-            .chain(&watches.by_label);
+            .chain(&watches.by_label)
+            .chain(&watches.by_namespace);
         for watch in all {
-            for gvk in std::iter::once(&watch.gvk).chain(&watch.through) {
-                kinds.insert((gvk.group.clone(), gvk.version.clone(), gvk.kind.clone()));
+            let full = !watch.options.metadata_only;
+            let gvk = &watch.gvk;
+            let kind = (gvk.group.clone(), gvk.version.clone(), gvk.kind.clone());
+            *kinds.entry(kind).or_insert(false) |= full;
+            // The kind between is read for its owner reference alone.
+            if let Some(via) = &watch.through {
+                let kind = (via.group.clone(), via.version.clone(), via.kind.clone());
+                kinds.entry(kind).or_insert(false);
             }
         }
     }
     let mut watched = Grants::new();
     let mut declared_kinds = std::collections::BTreeSet::new();
-    for (group, version, kind) in &kinds {
+    for ((group, version, kind), full) in &kinds {
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
         for verb in ["get", "list", "watch"] {
             watched.insert((group.clone(), resource.plural.clone(), verb.to_owned()));
         }
-        declared_kinds.insert((resource.api_version.clone(), kind.clone()));
+        declared_kinds.insert((resource.api_version.clone(), kind.clone(), *full));
     }
     problems.extend(differences(
         "switchyard-watcher",
@@ -332,25 +340,22 @@ fn every_built_in_controller_s_role_grants_what_it_declares_and_nothing_more() {
         .expect("watcher-config.yaml grants switchyard-reconciler");
     let mut granted_kinds = std::collections::BTreeSet::new();
     for kind in grant["kinds"].as_sequence().unwrap() {
-        let named = (
+        granted_kinds.insert((
             kind["apiVersion"].as_str().unwrap().to_owned(),
             kind["kind"].as_str().unwrap().to_owned(),
-        );
-        if kind["objects"].as_str() != Some("full") {
-            problems.push(format!(
-                "watcher-config.yaml grants {named:?} without objects: full"
-            ));
-        }
-        granted_kinds.insert(named);
+            kind["objects"].as_str() == Some("full"),
+        ));
     }
     for kind in granted_kinds.difference(&declared_kinds) {
         problems.push(format!(
-            "watcher-config.yaml grants switchyard-reconciler {kind:?}, which no built-in controller watches"
+            "watcher-config.yaml grants switchyard-reconciler {kind:?} (apiVersion, kind, in \
+             full), which no built-in controller watches so"
         ));
     }
     for kind in declared_kinds.difference(&granted_kinds) {
         problems.push(format!(
-            "a built-in controller watches {kind:?}, which watcher-config.yaml does not grant switchyard-reconciler"
+            "a built-in controller watches {kind:?} (apiVersion, kind, in full), which \
+             watcher-config.yaml does not grant switchyard-reconciler so"
         ));
     }
     assert!(problems.is_empty(), "{problems:#?}");

@@ -625,8 +625,8 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
     let rbac = rbac_only(&base);
     assert_eq!(
         rbac.matches("kind: ClusterRoleBinding").count(),
-        6,
-        "only the watcher (its own role, the garbage collector's graph) and the four built-in \
+        2 + switchyard_reconciler::BUILTINS.len(),
+        "only the watcher (its own role, the garbage collector's graph) and the built-in \
          controllers' accounts are bound to cluster roles:\n{rbac}"
     );
     apply_cleanly(plane, "base RBAC", &rbac).await;
@@ -656,7 +656,13 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
         (
             "watcher",
             &["get", "list", "watch"],
-            &["pods", "namespaces", "replicasets.apps", "deployments.apps"],
+            &[
+                "pods",
+                "namespaces",
+                "serviceaccounts",
+                "replicasets.apps",
+                "deployments.apps",
+            ],
         ),
         (
             "replicaset-controller",
@@ -703,18 +709,23 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["list", "delete", "deletecollection"],
             &["pods", "secrets", "configmaps", "deployments.apps"],
         ),
+        // The service account controller: the `default` account of every namespace.
+        (
+            "serviceaccount-controller",
+            &["create"],
+            &["serviceaccounts"],
+        ),
     ];
-    let controllers = [
-        "replicaset-controller",
-        "deployment-controller",
-        "garbage-collector",
-        "namespace-controller",
-    ];
-    for controller in controllers {
-        assert!(
+    for builtin in switchyard_reconciler::BUILTINS {
+        let controller = builtin.service_account.strip_prefix("switchyard-").unwrap();
+        let records = builtin
+            .permissions
+            .contains(&switchyard_reconciler::RECORD_EVENTS);
+        assert_eq!(
             can_i(plane, controller, "create", "events.events.k8s.io").await
                 && can_i(plane, controller, "patch", "events.events.k8s.io").await,
-            "{controller} must be allowed to record events"
+            records,
+            "{controller} records events: {records}"
         );
         // The reconciler may act as each controller's account, and as nothing else.
         let account = format!("serviceaccounts/switchyard-{controller}");
@@ -814,6 +825,12 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             &["create", "update"],
             &["nodes", "namespaces"],
         ),
+        // The service account controller creates accounts and does nothing else to them.
+        (
+            "serviceaccount-controller",
+            &["get", "list", "watch", "update", "patch", "delete"],
+            &["serviceaccounts", "secrets", "pods"],
+        ),
         // The queue and the elector need no Kubernetes access at all.
         (
             "queue",
@@ -850,6 +867,9 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
     }
 
     // The queue, the elector and the controllers' accounts do not even get a token mounted.
+    let controllers = switchyard_reconciler::BUILTINS
+        .iter()
+        .map(|b| b.service_account.strip_prefix("switchyard-").unwrap());
     for service in ["queue", "elector"].into_iter().chain(controllers) {
         let out = kubectl(
             plane,

@@ -33,6 +33,7 @@ pub mod builtin {
         DEPLOYMENT = "apps/v1/Deployment",
         GARBAGE_COLLECTOR = "garbage-collector",
         NAMESPACE = "v1/Namespace",
+        SERVICE_ACCOUNT = "serviceaccount",
     );
 }
 
@@ -116,6 +117,6 @@ mod tests {
     fn the_built_in_list_is_every_name_joined() {
         assert_eq!(builtin::LIST, builtin::ALL.join(","));
         assert_eq!(builtin::ALL[0], builtin::REPLICASET);
-        assert_eq!(builtin::ALL.len(), 4);
+        assert_eq!(builtin::ALL.len(), 5);
     }
 }

@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Built-in controllers: ReplicaSet ([`replicaset`]), Deployment ([`deployment`]), the garbage
-//! collector ([`gc`]) and Namespace ([`namespace`]).
+//! collector ([`gc`]), Namespace ([`namespace`]) and the service account controller
+//! ([`serviceaccount`]).
 
 pub mod builtin;
 pub mod cache;
@@ -21,6 +22,7 @@ pub mod ratelimit;
 pub mod registration;
 pub mod replicaset;
 pub mod sdk;
+pub mod serviceaccount;
 pub mod worker;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -243,6 +245,7 @@ pub const BUILTINS: &[Builtin] = &[
     deployment::BUILTIN,
     gc::BUILTIN,
     namespace::BUILTIN,
+    serviceaccount::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

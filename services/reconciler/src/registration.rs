@@ -202,6 +202,7 @@ fn request(registrant: &str, declared: &[(String, Watches)]) -> RegisterRequest 
                 reconciles: Some(watch(&watches.reconciles)),
                 owns: watches.owns.iter().map(watch).collect(),
                 by_label: watches.by_label.iter().map(watch).collect(),
+                by_namespace: watches.by_namespace.iter().map(watch).collect(),
             })
             .collect(),
     }
@@ -259,6 +260,7 @@ mod tests {
             ),
             owns: vec![Watch::of::<ReplicaSet>(Options::default()), through],
             by_label: vec![],
+            by_namespace: vec![],
         };
         let request = request("w1", &[("apps/v1/Deployment".into(), watches)]);
         assert_eq!(request.registrant, "w1");

@@ -108,6 +108,7 @@ fn registration(
             reconciles,
             owns,
             by_label,
+            by_namespace,
         } = controller;
         let at = format!("controllers[{c}]");
         let list = |list: &str, watches: Vec<proto::Watch>| -> Result<Vec<Watch>, ApiError> {
@@ -124,6 +125,7 @@ fn registration(
                 .transpose()?,
             owns: list("owns", owns)?,
             by_label: list("by_label", by_label)?,
+            by_namespace: list("by_namespace", by_namespace)?,
         });
     }
     Registration::new(registrant, declared).map_err(|e| RegisterError::from(e).into())
@@ -236,6 +238,7 @@ mod tests {
                 ..Default::default()
             }],
             by_label: vec![],
+            by_namespace: vec![],
         }
     }
 

@@ -189,6 +189,7 @@ fn granted_controller() -> impl Strategy<Value = ControllerWatches> {
             reconciles: Some(reconciles),
             owns,
             by_label: Vec::new(),
+            by_namespace: Vec::new(),
         })
 }
 
@@ -203,13 +204,17 @@ fn controller() -> impl Strategy<Value = ControllerWatches> {
         option::of(watch()),
         collection::vec(watch(), 0..3),
         collection::vec(watch(), 0..2),
+        collection::vec(watch(), 0..2),
     )
-        .prop_map(|(name, reconciles, owns, by_label)| ControllerWatches {
-            name,
-            reconciles,
-            owns,
-            by_label,
-        })
+        .prop_map(
+            |(name, reconciles, owns, by_label, by_namespace)| ControllerWatches {
+                name,
+                reconciles,
+                owns,
+                by_label,
+                by_namespace,
+            },
+        )
 }
 
 #[derive(Clone, Debug)]

@@ -56,6 +56,7 @@ fn config_maps() -> ControllerWatches {
         reconciles: Some(watch("v1", "ConfigMap")),
         owns: vec![watch("v1", "Secret")],
         by_label: vec![],
+        by_namespace: vec![],
     }
 }
 
@@ -451,6 +452,7 @@ controllers:
         }),
         owns: vec![watch("v1", "Pod")],
         by_label: vec![],
+        by_namespace: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![nope])).await;
     assert_eq!(status.code(), Code::NotFound);
@@ -593,6 +595,7 @@ async fn a_kind_is_cached_whole_while_a_registration_needs_it_whole() {
         }),
         owns: vec![],
         by_label: vec![],
+        by_namespace: vec![],
     };
     let (lean_stream, _) = register(
         &mut watches_client(Role::Reconciler, watcher.grpc()).await,
@@ -662,6 +665,7 @@ async fn a_registrant_watches_and_reads_only_what_its_service_account_is_granted
         reconciles: Some(watch("v1", "Secret")),
         owns: vec![],
         by_label: vec![],
+        by_namespace: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;
     assert_eq!(status.code(), Code::PermissionDenied);
@@ -842,6 +846,7 @@ async fn a_kind_cached_for_one_service_account_is_not_served_to_another() {
         }),
         owns: vec![],
         by_label: vec![],
+        by_namespace: vec![],
     };
     let mut watches = watches_client(Role::Reconciler, watcher.grpc()).await;
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;

@@ -1,6 +1,7 @@
 //! The reconciler's decisions, without I/O: what the ReplicaSet and Deployment controllers
 //! and the garbage collector should create, scale, delete, adopt, release and report, what the
-//! namespace controller deletes and reports while a namespace terminates, and the token bucket
+//! namespace controller deletes and reports while a namespace terminates, which accounts the
+//! service account controller creates, and the token bucket
 //! that bounds apiserver calls. The service crate reads the cache, calls these functions and
 //! performs the writes.
 //!
@@ -13,5 +14,6 @@ pub mod namespace;
 pub mod ratelimit;
 pub mod replicaset;
 pub mod selector;
+pub mod serviceaccount;
 
 pub use k8s_openapi;

@@ -16,7 +16,10 @@
 
 use std::{fmt, future::Future, marker::PhantomData, sync::Arc};
 
-use switchyard_k8s::kube::{Resource, runtime::reflector::ObjectRef};
+use switchyard_k8s::{
+    Namespace,
+    kube::{Resource, runtime::reflector::ObjectRef},
+};
 
 use super::{
     Action, Context, Controller, Error, Object, Registered, Request, Result,
@@ -31,6 +34,8 @@ pub struct Map<V, K: Resource>(MapBy<V, K>);
 enum MapBy<V, K: Resource> {
     /// Evaluated by the watcher: no user code runs there.
     Label(String),
+    /// The object's Namespace, evaluated by the watcher.
+    Namespace,
     /// Run in the reconciler ([`super::mapping`]).
     With(MapFn<V, K>),
 }
@@ -56,10 +61,21 @@ impl<V, K: Resource> Map<V, K> {
     }
 }
 
+impl<V> Map<V, Namespace> {
+    /// The Namespace the changed object lives in, for a controller of Namespaces: evaluated
+    /// by the watcher, on deletions too (kube-controller-manager's service account
+    /// controller hears of a deleted ServiceAccount this way). A cluster-scoped object maps
+    /// to nothing.
+    pub fn namespace() -> Self {
+        Self(MapBy::Namespace)
+    }
+}
+
 impl<V, K: Resource> fmt::Debug for Map<V, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             MapBy::Label(label) => f.debug_tuple("Map::label").field(label).finish(),
+            MapBy::Namespace => f.write_str("Map::namespace"),
             MapBy::With(_) => f.write_str("Map::with(..)"),
         }
     }
@@ -94,6 +110,7 @@ impl Builder {
                 reconciles: Watch::of::<K>(options),
                 owns: Vec::new(),
                 by_label: Vec::new(),
+                by_namespace: Vec::new(),
             },
             mappings: Vec::new(),
             kind: PhantomData,
@@ -143,6 +160,7 @@ impl<K: Object> Builder<K> {
                 watch.label = Some(label);
                 self.watches.by_label.push(watch);
             }
+            MapBy::Namespace => self.watches.by_namespace.push(watch),
             MapBy::With(map) => self.mappings.push(PendingMapping {
                 kind: default_name::<V>(),
                 make: Box::new(move |name, target| {

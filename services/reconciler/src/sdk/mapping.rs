@@ -112,6 +112,7 @@ where
             reconciles: self.watch.clone(),
             owns: Vec::new(),
             by_label: Vec::new(),
+            by_namespace: Vec::new(),
         })
     }
 }

@@ -1,5 +1,5 @@
 //! What a controller watches, declared in code: the same rules as an entry of the watcher's
-//! configuration file (`for`, `owns`, `mapByLabel`), registered with the watcher when the
+//! configuration file (`for`, `owns`, `mapByLabel`, `mapByNamespace`), registered with the watcher when the
 //! reconciler starts (`switchyard.watcher.v1.Watches/Register`).
 
 use std::time::Duration;
@@ -81,6 +81,9 @@ pub struct Watches {
     pub owns: Vec<Watch>,
     /// Kinds mapped by a label: a change keys the object its label's value names.
     pub by_label: Vec<Watch>,
+    /// Kinds mapped to their namespace: a change keys the Namespace the object lives in
+    /// (for a controller of Namespaces).
+    pub by_namespace: Vec<Watch>,
 }
 
 /// The group, version and kind of `K`.

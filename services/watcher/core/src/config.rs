@@ -108,6 +108,11 @@ impl Gvk {
         })
     }
 
+    /// `v1` `Namespace`: the only kind a `mapByNamespace` rule keys.
+    pub fn is_namespace(&self) -> bool {
+        self.group.is_empty() && self.version == "v1" && self.kind == "Namespace"
+    }
+
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.clone()
@@ -289,6 +294,8 @@ struct RawController {
     owns: Vec<RawRule>,
     #[serde(default)]
     map_by_label: Vec<RawLabelRule>,
+    #[serde(default)]
+    map_by_namespace: Vec<RawRule>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -345,6 +352,9 @@ pub enum RuleKind {
     Owns { owner: Gvk, through: Option<usize> },
     /// The key named by this label's value, in the object's namespace.
     ByLabel { label: String },
+    /// The key of the Namespace the object lives in (the controller reconciles Namespaces);
+    /// a cluster-scoped object maps to nothing.
+    ByNamespace,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -482,6 +492,7 @@ impl Config {
                 for_,
                 owns,
                 map_by_label,
+                map_by_namespace,
             } = controller;
             if name.trim().is_empty() {
                 return Err(invalid(format!("{field}.name"), "must not be empty"));
@@ -571,6 +582,31 @@ impl Config {
                     resource: index_of(&gvk),
                     controller: name.clone(),
                     kind: RuleKind::ByLabel { label: rule.label },
+                    predicates: rule.predicates,
+                    batch_period: batch_period(at, rule.batch_period)?,
+                });
+            }
+            for (i, rule) in map_by_namespace.into_iter().enumerate() {
+                let at = format!("{field}.mapByNamespace[{i}]");
+                let gvk = Gvk::parse(&rule.api_version, &rule.kind).map_err(|e| invalid(&at, e))?;
+                if !owner.is_namespace() {
+                    return Err(invalid(
+                        &at,
+                        format!(
+                            "maps to the object's Namespace, so for must be v1/Namespace, not {owner}"
+                        ),
+                    ));
+                }
+                if rule.through.is_some() {
+                    return Err(invalid(
+                        format!("{at}.through"),
+                        "only an owns entry maps through an owner",
+                    ));
+                }
+                rules.push(Rule {
+                    resource: index_of(&gvk),
+                    controller: name.clone(),
+                    kind: RuleKind::ByNamespace,
                     predicates: rule.predicates,
                     batch_period: batch_period(at, rule.batch_period)?,
                 });

@@ -10,7 +10,9 @@
 //!   the Deployment of its ReplicaSet. When the object between is not cached (yet, or any
 //!   more), nothing is keyed; its own events key the owner;
 //! - `mapByLabel`: the object in the same namespace that the label's value names (old and
-//!   new values both, when it changed).
+//!   new values both, when it changed);
+//! - `mapByNamespace`: the Namespace the object lives in (nothing for a cluster-scoped
+//!   object).
 //!
 //! Predicates filter updates only; creations, deletions and resyncs always map. A rule's
 //! batch period goes with each key it maps ([`KeySink`]).
@@ -88,6 +90,7 @@ enum MapKind {
     ByLabel {
         label: String,
     },
+    ByNamespace,
 }
 
 /// The kind between an owned object and its owner's owner.
@@ -136,6 +139,7 @@ impl Mapper {
                 RuleKind::ByLabel { label } => MapKind::ByLabel {
                     label: label.clone(),
                 },
+                RuleKind::ByNamespace => MapKind::ByNamespace,
             };
             by_resource[rule.resource].push(Rule {
                 controller,
@@ -224,6 +228,11 @@ impl Mapper {
                         && Some(before) != now
                     {
                         push(&new.namespace, before);
+                    }
+                }
+                MapKind::ByNamespace => {
+                    if !new.namespace.is_empty() {
+                        push(&Arc::from(""), &new.namespace);
                     }
                 }
             }
@@ -493,6 +502,64 @@ controllers:
         assert_eq!(
             keys(EventKind::Modified, Some(&pod), &relabelled),
             ["apps/v1/Deployment ns/d2", "apps/v1/Deployment ns/d1"]
+        );
+    }
+
+    #[test]
+    fn namespace_mapping_keys_the_namespace_an_object_lives_in() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: serviceaccount
+    for: {apiVersion: v1, kind: Namespace}
+    mapByNamespace:
+      - {apiVersion: v1, kind: ServiceAccount, predicates: [labelsChanged]}
+"#,
+        )
+        .unwrap();
+        let account = 1;
+        assert_eq!(config.resources[account].gvk.kind, "ServiceAccount");
+        let default = mk("default", 0, &[], None);
+        // Its deletion keys the namespace, cluster-scoped: the account is made again.
+        assert_eq!(
+            keys_of(&config, account, EventKind::Deleted, None, &default),
+            ["serviceaccount /ns"]
+        );
+        // Predicates filter updates as for any rule.
+        assert!(
+            keys_of(
+                &config,
+                account,
+                EventKind::Modified,
+                Some(&default),
+                &default
+            )
+            .is_empty()
+        );
+        // A cluster-scoped object lives in no namespace.
+        let cluster_scoped = Summary::new("", "x", "1", None, [], [], None);
+        assert!(keys_of(&config, account, EventKind::Deleted, None, &cluster_scoped).is_empty());
+        // The namespace's own key is the Namespace's.
+        let namespace = Summary::new("", "ns", "1", None, [], [], None);
+        assert_eq!(
+            keys_of(&config, 0, EventKind::Added, None, &namespace),
+            ["serviceaccount /ns"]
+        );
+
+        let error = Config::from_yaml(
+            r#"
+controllers:
+  - name: example.com/v1/Widget
+    for: {apiVersion: example.com/v1, kind: Widget}
+    mapByNamespace:
+      - {apiVersion: v1, kind: ConfigMap}
+"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with("controllers[0].mapByNamespace[0]: maps to the object's Namespace, so for must be v1/Namespace"),
+            "{error}"
         );
     }
 }

@@ -18,10 +18,7 @@ use std::{
 use anyhow::Context;
 use switchyard_k8s::{
     Api, Client, Deployment, Namespace,
-    k8s_openapi::{
-        api::core::v1::ServiceAccount,
-        apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    },
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     kube::{
         api::{ListParams, Patch, PatchParams},
         runtime::wait::{await_condition, conditions},
@@ -473,14 +470,6 @@ async fn apply_workload(client: &Client) -> anyhow::Result<Vec<String>> {
                     .patch(&name, &params, &Patch::Apply(&namespace))
                     .await
                     .with_context(|| format!("applying Namespace {name}"))?;
-            }
-            Some("ServiceAccount") => {
-                let account: ServiceAccount = serde_json::from_value(value)?;
-                let name = account.metadata.name.clone().unwrap_or_default();
-                Api::<ServiceAccount>::namespaced(client.clone(), WORKLOAD_NAMESPACE)
-                    .patch(&name, &params, &Patch::Apply(&account))
-                    .await
-                    .with_context(|| format!("applying ServiceAccount {name}"))?;
             }
             Some("Deployment") => {
                 let deployment: Deployment = serde_json::from_value(value)?;

@@ -61,6 +61,7 @@ impl Watches {
                 RuleKind::ByLabel { label } => Mapping::ByLabel {
                     label: label.clone(),
                 },
+                RuleKind::ByNamespace => Mapping::ByNamespace,
             };
             let keying = Keying::of(&rule.predicates, rule.batch_period);
             add_rule(rules, Target { gvk, mapping }, keying);
@@ -254,6 +255,7 @@ impl Watches {
                             through: through.as_ref().map(index),
                         },
                         Mapping::ByLabel { label } => RuleKind::ByLabel { label },
+                        Mapping::ByNamespace => RuleKind::ByNamespace,
                     },
                     predicates: keying.filter.predicates(),
                     batch_period: keying.batch_period,

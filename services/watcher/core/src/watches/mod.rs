@@ -19,7 +19,8 @@
 //! ```
 //!
 //! Mapping semantics are the file's ([`crate::mapping`]): `reconciles` is `for`, `owns`
-//! (with `through`) and `by_label` are `owns` and `mapByLabel`. The kind an `owns` watch
+//! (with `through`), `by_label` and `by_namespace` are `owns`, `mapByLabel` and
+//! `mapByNamespace`. The kind an `owns` watch
 //! maps `through` is cached metadata-only for the registration: only its owner reference
 //! is read.
 //!
@@ -71,6 +72,7 @@ pub struct ControllerWatches {
     pub reconciles: Option<Watch>,
     pub owns: Vec<Watch>,
     pub by_label: Vec<Watch>,
+    pub by_namespace: Vec<Watch>,
 }
 
 /// One declared watch (the proto's `Watch`).
@@ -91,6 +93,7 @@ enum Mapping {
     For,
     Owns { owner: Gvk, through: Option<Gvk> },
     ByLabel { label: String },
+    ByNamespace,
 }
 
 /// What a rule maps: a kind, and how.
@@ -186,6 +189,7 @@ impl fmt::Display for Described<'_> {
                 }
             }
             Mapping::ByLabel { label } => write!(f, "by label {label} on {}", target.gvk)?,
+            Mapping::ByNamespace => write!(f, "by namespace on {}", target.gvk)?,
         }
         if let Filter::AnyOf(predicates) = filter {
             write!(f, " {:?}", predicates.iter().collect::<Vec<_>>())?;

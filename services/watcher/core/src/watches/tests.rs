@@ -46,6 +46,7 @@ fn widgets() -> ControllerWatches {
             label: "example.com/widget".into(),
             ..watch("v1", "Secret")
         }],
+        by_namespace: vec![],
     }
 }
 
@@ -195,6 +196,7 @@ fn distinct_watches_of_one_controller_are_merged_and_predicates_or_ed() {
         }),
         owns: vec![],
         by_label: vec![],
+        by_namespace: vec![],
         ..widgets()
     };
     watches
@@ -233,6 +235,7 @@ fn distinct_watches_of_one_controller_are_merged_and_predicates_or_ed() {
     let every = ControllerWatches {
         owns: vec![],
         by_label: vec![],
+        by_namespace: vec![],
         ..widgets()
     };
     let (_, change) = watches
@@ -533,6 +536,35 @@ fn malformed_registrations_name_the_field() {
         with(|c| c.owns = vec![watch("v1", "Pod"); MAX_WATCHES + 1]),
         "controllers[0].owns: 101 given; at most 100"
     );
+    assert_eq!(
+        with(|c| c.by_namespace.push(watch("v1", "ConfigMap"))),
+        "controllers[0].by_namespace[0]: maps to the object's Namespace, so the reconciled kind \
+         must be v1/Namespace, not example.com/v1/Widget"
+    );
+}
+
+#[test]
+fn a_namespace_mapping_keys_the_namespace_of_the_changed_object() {
+    let accounts = ControllerWatches {
+        name: "serviceaccount".into(),
+        reconciles: Some(watch("v1", "Namespace")),
+        owns: vec![],
+        by_label: vec![],
+        by_namespace: vec![metadata(watch("v1", "ServiceAccount"))],
+    };
+    let mut watches = watches();
+    watches.register(registration("r", vec![accounts])).unwrap();
+    let config = watches.effective();
+    let account = Summary::new("team-a", "default", "1", None, [], [], None);
+    assert_eq!(
+        keys(config, "ServiceAccount", &account),
+        ["serviceaccount /team-a"]
+    );
+    let namespace = Summary::new("", "team-a", "1", None, [], [], None);
+    assert_eq!(
+        keys(config, "Namespace", &namespace),
+        ["serviceaccount /team-a"]
+    );
 }
 
 #[test]
@@ -571,6 +603,7 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
     );
     let allowed = ControllerWatches {
         by_label: vec![],
+        by_namespace: vec![],
         ..metadata_maps
     };
     assert_eq!(check(vec![allowed.clone()], granted), Ok(()));
@@ -599,6 +632,7 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
         reconciles: Some(watch("apps/v1", "ReplicaSet")),
         owns: vec![pods],
         by_label: vec![],
+        by_namespace: vec![],
     };
     assert_eq!(
         check(

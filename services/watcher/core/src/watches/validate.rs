@@ -65,10 +65,16 @@ impl Registration {
             reconciles,
             owns,
             by_label,
+            by_namespace,
         } = declared;
         let at = format!("controllers[{c}]");
         check_name(&format!("{at}.name"), &name)?;
-        for (list, watches) in [("owns", &owns), ("by_label", &by_label)] {
+        let lists = [
+            ("owns", &owns),
+            ("by_label", &by_label),
+            ("by_namespace", &by_namespace),
+        ];
+        for (list, watches) in lists {
             if watches.len() > MAX_WATCHES {
                 return Err(invalid(
                     format!("{at}.{list}"),
@@ -169,6 +175,28 @@ impl Registration {
                     mapping: Mapping::ByLabel {
                         label: label.to_owned(),
                     },
+                },
+                Keying::of(&watch.predicates, watch.batch_period),
+            );
+        }
+        for (i, watch) in by_namespace.iter().enumerate() {
+            let field = format!("{at}.by_namespace[{i}]");
+            let gvk = self.kind(&field, watch)?;
+            only_in(&field, watch, false, false)?;
+            if !owner.is_namespace() {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "maps to the object's Namespace, so the reconciled kind must be v1/Namespace, not {owner}"
+                    ),
+                ));
+            }
+            controller.need(&gvk, watch.metadata_only);
+            add_rule(
+                &mut controller.rules,
+                Target {
+                    gvk,
+                    mapping: Mapping::ByNamespace,
                 },
                 Keying::of(&watch.predicates, watch.batch_period),
             );
