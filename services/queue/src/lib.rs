@@ -526,6 +526,13 @@ mod tests {
 
     #[test]
     fn bad_flags_are_named() {
+        // The built-in controllers and one more: one too many for a limit of the built-ins.
+        let builtins = switchyard_work::builtin::ALL.len();
+        let too_few = format!("--max-controllers={builtins}");
+        let too_few_named = format!(
+            "--max-controllers: {builtins} is fewer than the {} controllers",
+            builtins + 1
+        );
         for (flags, named) in [
             (&["--shard-count=0"][..], "--shard-count"),
             (&["--queue-capacity=0"], "--queue-capacity"),
@@ -534,10 +541,10 @@ mod tests {
             (&["--max-controllers=0"], "--max-controllers"),
             (
                 &[
-                    "--max-controllers=4",
+                    too_few.as_str(),
                     "--controller-rate-limit=example.com/v1/A=1:1",
                 ],
-                "--max-controllers: 4 is fewer than the 5 controllers",
+                too_few_named.as_str(),
             ),
             (
                 &["--etcd-endpoints=https://127.0.0.1:2379"],
