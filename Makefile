@@ -9,7 +9,7 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help deps run test test-long soak lint deny testenv testenv-test build cluster-up cluster-down bench bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity
+.PHONY: help deps run test test-long soak lint deny testenv testenv-test build cluster-up cluster-down bench dev-tool bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity
 
 help:
 	@echo "make run           start a local control plane and every service against it"
@@ -21,7 +21,8 @@ help:
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
 	@echo "make deps          install the distribution packages the tests need (prometheus, chromium; apt-get)"
-	@echo "make bench         run every benchmark; make bench-<area> one area (queue, elector, watcher, e2e, gc, capacity)"
+	@echo "make bench         run every benchmark; make bench-<area> one area (queue, elector, watcher, e2e, gc, capacity);"
+	@echo "                   each run's figures are appended to docs/bench-results.tsv and the headline table regenerated"
 
 testenv:
 	@scripts/testenv.sh build >/dev/null
@@ -103,29 +104,34 @@ cluster-down:
 # in docs/benchmarks.md.
 bench: bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity
 
-bench-queue:
-	$(CARGO) bench --locked -p switchyard-queue --bench queue
+# Every bench-<area> runs through `switchyard-dev bench`, which appends the figures printed to
+# docs/bench-results.tsv and regenerates docs/benchmarks.md's headline table from it.
+dev-tool:
+	$(CARGO) build --locked -p switchyard-testenv --bin switchyard-dev
 
-bench-elector: testenv
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-queue --bench elector
+bench-queue: dev-tool
+	$(DEV) bench queue -- $(CARGO) bench --locked -p switchyard-queue --bench queue
 
-bench-watcher: testenv
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-watcher --bench watcher
+bench-elector: testenv dev-tool
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench elector -- $(CARGO) bench --locked -p switchyard-queue --bench elector
+
+bench-watcher: testenv dev-tool
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench watcher -- $(CARGO) bench --locked -p switchyard-watcher --bench watcher
 
 # Deployments converged under kube-controller-manager and under Switchyard (about 15 minutes).
-bench-e2e: testenv
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench e2e
+bench-e2e: testenv dev-tool
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench e2e -- $(CARGO) bench --locked -p switchyard-reconciler --bench e2e
 
 # The highest rate of Deployment changes kept within a queue-wait and a time-to-ready service
 # level: kube-controller-manager, and Switchyard with 1 and 4 reconcilers, every sync slowed
 # alike; then kube-controller-manager and one reconciler unslowed (about 50 minutes;
 # SWITCHYARD_BENCH_RUNS=kcm,sy1_concurrency10 runs only the named subjects).
-bench-capacity: testenv
+bench-capacity: testenv dev-tool
 	@scripts/testenv.sh kcm-slowed >/dev/null
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench capacity
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench capacity -- $(CARGO) bench --locked -p switchyard-reconciler --bench capacity
 
 # The garbage collector beside kube-controller-manager's: a 10,000-Pod cascade and memory per
 # object (the watcher runs as a process of its own, built first).
-bench-gc: testenv
+bench-gc: testenv dev-tool
 	$(CARGO) build --locked --release -p switchyard-watcher --bins
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) bench --locked -p switchyard-reconciler --bench gc
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench gc -- $(CARGO) bench --locked -p switchyard-reconciler --bench gc

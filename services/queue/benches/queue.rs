@@ -5,6 +5,7 @@
 //!   leased and done), beside client-go's own work queue (`workqueue.Typed`: Add, Get, Done)
 //!   doing the same in the Go program `benches/workqueue-go`, which the benchmark builds from
 //!   the Go module proxy into the target directory; `core_keys_vs_client_go` is the ratio;
+//!   three rounds, the side that runs first alternating, each figure their median;
 //! - `bytes_per_key`: heap bytes per queued key, 1,000,000 keys with 40-character names;
 //!   heap here (and below) is what the allocator holds, each block's usable size
 //!   (`malloc_usable_size`), not the size asked for, which earlier runs counted;
@@ -153,18 +154,42 @@ fn keys(n: usize) -> Vec<WorkKey> {
 /// Keys the core figures move through add, lease and done, in both queues.
 const CORE_KEYS: usize = 1_000_000;
 
-/// `core_ops` and `core_keys`, then `core_keys_client_go` from the Go program: one thread
-/// drives each queue, all keys added first, then each leased (taken) and done in turn.
+/// Rounds of the core comparison: each runs both queues, the side that goes first
+/// alternating, so that neither always meets a warmer (or more loaded) machine.
+const CORE_ROUNDS: usize = 3;
+
+/// `core_ops` and `core_keys`, and `core_keys_client_go` from the Go program: one thread
+/// drives each queue, all keys added first, then each leased (taken) and done in turn. Each
+/// figure is the median of [`CORE_ROUNDS`] rounds (every run printed on stderr); the ratio is
+/// the median of the rounds' own ratios.
 fn bench_core() {
-    let keys_per_second = core_keys_per_second();
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    let mut ratios = Vec::new();
+    for round in 0..CORE_ROUNDS {
+        let (core, client_go) = if round % 2 == 0 {
+            let core = core_keys_per_second();
+            (core, client_go_keys_per_second())
+        } else {
+            let client_go = client_go_keys_per_second();
+            (core_keys_per_second(), client_go)
+        };
+        let first = if round % 2 == 0 { "core" } else { "client-go" };
+        eprintln!(
+            "core round {round} ({first} first): core {core:.0} keys/s, client-go {client_go:.0} keys/s"
+        );
+        ours.push(core);
+        theirs.push(client_go);
+        ratios.push(core / client_go);
+    }
+    let keys_per_second = median(ours);
     println!("bench queue.core_ops {:.0} ops/s", 3.0 * keys_per_second);
     println!("bench queue.core_keys {keys_per_second:.0} keys/s");
-    let client_go = client_go_keys_per_second();
-    println!("bench queue.core_keys_client_go {client_go:.0} keys/s");
     println!(
-        "bench queue.core_keys_vs_client_go {:.2} x",
-        keys_per_second / client_go
+        "bench queue.core_keys_client_go {:.0} keys/s",
+        median(theirs)
     );
+    println!("bench queue.core_keys_vs_client_go {:.2} x", median(ratios));
 }
 
 /// Keys per second through the core: add (each key validated first), lease, done.

@@ -6,7 +6,10 @@
 //! - `run`: start a control plane (unless `KUBECONFIG` names a cluster) and every Switchyard
 //!   service against it, apply a sample workload and follow it until it is Available, and
 //!   stop everything on Ctrl-C (`make run`);
-//! - `test`: build every test binary of the workspace and run a few at a time (`make test`).
+//! - `test`: build every test binary of the workspace and run a few at a time (`make test`);
+//! - `bench`: run a benchmark, record its figures in docs/bench-results.tsv and regenerate
+//!   docs/benchmarks.md's headline table (`make bench-<area>`); `bench-table` regenerates
+//!   (or, `--check`, checks) the table alone.
 
 use std::{
     os::unix::process::CommandExt,
@@ -20,6 +23,7 @@ use clap::{Parser, Subcommand};
 use switchyard_testenv::{Binaries, ControlPlane, ControlPlaneOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
+mod bench;
 mod run;
 mod test;
 
@@ -95,6 +99,23 @@ enum Cmd {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Run a benchmark command, append the `bench <area>.<figure> <value> <unit>` lines it
+    /// prints to docs/bench-results.tsv (with the date, commit, machine and load) and
+    /// regenerate docs/benchmarks.md's headline table. Run from the workspace
+    Bench {
+        /// The area whose figures are recorded (queue, elector, watcher, e2e, gc, capacity)
+        area: String,
+        /// The benchmark command
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Regenerate docs/benchmarks.md's headline table from docs/bench-results.tsv. Run from
+    /// the workspace
+    BenchTable {
+        /// Fail if the table is not the one the results give, instead of writing it
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 /// Two on the 2-core machine the tests are written for. Two binaries at a time already keep
@@ -149,6 +170,8 @@ async fn main() -> anyhow::Result<()> {
             run::run(services_dir, exit_when_ready, own, &crd).await
         }
         Cmd::Test { jobs, record, args } => test::test(jobs, args, record).await,
+        Cmd::Bench { area, command } => bench::bench(&std::env::current_dir()?, &area, &command),
+        Cmd::BenchTable { check } => bench::write_table(&std::env::current_dir()?, check),
     }
 }
 
