@@ -229,11 +229,22 @@ fn output(program: &str, args: &[&str]) -> Option<String> {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
 }
 
-/// The commit measured: `HEAD`'s short hash, `-dirty` when the tree has changes.
+/// The commit measured: `HEAD`'s short hash, `-dirty` when the tree has changes other than
+/// the results file and the document a previous run wrote.
 fn commit() -> String {
     let hash = output("git", &["rev-parse", "--short=7", "HEAD"]).unwrap_or("unknown".into());
-    let dirty = output("git", &["status", "--porcelain", "--untracked-files=no"])
-        .is_some_and(|s| !s.is_empty());
+    let results = format!(":!{RESULTS}");
+    let document = format!(":!{DOCUMENT}");
+    let args = [
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        &results,
+        &document,
+    ];
+    let dirty = output("git", &args).is_some_and(|s| !s.is_empty());
     if dirty { format!("{hash}-dirty") } else { hash }
 }
 
