@@ -22,6 +22,8 @@ use std::{
 
 use anyhow::{Context, bail};
 
+use crate::test::{machine, output};
+
 /// The results file and the document, from the workspace root.
 pub(crate) const RESULTS: &str = "docs/bench-results.tsv";
 pub(crate) const DOCUMENT: &str = "docs/benchmarks.md";
@@ -188,14 +190,8 @@ pub(crate) fn table(rows: &[Row]) -> String {
 
 /// `document` with its table replaced by `block`; an error if the markers are missing.
 pub(crate) fn replace_table(document: &str, block: &str) -> anyhow::Result<String> {
-    let begin = document
-        .find(TABLE_BEGIN)
-        .with_context(|| format!("{DOCUMENT} has no {TABLE_BEGIN:?} line"))?;
-    let end = document[begin..]
-        .find(TABLE_END)
-        .map(|i| begin + i + TABLE_END.len())
-        .with_context(|| format!("{DOCUMENT} has no {TABLE_END:?} after {TABLE_BEGIN:?}"))?;
-    Ok(format!("{}{block}{}", &document[..begin], &document[end..]))
+    crate::test::replace_between(document, TABLE_BEGIN, TABLE_END, block)
+        .with_context(|| format!("{DOCUMENT}'s headline table"))
 }
 
 /// Rewrites the document's table from the results file (`check`: fails instead if it is not
@@ -220,15 +216,6 @@ pub(crate) fn write_table(root: &Path, check: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn output(program: &str, args: &[&str]) -> Option<String> {
-    Command::new(program)
-        .args(args)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-}
-
 /// The commit measured: `HEAD`'s short hash, `-dirty` when the tree has changes other than
 /// the results file and the document a previous run wrote.
 fn commit() -> String {
@@ -246,30 +233,6 @@ fn commit() -> String {
     ];
     let dirty = output("git", &args).is_some_and(|s| !s.is_empty());
     if dirty { format!("{hash}-dirty") } else { hash }
-}
-
-/// Cores, CPU model and memory: what the figures depend on.
-fn machine() -> String {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let memory = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .map_or("unknown memory".to_owned(), |kib| {
-            format!("{} GiB", (kib + (1 << 19)) >> 20)
-        });
-    format!("{cores} cores {cpu}, {memory}").replace('\t', " ")
 }
 
 fn load() -> String {

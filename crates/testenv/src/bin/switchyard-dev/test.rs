@@ -253,29 +253,48 @@ pub(crate) fn report(run: &Run) -> String {
 /// `document` with the block between the markers replaced by `block` (markers included);
 /// an error if the markers are missing, so a typo never appends a second table.
 pub(crate) fn replace_record(document: &str, block: &str) -> anyhow::Result<String> {
-    let begin = document
-        .find(RECORD_BEGIN)
-        .with_context(|| format!("no {RECORD_BEGIN:?} line to record at"))?;
-    let end = document[begin..]
-        .find(RECORD_END)
-        .map(|i| begin + i + RECORD_END.len())
-        .with_context(|| format!("no {RECORD_END:?} after {RECORD_BEGIN:?}"))?;
-    Ok(format!("{}{block}{}", &document[..begin], &document[end..]))
+    replace_between(document, RECORD_BEGIN, RECORD_END, block)
 }
 
-fn output(program: &str, args: &[&str]) -> String {
+/// `document` with everything from the `begin` line to the `end` line replaced by `block`;
+/// an error naming the marker that is missing.
+pub(crate) fn replace_between(
+    document: &str,
+    begin: &str,
+    end: &str,
+    block: &str,
+) -> anyhow::Result<String> {
+    let from = document
+        .find(begin)
+        .with_context(|| format!("no {begin:?} line to write at"))?;
+    let to = document[from..]
+        .find(end)
+        .map(|i| from + i + end.len())
+        .with_context(|| format!("no {end:?} after {begin:?}"))?;
+    Ok(format!("{}{block}{}", &document[..from], &document[to..]))
+}
+
+/// What `program args` printed, trimmed; `None` if it could not run or failed.
+pub(crate) fn output(program: &str, args: &[&str]) -> Option<String> {
     std::process::Command::new(program)
         .args(args)
         .output()
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_else(|| "unknown".to_owned())
 }
 
-/// The machine in a few words: cores and memory, as the figures depend on them.
-fn machine() -> String {
+/// The machine in a few words: cores, CPU model and memory, as the figures depend on them.
+pub(crate) fn machine() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
     let memory = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
@@ -286,7 +305,7 @@ fn machine() -> String {
         .map_or("unknown memory".to_owned(), |kib| {
             format!("{} GiB", (kib + (1 << 19)) >> 20)
         });
-    format!("{cores} cores, {memory}")
+    format!("{cores} cores {cpu}, {memory}").replace('\t', " ")
 }
 
 /// Builds the test binaries, runs them `jobs` at a time (and the doc tests as one more job),
@@ -410,8 +429,9 @@ pub(crate) async fn test(
     );
     if let Some(document) = &record {
         let run = Run {
-            date: output("date", &["-u", "+%F"]),
-            commit: output("git", &["rev-parse", "--short", "HEAD"]),
+            date: output("date", &["-u", "+%F"]).unwrap_or_else(|| "unknown".into()),
+            commit: output("git", &["rev-parse", "--short", "HEAD"])
+                .unwrap_or_else(|| "unknown".into()),
             machine: machine(),
             jobs,
             wall,
