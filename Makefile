@@ -118,7 +118,8 @@ bench-elector: testenv dev-tool
 bench-watcher: testenv dev-tool
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench watcher -- $(CARGO) bench --locked -p switchyard-watcher --bench watcher
 
-# Deployments converged under kube-controller-manager and under Switchyard (about 15 minutes).
+# Deployments converged under kube-controller-manager and under Switchyard, SWITCHYARD_BENCH_ROUNDS
+# rounds (2 by default) with the order reversed every other round (about 15 minutes a round).
 bench-e2e: testenv dev-tool
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench e2e -- $(CARGO) bench --locked -p switchyard-reconciler --bench e2e
 
@@ -130,8 +131,9 @@ bench-capacity: testenv dev-tool
 	@scripts/testenv.sh kcm-slowed >/dev/null
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench capacity -- $(CARGO) bench --locked -p switchyard-reconciler --bench capacity
 
-# The garbage collector beside kube-controller-manager's: a 10,000-Pod cascade and memory per
-# object (the watcher runs as a process of its own, built first).
+# The garbage collector beside kube-controller-manager's: a 10,000-Pod cascade (SWITCHYARD_BENCH_ROUNDS
+# rounds, the order reversed every other round) and memory per object (the watcher runs as a
+# process of its own, built first).
 bench-gc: testenv dev-tool
 	$(CARGO) build --locked --release -p switchyard-watcher --bins
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench gc -- $(CARGO) bench --locked -p switchyard-reconciler --bench gc

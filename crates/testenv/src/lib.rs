@@ -70,3 +70,66 @@ pub fn bench_selected(name: &str) -> bool {
         .map(|runs| runs.split(',').any(|run| run.trim() == name))
         .unwrap_or(true)
 }
+
+/// Rounds of a comparison benchmark: `SWITCHYARD_BENCH_ROUNDS`, 2 by default.
+pub fn bench_rounds() -> usize {
+    std::env::var("SWITCHYARD_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|r| *r > 0)
+        .unwrap_or(2)
+}
+
+/// The runs of a comparison: `rounds` rounds of the `subjects` selected
+/// ([`bench_selected`]), in their order in even rounds and reversed in odd ones, so that no
+/// side always runs first on a machine that warms up or loads as it goes.
+pub fn alternating<T: Copy>(
+    subjects: &[(&'static str, T)],
+    rounds: usize,
+) -> Vec<(&'static str, T)> {
+    let selected: Vec<(&'static str, T)> = subjects
+        .iter()
+        .copied()
+        .filter(|(name, _)| bench_selected(name))
+        .collect();
+    (0..rounds)
+        .flat_map(|round| {
+            let mut order = selected.clone();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            order
+        })
+        .collect()
+}
+
+/// The median of a comparison's runs (the mean of the middle two for an even count).
+pub fn median(mut runs: Vec<f64>) -> Option<f64> {
+    runs.sort_by(f64::total_cmp);
+    let n = runs.len();
+    match n {
+        0 => None,
+        n if n % 2 == 1 => Some(runs[n / 2]),
+        n => Some((runs[n / 2 - 1] + runs[n / 2]) / 2.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comparisons_alternate_which_side_runs_first() {
+        let subjects = [("kcm", 0), ("sy1", 1), ("sy4", 4)];
+        let names: Vec<&str> = alternating(&subjects, 3).iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "kcm", "sy1", "sy4", "sy4", "sy1", "kcm", "kcm", "sy1", "sy4"
+            ]
+        );
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
+    }
+}

@@ -4,9 +4,10 @@
 //!
 //! A run creates 500 Deployments of 4 replicas (2,000 Pods; `SWITCHYARD_BENCH_DEPLOYMENTS`
 //! changes the count) and measures from the first create until every Deployment is Available
-//! with all its replicas updated and available. Both sides run the same four controllers:
-//! Deployment, ReplicaSet, the garbage collector (with its graph of every deletable resource)
-//! and Namespace. Every controller process gets the same client limits (`--kube-api-qps=100
+//! with all its replicas updated and available. Both sides run the same five controllers:
+//! Deployment, ReplicaSet, the garbage collector (with its graph of every deletable resource),
+//! Namespace and ServiceAccount. Each subject runs once per round, the order reversed every
+//! other round (`SWITCHYARD_BENCH_ROUNDS`, 2 by default); each figure is the median. Every controller process gets the same client limits (`--kube-api-qps=100
 //! --kube-api-burst=200`), which apply per controller on both sides: kube-controller-manager
 //! builds a clientset, and so a limiter, for each controller (also with
 //! `--use-service-account-credentials=false`, which it runs with here), as a reconciler
@@ -469,14 +470,23 @@ const RATIOS: [(&str, &str, &str); 5] = [
 async fn run() {
     let count = deployments();
     eprintln!("{count} Deployments x {REPLICAS} replicas per run");
-    let mut took = BTreeMap::new();
-    for (name, under) in RUNS {
-        if !switchyard_testenv::bench_selected(name) {
-            continue;
-        }
+    // Every subject once per round, the order reversed every other round; each figure is
+    // the median of its rounds, every run printed on stderr.
+    let mut runs: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let rounds = switchyard_testenv::bench_rounds();
+    for (name, under) in switchyard_testenv::alternating(&RUNS, rounds) {
         let seconds = converge(name, under, count).await;
-        println!("bench e2e.{name} {seconds:.1} s");
-        took.insert(name, seconds);
+        eprintln!(
+            "e2e.{name} run {}: {seconds:.1} s",
+            runs.get(name).map_or(0, Vec::len)
+        );
+        runs.entry(name).or_default().push(seconds);
+    }
+    let mut took = BTreeMap::new();
+    for (name, seconds) in runs {
+        let median = switchyard_testenv::median(seconds).expect("a run");
+        println!("bench e2e.{name} {median:.1} s");
+        took.insert(name, median);
     }
     print_ratios("e2e", &took, &RATIOS);
 }

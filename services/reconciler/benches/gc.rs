@@ -11,7 +11,9 @@
 //!   and 20 concurrent reconciles (kube-controller-manager's `--concurrent-gc-syncs`
 //!   default). `sy1` and `sy4` run 1 and 4 reconciler processes; the queue and the watcher
 //!   run in this process. Both collectors get 5 s after the last Pod is created before the
-//!   owner goes, to take the Pods into their graphs.
+//!   owner goes, to take the Pods into their graphs. Each subject runs once per round, the
+//!   order reversed every other round (`SWITCHYARD_BENCH_ROUNDS`, 2 by default); each figure
+//!   is the median.
 //! - `gc.bytes_per_object_sy`, `gc.bytes_per_object_kcm` (bytes): growth of the resident set
 //!   of a watcher process keeping only the graph, and of a kube-controller-manager running
 //!   only its garbage collector, both started on an empty cluster and measured after
@@ -406,18 +408,28 @@ async fn bytes_per_object(count: usize) -> (f64, f64) {
 
 async fn run() {
     let count = env_count("SWITCHYARD_BENCH_GC_OBJECTS", 10_000);
-    let mut took = std::collections::BTreeMap::new();
-    for (name, reconcilers) in [
+    // Every subject once per round, the order reversed every other round; each figure is
+    // the median of its rounds, every run printed on stderr.
+    let subjects = [
         ("cascade_10k_kcm", 0),
         ("cascade_10k_sy1", 1),
         ("cascade_10k_sy4", 4),
-    ] {
-        if !switchyard_testenv::bench_selected(name) {
-            continue;
-        }
+    ];
+    let mut runs: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let rounds = switchyard_testenv::bench_rounds();
+    for (name, reconcilers) in switchyard_testenv::alternating(&subjects, rounds) {
         let seconds = cascade(reconcilers, count).await;
-        println!("bench gc.{name} {seconds:.1} s");
-        took.insert(name, seconds);
+        eprintln!(
+            "gc.{name} run {}: {seconds:.1} s",
+            runs.get(name).map_or(0, Vec::len)
+        );
+        runs.entry(name).or_default().push(seconds);
+    }
+    let mut took = std::collections::BTreeMap::new();
+    for (name, seconds) in runs {
+        let median = switchyard_testenv::median(seconds).expect("a run");
+        println!("bench gc.{name} {median:.1} s");
+        took.insert(name, median);
     }
     if let (Some(sy), Some(kcm)) = (took.get("cascade_10k_sy1"), took.get("cascade_10k_kcm")) {
         println!("bench gc.cascade_sy1_vs_kcm {:.2} ratio", sy / kcm);

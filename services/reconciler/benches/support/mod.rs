@@ -180,6 +180,7 @@ impl Controllers {
                     "replicaset-controller",
                     "garbage-collector-controller",
                     "namespace-controller",
+                    "serviceaccount-controller",
                 ];
                 let args = [
                     &format!("--kube-api-qps={CLIENT_QPS}"),
