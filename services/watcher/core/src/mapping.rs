@@ -105,6 +105,8 @@ struct Through {
 #[derive(Debug)]
 pub struct Mapper {
     by_resource: Vec<Vec<Rule>>,
+    /// The namespace of a cluster-scoped key (`mapByNamespace` keys a Namespace), made once.
+    cluster: Arc<str>,
 }
 
 impl Mapper {
@@ -148,7 +150,10 @@ impl Mapper {
                 batch_period: rule.batch_period,
             });
         }
-        Self { by_resource }
+        Self {
+            by_resource,
+            cluster: Arc::from(""),
+        }
     }
 
     /// Whether any rule maps events of `resource` (a cache-only resource has none).
@@ -232,7 +237,7 @@ impl Mapper {
                 }
                 MapKind::ByNamespace => {
                     if !new.namespace.is_empty() {
-                        push(&Arc::from(""), &new.namespace);
+                        push(&self.cluster, &new.namespace);
                     }
                 }
             }
