@@ -125,8 +125,9 @@ bench-e2e: testenv dev-tool
 
 # The highest rate of Deployment changes kept within a queue-wait and a time-to-ready service
 # level: kube-controller-manager, and Switchyard with 1 and 4 reconcilers, every sync slowed
-# alike; then kube-controller-manager and one reconciler unslowed (about 50 minutes;
-# SWITCHYARD_BENCH_RUNS=kcm,sy1_concurrency10 runs only the named subjects).
+# alike; then kube-controller-manager and one reconciler unslowed. SWITCHYARD_BENCH_ROUNDS rounds
+# (2 by default), the order reversed every other round, about 50 minutes a round;
+# SWITCHYARD_BENCH_RUNS=kcm,sy1_concurrency10 runs only the named subjects.
 bench-capacity: testenv dev-tool
 	@scripts/testenv.sh kcm-slowed >/dev/null
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench capacity -- $(CARGO) bench --locked -p switchyard-reconciler --bench capacity

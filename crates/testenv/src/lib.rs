@@ -114,6 +114,32 @@ pub fn median(mut runs: Vec<f64>) -> Option<f64> {
     }
 }
 
+/// Runs a comparison: every selected subject once per round ([`alternating`] over
+/// [`bench_rounds`] rounds), each run's figure printed on stderr as `<area>.<name> run <i>`,
+/// and returns each subject's median.
+pub async fn compare<T, F, Fut>(
+    area: &str,
+    subjects: &[(&'static str, T)],
+    unit: &str,
+    mut run: F,
+) -> std::collections::BTreeMap<&'static str, f64>
+where
+    T: Copy,
+    F: FnMut(&'static str, T) -> Fut,
+    Fut: std::future::Future<Output = f64>,
+{
+    let mut runs: std::collections::BTreeMap<&'static str, Vec<f64>> = Default::default();
+    for (name, subject) in alternating(subjects, bench_rounds()) {
+        let figure = run(name, subject).await;
+        let done = runs.entry(name).or_default();
+        eprintln!("{area}.{name} run {}: {figure} {unit}", done.len());
+        done.push(figure);
+    }
+    runs.into_iter()
+        .filter_map(|(name, runs)| Some((name, median(runs)?)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

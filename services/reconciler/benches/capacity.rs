@@ -60,7 +60,10 @@
 //! cores each process used from the step's first change to the end of its drain (etcd,
 //! kube-apiserver, kube-scheduler, kwok, the controllers, and the benchmark's own process,
 //! which holds the load generator and, for Switchyard, the queue and the watcher).
-//! `SWITCHYARD_BENCH_RUNS=kcm,sy1_concurrency10` runs only the named subjects.
+//! Each subject runs once per round, the order reversed every other round
+//! (`SWITCHYARD_BENCH_ROUNDS`, 2 by default); each figure is the median of its rounds.
+//! `SWITCHYARD_BENCH_RUNS=kcm,sy1_concurrency10` runs only the named subjects: a subject takes
+//! 5 to 15 minutes, so all seven over two rounds take about three hours.
 
 #![allow(clippy::unwrap_used)]
 
@@ -111,7 +114,8 @@ const QUANTILE: f64 = 0.99;
 const SLOW_MS: u64 = 200;
 const SLOW_CONCURRENCY: usize = 5;
 
-/// The subjects, by figure name, in the order they run.
+/// The subjects, by figure name, in the order they run in the first round (reversed in the
+/// next, and so on).
 const SUBJECTS: [(&str, Under); 7] = [
     (
         "kcm",
@@ -516,14 +520,11 @@ async fn capacity(subject: &str, under: Under) -> f64 {
 }
 
 async fn run() {
-    let mut measured = BTreeMap::new();
-    for (name, under) in SUBJECTS {
-        if !switchyard_testenv::bench_selected(name) {
-            continue;
-        }
-        let rate = capacity(name, under).await;
+    // Every subject once per round, the order reversed every other round; each figure is
+    // the median of its rounds, every run printed on stderr.
+    let measured = switchyard_testenv::compare("capacity", &SUBJECTS, "changes/s", capacity).await;
+    for (name, rate) in &measured {
         println!("bench capacity.{name} {rate:.2} changes/s");
-        measured.insert(name, rate);
     }
     print_ratios("capacity", &measured, &RATIOS);
 }

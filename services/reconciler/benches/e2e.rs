@@ -472,21 +472,12 @@ async fn run() {
     eprintln!("{count} Deployments x {REPLICAS} replicas per run");
     // Every subject once per round, the order reversed every other round; each figure is
     // the median of its rounds, every run printed on stderr.
-    let mut runs: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let rounds = switchyard_testenv::bench_rounds();
-    for (name, under) in switchyard_testenv::alternating(&RUNS, rounds) {
-        let seconds = converge(name, under, count).await;
-        eprintln!(
-            "e2e.{name} run {}: {seconds:.1} s",
-            runs.get(name).map_or(0, Vec::len)
-        );
-        runs.entry(name).or_default().push(seconds);
-    }
-    let mut took = BTreeMap::new();
-    for (name, seconds) in runs {
-        let median = switchyard_testenv::median(seconds).expect("a run");
-        println!("bench e2e.{name} {median:.1} s");
-        took.insert(name, median);
+    let took = switchyard_testenv::compare("e2e", &RUNS, "s", |name, under| {
+        converge(name, under, count)
+    })
+    .await;
+    for (name, seconds) in &took {
+        println!("bench e2e.{name} {seconds:.1} s");
     }
     print_ratios("e2e", &took, &RATIOS);
 }

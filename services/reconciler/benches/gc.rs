@@ -415,21 +415,12 @@ async fn run() {
         ("cascade_10k_sy1", 1),
         ("cascade_10k_sy4", 4),
     ];
-    let mut runs: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
-    let rounds = switchyard_testenv::bench_rounds();
-    for (name, reconcilers) in switchyard_testenv::alternating(&subjects, rounds) {
-        let seconds = cascade(reconcilers, count).await;
-        eprintln!(
-            "gc.{name} run {}: {seconds:.1} s",
-            runs.get(name).map_or(0, Vec::len)
-        );
-        runs.entry(name).or_default().push(seconds);
-    }
-    let mut took = std::collections::BTreeMap::new();
-    for (name, seconds) in runs {
-        let median = switchyard_testenv::median(seconds).expect("a run");
-        println!("bench gc.{name} {median:.1} s");
-        took.insert(name, median);
+    let took = switchyard_testenv::compare("gc", &subjects, "s", |_, reconcilers| {
+        cascade(reconcilers, count)
+    })
+    .await;
+    for (name, seconds) in &took {
+        println!("bench gc.{name} {seconds:.1} s");
     }
     if let (Some(sy), Some(kcm)) = (took.get("cascade_10k_sy1"), took.get("cascade_10k_kcm")) {
         println!("bench gc.cascade_sy1_vs_kcm {:.2} ratio", sy / kcm);

@@ -34,7 +34,9 @@
 //!   `watcher.reflector_bytes_per_pod_meta` (a metadata-only watcher, as `metadata_watcher`
 //!   was, feeding a reflector of `PartialObjectMeta<Pod>`). Heap is the bytes a store frees when it is dropped, counted
 //!   by the allocator's usable size (`malloc_usable_size`: what glibc really holds); each
-//!   figure's `_requested` twin counts the sizes asked for, as the figures did before;
+//!   figure's `_requested` twin counts the sizes asked for, as the figures did before. Each
+//!   side stores the Pods once per round, which side goes first alternating
+//!   (`SWITCHYARD_BENCH_ROUNDS`, 2 by default); each figure is the median of its rounds;
 //! - `watcher.list_50k` (s): from starting a watcher until its initial list of 50,000 Pods is
 //!   cached (readiness).
 //!
@@ -45,7 +47,7 @@
 
 use std::{
     alloc::{GlobalAlloc, Layout, System},
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     io::Write,
     path::PathBuf,
     sync::{
@@ -736,59 +738,105 @@ async fn memory(plane: &ControlPlane, client: &Client) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    let full: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &ns,
-        &switchyard_k8s::kube::api::ApiResource::erase::<Pod>(&()),
-    );
-    let objects = full.list(&ListParams::default()).await.unwrap().items;
-    let mut store = Store::default();
-    for object in objects {
-        let (summary, json) = summarize(object);
-        store.apply(summary, json);
+    // Each side stores the Pods once per round, the side that goes first alternating; each
+    // figure is the median of its rounds.
+    let sides = [("switchyard", Side::Switchyard), ("kube_rs", Side::KubeRs)];
+    let mut figures: BTreeMap<&str, Vec<Heap>> = BTreeMap::new();
+    for (_, side) in switchyard_testenv::alternating(&sides, switchyard_testenv::bench_rounds()) {
+        for (name, heap) in side.store(client, &ns, count).await {
+            figures.entry(name).or_default().push(heap);
+        }
     }
-    let full_bytes = held(store);
-
-    let meta: Api<PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), &ns);
-    let objects = meta
-        .list_metadata(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    let mut store = Store::default();
-    for object in objects {
-        let (summary, json) = summarize(object);
-        store.apply(summary, json);
-    }
-    let meta_bytes = held(store);
-
-    // kube-rs as its users run it: a watcher feeding a reflector, `managedFields` stripped on
-    // the way in as the watcher's cache strips them.
-    let reflector_full = reflector_held(
-        kube_watch(pods, kube_watcher::Config::default())
-            .modify(|pod| pod.metadata.managed_fields = None),
-        count,
-    )
-    .await;
-    let reflector_meta = reflector_held(
-        // What kube-rs's `metadata_watcher` was; kube 5 deprecates it for a `watcher` of an
-        // `Api<PartialObjectMeta<_>>`, which makes the same metadata-only requests.
-        kube_watch(meta, kube_watcher::Config::default())
-            .modify(|meta| meta.metadata.managed_fields = None),
-        count,
-    )
-    .await;
 
     eprintln!("memory: {count} Running kwok Pods");
-    let per = |name: &str, heap: Heap| {
-        figure(name, heap.usable as f64 / count as f64, "bytes");
-        let requested = format!("{name}_requested");
-        figure(&requested, heap.requested as f64 / count as f64, "bytes");
-    };
-    per("bytes_per_pod_full", full_bytes);
-    per("reflector_bytes_per_pod_full", reflector_full);
-    per("bytes_per_pod_meta", meta_bytes);
-    per("reflector_bytes_per_pod_meta", reflector_meta);
+    for (name, heaps) in figures {
+        eprintln!("memory: {name} per round: {heaps:?}");
+        let per_pod = |bytes: fn(&Heap) -> usize| {
+            let runs = heaps
+                .iter()
+                .map(|h| bytes(h) as f64 / count as f64)
+                .collect();
+            switchyard_testenv::median(runs).expect("a round")
+        };
+        figure(name, per_pod(|h| h.usable), "bytes");
+        figure(
+            &format!("{name}_requested"),
+            per_pod(|h| h.requested),
+            "bytes",
+        );
+    }
+}
+
+/// Who stores the Pods in the memory comparison.
+#[derive(Clone, Copy)]
+enum Side {
+    /// The watcher's cache.
+    Switchyard,
+    /// kube-rs as its users run it: a watcher feeding a reflector.
+    KubeRs,
+}
+
+impl Side {
+    /// What this side's store holds for the namespace's `count` Pods, whole and metadata
+    /// only, by figure name.
+    async fn store(self, client: &Client, ns: &str, count: usize) -> [(&'static str, Heap); 2] {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let meta: Api<PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), ns);
+        match self {
+            Self::Switchyard => {
+                let full: Api<DynamicObject> = Api::namespaced_with(
+                    client.clone(),
+                    ns,
+                    &switchyard_k8s::kube::api::ApiResource::erase::<Pod>(&()),
+                );
+                let objects = full.list(&ListParams::default()).await.unwrap().items;
+                let mut store = Store::default();
+                for object in objects {
+                    let (summary, json) = summarize(object);
+                    store.apply(summary, json);
+                }
+                let full_bytes = held(store);
+                let objects = meta
+                    .list_metadata(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items;
+                let mut store = Store::default();
+                for object in objects {
+                    let (summary, json) = summarize(object);
+                    store.apply(summary, json);
+                }
+                [
+                    ("bytes_per_pod_full", full_bytes),
+                    ("bytes_per_pod_meta", held(store)),
+                ]
+            }
+            // `managedFields` stripped on the way in, as the watcher's cache strips them.
+            Self::KubeRs => [
+                (
+                    "reflector_bytes_per_pod_full",
+                    reflector_held(
+                        kube_watch(pods, kube_watcher::Config::default())
+                            .modify(|pod| pod.metadata.managed_fields = None),
+                        count,
+                    )
+                    .await,
+                ),
+                (
+                    "reflector_bytes_per_pod_meta",
+                    // What kube-rs's `metadata_watcher` was; kube 5 deprecates it for a
+                    // `watcher` of an `Api<PartialObjectMeta<_>>`, which makes the same
+                    // metadata-only requests.
+                    reflector_held(
+                        kube_watch(meta, kube_watcher::Config::default())
+                            .modify(|meta| meta.metadata.managed_fields = None),
+                        count,
+                    )
+                    .await,
+                ),
+            ],
+        }
+    }
 }
 
 /// What a kube-rs reflector's store holds once `events` (a kube-rs watcher) has given it its
