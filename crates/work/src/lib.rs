@@ -34,6 +34,7 @@ pub mod builtin {
         GARBAGE_COLLECTOR = "garbage-collector",
         NAMESPACE = "v1/Namespace",
         SERVICE_ACCOUNT = "serviceaccount",
+        JOB = "batch/v1/Job",
     );
 }
 

@@ -16,6 +16,7 @@ pub mod cache;
 pub mod deployment;
 pub mod finalizer;
 pub mod gc;
+pub mod job;
 pub mod metrics;
 pub mod namespace;
 pub mod ratelimit;
@@ -246,6 +247,7 @@ pub const BUILTINS: &[Builtin] = &[
     gc::BUILTIN,
     namespace::BUILTIN,
     serviceaccount::BUILTIN,
+    job::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

@@ -181,6 +181,7 @@ impl Controllers {
                     "garbage-collector-controller",
                     "namespace-controller",
                     "serviceaccount-controller",
+                    "job-controller",
                 ];
                 let args = [
                     &format!("--kube-api-qps={CLIENT_QPS}"),

@@ -1,15 +1,16 @@
-//! The reconciler's decisions, without I/O: what the ReplicaSet and Deployment controllers
-//! and the garbage collector should create, scale, delete, adopt, release and report, what the
-//! namespace controller deletes and reports while a namespace terminates, which accounts the
-//! service account controller creates, and the token bucket
-//! that bounds apiserver calls. The service crate reads the cache, calls these functions and
-//! performs the writes.
+//! The reconciler's decisions, without I/O: what the ReplicaSet, Deployment and Job
+//! controllers and the garbage collector should create, scale, delete, adopt, release and
+//! report, what the namespace controller deletes and reports while a namespace terminates,
+//! which accounts the service account controller creates, and the token bucket that bounds
+//! apiserver calls. The service crate reads the cache, calls these functions and performs the
+//! writes.
 //!
 //! Every function takes the objects it decides on and, where time matters, `now`; the tests
 //! beside the code build the objects by hand.
 
 pub mod deployment;
 pub mod gc;
+pub mod job;
 pub mod namespace;
 pub mod ratelimit;
 pub mod replicaset;
