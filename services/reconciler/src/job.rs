@@ -25,7 +25,7 @@ use std::collections::BTreeSet;
 use futures::future::join_all;
 use serde_json::json;
 use switchyard_k8s::{
-    Api, DeleteParams, ListParams, Pod, PostParams,
+    Api, DeleteParams, Pod, PostParams,
     k8s_openapi::{api::batch::v1::Job, jiff::Timestamp},
     kube::{
         self,
@@ -43,7 +43,7 @@ use crate::{
     cache::ListFilter,
     sdk::{
         self, Action, Builder, Context, Controller, Error, EventType, Options, Refusal, Request,
-        Result, Watches, is_namespace_terminating, status_message,
+        Result, Watches, is_namespace_terminating, keep_first, status_message,
     },
 };
 
@@ -105,13 +105,6 @@ impl Controller for JobController {
 
     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
         reconcile(ctx, request).await
-    }
-}
-
-/// Keeps the first error of a reconcile; the rest of its writes still go ahead.
-fn note(first: &mut Option<Error>, error: impl Into<Error>) {
-    if first.is_none() {
-        *first = Some(error.into());
     }
 }
 
@@ -204,7 +197,7 @@ async fn remove_finalizers(
                 }
                 removed.insert(pod.metadata.uid.clone().unwrap_or_default());
             }
-            Err(error) => note(&mut first, error),
+            Err(error) => keep_first(&mut first, error),
         }
     }
     (removed, first)
@@ -239,21 +232,6 @@ async fn set_owner(
     });
     api.patch(name_of(pod), &PatchParams::default(), &Patch::Merge(&patch))
         .await
-}
-
-/// The newest resourceVersion of the Job's Pods, read from the apiserver (a consistent
-/// list of their metadata): after a shard move, the cache is read again at least there.
-async fn newest_pod_version(api: &Api<Pod>, query: &str) -> Result<Option<String>> {
-    let pods = api
-        .list_metadata(&ListParams::default().labels(query))
-        .await?;
-    Ok(pods
-        .items
-        .iter()
-        .filter_map(|pod| pod.metadata.resource_version.as_deref())
-        .filter_map(|rv| Some((rv.parse::<u64>().ok()?, rv)))
-        .max()
-        .map(|(_, rv)| rv.to_owned()))
 }
 
 async fn reconcile(ctx: &Context, request: &Request) -> Result {
@@ -295,7 +273,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     if ctx.cache.may_lack_writes() {
         // The key's shard moved lately: the previous owner's last Pod writes may not be in
         // the cache yet. Read again at least at the apiserver's newest of the Job's Pods.
-        if let Some(newest) = newest_pod_version(&pods_api, &spec.selector.to_query()).await? {
+        if let Some(newest) = sdk::newest_version(&pods_api, &spec.selector.to_query()).await? {
             debug!(
                 newest,
                 "shard moved lately; reading pods again at the apiserver's newest"
@@ -308,7 +286,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     if !stray.is_empty() {
         let (_, error) = remove_finalizers(ctx, &pods_api, &stray).await;
         if let Some(error) = error {
-            note(&mut first_error, error);
+            keep_first(&mut first_error, error);
         }
     }
 
@@ -435,7 +413,7 @@ async fn adopt_and_release(
                 }
             }
             Err(error) if error.is_not_found() => {}
-            Err(error) => note(&mut first, error),
+            Err(error) => keep_first(&mut first, error),
         }
     }
     match first {
@@ -490,7 +468,7 @@ async fn manage_pods(
                             "Delete",
                             format!("Error deleting: {message}"),
                         );
-                        note(first_error, error);
+                        keep_first(first_error, error);
                     }
                 }
             }
@@ -531,7 +509,7 @@ async fn manage_pods(
                                 "Create",
                                 format!("Error creating: {}", status_message(&error)),
                             );
-                            note(first_error, error);
+                            keep_first(first_error, error);
                             failed = true;
                         }
                     }

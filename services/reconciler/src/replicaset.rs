@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use futures::future::join_all;
 use switchyard_k8s::{
-    Api, DeleteParams, ListParams, Pod, PostParams, ReplicaSet, k8s_openapi::jiff::Timestamp, kube,
+    Api, DeleteParams, Pod, PostParams, ReplicaSet, k8s_openapi::jiff::Timestamp,
 };
 use switchyard_reconciler_core::{
     replicaset::{
@@ -41,7 +41,7 @@ use crate::{
     cache::{CacheClient, ListFilter},
     sdk::{
         self, Action, Builder, Context, Controller, Error, EventType, Options, Refusal, Request,
-        Result, Watches, is_namespace_terminating, status_message,
+        Result, Watches, is_namespace_terminating, keep_first, status_message,
     },
 };
 
@@ -141,13 +141,6 @@ impl<'a> Writes<'a> {
     }
 }
 
-/// Keeps the first error of a reconcile; the rest of its writes still go ahead.
-fn note(first: &mut Option<Error>, error: kube::Error) {
-    if first.is_none() {
-        *first = Some(error.into());
-    }
-}
-
 /// The Pods the ReplicaSet controls and those its selector matches (orphans to adopt), in
 /// name order.
 async fn read_pods(ctx: &Context, spec: &Spec<'_>, min_rv: Option<&str>) -> Result<Vec<Pod>> {
@@ -166,21 +159,6 @@ async fn read_pods(ctx: &Context, spec: &Spec<'_>, min_rv: Option<&str>) -> Resu
         )
         .await?;
     Ok(pods)
-}
-
-/// The newest resourceVersion of the Pods the selector matches, read from the apiserver
-/// (a consistent list of their metadata): a version the watcher's stream of the namespace
-/// reaches once it has every one of them.
-async fn newest_pod_version(api: &Api<Pod>, spec: &Spec<'_>) -> Result<Option<String>> {
-    let params = ListParams::default().labels(&spec.selector.to_query());
-    let pods = api.list_metadata(&params).await?;
-    Ok(pods
-        .items
-        .iter()
-        .filter_map(|pod| pod.metadata.resource_version.as_deref())
-        .filter_map(|rv| Some((rv.parse::<u64>().ok()?, rv)))
-        .max()
-        .map(|(_, rv)| rv.to_owned()))
 }
 
 /// kube-controller-manager's `canAdopt` for a ReplicaSet ([`sdk::can_adopt`]).
@@ -277,7 +255,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
         // The key's shard moved lately: the Pods missing may be ones the previous owner's
         // last reconcile created, which the watcher has not shown yet. Read again at least
         // at the apiserver's newest version of the selector's Pods.
-        if let Some(newest) = newest_pod_version(&pods_api, &spec).await? {
+        if let Some(newest) = sdk::newest_version(&pods_api, &spec.selector.to_query()).await? {
             debug!(
                 newest,
                 "shard moved lately; reading pods again at the apiserver's newest"
@@ -313,14 +291,14 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
             }
             // Gone since the read: nothing to adopt.
             Err(error) if error.is_not_found() => {}
-            Err(error) => note(&mut first_error, error),
+            Err(error) => keep_first(&mut first_error, error),
         }
     }
     for result in released {
         match result {
             Ok(pod) => writes.saw(&pod),
             Err(error) if error.is_not_found() => {}
-            Err(error) => note(&mut first_error, error),
+            Err(error) => keep_first(&mut first_error, error),
         }
     }
     // As kube-controller-manager does: no scaling on a failed claim (a Pod not adopted now
@@ -381,7 +359,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                                 reason: FAILED_CREATE,
                                 message,
                             });
-                            note(&mut first_error, error);
+                            keep_first(&mut first_error, error);
                         }
                     }
                 }
@@ -436,7 +414,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                             reason: FAILED_DELETE,
                             message,
                         });
-                        note(&mut first_error, error);
+                        keep_first(&mut first_error, error);
                     }
                 }
             }

@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use switchyard_k8s::{
-    Api, OwnerReference,
+    Api, ListParams, OwnerReference,
     k8s_openapi::NamespaceResourceScope,
     kube::{
         self, Resource,
@@ -96,6 +96,27 @@ where
         &Patch::Merge(&patch),
     )
     .await
+}
+
+/// The newest resourceVersion of the objects `labels` selects, read from the apiserver (a
+/// consistent list of their metadata): a version the watcher's stream of their namespace
+/// reaches once it has every one of them. A reconcile whose key's shard moved lately reads
+/// its cache again at least there before creating objects under generated names
+/// ([`crate::cache::CacheClient::may_lack_writes`]).
+pub async fn newest_version<K>(api: &Api<K>, labels: &str) -> kube::Result<Option<String>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let objects = api
+        .list_metadata(&ListParams::default().labels(labels))
+        .await?;
+    Ok(objects
+        .items
+        .iter()
+        .filter_map(|object| object.metadata.resource_version.as_deref())
+        .filter_map(|rv| Some((rv.parse::<u64>().ok()?, rv)))
+        .max()
+        .map(|(_, rv)| rv.to_owned()))
 }
 
 #[cfg(test)]

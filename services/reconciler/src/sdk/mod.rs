@@ -37,7 +37,7 @@ use switchyard_queue_client::{Enqueuer, Priority, WorkKey};
 pub use self::events::EventType;
 use self::events::Recorder;
 pub use self::{
-    adoption::{can_adopt, owner_references, set_controller_ref},
+    adoption::{can_adopt, newest_version, owner_references, set_controller_ref},
     builder::{Builder, Built, Map, Policy, backoff},
     controller::{Controller, Registered, Registry},
     refusal::Refusal,
@@ -126,6 +126,14 @@ impl Error {
     /// `handleErr` forgets the key the same way).
     pub fn is_namespace_terminating(&self) -> bool {
         matches!(self, Self::Kube(error) if is_namespace_terminating(error))
+    }
+}
+
+/// Keeps the first error of a reconcile in `first`, so that the rest of its writes still go
+/// ahead and the reconcile fails with that one at the end.
+pub fn keep_first(first: &mut Option<Error>, error: impl Into<Error>) {
+    if first.is_none() {
+        *first = Some(error.into());
     }
 }
 
