@@ -35,6 +35,8 @@ pub mod builtin {
         NAMESPACE = "v1/Namespace",
         SERVICE_ACCOUNT = "serviceaccount",
         JOB = "batch/v1/Job",
+        TTL_AFTER_FINISHED = "ttl-after-finished",
+        CRONJOB = "batch/v1/CronJob",
     );
 }
 

@@ -13,6 +13,7 @@
 
 pub mod builtin;
 pub mod cache;
+pub mod cronjob;
 pub mod deployment;
 pub mod finalizer;
 pub mod gc;
@@ -24,6 +25,7 @@ pub mod registration;
 pub mod replicaset;
 pub mod sdk;
 pub mod serviceaccount;
+pub mod ttlafterfinished;
 pub mod worker;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -248,6 +250,8 @@ pub const BUILTINS: &[Builtin] = &[
     namespace::BUILTIN,
     serviceaccount::BUILTIN,
     job::BUILTIN,
+    ttlafterfinished::BUILTIN,
+    cronjob::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

@@ -182,6 +182,8 @@ impl Controllers {
                     "namespace-controller",
                     "serviceaccount-controller",
                     "job-controller",
+                    "ttl-after-finished-controller",
+                    "cronjob-controller",
                 ];
                 let args = [
                     &format!("--kube-api-qps={CLIENT_QPS}"),

@@ -1,13 +1,15 @@
-//! The reconciler's decisions, without I/O: what the ReplicaSet, Deployment and Job
+//! The reconciler's decisions, without I/O: what the ReplicaSet, Deployment, Job and CronJob
 //! controllers and the garbage collector should create, scale, delete, adopt, release and
 //! report, what the namespace controller deletes and reports while a namespace terminates,
-//! which accounts the service account controller creates, and the token bucket that bounds
+//! which accounts the service account controller creates, when a finished Job is due for
+//! deletion, and the token bucket that bounds
 //! apiserver calls. The service crate reads the cache, calls these functions and performs the
 //! writes.
 //!
 //! Every function takes the objects it decides on and, where time matters, `now`; the tests
 //! beside the code build the objects by hand.
 
+pub mod cronjob;
 pub mod deployment;
 pub mod gc;
 pub mod job;
@@ -16,5 +18,6 @@ pub mod ratelimit;
 pub mod replicaset;
 pub mod selector;
 pub mod serviceaccount;
+pub mod ttlafterfinished;
 
 pub use k8s_openapi;

@@ -1,0 +1,195 @@
+//! The TTL-after-finished controller against the real control plane, beside
+//! kube-controller-manager's `ttl-after-finished-controller` (each with its own Job
+//! controller, on a namespace of its own, one after the other): the same Jobs are deleted,
+//! as late after they finished, in the same way.
+//!
+//! - `ttl-3`: finished, `ttlSecondsAfterFinished: 3`: deleted 3 to 8 s after its `Complete`
+//!   condition's transition;
+//! - `ttl-0`: deleted as soon as it finished;
+//! - `ttl-300`: not deleted while the test watches;
+//! - `no-ttl`: never deleted.
+//!
+//! No garbage collector runs, so a Job deleted in the foreground stays, being deleted, with
+//! the `foregroundDeletion` finalizer: which shows the propagation the controller asked for.
+//! A binary of its own: kube-controller-manager's controllers act on every namespace.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use futures::future::join_all;
+use serde_json::json;
+use switchyard_k8s::{Api, Client, PostParams, k8s_openapi::api::batch::v1::Job};
+use switchyard_testenv::{ControlPlane, TestNamespace};
+
+use support::WITHIN;
+
+/// How long the test watches for a deletion that must not come.
+const WATCHED: Duration = Duration::from_secs(12);
+
+/// What became of one Job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outcome {
+    /// Deleted, with the `foregroundDeletion` finalizer.
+    foreground: Option<bool>,
+    /// Whole seconds from its finish to its deletion, within the bounds the TTL allows.
+    on_time: Option<bool>,
+}
+
+fn job(name: &str, ttl: Option<i32>) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "ttlSecondsAfterFinished": ttl,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "work", "image": "registry.example/work:1"}]
+            }}
+        }
+    }))
+    .unwrap()
+}
+
+fn finished_at(job: &Job) -> Option<i64> {
+    job.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Complete" && c.status == "True")?
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0.as_second())
+}
+
+/// Creates the Job and watches it until it is deleted or `WATCHED` has passed since it
+/// finished.
+async fn follow(client: &Client, namespace: &str, name: &str, ttl: Option<i32>) -> Outcome {
+    let api: Api<Job> = Api::namespaced(client.clone(), namespace);
+    api.create(&PostParams::default(), &job(name, ttl))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut finished_seen: Option<Instant> = None;
+    loop {
+        let current = api.get(name).await.unwrap();
+        if let Some(deleted) = &current.metadata.deletion_timestamp {
+            let finished = finished_at(&current).expect("deleted before it finished");
+            let took = deleted.0.as_second() - finished;
+            let ttl = i64::from(ttl.unwrap_or(i32::MAX));
+            let foreground = current
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == "foregroundDeletion");
+            eprintln!("{namespace}/{name}: deleted {took} s after it finished");
+            return Outcome {
+                foreground: Some(foreground),
+                on_time: Some((ttl..=ttl + 5).contains(&took)),
+            };
+        }
+        if finished_at(&current).is_some() {
+            let seen = *finished_seen.get_or_insert_with(Instant::now);
+            if seen.elapsed() >= WATCHED {
+                return Outcome {
+                    foreground: None,
+                    on_time: None,
+                };
+            }
+        }
+        assert!(
+            started.elapsed() < WITHIN + WATCHED,
+            "{namespace}/{name}: neither finished nor deleted: {:#?}",
+            current.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn all(
+    plane: &ControlPlane,
+    client: &Client,
+    prefix: &str,
+) -> BTreeMap<&'static str, Outcome> {
+    let namespace = TestNamespace::create(plane, client, prefix).await.unwrap();
+    let ns = namespace.name().to_owned();
+    let jobs = [
+        ("ttl-3", Some(3)),
+        ("ttl-0", Some(0)),
+        ("ttl-300", Some(300)),
+        ("no-ttl", None),
+    ];
+    join_all(jobs.into_iter().map(|(name, ttl)| {
+        let (client, ns) = (client.clone(), ns.clone());
+        async move { (name, follow(&client, &ns, name, ttl).await) }
+    }))
+    .await
+    .into_iter()
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_are_deleted_after_their_ttl_as_under_kube_controller_manager() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+
+    let kcm = plane
+        .start_controller_manager(&["job-controller", "ttl-after-finished-controller"], &[])
+        .await
+        .expect("kube-controller-manager starts");
+    let under_kcm = all(plane, &client, "ttl-kcm").await;
+    drop(kcm);
+
+    let names = [
+        switchyard_reconciler::job::NAME,
+        switchyard_reconciler::ttlafterfinished::NAME,
+    ];
+    let queue = support::queue(&names, &[]).await;
+    let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
+    watcher.wait_ready(WITHIN).await;
+    let reconciler = support::reconciler(
+        plane,
+        support::builtins(&names),
+        queue.grpc(),
+        watcher.grpc(),
+        &[],
+    )
+    .await;
+    reconciler.wait_ready(WITHIN).await;
+    let under_switchyard = all(plane, &client, "ttl-sy").await;
+    // A deletion the foregroundDeletion finalizer holds answers 200 or 202 (accepted).
+    let mut deleted = 0.0;
+    for code in ["200", "202"] {
+        deleted += reconciler
+            .metric(&format!(
+                r#"switchyard_apiserver_requests_total{{verb="delete",code="{code}"}}"#
+            ))
+            .await;
+    }
+    reconciler.stop().await;
+    watcher.stop().await;
+    queue.stop().await;
+
+    eprintln!("kube-controller-manager: {under_kcm:?}");
+    eprintln!("switchyard: {under_switchyard:?}");
+    let deleted_in_time = Outcome {
+        foreground: Some(true),
+        on_time: Some(true),
+    };
+    let kept = Outcome {
+        foreground: None,
+        on_time: None,
+    };
+    assert_eq!(under_kcm["ttl-3"], deleted_in_time);
+    assert_eq!(under_kcm["ttl-0"], deleted_in_time);
+    assert_eq!(under_kcm["ttl-300"], kept);
+    assert_eq!(under_kcm["no-ttl"], kept);
+    assert_eq!(under_switchyard, under_kcm);
+    assert!(deleted >= 2.0, "the reconciler deleted {deleted} jobs");
+}
