@@ -36,8 +36,6 @@ use switchyard_k8s::{
 use switchyard_reconciler_core::cronjob::SCHEDULED_TIMESTAMP;
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
-use support::WITHIN;
-
 /// How long each CronJob is watched.
 const WATCHED: Duration = Duration::from_secs(16);
 /// The last second of a minute at which the test may start, so that it ends in that minute.
@@ -209,22 +207,9 @@ async fn cronjobs_start_their_jobs_as_under_kube_controller_manager() {
         switchyard_reconciler::job::NAME,
         switchyard_reconciler::cronjob::NAME,
     ];
-    let queue = support::queue(&names, &[]).await;
-    let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
-    watcher.wait_ready(WITHIN).await;
-    let reconciler = support::reconciler(
-        plane,
-        support::builtins(&names),
-        queue.grpc(),
-        watcher.grpc(),
-        &[],
-    )
-    .await;
-    reconciler.wait_ready(WITHIN).await;
+    let switchyard = support::Builtins::start(plane, &names).await;
     let under_switchyard = all(plane, &client, "cron-sy").await;
-    reconciler.stop().await;
-    watcher.stop().await;
-    queue.stop().await;
+    switchyard.stop().await;
 
     for (name, kcm) in &under_kcm {
         eprintln!("{name}: kube-controller-manager {kcm:?}");

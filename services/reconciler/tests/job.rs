@@ -306,27 +306,12 @@ async fn jobs_end_as_under_kube_controller_manager() {
     let under_kcm = all(plane, &client, "job-kcm").await;
     drop(kcm);
 
-    let queue = support::queue(&[NAME], &[]).await;
-    let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
-    watcher.wait_ready(WITHIN).await;
-    let reconciler = support::reconciler(
-        plane,
-        support::builtins(&[NAME]),
-        queue.grpc(),
-        watcher.grpc(),
-        &[],
-    )
-    .await;
-    reconciler.wait_ready(WITHIN).await;
+    let switchyard = support::Builtins::start(plane, &[NAME]).await;
     let under_switchyard = all(plane, &client, "job-sy").await;
     // The Pods were this reconciler's: kube-controller-manager is stopped, and no other
     // controller of Jobs runs.
-    let created = reconciler
-        .metric(r#"switchyard_apiserver_requests_total{verb="create",code="201"}"#)
-        .await;
-    reconciler.stop().await;
-    watcher.stop().await;
-    queue.stop().await;
+    let created = switchyard.requests("create", &["201"]).await;
+    switchyard.stop().await;
 
     for (name, kcm) in &under_kcm {
         eprintln!("{name}: kube-controller-manager {kcm:?}");

@@ -155,28 +155,13 @@ async fn every_active_namespace_gets_its_default_account_as_under_kube_controlle
     let under_kcm = scenario(&client, "sa-kcm").await;
     drop(kcm);
 
-    let queue = support::queue(&[NAME], &[]).await;
-    let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
-    watcher.wait_ready(WITHIN).await;
-    let reconciler = support::reconciler(
-        plane,
-        support::builtins(&[NAME]),
-        queue.grpc(),
-        watcher.grpc(),
-        &[],
-    )
-    .await;
-    reconciler.wait_ready(WITHIN).await;
+    let switchyard = support::Builtins::start(plane, &[NAME]).await;
     let under_switchyard = scenario(&client, "sa-sy").await;
     // The accounts were this reconciler's: it is the only one running, and its one
     // controller made the script's three creations (and any the cluster's own namespaces
     // lacked).
-    let created = reconciler
-        .metric(r#"switchyard_apiserver_requests_total{verb="create",code="201"}"#)
-        .await;
-    reconciler.stop().await;
-    watcher.stop().await;
-    queue.stop().await;
+    let created = switchyard.requests("create", &["201"]).await;
+    switchyard.stop().await;
 
     eprintln!("kube-controller-manager: {under_kcm:?}");
     eprintln!("switchyard: {under_switchyard:?}");

@@ -150,31 +150,11 @@ async fn finished_jobs_are_deleted_after_their_ttl_as_under_kube_controller_mana
         switchyard_reconciler::job::NAME,
         switchyard_reconciler::ttlafterfinished::NAME,
     ];
-    let queue = support::queue(&names, &[]).await;
-    let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
-    watcher.wait_ready(WITHIN).await;
-    let reconciler = support::reconciler(
-        plane,
-        support::builtins(&names),
-        queue.grpc(),
-        watcher.grpc(),
-        &[],
-    )
-    .await;
-    reconciler.wait_ready(WITHIN).await;
+    let switchyard = support::Builtins::start(plane, &names).await;
     let under_switchyard = all(plane, &client, "ttl-sy").await;
     // A deletion the foregroundDeletion finalizer holds answers 200 or 202 (accepted).
-    let mut deleted = 0.0;
-    for code in ["200", "202"] {
-        deleted += reconciler
-            .metric(&format!(
-                r#"switchyard_apiserver_requests_total{{verb="delete",code="{code}"}}"#
-            ))
-            .await;
-    }
-    reconciler.stop().await;
-    watcher.stop().await;
-    queue.stop().await;
+    let deleted = switchyard.requests("delete", &["200", "202"]).await;
+    switchyard.stop().await;
 
     eprintln!("kube-controller-manager: {under_kcm:?}");
     eprintln!("switchyard: {under_switchyard:?}");

@@ -184,6 +184,51 @@ pub fn builtins(names: &[&str]) -> Registry {
     registry
 }
 
+/// A queue, a watcher (every namespace, the kustomize base's grants) and a reconciler running
+/// the built-in controllers `names`, all in this process: what a test of those controllers
+/// runs against the control plane.
+pub struct Builtins {
+    pub queue: InProcess,
+    pub watcher: InProcess,
+    pub reconciler: InProcess,
+}
+
+impl Builtins {
+    pub async fn start(plane: &ControlPlane, names: &[&str]) -> Self {
+        let queue = queue(names, &[]).await;
+        let watcher = watcher(plane, &watcher_config(&[], ""), queue.grpc()).await;
+        watcher.wait_ready(WITHIN).await;
+        let reconciler =
+            reconciler(plane, builtins(names), queue.grpc(), watcher.grpc(), &[]).await;
+        reconciler.wait_ready(WITHIN).await;
+        Self {
+            queue,
+            watcher,
+            reconciler,
+        }
+    }
+
+    /// The reconciler's successful apiserver requests of `verb` answered with one of `codes`.
+    pub async fn requests(&self, verb: &str, codes: &[&str]) -> f64 {
+        let mut sum = 0.0;
+        for code in codes {
+            sum += self
+                .reconciler
+                .metric(&format!(
+                    r#"switchyard_apiserver_requests_total{{verb="{verb}",code="{code}"}}"#
+                ))
+                .await;
+        }
+        sum
+    }
+
+    pub async fn stop(self) {
+        self.reconciler.stop().await;
+        self.watcher.stop().await;
+        self.queue.stop().await;
+    }
+}
+
 /// A ReplicaSet whose Pods also carry `tier=web` (a label the selector does not name).
 pub fn replica_set(name: &str, replicas: i32) -> ReplicaSet {
     let mut value = manifests::workload("ReplicaSet", name, replicas, serde_json::Value::Null);
