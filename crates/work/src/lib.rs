@@ -120,6 +120,8 @@ mod tests {
     fn the_built_in_list_is_every_name_joined() {
         assert_eq!(builtin::LIST, builtin::ALL.join(","));
         assert_eq!(builtin::ALL[0], builtin::REPLICASET);
-        assert_eq!(builtin::ALL.len(), 5);
+        let once: std::collections::BTreeSet<&str> = builtin::ALL.iter().copied().collect();
+        assert_eq!(once.len(), builtin::ALL.len(), "each name once");
+        assert!(builtin::ALL.contains(&builtin::CRONJOB));
     }
 }
