@@ -3,7 +3,10 @@
 //! it is registered. The reconciler's list of them (`crate::BUILTINS`) is the one place the
 //! reconciler, its flags and the kustomize base's checks read it from.
 
-use crate::sdk::Registry;
+use switchyard_k8s::kube::Resource;
+use switchyard_reconciler_core::event::Event;
+
+use crate::sdk::{Context, EventType, Registry};
 
 /// A controller built into the reconciler.
 #[derive(Clone, Copy, Debug)]
@@ -46,3 +49,16 @@ impl Permission {
 /// Events (`events.k8s.io/v1`), as every built-in controller records them.
 pub const RECORD_EVENTS: Permission =
     Permission::new("events.k8s.io", &["events"], &["create", "patch"]);
+
+/// Records the Events a built-in controller's decision asked for on `object`.
+pub fn publish<K: Resource<DynamicType = ()>>(ctx: &Context, object: &K, events: &[Event]) {
+    for event in events {
+        let type_ = if event.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        ctx.events
+            .publish(object, type_, &event.reason, "Sync", event.message.clone());
+    }
+}

@@ -35,7 +35,7 @@ use crate::builtin::{Builtin, Permission, RECORD_EVENTS};
 use crate::{
     cache::ListFilter,
     sdk::{
-        Action, Builder, Context, Controller, Error, EventType, Refusal, Request, Result, Watches,
+        Action, Builder, Context, Controller, Error, Refusal, Request, Result, Watches,
         is_namespace_terminating, keep_first, status_message,
     },
 };
@@ -109,20 +109,18 @@ async fn delete_job(
         Ok(_) => {}
         Err(error) if error.is_not_found() => {}
         Err(error) => {
-            events.push(Event {
-                warning: true,
-                reason: "FailedDelete",
-                message: format!("Deleted job: {}", status_message(&error)),
-            });
+            events.push(Event::warning(
+                "FailedDelete",
+                format!("Deleted job: {}", status_message(&error)),
+            ));
             return Err(error.into());
         }
     }
     forget_active(cj, job.metadata.uid.as_deref());
-    events.push(Event {
-        warning: false,
-        reason: "SuccessfulDelete",
-        message: format!("Deleted job {}", name_of(job)),
-    });
+    events.push(Event::normal(
+        "SuccessfulDelete",
+        format!("Deleted job {}", name_of(job)),
+    ));
     Ok(())
 }
 
@@ -177,24 +175,22 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
             changed = accounted;
         }
         for job in unexpected.iter().filter(|j| !knows(j)) {
-            events.push(Event {
-                warning: true,
-                reason: "UnexpectedJob",
-                message: format!(
+            events.push(Event::warning(
+                "UnexpectedJob",
+                format!(
                     "Saw a job that the controller did not create or forgot: {}",
                     name_of(job)
                 ),
-            });
+            ));
         }
     }
     for reference in unaccounted {
         let job_name = reference.name.clone().unwrap_or_default();
         if jobs_api.get_opt(&job_name).await?.is_none() {
-            events.push(Event {
-                warning: false,
-                reason: "MissingJob",
-                message: format!("Active job went missing: {job_name}"),
-            });
+            events.push(Event::normal(
+                "MissingJob",
+                format!("Active job went missing: {job_name}"),
+            ));
             forget_active(&mut cj, reference.uid.as_deref());
             changed = true;
         }
@@ -216,11 +212,10 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                     let job = match jobs_api.get(&job_name).await {
                         Ok(job) => job,
                         Err(error) => {
-                            events.push(Event {
-                                warning: true,
-                                reason: "FailedGet",
-                                message: format!("Get job: {}", status_message(&error)),
-                            });
+                            events.push(Event::warning(
+                                "FailedGet",
+                                format!("Get job: {}", status_message(&error)),
+                            ));
                             return Err(Error::from(error));
                         }
                     };
@@ -232,11 +227,10 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                 let job = match jobs_api.create(&PostParams::default(), &wanted).await {
                     Ok(job) => {
                         ctx.cache.wrote(&job);
-                        events.push(Event {
-                            warning: false,
-                            reason: "SuccessfulCreate",
-                            message: format!("Created job {}", name_of(&job)),
-                        });
+                        events.push(Event::normal(
+                            "SuccessfulCreate",
+                            format!("Created job {}", name_of(&job)),
+                        ));
                         job
                     }
                     Err(error) if is_namespace_terminating(&error) => {
@@ -262,11 +256,10 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                         job
                     }
                     Err(error) => {
-                        events.push(Event {
-                            warning: true,
-                            reason: "FailedCreate",
-                            message: format!("Error creating job: {}", status_message(&error)),
-                        });
+                        events.push(Event::warning(
+                            "FailedCreate",
+                            format!("Error creating job: {}", status_message(&error)),
+                        ));
                         return Err(Error::from(error));
                     }
                 };
@@ -288,15 +281,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
             .await?;
         ctx.cache.wrote(&written);
     }
-    for event in events {
-        let type_ = if event.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        ctx.events
-            .publish(&cached, type_, event.reason, "Sync", event.message);
-    }
+    crate::builtin::publish(ctx, &cached, &events);
     if let Some(error) = first_error {
         return Err(error);
     }

@@ -336,20 +336,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
             .await?;
         ctx.cache.wrote(&current);
     }
-    for event in &finish.events {
-        let type_ = if event.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        ctx.events.publish(
-            &current,
-            type_,
-            &event.reason,
-            "Sync",
-            event.message.clone(),
-        );
-    }
+    crate::builtin::publish(ctx, &current, &finish.events);
     if finish.finished {
         debug!("job finished");
     }

@@ -39,10 +39,8 @@ use switchyard_k8s::{
     kube::api::{Patch, PatchParams},
 };
 use switchyard_reconciler::job::NAME;
-use switchyard_reconciler_core::job::{COMPLETION_INDEX, TRACKING_FINALIZER};
+use switchyard_reconciler_core::job::{COMPLETION_INDEX, has_tracking_finalizer};
 use switchyard_testenv::{ControlPlane, TestNamespace};
-
-use support::WITHIN;
 
 /// The longest a scenario may take: the backoff scenario waits out a 10 s failure backoff.
 const SCENARIO: Duration = Duration::from_secs(60);
@@ -214,30 +212,7 @@ async fn run(client: &Client, namespace: &str, name: &str, spec: Value) -> Outco
         }
         _ => job_until(&jobs, name, "finished", finished).await,
     };
-    // The finalizers go right after the Job finishes (or, for Pods still terminating, once
-    // they end): give the controller a moment for the last ones.
-    let deadline = Instant::now() + WITHIN;
-    let left = loop {
-        let left = pods
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .unwrap()
-            .items;
-        let tracked = left
-            .iter()
-            .filter(|p| {
-                p.metadata
-                    .finalizers
-                    .iter()
-                    .flatten()
-                    .any(|f| f == TRACKING_FINALIZER)
-            })
-            .count();
-        if tracked == 0 || Instant::now() >= deadline {
-            break left;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let left = support::pods_once_counted(&pods, &selector).await;
     let status = job.status.clone().unwrap_or_default();
     let mut indexed_pods: Vec<(String, String)> = left
         .iter()
@@ -255,16 +230,7 @@ async fn run(client: &Client, namespace: &str, name: &str, spec: Value) -> Outco
         failed: status.failed.unwrap_or(0),
         completed_indexes: status.completed_indexes.filter(|s| !s.is_empty()),
         failed_indexes: status.failed_indexes.filter(|s| !s.is_empty()),
-        tracked_pods: left
-            .iter()
-            .filter(|p| {
-                p.metadata
-                    .finalizers
-                    .iter()
-                    .flatten()
-                    .any(|f| f == TRACKING_FINALIZER)
-            })
-            .count(),
+        tracked_pods: left.iter().filter(|p| has_tracking_finalizer(p)).count(),
         indexed_pods,
     }
 }

@@ -16,9 +16,9 @@ use std::{
 };
 
 use serde_json::json;
-use switchyard_k8s::{Api, ListParams, Pod, PostParams, k8s_openapi::api::batch::v1::Job};
+use switchyard_k8s::{Api, Pod, PostParams, k8s_openapi::api::batch::v1::Job};
 use switchyard_reconciler::job::NAME;
-use switchyard_reconciler_core::job::TRACKING_FINALIZER;
+use switchyard_reconciler_core::job::has_tracking_finalizer;
 use switchyard_testenv::{ControlPlane, ServiceProcess, TestNamespace};
 
 use support::WITHIN;
@@ -116,34 +116,10 @@ async fn a_job_survives_its_reconciler_killed_with_every_pod_counted_once() {
         assert!(Instant::now() < deadline, "not complete: {:?}", job.status);
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    // The last finalizers go right after the Job completes.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let deadline = Instant::now() + WITHIN;
-    let listed = loop {
-        let listed = pods
-            .list(&ListParams::default().labels("batch.kubernetes.io/job-name=many"))
-            .await
-            .unwrap()
-            .items;
-        let tracked = listed
-            .iter()
-            .filter(|p| {
-                p.metadata
-                    .finalizers
-                    .iter()
-                    .flatten()
-                    .any(|f| f == TRACKING_FINALIZER)
-            })
-            .count();
-        if tracked == 0 {
-            break listed;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{tracked} pods keep the tracking finalizer"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let listed = support::pods_once_counted(&pods, "batch.kubernetes.io/job-name=many").await;
+    let tracked = listed.iter().filter(|p| has_tracking_finalizer(p)).count();
+    assert_eq!(tracked, 0, "{tracked} pods keep the tracking finalizer");
     second.terminate().await.unwrap();
     watcher.stop().await;
     queue.stop().await;

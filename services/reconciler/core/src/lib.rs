@@ -11,6 +11,7 @@
 
 pub mod cronjob;
 pub mod deployment;
+pub mod event;
 pub mod gc;
 pub mod job;
 pub mod namespace;

@@ -12,7 +12,10 @@ use switchyard_proto::{
     elector::v1::elector_client::ElectorClient, queue::v1::queue_client::QueueClient,
 };
 use switchyard_reconciler::sdk::Registry;
-use switchyard_reconciler_core::replicaset::{controller_of, is_active};
+use switchyard_reconciler_core::{
+    job::has_tracking_finalizer,
+    replicaset::{controller_of, is_active},
+};
 use switchyard_runtime::Role;
 pub use switchyard_testenv::InProcess;
 use switchyard_testenv::{ControlPlane, Pki, manifests};
@@ -226,6 +229,25 @@ impl Builtins {
         self.reconciler.stop().await;
         self.watcher.stop().await;
         self.queue.stop().await;
+    }
+}
+
+/// A Job's Pods (`selector`) once none keeps the tracking finalizer, or as they are after
+/// [`WITHIN`]: the Job controller removes the last finalizers right after the Job finishes
+/// (or, for Pods still terminating, once they end).
+pub async fn pods_once_counted(pods: &Api<Pod>, selector: &str) -> Vec<Pod> {
+    let deadline = std::time::Instant::now() + WITHIN;
+    loop {
+        let listed = pods
+            .list(&ListParams::default().labels(selector))
+            .await
+            .unwrap()
+            .items;
+        let tracked = listed.iter().any(has_tracking_finalizer);
+        if !tracked || std::time::Instant::now() >= deadline {
+            return listed;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -33,6 +33,7 @@ use k8s_openapi::{
 };
 
 pub use self::schedule::{Schedule, ScheduleError};
+pub use crate::event::Event;
 
 /// The annotation on a Job with the time it was scheduled for, RFC 3339 in the CronJob's
 /// time zone.
@@ -42,30 +43,6 @@ pub const SCHEDULED_TIMESTAMP: &str = "batch.kubernetes.io/cronjob-scheduled-tim
 pub const NEXT_SCHEDULE_DELTA: Duration = Duration::from_millis(100);
 /// More missed start times than this: a `TooManyMissedTimes` warning.
 pub const MANY_MISSED: i64 = 100;
-
-/// An Event to record on the CronJob.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub message: String,
-}
-
-fn normal(reason: &'static str, message: String) -> Event {
-    Event {
-        warning: false,
-        reason,
-        message,
-    }
-}
-
-fn warning(reason: &'static str, message: String) -> Event {
-    Event {
-        warning: true,
-        reason,
-        message,
-    }
-}
 
 /// `Complete` or `Failed`, if the Job has finished.
 pub fn finished(job: &Job) -> Option<&'static str> {
@@ -103,7 +80,7 @@ pub fn schedule_of(
 ) -> Result<Schedule, ScheduleError> {
     let text = schedule_text(cj);
     if text.contains("TZ") {
-        events.push(warning(
+        events.push(Event::warning(
             "UnsupportedSchedule",
             format!(
                 "CRON_TZ or TZ used in schedule {text:?} is not officially supported, see https://kubernetes.io/docs/concepts/workloads/controllers/cron-jobs/ for more details"
@@ -333,7 +310,7 @@ pub fn account(
                     if let Some(active) = status.active.as_mut() {
                         active.retain(|r| r.uid.as_deref() != Some(uid));
                     }
-                    events.push(normal(
+                    events.push(Event::normal(
                         "SawCompletedJob",
                         format!(
                             "Saw completed job: {}, condition: {condition}",
@@ -406,7 +383,7 @@ pub fn start(cj: &CronJob, now: Timestamp, events: &mut Vec<Event>) -> Start {
                 .as_ref()
                 .and_then(|s| s.time_zone.clone())
                 .unwrap_or_default();
-            events.push(warning(
+            events.push(Event::warning(
                 "UnknownTimeZone",
                 format!("invalid timeZone: {name:?}: {e}"),
             ));
@@ -420,7 +397,7 @@ pub fn start(cj: &CronJob, now: Timestamp, events: &mut Vec<Event>) -> Start {
     let schedule = match schedule_of(cj, tz, events) {
         Ok(schedule) => schedule,
         Err(e) => {
-            events.push(warning(
+            events.push(Event::warning(
                 "UnparseableSchedule",
                 format!("unparseable schedule: {:?} : {e}", spec.schedule),
             ));
@@ -430,7 +407,7 @@ pub fn start(cj: &CronJob, now: Timestamp, events: &mut Vec<Event>) -> Start {
     let (scheduled, missed) = match most_recent(cj, now, &schedule, true) {
         Ok((_, scheduled, missed)) => (scheduled, missed),
         Err(e) => {
-            events.push(warning(
+            events.push(Event::warning(
                 "InvalidSchedule",
                 format!("invalid schedule: {} : {e}", spec.schedule),
             ));
@@ -442,9 +419,9 @@ pub fn start(cj: &CronJob, now: Timestamp, events: &mut Vec<Event>) -> Start {
         return later();
     };
     if missed == Missed::Many {
-        events.push(warning(
+        events.push(Event::warning(
             "TooManyMissedTimes",
-            "too many missed start times. Set or decrease .spec.startingDeadlineSeconds or check clock skew".into(),
+            "too many missed start times. Set or decrease .spec.startingDeadlineSeconds or check clock skew",
         ));
     }
     if let Some(seconds) = spec.starting_deadline_seconds
@@ -452,7 +429,7 @@ pub fn start(cj: &CronJob, now: Timestamp, events: &mut Vec<Event>) -> Start {
             .checked_add(jiff::SignedDuration::from_secs(seconds))
             .is_ok_and(|deadline| deadline < now)
     {
-        events.push(warning(
+        events.push(Event::warning(
             "MissSchedule",
             format!(
                 "Missed scheduled time to start a job: {}",
@@ -476,9 +453,9 @@ pub fn start(cj: &CronJob, now: Timestamp, events: &mut Vec<Event>) -> Start {
     }
     match spec.concurrency_policy.as_deref() {
         Some("Forbid") if !active.is_empty() => {
-            events.push(normal(
+            events.push(Event::normal(
                 "JobAlreadyActive",
-                "Not starting job because prior execution is running and concurrency policy is Forbid".into(),
+                "Not starting job because prior execution is running and concurrency policy is Forbid",
             ));
             later()
         }

@@ -53,6 +53,7 @@ pub use self::{
     },
     policy::{FailureAction, FailureMatch, match_failure, match_success},
 };
+pub use crate::event::Event;
 use crate::{
     replicaset::{controller_of, is_active, is_ready, is_terminating, ready_since},
     selector::{Selector, SelectorError},
@@ -386,32 +387,6 @@ pub struct Managed {
     pub deleted_ready: u32,
     /// Pods created.
     pub created: u32,
-}
-
-/// Something to record as an Event on the Job.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    pub warning: bool,
-    pub reason: String,
-    pub message: String,
-}
-
-impl Event {
-    fn normal(reason: &str, message: &str) -> Self {
-        Self {
-            warning: false,
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
-
-    fn warning(reason: &str, message: &str) -> Self {
-        Self {
-            warning: true,
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
 }
 
 /// One reconcile of a Job, from its claimed Pods (`syncJob`).
