@@ -37,6 +37,7 @@ pub mod builtin {
         JOB = "batch/v1/Job",
         TTL_AFTER_FINISHED = "ttl-after-finished",
         CRONJOB = "batch/v1/CronJob",
+        POD_GC = "pod-garbage-collector",
     );
 }
 

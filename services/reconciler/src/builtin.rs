@@ -19,8 +19,27 @@ pub struct Builtin {
     pub service_account: &'static str,
     /// What that account may do: the role grants exactly this (`tests/boundaries.rs`).
     pub permissions: &'static [Permission],
-    /// Adds the controller (and its watches, which it declares itself) to a registry.
-    pub register: fn(&mut Registry),
+    /// Adds the controller (and its watches, which it declares itself) to a registry,
+    /// tuned by the reconciler's flags.
+    pub register: fn(&mut Registry, &Tuning),
+}
+
+/// What the reconciler's flags tune in the built-in controllers (kube-controller-manager's
+/// flags of the same names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// `--terminated-pod-gc-threshold`: the terminated Pods the pod garbage collector keeps;
+    /// 0 keeps them all.
+    pub terminated_pod_gc_threshold: u32,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            terminated_pod_gc_threshold:
+                switchyard_reconciler_core::podgc::DEFAULT_TERMINATED_THRESHOLD,
+        }
+    }
 }
 
 /// One RBAC rule a controller's account needs: `verbs` on `resources` of API `group` (`""`

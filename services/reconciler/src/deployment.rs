@@ -45,7 +45,7 @@ pub const BUILTIN: Builtin = Builtin {
     name: NAME,
     service_account: "switchyard-deployment-controller",
     permissions: PERMISSIONS,
-    register: |registry| {
+    register: |registry, _| {
         registry.register(DeploymentController);
     },
 };

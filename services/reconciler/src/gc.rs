@@ -51,7 +51,7 @@ pub const BUILTIN: Builtin = Builtin {
     name: NAME,
     service_account: "switchyard-garbage-collector",
     permissions: PERMISSIONS,
-    register: |registry| {
+    register: |registry, _| {
         registry.register(GarbageCollector::default());
     },
 };

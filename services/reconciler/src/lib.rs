@@ -20,6 +20,7 @@ pub mod gc;
 pub mod job;
 pub mod metrics;
 pub mod namespace;
+pub mod podgc;
 pub mod ratelimit;
 pub mod registration;
 pub mod replicaset;
@@ -40,7 +41,7 @@ use switchyard_runtime::{
 };
 use tracing::info;
 
-pub use crate::builtin::{Builtin, Permission, RECORD_EVENTS};
+pub use crate::builtin::{Builtin, Permission, RECORD_EVENTS, Tuning};
 use crate::{
     cache::{CacheClient, CacheError},
     ratelimit::RateLimitLayer,
@@ -127,6 +128,10 @@ pub struct ReconcilerArgs {
     /// is the reconciler's own. Controllers of the SDK always use the reconciler's identity
     #[arg(long, env = "SWITCHYARD_CONTROLLER_SERVICE_ACCOUNTS")]
     pub controller_service_accounts: Option<String>,
+    /// Terminated Pods the pod garbage collector keeps before it deletes the oldest (as
+    /// kube-controller-manager's flag); 0 keeps them all
+    #[arg(long, env = "SWITCHYARD_TERMINATED_POD_GC_THRESHOLD", default_value_t = switchyard_reconciler_core::podgc::DEFAULT_TERMINATED_THRESHOLD)]
+    pub terminated_pod_gc_threshold: u32,
 }
 
 /// The reconciler's flags, checked, and the controllers they select.
@@ -150,6 +155,13 @@ pub struct Config {
 }
 
 impl ReconcilerArgs {
+    /// What these flags tune in the built-in controllers.
+    pub fn tuning(&self) -> Tuning {
+        Tuning {
+            terminated_pod_gc_threshold: self.terminated_pod_gc_threshold,
+        }
+    }
+
     /// The checked configuration with the controllers of `registry` that `--controllers`
     /// selects, or an error naming the bad flag.
     pub fn config(&self, mut registry: Registry) -> Result<Config> {
@@ -166,6 +178,7 @@ impl ReconcilerArgs {
             worker_id,
             simulated_latency,
             controller_service_accounts,
+            terminated_pod_gc_threshold: _,
         } = self;
         if let Some(namespace) = controller_service_accounts {
             check_namespace(namespace).map_err(|problem| {
@@ -252,6 +265,7 @@ pub const BUILTINS: &[Builtin] = &[
     job::BUILTIN,
     ttlafterfinished::BUILTIN,
     cronjob::BUILTIN,
+    podgc::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in
@@ -273,18 +287,24 @@ pub fn controller_user(controller: &str, namespace: &str) -> Option<String> {
 /// list, `switchyard_work::builtin`).
 pub const BUILTIN: &[&str] = switchyard_work::builtin::ALL;
 
-/// The controllers built into the reconciler.
+/// The controllers built into the reconciler, tuned as by default.
 pub fn builtin_controllers() -> Registry {
+    builtin_controllers_with(&Tuning::default())
+}
+
+/// The controllers built into the reconciler, tuned by `settings`.
+pub fn builtin_controllers_with(tuning: &Tuning) -> Registry {
     let mut registry = Registry::default();
     for builtin in BUILTINS {
-        (builtin.register)(&mut registry);
+        (builtin.register)(&mut registry, tuning);
     }
     registry
 }
 
 impl Args {
     pub async fn run(self) -> Result<()> {
-        let rt = self.start(builtin_controllers()).await?;
+        let tuning = self.reconciler.tuning();
+        let rt = self.start(builtin_controllers_with(&tuning)).await?;
         rt.run().await?;
         Ok(())
     }

@@ -52,7 +52,7 @@ pub const BUILTIN: Builtin = Builtin {
     name: NAME,
     service_account: "switchyard-namespace-controller",
     permissions: PERMISSIONS,
-    register: |registry| {
+    register: |registry, _| {
         registry.register(NamespaceController);
     },
 };

@@ -58,7 +58,7 @@ pub const BUILTIN: Builtin = Builtin {
     name: NAME,
     service_account: "switchyard-replicaset-controller",
     permissions: PERMISSIONS,
-    register: |registry| {
+    register: |registry, _| {
         registry.register(ReplicaSetController);
     },
 };

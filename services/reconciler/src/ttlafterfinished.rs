@@ -30,7 +30,7 @@ pub const BUILTIN: Builtin = Builtin {
     name: NAME,
     service_account: "switchyard-ttl-after-finished-controller",
     permissions: PERMISSIONS,
-    register: |registry| {
+    register: |registry, _| {
         registry.register(TtlAfterFinishedController);
     },
 };

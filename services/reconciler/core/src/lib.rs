@@ -15,6 +15,7 @@ pub mod event;
 pub mod gc;
 pub mod job;
 pub mod namespace;
+pub mod podgc;
 pub mod ratelimit;
 pub mod replicaset;
 pub mod selector;

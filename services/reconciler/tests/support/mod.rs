@@ -150,6 +150,10 @@ pub async fn reconciler_routed(
         route.to_owned(),
         format!("--watcher-addr={watcher}"),
     ];
+    // The queue's shard count, for the keys the reconciler enqueues itself.
+    if !extra.iter().any(|a| a.starts_with("--shard-count")) {
+        args.push(format!("--shard-count={SHARDS}"));
+    }
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     args.extend(Pki::shared().flags(Role::Reconciler));
     let rt = switchyard_reconciler::Args::try_parse_from(args)
@@ -180,7 +184,12 @@ pub fn watcher_config(namespaces: &[&str], more: &str) -> String {
 /// The built-in controllers named, alone: a test runs those it is about, so that no other
 /// registers its watches (the namespace controller's cover every Namespace of the cluster).
 pub fn builtins(names: &[&str]) -> Registry {
-    let mut registry = switchyard_reconciler::builtin_controllers();
+    builtins_tuned(names, &switchyard_reconciler::Tuning::default())
+}
+
+/// [`builtins`] tuned as the reconciler's flags would (`--terminated-pod-gc-threshold`).
+pub fn builtins_tuned(names: &[&str], tuning: &switchyard_reconciler::Tuning) -> Registry {
+    let mut registry = switchyard_reconciler::builtin_controllers_with(tuning);
     registry
         .retain(&names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
         .unwrap();
@@ -198,11 +207,25 @@ pub struct Builtins {
 
 impl Builtins {
     pub async fn start(plane: &ControlPlane, names: &[&str]) -> Self {
+        Self::start_tuned(plane, names, &switchyard_reconciler::Tuning::default()).await
+    }
+
+    pub async fn start_tuned(
+        plane: &ControlPlane,
+        names: &[&str],
+        tuning: &switchyard_reconciler::Tuning,
+    ) -> Self {
         let queue = queue(names, &[]).await;
         let watcher = watcher(plane, &watcher_config(&[], ""), queue.grpc()).await;
         watcher.wait_ready(WITHIN).await;
-        let reconciler =
-            reconciler(plane, builtins(names), queue.grpc(), watcher.grpc(), &[]).await;
+        let reconciler = reconciler(
+            plane,
+            builtins_tuned(names, tuning),
+            queue.grpc(),
+            watcher.grpc(),
+            &[],
+        )
+        .await;
         reconciler.wait_ready(WITHIN).await;
         Self {
             queue,
