@@ -4,10 +4,11 @@
 //!
 //! A run creates 500 Deployments of 4 replicas (2,000 Pods; `SWITCHYARD_BENCH_DEPLOYMENTS`
 //! changes the count) and measures from the first create until every Deployment is Available
-//! with all its replicas updated and available. Both sides run the same eight controllers:
+//! with all its replicas updated and available. Both sides run the same nine controllers:
 //! Deployment, ReplicaSet, the garbage collector (with its graph of every deletable resource),
-//! Namespace, ServiceAccount, Job, TTL-after-finished and CronJob (the last three idle here,
-//! but the Job controller watches every Pod on both sides). Each
+//! Namespace, ServiceAccount, Job, TTL-after-finished, CronJob and the pod garbage collector
+//! (the last four idle here, but the Job controller watches every Pod on both sides, and the
+//! pod garbage collector sweeps them every 20 s). Each
 //! subject runs once per round, the order reversed every other round
 //! (`SWITCHYARD_BENCH_ROUNDS`, 2 by default); each figure is the median. Every controller
 //! process gets the same client limits (`--kube-api-qps=100
@@ -16,7 +17,7 @@
 //! `--use-service-account-credentials=false`, which it runs with here), as a reconciler
 //! builds a client for each of its controllers.
 //!
-//! - `e2e.kcm_converge` (s): kube-controller-manager with those eight controllers (5 workers
+//! - `e2e.kcm_converge` (s): kube-controller-manager with those nine controllers (5 workers
 //!   each for Deployments and ReplicaSets, its defaults);
 //! - `e2e.sy1_converge`, `e2e.sy2_converge`, `e2e.sy4_converge` (s): Switchyard with 1, 2 and
 //!   4 reconciler processes (a queue and a watcher in this process), in plaintext

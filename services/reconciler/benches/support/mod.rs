@@ -184,6 +184,7 @@ impl Controllers {
                     "job-controller",
                     "ttl-after-finished-controller",
                     "cronjob-controller",
+                    "pod-garbage-collector-controller",
                 ];
                 let args = [
                     &format!("--kube-api-qps={CLIENT_QPS}"),

@@ -103,7 +103,7 @@ enum Cmd {
     /// prints to docs/bench-results.tsv (with the date, commit, machine and load) and
     /// regenerate docs/benchmarks.md's headline table. Run from the workspace
     Bench {
-        /// The area whose figures are recorded (queue, elector, watcher, e2e, gc, capacity)
+        /// The area whose figures are recorded (queue, elector, watcher, e2e, gc, capacity, batch)
         area: String,
         /// The benchmark command
         #[arg(last = true, required = true)]
