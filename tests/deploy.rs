@@ -776,7 +776,7 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
         ),
         // The garbage collector's graph lists the metadata of everything; nothing is read
         // by name but what is watched.
-        ("watcher", &["get"], &["secrets", "configmaps", "nodes"]),
+        ("watcher", &["get"], &["secrets", "configmaps", "services"]),
         // The reconciler's own account writes nothing and reads nothing: its controllers'
         // requests carry their own accounts.
         (
@@ -830,6 +830,17 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
             "serviceaccount-controller",
             &["get", "list", "watch", "update", "patch", "delete"],
             &["serviceaccounts", "secrets", "pods"],
+        ),
+        // The pod garbage collector deletes Pods and reads a Node now and then, no more.
+        (
+            "pod-garbage-collector",
+            &["create", "list", "watch", "update"],
+            &["pods"],
+        ),
+        (
+            "pod-garbage-collector",
+            &["update", "patch", "delete"],
+            &["nodes"],
         ),
         // The queue and the elector need no Kubernetes access at all.
         (
