@@ -1,6 +1,6 @@
 //! The pod garbage collector against the real control plane, beside kube-controller-
-//! manager's `pod-garbage-collector` (each on a namespace and Nodes of its own, one after
-//! the other, both with `--terminated-pod-gc-threshold` 7): the same Pods end in the same
+//! manager's `pod-garbage-collector-controller` (each on a control plane of its own, at the
+//! same time, both with `--terminated-pod-gc-threshold` 7): the same Pods end in the same
 //! states.
 //!
 //! - `t-0` … `t-4` succeeded, then `evicted` failed with reason `Evicted`: above the
@@ -16,7 +16,7 @@
 //!
 //! The Pods being deleted keep a finalizer of the test's, so that what the collector wrote
 //! before its deletion can be read. The Nodes are not kwok's: nothing makes them Ready.
-//! A binary of its own: both collectors act on every Pod of the cluster.
+//! A binary of its own: a collector acts on every Pod of its cluster.
 
 #![allow(clippy::unwrap_used)]
 
@@ -33,7 +33,7 @@ use switchyard_k8s::{
     k8s_openapi::api::core::v1::Node,
     kube::api::{ListParams, Patch, PatchParams},
 };
-use switchyard_testenv::{ControlPlane, TestNamespace};
+use switchyard_testenv::{ControlPlane, ControlPlaneOptions, TestNamespace};
 
 const THRESHOLD: u32 = 7;
 /// A sweep every 20 s, a 40 s quarantine, and a sweep to find it over.
@@ -205,7 +205,7 @@ async fn run(
     };
     eprintln!("{side}: orphan collected {orphan_lived:?} after its node was deleted");
 
-    // Nothing of this side's may count on the other's: every Pod and Node goes.
+    // Nothing is left to a later test on this plane: every Pod and Node goes.
     for pod in api.list(&ListParams::default()).await.unwrap() {
         let name = pod.metadata.name.clone().unwrap();
         let release = json!({"metadata": {"finalizers": null}});
@@ -242,23 +242,40 @@ async fn run(
 async fn pods_are_collected_as_under_kube_controller_manager() {
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
+    // Switchyard's side on a control plane of its own, so that both run at once: each
+    // collector acts on every Pod of its cluster.
+    let own = ControlPlane::start(ControlPlaneOptions {
+        nodes: 1,
+        dir: None,
+    })
+    .await
+    .expect("a second control plane");
+    let own_client = own.client().await.unwrap();
 
     let threshold = format!("--terminated-pod-gc-threshold={THRESHOLD}");
-    let kcm = plane
-        .start_controller_manager(&["pod-garbage-collector-controller"], &[&threshold])
-        .await
-        .expect("kube-controller-manager starts");
-    let under_kcm = run(plane, &client, "kcm").await;
-    drop(kcm);
-
+    let under_kcm = async {
+        let kcm = plane
+            .start_controller_manager(&["pod-garbage-collector-controller"], &[&threshold])
+            .await
+            .expect("kube-controller-manager starts");
+        let seen = run(plane, &client, "kcm").await;
+        drop(kcm);
+        seen
+    };
     let tuning = switchyard_reconciler::Tuning {
         terminated_pod_gc_threshold: THRESHOLD,
     };
-    let switchyard =
-        support::Builtins::start_tuned(plane, &[switchyard_reconciler::podgc::NAME], &tuning).await;
-    let under_switchyard = run(plane, &client, "sy").await;
-    let deleted = switchyard.requests("delete", &["200"]).await;
-    switchyard.stop().await;
+    let under_switchyard = async {
+        let switchyard =
+            support::Builtins::start_tuned(&own, &[switchyard_reconciler::podgc::NAME], &tuning)
+                .await;
+        let seen = run(&own, &own_client, "sy").await;
+        let deleted = switchyard.requests("delete", &["200"]).await;
+        switchyard.stop().await;
+        (seen, deleted)
+    };
+    let (under_kcm, (under_switchyard, deleted)) = tokio::join!(under_kcm, under_switchyard);
+    own.stop();
 
     eprintln!("kube-controller-manager: {under_kcm:#?}");
     eprintln!("switchyard: {under_switchyard:#?}");
