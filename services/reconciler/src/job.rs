@@ -83,9 +83,11 @@ const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 /// (kube-controller-manager's `SyncJobBatchPeriod`).
 const POD_BATCH_PERIOD: std::time::Duration = core::SYNC_PERIOD;
 
-/// Every change of a Job, and every change of a Pod it controls.
+/// Every change of a Job, and every change of a Pod it controls. A Job's status updates
+/// (its own writes, mostly) are held 1 s like Pod changes, its creation and spec changes not
+/// (kube-controller-manager's `updateJob` batches an update that keeps the generation).
 pub fn watches() -> Watches {
-    Builder::for_::<Job>()
+    Builder::for_with::<Job>(Options::default().batch_status_updates(POD_BATCH_PERIOD))
         .owns_with::<Pod>(Options::default().batch_period(POD_BATCH_PERIOD))
         .into_watches()
 }

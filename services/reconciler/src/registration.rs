@@ -233,6 +233,7 @@ fn watch(watch: &Watch) -> ProtoWatch {
             .options
             .batch_period
             .and_then(|period| prost_types::Duration::try_from(period).ok()),
+        batch_status_updates_only: watch.options.batch_status_updates_only,
     }
 }
 

@@ -139,6 +139,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         through,
         label,
         batch_period,
+        batch_status_updates_only,
     } = watch;
     let batch_period = batch_period
         .map(|period| {
@@ -173,6 +174,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
             .transpose()?,
         label,
         batch_period,
+        batch_status_only: batch_status_updates_only,
     })
 }
 

@@ -134,15 +134,17 @@ fn watch() -> impl Strategy<Value = Watch> {
         gvk(),
         text(),
         duration(),
+        any::<bool>(),
     )
         .prop_map(
-            |(gvk, predicates, metadata_only, through, label, batch_period)| Watch {
+            |(gvk, predicates, metadata_only, through, label, batch_period, status_only)| Watch {
                 gvk,
                 predicates,
                 metadata_only,
                 through,
                 label,
                 batch_period,
+                batch_status_updates_only: status_only,
             },
         )
 }

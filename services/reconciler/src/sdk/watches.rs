@@ -28,6 +28,9 @@ pub struct Options {
     /// Hold the keys of this kind's changes this long before they are ready, so that a burst
     /// of changes is one reconcile (the watcher's `batchPeriod`; at most 60 s).
     pub batch_period: Option<Duration>,
+    /// The batch period holds only updates that keep `metadata.generation` (the object's
+    /// status written); creations, deletions and spec changes key at once.
+    pub batch_status_updates_only: bool,
 }
 
 impl Options {
@@ -46,6 +49,16 @@ impl Options {
     /// in quick succession (Pods turning Ready one after another) is written once.
     pub fn batch_period(mut self, period: Duration) -> Self {
         self.batch_period = Some(period);
+        self
+    }
+
+    /// Batch only this kind's status updates (the generation kept) for `period`, as
+    /// kube-controller-manager's Job controller does with a Job's own updates: a status
+    /// written is one reconcile with the Pod changes of the same second, while a creation or
+    /// a spec change is reconciled at once.
+    pub fn batch_status_updates(mut self, period: Duration) -> Self {
+        self.batch_period = Some(period);
+        self.batch_status_updates_only = true;
         self
     }
 }

@@ -311,6 +311,8 @@ struct RawRule {
     through: Option<RawKind>,
     #[serde(default)]
     batch_period: Option<String>,
+    #[serde(default)]
+    batch_status_updates_only: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -330,6 +332,8 @@ struct RawLabelRule {
     predicates: Vec<Predicate>,
     #[serde(default)]
     batch_period: Option<String>,
+    #[serde(default)]
+    batch_status_updates_only: bool,
 }
 
 /// One watched resource.
@@ -369,6 +373,11 @@ pub struct Rule {
     /// covers is one reconcile: kube-controller-manager's Job and EndpointSlice
     /// controllers' batch periods. `None`: ready at once.
     pub batch_period: Option<Duration>,
+    /// The batch period holds only updates that leave `metadata.generation` as it was (a
+    /// status written): creations, deletions and spec changes are ready at once, as
+    /// kube-controller-manager's Job controller batches a Job's own updates
+    /// (`batchStatusUpdatesOnly`).
+    pub batch_status_only: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -532,6 +541,7 @@ impl Config {
                 kind: RuleKind::For,
                 predicates: for_.predicates,
                 batch_period: batch_period(format!("{field}.for"), for_.batch_period)?,
+                batch_status_only: for_.batch_status_updates_only,
             });
             for (i, rule) in owns.into_iter().enumerate() {
                 let gvk = Gvk::parse(&rule.api_version, &rule.kind)
@@ -570,6 +580,7 @@ impl Config {
                     },
                     predicates: rule.predicates,
                     batch_period: batch_period(format!("{field}.owns[{i}]"), rule.batch_period)?,
+                    batch_status_only: rule.batch_status_updates_only,
                 });
             }
             for (i, rule) in map_by_label.into_iter().enumerate() {
@@ -584,6 +595,7 @@ impl Config {
                     kind: RuleKind::ByLabel { label: rule.label },
                     predicates: rule.predicates,
                     batch_period: batch_period(at, rule.batch_period)?,
+                    batch_status_only: rule.batch_status_updates_only,
                 });
             }
             for (i, rule) in map_by_namespace.into_iter().enumerate() {
@@ -609,6 +621,7 @@ impl Config {
                     kind: RuleKind::ByNamespace,
                     predicates: rule.predicates,
                     batch_period: batch_period(at, rule.batch_period)?,
+                    batch_status_only: rule.batch_status_updates_only,
                 });
             }
         }

@@ -77,6 +77,7 @@ struct Rule {
     kind: MapKind,
     predicates: Vec<Predicate>,
     batch_period: Option<Duration>,
+    batch_status_only: bool,
 }
 
 #[derive(Debug)]
@@ -148,6 +149,7 @@ impl Mapper {
                 kind,
                 predicates: rule.predicates.clone(),
                 batch_period: rule.batch_period,
+                batch_status_only: rule.batch_status_only,
             });
         }
         Self {
@@ -185,13 +187,19 @@ impl Mapper {
             } else {
                 None
             };
+            // A status update (the generation kept) waits; anything else is ready at once.
+            let batch_period = match old {
+                Some(old) if rule.batch_status_only && old.generation != new.generation => None,
+                None if rule.batch_status_only => None,
+                _ => rule.batch_period,
+            };
             let mut push = |namespace: &Arc<str>, name: &str| {
                 let key = WorkKey {
                     controller: rule.controller.clone(),
                     namespace: namespace.clone(),
                     name: name.into(),
                 };
-                out.key(key, rule.batch_period);
+                out.key(key, batch_period);
             };
             match &rule.kind {
                 MapKind::For => push(&new.namespace, &new.name),
@@ -378,6 +386,47 @@ controllers:
         let mut resync: Vec<WorkKey> = Vec::new();
         Mapper::new(&config).keys(pod, EventKind::Sync, None, &p, &NoOwners, &mut resync);
         assert_eq!(resync.len(), 1, "a plain sink takes batched keys at once");
+    }
+
+    #[test]
+    fn a_rule_batching_status_updates_only_keys_the_rest_at_once() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: batch/v1/Job
+    for: {apiVersion: batch/v1, kind: Job, batchPeriod: 1s, batchStatusUpdatesOnly: true}
+"#,
+        )
+        .unwrap();
+        let (old, status, spec) = (
+            mk("j", 1, &[], None),
+            mk("j", 1, &[], None),
+            mk("j", 2, &[], None),
+        );
+        let job = 0;
+        assert_eq!(
+            keys_of(&config, job, EventKind::Modified, Some(&old), &status),
+            ["batch/v1/Job ns/j after 1s"],
+            "a status update waits"
+        );
+        assert_eq!(
+            keys_of(&config, job, EventKind::Modified, Some(&old), &spec),
+            ["batch/v1/Job ns/j"],
+            "a spec change does not"
+        );
+        assert_eq!(
+            keys_of(&config, job, EventKind::Added, None, &old),
+            ["batch/v1/Job ns/j"]
+        );
+        assert_eq!(
+            keys_of(&config, job, EventKind::Deleted, None, &old),
+            ["batch/v1/Job ns/j"]
+        );
+        assert_eq!(
+            keys_of(&config, job, EventKind::Modified, None, &status),
+            ["batch/v1/Job ns/j"],
+            "an update of an object not cached before is not known to keep its generation"
+        );
     }
 
     #[test]

@@ -63,7 +63,7 @@ impl Watches {
                 },
                 RuleKind::ByNamespace => Mapping::ByNamespace,
             };
-            let keying = Keying::of(&rule.predicates, rule.batch_period);
+            let keying = Keying::of(&rule.predicates, rule.batch_period, rule.batch_status_only);
             add_rule(rules, Target { gvk, mapping }, keying);
         }
         Self {
@@ -259,6 +259,7 @@ impl Watches {
                     },
                     predicates: keying.filter.predicates(),
                     batch_period: keying.batch_period,
+                    batch_status_only: keying.batch_status_only,
                 });
             }
         }

@@ -85,6 +85,8 @@ pub struct Watch {
     pub label: String,
     /// Keys of live events wait this long (the file's `batchPeriod`).
     pub batch_period: Option<Duration>,
+    /// Only updates that keep `metadata.generation` wait (`batchStatusUpdatesOnly`).
+    pub batch_status_only: bool,
 }
 
 /// How a change of one kind becomes one controller's key.
@@ -136,24 +138,28 @@ impl Filter {
 
 /// Which updates a rule keys and how long its keys wait. Two rules that differ only here are
 /// one rule: its filter passes what either passes, and its keys wait the shorter period (none
-/// if either has none).
+/// if either has none), for the fewer events (status updates only if either says so).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Keying {
     filter: Filter,
     batch_period: Option<Duration>,
+    batch_status_only: bool,
 }
 
 impl Keying {
-    fn of(predicates: &[Predicate], batch_period: Option<Duration>) -> Self {
+    fn of(predicates: &[Predicate], batch_period: Option<Duration>, status_only: bool) -> Self {
         Self {
             filter: Filter::of(predicates),
             batch_period,
+            batch_status_only: batch_period.is_some() && status_only,
         }
     }
 
     fn merge(&mut self, other: &Keying) {
         self.filter.merge(&other.filter);
         self.batch_period = self.batch_period.min(other.batch_period);
+        self.batch_status_only =
+            self.batch_period.is_some() && (self.batch_status_only || other.batch_status_only);
     }
 }
 
@@ -178,6 +184,7 @@ impl fmt::Display for Described<'_> {
             Keying {
                 filter,
                 batch_period,
+                batch_status_only,
             },
         ) = self;
         match &target.mapping {
@@ -196,6 +203,9 @@ impl fmt::Display for Described<'_> {
         }
         if let Some(period) = batch_period {
             write!(f, " batched {}", humantime::format_duration(*period))?;
+            if *batch_status_only {
+                write!(f, " (status updates only)")?;
+            }
         }
         Ok(())
     }

@@ -103,7 +103,11 @@ impl Registration {
                 gvk: owner.clone(),
                 mapping: Mapping::For,
             },
-            Keying::of(&reconciles.predicates, reconciles.batch_period),
+            Keying::of(
+                &reconciles.predicates,
+                reconciles.batch_period,
+                reconciles.batch_status_only,
+            ),
         );
         for (i, watch) in owns.iter().enumerate() {
             let field = format!("{at}.owns[{i}]");
@@ -145,7 +149,11 @@ impl Registration {
                         through,
                     },
                 },
-                Keying::of(&watch.predicates, watch.batch_period),
+                Keying::of(
+                    &watch.predicates,
+                    watch.batch_period,
+                    watch.batch_status_only,
+                ),
             );
         }
         for (i, watch) in by_label.iter().enumerate() {
@@ -176,7 +184,11 @@ impl Registration {
                         label: label.to_owned(),
                     },
                 },
-                Keying::of(&watch.predicates, watch.batch_period),
+                Keying::of(
+                    &watch.predicates,
+                    watch.batch_period,
+                    watch.batch_status_only,
+                ),
             );
         }
         for (i, watch) in by_namespace.iter().enumerate() {
@@ -198,7 +210,11 @@ impl Registration {
                     gvk,
                     mapping: Mapping::ByNamespace,
                 },
-                Keying::of(&watch.predicates, watch.batch_period),
+                Keying::of(
+                    &watch.predicates,
+                    watch.batch_period,
+                    watch.batch_status_only,
+                ),
             );
         }
         Ok(controller)
