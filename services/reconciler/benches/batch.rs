@@ -12,7 +12,7 @@
 //!   `batch.jobs_1k_<side>_writes_per_job` (requests): the controllers' object writes until
 //!   then (Pods created, patched and deleted, Job status), as the apiserver counts them
 //!   (2xx), per Job; `batch.jobs_1k_<side>_event_writes_per_job`, their Events';
-//! - `batch.jobs_slow50_sy1`, `batch.jobs_slow50_sy4` (s): 200 such Jobs
+//! - `batch.jobs_slow50_sy1`, `batch.jobs_slow50_sy4` (s): 500 such Jobs
 //!   (`SWITCHYARD_BENCH_SLOW_JOBS`) with every reconcile waiting 50 ms first and one
 //!   reconcile at a time per replica, so that replicas and not the control plane bound it;
 //!   `batch.jobs_sy4_vs_sy1_slow50` is the speed-up of 4 over 1, `batch.jobs_sy1_vs_kcm` the
@@ -308,7 +308,7 @@ const RATIOS: [(&str, &str, &str); 3] = [
 async fn run() {
     let (full, slow, cron) = (
         count("SWITCHYARD_BENCH_JOBS", 1000),
-        count("SWITCHYARD_BENCH_SLOW_JOBS", 200),
+        count("SWITCHYARD_BENCH_SLOW_JOBS", 500),
         count("SWITCHYARD_BENCH_CRONJOBS", 1000),
     );
     eprintln!("{full} Jobs, {slow} slowed Jobs, {cron} CronJobs per run");
