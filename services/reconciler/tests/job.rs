@@ -20,6 +20,10 @@
 //! - `suspended`: created suspended: no Pod, `Suspended`; resumed: `Complete`;
 //! - `elsewhere`: `managedBy` another controller: no Pod, no status.
 //!
+//! And on a namespace of its own where an admission policy refuses every Pod, `refused`: the
+//! Job's Pods cannot be created: it stays without Pods or conditions, reports `FailedCreate`
+//! Events naming the refusal, and retries with a backoff rather than in a loop.
+//!
 //! A binary of its own: kube-controller-manager's Job controller acts on every namespace.
 
 #![allow(clippy::unwrap_used)]
@@ -35,7 +39,11 @@ use futures::future::join_all;
 use serde_json::{Value, json};
 use switchyard_k8s::{
     Api, Client, ListParams, Pod, PostParams,
-    k8s_openapi::api::batch::v1::Job,
+    k8s_openapi::api::{
+        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+        batch::v1::Job,
+        core::v1::Event as CoreEvent,
+    },
     kube::api::{Patch, PatchParams},
 };
 use switchyard_reconciler::job::NAME;
@@ -251,6 +259,118 @@ async fn all(
     outcomes.into_iter().collect()
 }
 
+/// What became of a Job whose Pods admission refuses, after `REFUSED_WATCHED`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refused {
+    pods: usize,
+    active: i32,
+    conditions: Vec<(String, String)>,
+    /// A `FailedCreate` Event names the refusal.
+    reported: bool,
+}
+
+const REFUSED_WATCHED: Duration = Duration::from_secs(8);
+
+/// The `refused` scenario; also how many creations were tried (the Events' occurrences).
+async fn refused(plane: &ControlPlane, client: &Client, prefix: &str) -> (Refused, i32) {
+    let namespace = TestNamespace::create(plane, client, &format!("{prefix}-refused"))
+        .await
+        .unwrap();
+    let ns = namespace.name();
+    // An admission policy of the apiserver's own (CEL) refuses every Pod of the namespace.
+    let name = format!("{ns}-no-pods");
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                "resources": ["pods"],
+            }]},
+            "validations": [{"expression": "false", "message": "no pods are admitted here"}],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": ns,
+            }}},
+        },
+    }))
+    .unwrap();
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // In force once a Pod is refused.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let probe: Pod = serde_json::from_value(json!({"metadata": {"name": "probe"},
+        "spec": {"containers": [{"name": "c", "image": "registry.example/c:1"}]}}))
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pods.create(&PostParams::default(), &probe).await.is_ok() {
+        pods.delete("probe", &Default::default()).await.unwrap();
+        assert!(
+            Instant::now() < deadline,
+            "the admission policy is not in force"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    jobs.create(
+        &PostParams::default(),
+        &job("refused", json!({"completions": 1})),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(REFUSED_WATCHED).await;
+    let job = jobs.get("refused").await.unwrap();
+    let pods = pods.list(&ListParams::default()).await.unwrap().items.len();
+    let events: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
+    let failed: Vec<CoreEvent> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
+        .collect();
+    let attempts = failed
+        .iter()
+        .map(|e| {
+            e.series
+                .as_ref()
+                .and_then(|s| s.count)
+                .or(e.count)
+                .unwrap_or(1)
+                .max(1)
+        })
+        .sum();
+    let refused = Refused {
+        pods,
+        active: job.status.as_ref().and_then(|s| s.active).unwrap_or(0),
+        conditions: true_conditions(&job),
+        reported: failed.iter().any(|e| {
+            e.message
+                .as_deref()
+                .is_some_and(|m| m.contains("no pods are admitted here"))
+        }),
+    };
+    let _ = bindings.delete(&name, &Default::default()).await;
+    let _ = policies.delete(&name, &Default::default()).await;
+    (refused, attempts)
+}
+
 fn conditions(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = pairs
         .iter()
@@ -269,11 +389,17 @@ async fn jobs_end_as_under_kube_controller_manager() {
         .start_controller_manager(&["job-controller"], &[])
         .await
         .expect("kube-controller-manager starts");
-    let under_kcm = all(plane, &client, "job-kcm").await;
+    let (under_kcm, refused_kcm) = tokio::join!(
+        all(plane, &client, "job-kcm"),
+        refused(plane, &client, "job-kcm")
+    );
     drop(kcm);
 
     let switchyard = support::Builtins::start(plane, &[NAME]).await;
-    let under_switchyard = all(plane, &client, "job-sy").await;
+    let (under_switchyard, refused_switchyard) = tokio::join!(
+        all(plane, &client, "job-sy"),
+        refused(plane, &client, "job-sy")
+    );
     // The Pods were this reconciler's: kube-controller-manager is stopped, and no other
     // controller of Jobs runs.
     let created = switchyard.requests("create", &["201"]).await;
@@ -374,4 +500,26 @@ async fn jobs_end_as_under_kube_controller_manager() {
         );
     }
     assert!(created >= 14.0, "the reconciler created {created} pods");
+
+    eprintln!(
+        "refused: kube-controller-manager {refused_kcm:?}, switchyard {refused_switchyard:?}"
+    );
+    let refused = Refused {
+        pods: 0,
+        active: 0,
+        conditions: Vec::new(),
+        reported: true,
+    };
+    assert_eq!(refused_kcm.0, refused);
+    assert_eq!(refused_switchyard.0, refused);
+    // Retried with a backoff: a handful of attempts in 8 s, not hundreds.
+    for (side, attempts) in [
+        ("kube-controller-manager", refused_kcm.1),
+        ("switchyard", refused_switchyard.1),
+    ] {
+        assert!(
+            (1..=20).contains(&attempts),
+            "{side}: {attempts} creations tried in {REFUSED_WATCHED:?}"
+        );
+    }
 }
