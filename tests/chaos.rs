@@ -29,7 +29,6 @@ const REPLICAS: i32 = 4;
 const MAX_SURGE: i32 = 1;
 const SHARDS: u32 = 16;
 const CONVERGE: Duration = Duration::from_secs(150);
-const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 
 fn deployment(name: &str) -> Deployment {
     let strategy = json!({"strategy": {"type": "RollingUpdate",
@@ -71,15 +70,7 @@ async fn deployments_converge_while_a_reconciler_a_queue_and_the_watcher_are_kil
         .unwrap();
     let etcd = Etcd::start().await.unwrap();
     let config_path = plane.dir().join(format!("watcher-{}.yaml", ns.name()));
-    std::fs::write(
-        &config_path,
-        format!(
-            "{}namespaces:\n  include: [{}]\n",
-            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
-            ns.name()
-        ),
-    )
-    .unwrap();
+    switchyard_tests::write_watcher_config(&config_path, SHARDS, &[ns.name()]);
     let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
     let etcd_env = vec![(
         "SWITCHYARD_ETCD_ENDPOINTS".to_owned(),

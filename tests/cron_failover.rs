@@ -29,7 +29,6 @@ use switchyard_tests::{fleet::Spec, service_binary};
 const SHARDS: u32 = 16;
 const EACH: usize = 12;
 const DEADLINE: i64 = 30;
-const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 const SCHEDULED: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
 
 fn cronjob(name: &str, policy: &str) -> CronJob {
@@ -90,15 +89,7 @@ async fn no_cronjob_misses_its_minute_or_runs_twice_when_a_queue_replica_dies() 
         .unwrap();
     let etcd = Etcd::start().await.unwrap();
     let config = plane.dir().join(format!("watcher-{}.yaml", ns.name()));
-    std::fs::write(
-        &config,
-        format!(
-            "{}namespaces:\n  include: [{}]\n",
-            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
-            ns.name()
-        ),
-    )
-    .unwrap();
+    switchyard_tests::write_watcher_config(&config, SHARDS, &[ns.name()]);
     let etcd_env = vec![(
         "SWITCHYARD_ETCD_ENDPOINTS".to_owned(),
         etcd.endpoint().to_owned(),

@@ -59,7 +59,6 @@ const SHARDS: u32 = 32;
 /// A watcher comes back after a relist of a few seconds, so one of the two is often down.
 const KILL_EVERY: Duration = Duration::from_secs(5);
 const CONVERGE: Duration = Duration::from_secs(420);
-const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 
 fn deployment(name: &str) -> Deployment {
     let strategy = json!({"strategy": {"type": "RollingUpdate",
@@ -129,14 +128,7 @@ async fn start_switchyard(
     etcd: &Etcd,
 ) -> (Vec<Spec>, Vec<ServiceProcess>) {
     let config_path = plane.dir().join(format!("watcher-{namespace}.yaml"));
-    std::fs::write(
-        &config_path,
-        format!(
-            "{}namespaces:\n  include: [{namespace}]\n",
-            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
-        ),
-    )
-    .unwrap();
+    switchyard_tests::write_watcher_config(&config_path, SHARDS, &[namespace]);
     let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
     let etcd_env = vec![(
         "SWITCHYARD_ETCD_ENDPOINTS".to_owned(),

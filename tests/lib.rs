@@ -14,6 +14,19 @@ pub mod browser;
 pub mod fleet;
 pub mod topology;
 
+/// The shipped watcher configuration (`deploy/kustomize/base/watcher-config.yaml`) with
+/// `shards` shards, watching only `namespaces`, written to `path`.
+#[allow(clippy::unwrap_used)]
+pub fn write_watcher_config(path: &Path, shards: u32, namespaces: &[&str]) {
+    const SHIPPED: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
+    let config = format!(
+        "{}namespaces:\n  include: [{}]\n",
+        SHIPPED.replace("shardCount: 256", &format!("shardCount: {shards}")),
+        namespaces.join(", ")
+    );
+    std::fs::write(path, config).unwrap();
+}
+
 /// `cargo metadata` of the workspace (offline; `--no-deps` when `no_deps`), as JSON.
 #[allow(clippy::unwrap_used)]
 pub fn cargo_metadata(no_deps: bool) -> serde_json::Value {

@@ -113,7 +113,6 @@ const RECOVERY_BOUND: Duration = Duration::from_secs(60);
 /// default backoff, 0.8 s doubling to 30 s) reset their backoff only after 120 s of health,
 /// so restarts closer together are a flapping apiserver, another fault than a restart.
 const APISERVER_SPACING: Duration = Duration::from_secs(120);
-const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Fault {
@@ -384,15 +383,7 @@ async fn start_switchyard(plane: &ControlPlane, namespace: &str) -> (Fleet, Etcd
     let etcd = Etcd::start_also_on(netns.aside().into()).await.unwrap();
 
     let config_path = plane.dir().join(format!("watcher-{namespace}.yaml"));
-    std::fs::write(
-        &config_path,
-        format!(
-            "{}namespaces:\n  include: [{}]\n",
-            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
-            namespace
-        ),
-    )
-    .unwrap();
+    switchyard_tests::write_watcher_config(&config_path, SHARDS, &[namespace]);
     let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
     let shards = format!("--shard-count={SHARDS}");
     let etcd_env = |endpoint: String| vec![("SWITCHYARD_ETCD_ENDPOINTS".to_owned(), endpoint)];

@@ -14,7 +14,6 @@ use switchyard_k8s::{
 use switchyard_testenv::{ControlPlane, Etcd, ServiceProcess, TestNamespace, manifests};
 use switchyard_tests::service_binary;
 
-const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 const SHARDS: u32 = 4;
 
 struct Spec {
@@ -110,15 +109,7 @@ async fn each_essential_task_is_restarted_or_fails_the_process() {
         .unwrap();
     let etcd = Etcd::start().await.unwrap();
     let config = plane.dir().join(format!("watcher-{}.yaml", ns.name()));
-    std::fs::write(
-        &config,
-        format!(
-            "{}namespaces:\n  include: [{}]\n",
-            WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {SHARDS}")),
-            ns.name()
-        ),
-    )
-    .unwrap();
+    switchyard_tests::write_watcher_config(&config, SHARDS, &[ns.name()]);
     let shards = format!("--shard-count={SHARDS}");
     let etcd_env = vec![("SWITCHYARD_ETCD_ENDPOINTS", etcd.endpoint().to_owned())];
     let mut elector_spec = Spec {

@@ -26,7 +26,6 @@ use switchyard_testenv::{ControlPlane, Etcd, Pki, ServiceProcess, TestNamespace}
 
 use crate::{fleet::Spec, service_binary};
 
-const WATCHER_CONFIG: &str = include_str!("../deploy/kustomize/base/watcher-config.yaml");
 /// How long the queue replicas' joins may take to settle in the shard map.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -58,15 +57,8 @@ impl Topology {
         let config = plane
             .dir()
             .join(format!("watcher-{}.yaml", shape.namespaces.join("-")));
-        std::fs::write(
-            &config,
-            format!(
-                "{}namespaces:\n  include: [{}]\n",
-                WATCHER_CONFIG.replace("shardCount: 256", &format!("shardCount: {}", shape.shards)),
-                shape.namespaces.join(", ")
-            ),
-        )
-        .unwrap();
+        let namespaces: Vec<&str> = shape.namespaces.iter().map(|n| n.as_ref()).collect();
+        crate::write_watcher_config(&config, shape.shards, &namespaces);
         let kubeconfig = format!("--kubeconfig={}", plane.kubeconfig().display());
         let shards = format!("--shard-count={}", shape.shards);
         let etcd_env = vec![(
