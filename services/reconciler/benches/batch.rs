@@ -50,6 +50,8 @@ use switchyard_k8s::{
     watcher,
 };
 
+use switchyard_reconciler_core::cronjob::SCHEDULED_TIMESTAMP;
+
 use crate::support::{
     Controllers, Request, Under, apiserver_requests, between, plane_with_namespace, print_ratios,
     requests_by_name,
@@ -62,7 +64,6 @@ const COMPLETE_TIMEOUT: Duration = Duration::from_secs(1800);
 const CRON_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long after the Jobs complete the Events are counted (both write them behind).
 const EVENTS_SETTLE: Duration = Duration::from_secs(15);
-const SCHEDULED: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
 
 fn count(variable: &str, default: usize) -> usize {
     std::env::var(variable)
@@ -228,7 +229,7 @@ async fn cron_lag(name: &str, under: Under, count: usize) -> f64 {
                     .metadata
                     .annotations
                     .as_ref()
-                    .and_then(|a| a.get(SCHEDULED))
+                    .and_then(|a| a.get(SCHEDULED_TIMESTAMP))
                     .and_then(|t| t.parse::<Timestamp>().ok())
                 else {
                     continue;

@@ -34,7 +34,7 @@ use switchyard_queue_client::WorkKey;
 use switchyard_reconciler_core::podgc::{self as core, Deletion, Quarantine};
 use tracing::{debug, info, warn};
 
-use crate::builtin::{Builtin, Permission, Tuning};
+use crate::builtin::{Builtin, Permission};
 use crate::cache::ListFilter;
 use crate::sdk::{
     Action, Builder, Context, Controller, Error, Options, Predicate, Refusal, Request, Result,
@@ -93,12 +93,6 @@ impl PodGcController {
             threshold,
             quarantine: Arc::default(),
         }
-    }
-}
-
-impl Default for PodGcController {
-    fn default() -> Self {
-        Self::new(Tuning::default().terminated_pod_gc_threshold)
     }
 }
 
