@@ -46,7 +46,7 @@ const NAMESPACE: &str = "bench";
 const CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=100", "--kube-api-burst=200"];
 /// kube-controller-manager's `--concurrent-gc-syncs` default.
 const CONCURRENCY: &str = "--concurrency=20";
-const WATCHER_CONFIG: &str = "shardCount: 256\ngarbageCollector: {}\n";
+const WATCHER_CONFIG: &str = "shardCount: 256\ngarbageCollector: {}\nregistrations: [{serviceAccount: switchyard-reconciler, graph: true}]\n";
 const CASCADE_TIMEOUT: Duration = Duration::from_secs(900);
 const CREATE_CONCURRENCY: usize = 32;
 

@@ -304,6 +304,7 @@ impl cache_server::Cache for CacheService {
         &self,
         request: Request<GetGraphNodeRequest>,
     ) -> Result<Response<GetGraphNodeResponse>, Status> {
+        let caller = request.extensions().get::<Caller>().cloned();
         let GetGraphNodeRequest { uid } = request.into_inner();
         if uid.is_empty() {
             return Err(invalid("uid", "required").into());
@@ -316,6 +317,18 @@ impl cache_server::Cache for CacheService {
             .into());
         }
         let cache = self.caches.graph.as_ref().ok_or(ApiError::NoGraph)?;
+        // The graph names objects of every kind, Secrets too, with their owners: only the
+        // accounts granted it read it (without identities, for development, anyone).
+        if let Some(caller) = caller {
+            let account = &caller.identity.service_account;
+            if !self.config.grants.reads_graph(account) {
+                return Err(ApiError::Denied(format!(
+                    "the garbage collector's graph is not granted to service account \
+                     {account:?} (graph: true in the watcher configuration's registrations)"
+                ))
+                .into());
+            }
+        }
         if !cache.is_synced() {
             return Err(ApiError::GraphNotSynced.into());
         }

@@ -10,13 +10,15 @@ use std::time::Duration;
 
 use serde_json::json;
 use switchyard_k8s::{Api, DeleteParams, PostParams, k8s_openapi::api::core::v1::ConfigMap};
-use switchyard_proto::watcher::v1::GetGraphNodeRequest;
+use switchyard_proto::watcher::v1::{GetGraphNodeRequest, cache_client::CacheClient};
 use switchyard_testenv::{ControlPlane, TestNamespace};
 use tonic::Code;
 
 use support::*;
 
 const COLLECTOR: &str = "garbage-collector";
+/// A reconciler identity of its own, not granted the graph.
+const OTHER: &str = "vault-switchyard-reconciler";
 
 async fn create(api: &Api<ConfigMap>, name: &str, owners: serde_json::Value) -> String {
     let cm: ConfigMap =
@@ -38,8 +40,15 @@ async fn the_graph_keys_dependents_of_a_deleted_owner_and_answers_by_uid() {
         .await
         .unwrap();
     let queue = support::queue(&[COLLECTOR], &[]).await;
+    // The built-in reconciler's account may read the graph; another reconciler's account,
+    // granted Secrets whole, may not.
     let config = format!(
-        "shardCount: {SHARDS}\nnamespaces: {{include: [{}]}}\ngarbageCollector: {{}}\n",
+        "shardCount: {SHARDS}\nnamespaces: {{include: [{}]}}\ngarbageCollector: {{}}
+registrations:
+  - {{serviceAccount: switchyard-reconciler, graph: true}}
+  - serviceAccount: {OTHER}
+    kinds: [{{apiVersion: v1, kind: Secret, objects: full}}]
+",
         ns.name()
     );
     let watcher = support::watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
@@ -89,6 +98,30 @@ async fn the_graph_keys_dependents_of_a_deleted_owner_and_answers_by_uid() {
         .unwrap()
         .into_inner();
     assert_eq!(of_dependent.owners.len(), 1, "its owner, from the graph");
+
+    // The graph names objects of every kind (Secrets too) and their owners: an account not
+    // granted it is refused, naming the account and the grant.
+    let mut other = CacheClient::new(reconciler_as(OTHER, watcher.grpc()).await);
+    let status = match other
+        .get_graph_node(GetGraphNodeRequest { uid: owner.clone() })
+        .await
+    {
+        Ok(served) => panic!("the graph was served to {OTHER}: {:?}", served.into_inner()),
+        Err(status) => status,
+    };
+    assert_eq!(
+        status.code(),
+        Code::PermissionDenied,
+        "{}",
+        status.message()
+    );
+    assert_eq!(
+        status.message(),
+        format!(
+            "the garbage collector's graph is not granted to service account {OTHER:?} \
+             (graph: true in the watcher configuration's registrations)"
+        )
+    );
 
     // The owner goes: its dependent's key (by UID) is sent.
     cms.delete("owner", &DeleteParams::background())

@@ -7,10 +7,7 @@
 
 mod support;
 
-use std::{
-    net::SocketAddr,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use switchyard_k8s::{
     Api, PostParams,
@@ -23,7 +20,7 @@ use switchyard_proto::{
         cache_client::CacheClient, watches_client::WatchesClient,
     },
 };
-use switchyard_runtime::{Dialer, Role};
+use switchyard_runtime::Role;
 use switchyard_testenv::{ControlPlane, Pki, TestNamespace};
 use tonic::{Code, Status, Streaming, transport::Channel};
 
@@ -712,19 +709,6 @@ async fn a_registrant_watches_and_reads_only_what_its_service_account_is_granted
         "{}",
         status.message()
     );
-}
-
-/// A channel to the watcher at `address` as a reconciler of its own, whose certificate names
-/// `service_account` (`<name>-switchyard-reconciler`, so that its role is a reconciler's).
-async fn reconciler_as(service_account: &str, address: SocketAddr) -> Channel {
-    let files = Pki::shared()
-        .issue_as(service_account, service_account)
-        .unwrap();
-    let dialer = Dialer::from_args(&files.args()).unwrap();
-    let endpoint = dialer
-        .endpoint(&address.to_string(), Role::Watcher)
-        .unwrap();
-    dialer.connect(&endpoint, Role::Watcher).await.unwrap()
 }
 
 /// The object a Get found, parsed.

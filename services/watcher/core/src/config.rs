@@ -38,6 +38,18 @@
 //!   rediscoveryPeriod: 30s              # the default; CRD and APIService changes also rediscover
 //! ```
 //!
+//! What reconcilers may register and read, per service account of their certificate
+//! ([`Grants`]; nothing unless listed):
+//!
+//! ```yaml
+//! registrations:
+//!   - serviceAccount: switchyard-reconciler
+//!     graph: true                       # may read the garbage collector's graph
+//!     kinds:
+//!       - {apiVersion: v1, kind: Pod, objects: full}
+//!       - {apiVersion: v1, kind: ConfigMap}   # metadata only
+//! ```
+//!
 //! Every error names the field that is wrong (`controllers[1].owns[0].kind: ...`).
 //!
 //! Every section is optional. A file with no `controllers`, `resources` nor
@@ -45,7 +57,11 @@
 //! register their controllers' watches over gRPC ([`crate::watches`]); a controller named
 //! both here and in a registration must declare the same watches in both.
 
-use std::{collections::BTreeMap, fmt, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    time::Duration,
+};
 
 use serde::Deserialize;
 
@@ -170,6 +186,8 @@ struct RawGrant {
     service_account: String,
     #[serde(default)]
     kinds: Vec<RawGrantKind>,
+    #[serde(default)]
+    graph: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -191,17 +209,25 @@ pub enum Objects {
 }
 
 /// `registrations`: the kinds each service account may register watches of, and so read
-/// from the cache, and whether in full. Deny by default: a kind no entry lists (`v1/Secret`
-/// among them) is refused, and a kind listed without `objects: full` is metadata only.
+/// from the cache, and whether in full; and whether it may read the garbage collector's
+/// graph. Deny by default: a kind no entry lists (`v1/Secret` among them) is refused, a kind
+/// listed without `objects: full` is metadata only, and the graph (names and owner references
+/// of every kind, Secrets included) is read only by the accounts given `graph: true`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grants {
     by_account: BTreeMap<String, BTreeMap<Gvk, Objects>>,
+    graph: BTreeSet<String>,
 }
 
 impl Grants {
     /// What `account` was granted of `gvk`, if anything.
     pub fn granted(&self, account: &str, gvk: &Gvk) -> Option<Objects> {
         self.by_account.get(account)?.get(gvk).copied()
+    }
+
+    /// Whether `account` may read the garbage collector's graph.
+    pub fn reads_graph(&self, account: &str) -> bool {
+        self.graph.contains(account)
     }
 }
 
@@ -628,6 +654,7 @@ impl Config {
         let collector = garbage_collector
             .map(|raw| validate_collector(raw, &names))
             .transpose()?;
+        let grants = validate_grants(registrations, collector.is_some())?;
         Ok(Self {
             shard_count,
             resync_period: (!resync_period.is_zero()).then_some(resync_period),
@@ -635,12 +662,12 @@ impl Config {
             resources,
             rules,
             collector,
-            grants: validate_grants(registrations)?,
+            grants,
         })
     }
 }
 
-fn validate_grants(raw: Vec<RawGrant>) -> Result<Grants> {
+fn validate_grants(raw: Vec<RawGrant>, graph_kept: bool) -> Result<Grants> {
     let mut grants = Grants::default();
     for (g, grant) in raw.into_iter().enumerate() {
         let field = format!("registrations[{g}]");
@@ -666,6 +693,16 @@ fn validate_grants(raw: Vec<RawGrant>) -> Result<Grants> {
                 format!("{field}.serviceAccount"),
                 format!("{account:?} is already listed; list all its kinds in one entry"),
             ));
+        }
+        if grant.graph {
+            if !graph_kept {
+                return Err(invalid(
+                    format!("{field}.graph"),
+                    "grants the garbage collector's graph, which this configuration does not \
+                     keep (no garbageCollector section)",
+                ));
+            }
+            grants.graph.insert(account.to_owned());
         }
         let kinds = grants.by_account.entry(account.to_owned()).or_default();
         for (k, kind) in grant.kinds.into_iter().enumerate() {
@@ -1155,5 +1192,24 @@ registrations:
             )
             .contains("unknown variant `all`"),
         );
+        assert_eq!(
+            grants("  - {serviceAccount: a-switchyard-reconciler, graph: true}"),
+            "registrations[0].graph: grants the garbage collector's graph, which this \
+             configuration does not keep (no garbageCollector section)"
+        );
+    }
+
+    #[test]
+    fn the_graph_is_read_only_by_the_accounts_granted_it() {
+        let config = Config::from_yaml(
+            "garbageCollector: {}
+registrations:
+  - {serviceAccount: switchyard-reconciler, graph: true}
+  - {serviceAccount: vault-switchyard-reconciler, kinds: [{apiVersion: v1, kind: Secret, objects: full}]}",
+        )
+        .unwrap();
+        assert!(config.grants.reads_graph("switchyard-reconciler"));
+        assert!(!config.grants.reads_graph("vault-switchyard-reconciler"));
+        assert!(!config.grants.reads_graph("other-switchyard-reconciler"));
     }
 }

@@ -14,7 +14,7 @@ use switchyard_proto::{
     },
     watcher::v1::{cache_client::CacheClient, watches_client::WatchesClient},
 };
-use switchyard_runtime::Role;
+use switchyard_runtime::{Dialer, Role};
 pub use switchyard_testenv::InProcess;
 use switchyard_testenv::{ControlPlane, Pki};
 use tokio::{sync::mpsc, task::JoinHandle};
@@ -254,3 +254,16 @@ pub fn key(controller: &str, namespace: &str, name: &str) -> String {
 }
 
 pub const WITHIN: Duration = Duration::from_secs(20);
+
+/// A channel to the watcher at `address` as a reconciler of its own, whose certificate names
+/// `service_account` (`<name>-switchyard-reconciler`, so that its role is a reconciler's).
+pub async fn reconciler_as(service_account: &str, address: SocketAddr) -> Channel {
+    let files = Pki::shared()
+        .issue_as(service_account, service_account)
+        .unwrap();
+    let dialer = Dialer::from_args(&files.args()).unwrap();
+    let endpoint = dialer
+        .endpoint(&address.to_string(), Role::Watcher)
+        .unwrap();
+    dialer.connect(&endpoint, Role::Watcher).await.unwrap()
+}
