@@ -21,7 +21,7 @@ use switchyard_proto::{
     },
 };
 use switchyard_runtime::Role;
-use switchyard_testenv::{ControlPlane, Pki, TestNamespace};
+use switchyard_testenv::{ControlPlane, TestNamespace};
 use tonic::{Code, Status, Streaming, transport::Channel};
 
 use support::*;
