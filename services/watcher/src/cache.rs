@@ -24,7 +24,7 @@ use switchyard_watcher_core::{
 };
 use tokio::sync::watch;
 
-use crate::graph::GraphCache;
+use crate::{graph::GraphCache, peers::Peers};
 
 /// One resource's cache.
 #[derive(Debug)]
@@ -244,11 +244,14 @@ pub struct Caches {
     pub shard_count: u32,
     /// The garbage collector's graph, when configured.
     pub graph: Option<Arc<GraphCache>>,
+    /// Which controllers another controller manager also runs, read from the changes the
+    /// informers take in; every key sent passes it ([`Peers::hold_back`]).
+    pub peers: Peers,
 }
 
 impl Caches {
     /// Caches of nothing yet: the informers' set publishes what is watched.
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &Config, peers: Peers) -> Self {
         let empty = Config {
             resources: Vec::new(),
             rules: Vec::new(),
@@ -267,6 +270,7 @@ impl Caches {
                 .collector
                 .clone()
                 .map(|c| Arc::new(GraphCache::new(c, config.namespaces.clone()))),
+            peers,
         }
     }
 

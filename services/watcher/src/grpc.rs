@@ -392,7 +392,8 @@ pub async fn resync(
     shards: Option<&HashSet<u32>>,
     reason: &'static str,
 ) -> usize {
-    let keys = caches.keys(shards);
+    let mut keys = caches.keys(shards);
+    caches.peers.hold_back(&mut keys, |k| k);
     let count = keys.len();
     metrics
         .resyncs

@@ -274,6 +274,7 @@ impl Informer {
                 .map(|span| trace::inject(&span))
                 .filter(|fields| !fields.is_empty())
                 .map(Arc::new);
+            self.caches.peers.hold_back(&mut keys, |(k, _)| k);
             // A first list is a sync, not a change: nothing was observed changing.
             let observed_at = (priority == Priority::Normal).then_some(received);
             self.enqueuer
@@ -335,6 +336,14 @@ impl Informer {
         kind_of: impl Fn(&Applied) -> Option<EventKind>,
         keys: &mut Vec<(WorkKey, Option<Duration>)>,
     ) -> Option<EventKind> {
+        let now = self.caches.current();
+        if let Some(index) = now.index_of(&self.cache) {
+            self.caches.peers.observe(
+                self.cache.gvk(),
+                object.meta(),
+                now.config.reconciled_by(index),
+            );
+        }
         let (summary, json) = summarize(object);
         if !self.caches.namespaces.admits(&summary.namespace) {
             return None;

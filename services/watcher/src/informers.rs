@@ -228,12 +228,13 @@ impl Informers {
             ..now.config.clone()
         };
         let mapper = Mapper::new(&config);
-        let keys = now.keys(
+        let mut keys = now.keys(
             &mapper,
             |index| !fresh.iter().any(|f| Arc::ptr_eq(f, &now.resources[index])),
             None,
             self.caches.shard_count,
         );
+        self.caches.peers.hold_back(&mut keys, |k| k);
         info!(
             ?controllers,
             keys = keys.len(),

@@ -22,6 +22,7 @@ pub mod grpc;
 pub mod informer;
 pub mod informers;
 pub mod metrics;
+pub mod peers;
 pub mod sync_barrier;
 pub mod watches;
 
@@ -34,6 +35,7 @@ use switchyard_runtime::{
     Drain, GrpcServer, Runtime, RuntimeArgs,
     apiserver::{ApiserverLayer, ApiserverMetrics},
 };
+use switchyard_watcher_core::peer::OnPeer;
 use tokio::sync::watch;
 use tracing::info;
 
@@ -43,6 +45,7 @@ use crate::{
     graph::GraphInformers,
     informers::{InformerDeps, Informers, wait_listed},
     metrics::WatcherMetrics,
+    peers::Peers,
     sync_barrier::SyncBarrier,
     watches::WatchesService,
 };
@@ -103,6 +106,24 @@ pub struct WatcherArgs {
     /// Initial lists as watch streams (sendInitialEvents) instead of paged lists
     #[arg(long, env = "SWITCHYARD_STREAMING_LISTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub streaming_lists: bool,
+    /// What to do when another controller manager (kube-controller-manager) writes the
+    /// status of objects a controller here reconciles, so runs that controller too: `warn`
+    /// (count and log it, go on) or `stand-down` (also stop sending that controller's keys
+    /// until --peer-write-window after the peer's last such write)
+    #[arg(long, env = "SWITCHYARD_ON_PEER_WRITES", default_value = "warn", value_parser = on_peer)]
+    pub on_peer_writes: OnPeer,
+    /// How long a peer's status write counts: a peer that stopped writing this long ago no
+    /// longer does
+    #[arg(long, env = "SWITCHYARD_PEER_WRITE_WINDOW", default_value = "5m")]
+    pub peer_write_window: humantime::Duration,
+}
+
+fn on_peer(value: &str) -> std::result::Result<OnPeer, String> {
+    match value {
+        "warn" => Ok(OnPeer::Warn),
+        "stand-down" => Ok(OnPeer::StandDown),
+        other => Err(format!("{other:?}: expected warn or stand-down")),
+    }
 }
 
 /// The watcher's flags, checked, and the configuration file they name, parsed.
@@ -115,6 +136,8 @@ pub struct Config {
     pub route: Route,
     pub max_pending_keys: usize,
     pub streaming_lists: bool,
+    pub on_peer_writes: OnPeer,
+    pub peer_write_window: std::time::Duration,
 }
 
 impl WatcherArgs {
@@ -127,7 +150,14 @@ impl WatcherArgs {
             elector_addr,
             max_pending_keys,
             streaming_lists,
+            on_peer_writes,
+            peer_write_window,
         } = self;
+        if peer_write_window.is_zero() {
+            return Err(Error::Args(
+                "--peer-write-window: must be longer than 0s".into(),
+            ));
+        }
         let route = Route::from_flags(queue_addr.as_deref(), elector_addr.as_deref())
             .map_err(|e| Error::Args(e.to_string()))?;
         if *max_pending_keys == 0 {
@@ -148,6 +178,8 @@ impl WatcherArgs {
             route,
             max_pending_keys: *max_pending_keys,
             streaming_lists: *streaming_lists,
+            on_peer_writes: *on_peer_writes,
+            peer_write_window: (*peer_write_window).into(),
         })
     }
 }
@@ -172,6 +204,8 @@ impl Args {
             route,
             max_pending_keys,
             streaming_lists,
+            on_peer_writes,
+            peer_write_window,
         } = watcher.config()?;
         let rt = Runtime::start(SERVICE, runtime).await?;
         // Counted, not traced: a watch is one long request, not a step of any change's trace.
@@ -186,7 +220,8 @@ impl Args {
             move |drain| await_apiserver(client, gate, drain)
         });
         let metrics = WatcherMetrics::register(rt.metrics());
-        let caches = Arc::new(Caches::new(&config));
+        let peers = Peers::new(on_peer_writes, peer_write_window, metrics.clone());
+        let caches = Arc::new(Caches::new(&config, peers));
         let enqueuer = Arc::new(Enqueuer::new(
             max_pending_keys,
             config.shard_count,

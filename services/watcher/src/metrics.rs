@@ -34,6 +34,19 @@ pub struct ResyncLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    /// The controller whose objects' status the peer wrote.
+    pub controller: String,
+    /// The peer's field manager, one of `switchyard_watcher_core::peer::PEERS`.
+    pub manager: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    pub controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupVersionLabels {
     /// `apps/v1`, or `v1` for the core group.
     pub group_version: String,
@@ -62,6 +75,9 @@ pub struct WatcherMetrics {
     pub graph_resources: Gauge,
     pub discovery_failures: Family<GroupVersionLabels, Counter>,
     pub read_wait: Family<ResourceLabels, Histogram, fn() -> Histogram>,
+    pub peer_writes: Family<PeerLabels, Counter>,
+    pub standing_down: Family<ControllerLabels, Gauge>,
+    pub stood_down_keys: Family<ControllerLabels, Counter>,
 }
 
 impl Default for WatcherMetrics {
@@ -81,6 +97,9 @@ impl Default for WatcherMetrics {
             graph_resources: Gauge::default(),
             discovery_failures: Family::default(),
             read_wait: Family::new_with_constructor(wait_histogram),
+            peer_writes: Family::default(),
+            standing_down: Family::default(),
+            stood_down_keys: Family::default(),
         }
     }
 }
@@ -161,6 +180,24 @@ impl WatcherMetrics {
              included",
             Unit::Seconds,
             this.read_wait.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_peer_status_writes",
+            "Changes whose newest status write is another controller manager's, recent and \
+             since this watcher started, by the controller reconciling the object and the \
+             manager: that controller also runs there (docs/deploy.md, handover)",
+            this.peer_writes.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_standing_down",
+            "1 while the controller's keys are held back because another controller manager \
+             writes its objects' status (--on-peer-writes=stand-down)",
+            this.standing_down.clone(),
+        );
+        metrics.register(
+            "switchyard_watcher_stood_down_keys",
+            "Keys not sent because their controller stands down for another controller manager",
+            this.stood_down_keys.clone(),
         );
         this
     }

@@ -293,12 +293,13 @@ async fn services(connections: &Connections, problems: &mut Vec<String>) -> Vec<
     let answers = join_all(connections.admins.iter().map(|address| async move {
         let (_, metrics) = connections.admin_get(address, "/metrics").await?;
         let (ready, _) = connections.admin_get(address, "/readyz").await?;
-        let info = prom::parse(&metrics)
-            .map_err(|unreadable| Error::Unreachable {
-                what: "admin port",
-                address: address.clone(),
-                reason: format!("its /metrics is not OpenMetrics: {unreadable}"),
-            })?
+        let samples = prom::parse(&metrics).map_err(|unreadable| Error::Unreachable {
+            what: "admin port",
+            address: address.clone(),
+            reason: format!("its /metrics is not OpenMetrics: {unreadable}"),
+        })?;
+        let peers = peers(address, &samples);
+        let info = samples
             .into_iter()
             .find(|s| s.name == "switchyard_build_info")
             .ok_or_else(|| Error::Unreachable {
@@ -314,13 +315,17 @@ async fn services(connections: &Connections, problems: &mut Vec<String>) -> Vec<
                 ready: ready == 200,
                 version: info.label("version").unwrap_or_default().to_owned(),
             },
+            peers,
         ))
     }))
     .await;
     let mut by_service: BTreeMap<String, Vec<Instance>> = BTreeMap::new();
     for answer in answers {
         match answer {
-            Ok((service, instance)) => by_service.entry(service).or_default().push(instance),
+            Ok((service, instance, peers)) => {
+                by_service.entry(service).or_default().push(instance);
+                problems.extend(peers);
+            }
             Err(error) => problems.push(error.to_string()),
         }
     }
@@ -337,6 +342,35 @@ async fn services(connections: &Connections, problems: &mut Vec<String>) -> Vec<
                 versions,
                 instances,
             }
+        })
+        .collect()
+}
+
+/// What a watcher's handover check saw (docs/watcher.md): per controller, another controller
+/// manager that writes the status of its objects, and whether the controller stands down.
+fn peers(address: &str, samples: &[prom::Sample]) -> Vec<String> {
+    samples
+        .iter()
+        .filter(|s| s.name == "switchyard_watcher_peer_status_writes_total" && s.value > 0.0)
+        .map(|s| {
+            let controller = s.label("controller").unwrap_or_default();
+            let standing_down = samples.iter().any(|d| {
+                d.name == "switchyard_watcher_standing_down"
+                    && d.label("controller") == Some(controller)
+                    && d.value > 0.0
+            });
+            format!(
+                "watcher {address}: {} wrote the status of objects {controller} reconciles \
+                 ({} changes since the watcher started): it runs that controller too; turn it \
+                 off there (docs/deploy.md, beside kube-controller-manager){}",
+                s.label("manager").unwrap_or_default(),
+                s.value,
+                if standing_down {
+                    "; standing down meanwhile"
+                } else {
+                    ""
+                }
+            )
         })
         .collect()
 }
@@ -492,4 +526,32 @@ pub fn table(status: &Status, style: Style) -> String {
         out.push_str(&t.render(style));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_the_watcher_counted_is_a_problem_naming_it_and_the_controller() {
+        let metrics = "# TYPE switchyard_watcher_peer_status_writes counter
+switchyard_watcher_peer_status_writes_total{controller=\"apps/v1/Deployment\",manager=\"kube-controller-manager\"} 12
+switchyard_watcher_peer_status_writes_total{controller=\"batch/v1/Job\",manager=\"kube-controller-manager\"} 0
+# TYPE switchyard_watcher_standing_down gauge
+switchyard_watcher_standing_down{controller=\"apps/v1/Deployment\"} 1
+# EOF
+";
+        let samples = prom::parse(metrics).unwrap();
+        assert_eq!(
+            peers("10.0.0.1:9090", &samples),
+            [
+                "watcher 10.0.0.1:9090: kube-controller-manager wrote the status of objects \
+              apps/v1/Deployment reconciles (12 changes since the watcher started): it runs \
+              that controller too; turn it off there (docs/deploy.md, beside \
+              kube-controller-manager); standing down meanwhile"
+            ]
+        );
+        let quiet = prom::parse("# EOF\n").unwrap();
+        assert!(peers("10.0.0.1:9090", &quiet).is_empty());
+    }
 }

@@ -461,6 +461,15 @@ impl Config {
         Self::validate(raw)
     }
 
+    /// The controllers that reconcile the objects of resource `index` themselves (`for`):
+    /// those whose status they own.
+    pub fn reconciled_by(&self, index: usize) -> impl Iterator<Item = &str> {
+        self.rules
+            .iter()
+            .filter(move |r| r.resource == index && r.kind == RuleKind::For)
+            .map(|r| r.controller.as_str())
+    }
+
     /// The controller names keys are produced for.
     pub fn controllers(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.rules.iter().map(|r| r.controller.as_str()).collect();
@@ -1197,6 +1206,21 @@ registrations:
             "registrations[0].graph: grants the garbage collector's graph, which this \
              configuration does not keep (no garbageCollector section)"
         );
+    }
+
+    #[test]
+    fn a_resource_is_reconciled_by_the_controllers_it_is_for() {
+        let config = Config::from_yaml(GRANTS).unwrap();
+        let index = |kind: &str| {
+            config
+                .resources
+                .iter()
+                .position(|r| r.gvk.kind == kind)
+                .unwrap()
+        };
+        let of = |kind| config.reconciled_by(index(kind)).collect::<Vec<_>>();
+        assert_eq!(of("ReplicaSet"), ["apps/v1/ReplicaSet"]);
+        assert!(of("Pod").is_empty(), "cached only");
     }
 
     #[test]

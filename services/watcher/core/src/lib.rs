@@ -14,6 +14,7 @@
 pub mod config;
 pub mod graph;
 pub mod mapping;
+pub mod peer;
 pub mod store;
 pub mod watches;
 

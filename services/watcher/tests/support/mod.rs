@@ -40,6 +40,11 @@ pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
 /// A watcher with `config` (YAML) against `plane`'s apiserver; `route` is `--queue-addr=...`
 /// or `--elector-addr=...`. Not waited for: see [`InProcess::wait_ready`].
 pub async fn watcher(plane: &ControlPlane, config: &str, route: &str) -> InProcess {
+    watcher_with(plane, config, &[route]).await
+}
+
+/// As [`watcher`], with `flags` (the route among them) after the common ones.
+pub async fn watcher_with(plane: &ControlPlane, config: &str, flags: &[&str]) -> InProcess {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(config.as_bytes()).unwrap();
     let path = file.into_temp_path().keep().unwrap();
@@ -49,8 +54,8 @@ pub async fn watcher(plane: &ControlPlane, config: &str, route: &str) -> InProce
         "--grpc-addr=127.0.0.1:0".into(),
         format!("--kubeconfig={}", plane.kubeconfig().display()),
         format!("--config={}", path.display()),
-        route.to_owned(),
     ];
+    args.extend(flags.iter().map(|f| (*f).to_owned()));
     args.extend(Pki::shared().flags(Role::Watcher));
     let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
         .unwrap()
