@@ -137,7 +137,7 @@ fn every_alert_passes_promtool_and_is_tested_firing_and_not() {
         .flat_map(|test| test["alert_rule_test"].as_sequence().into_iter().flatten())
         .collect();
     let alerts = alerts();
-    assert_eq!(alerts.len(), 7, "{alerts:?}");
+    assert_eq!(alerts.len(), 8, "{alerts:?}");
     for (alert, rule) in &alerts {
         let expected = |firing: bool| {
             cases.iter().any(|case| {
@@ -159,7 +159,7 @@ fn every_alert_passes_promtool_and_is_tested_firing_and_not() {
         );
         let anchor = alert.to_lowercase();
         assert_eq!(
-            rule["annotations"]["runbook"].as_str(),
+            rule["annotations"]["runbook_url"].as_str(),
             Some(format!("docs/operations.md#{anchor}").as_str()),
             "{alert}: a runbook"
         );

@@ -21,6 +21,7 @@ mod grpc;
 mod instance;
 mod log_limiter;
 mod metrics;
+mod process;
 mod shutdown;
 mod supervise;
 mod telemetry;

@@ -35,6 +35,7 @@ impl Metrics {
             Unit::Seconds,
             start,
         );
+        registry.register_collector(Box::new(crate::process::ProcessCollector));
         Self(Arc::new(Mutex::new(registry)))
     }
 
