@@ -9,7 +9,7 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help deps run test test-long soak lint deny testenv testenv-test build cluster-up cluster-down bench dev-tool bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity bench-batch
+.PHONY: help deps run test test-long soak e2e-specs lint deny testenv testenv-test build cluster-up cluster-down bench dev-tool bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity bench-batch
 
 help:
 	@echo "make run           start a local control plane and every service against it"
@@ -17,6 +17,8 @@ help:
 	@echo "                   RECORD=docs/testing.md writes each test binary's time there"
 	@echo "make soak          23 minutes of rollouts under faults, then 5 under kube-controller-manager (needs root)"
 	@echo "make test-long     the HA watchers test on 200 Deployments (make test runs 20)"
+	@echo "make e2e-specs     Kubernetes' own e2e specs under kube-controller-manager and under Switchyard, side by side;"
+	@echo "                   SWITCHYARD_E2E_FOCUS picks the specs (default: Job, CronJob, TTL-after-finished)"
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
@@ -88,6 +90,14 @@ test-long: testenv
 # RUN_ARGS: more `switchyard-dev run` flags, for example a reconciler of your own beside the
 # built-in ones (docs/sdk.md): --reconciler target/debug/<binary> --crd <file> [--grant v1/Kind]
 RUN_ARGS ?=
+
+# Kubernetes' own e2e specs (e2e.test from the control plane's module) under
+# kube-controller-manager's controllers and under Switchyard's, each on a control plane of its
+# own, at the same time; fails if a spec passes under the first and not the second
+# (tests/e2e_specs.rs, docs/testing.md).
+e2e-specs: testenv build
+	@scripts/testenv.sh e2e >/dev/null
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) test --locked -p switchyard-tests --test e2e_specs -- --ignored --nocapture
 
 run: testenv build
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run $(RUN_ARGS)

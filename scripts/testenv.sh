@@ -21,6 +21,8 @@
 #                                `make test` builds it, `make run` does not)
 #   scripts/testenv.sh kcm-slowed  also build kube-controller-manager-slowed (for
 #                                  `make bench-capacity`; see build_kcm_slowed)
+#   scripts/testenv.sh e2e       also build Kubernetes' e2e.test and ginkgo (for
+#                                `make e2e-specs`; see build_e2e)
 #   scripts/testenv.sh bin-dir   print the bin directory (builds nothing)
 #   scripts/testenv.sh versions  print the pinned versions
 set -euo pipefail
@@ -222,6 +224,30 @@ SYNCS
   )
   progress_stop
   echo "testenv: built kube-controller-manager-slowed in $(duration $((SECONDS - start)))" >&2
+}
+
+# e2e.test and ginkgo: Kubernetes' own end-to-end specs, built from the same module as the
+# control plane (its test/e2e package, `go test -c`), and the ginkgo CLI that runs them in
+# parallel, at the version k8s.io/kubernetes requires. Not in `build`: only `make e2e-specs`
+# needs them (a few minutes when the Kubernetes build is cached, since most packages are
+# shared with it).
+build_e2e() {
+  local d; d=$(product_dir kubernetes "$K8S_VERSION")
+  have_all "$d" e2e.test ginkgo && return 0
+  [ -f "$d/src/go.mod" ] || die "the Kubernetes build is missing; run 'scripts/testenv.sh build' first"
+  local log="$d/build-e2e.log"
+  : >"$log"
+  echo "testenv: building Kubernetes' e2e.test and ginkgo (a few minutes; log: $log)" >&2
+  local start=$SECONDS
+  progress_start "e2e.test" "$log"
+  (
+    cd "$d/src"
+    run_logged e2e "$log" go test -c -trimpath -tags=selinux,notest -ldflags "$(k8s_ldflags)" \
+      -o "$d/bin/e2e.test" k8s.io/kubernetes/test/e2e
+    run_logged e2e "$log" go build -trimpath -o "$d/bin/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+  )
+  progress_stop
+  echo "testenv: built e2e.test and ginkgo in $(duration $((SECONDS - start)))" >&2
 }
 
 build_etcd() {
@@ -670,5 +696,13 @@ case "$cmd" in
     build_kcm_slowed
     ln -sfn "$(product_dir kubernetes "$K8S_VERSION")/bin/kube-controller-manager-slowed" "$(bin_dir)/kube-controller-manager-slowed"
     bin_dir ;;
-  *) die "unknown command '$cmd' (expected build, otelcol, kcm-slowed, bin-dir or versions)" ;;
+  e2e)
+    check_go
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/.lock"; flock 9
+    build_e2e
+    mkdir -p "$(bin_dir)"
+    for b in e2e.test ginkgo; do ln -sfn "$(product_dir kubernetes "$K8S_VERSION")/bin/$b" "$(bin_dir)/$b"; done
+    bin_dir ;;
+  *) die "unknown command '$cmd' (expected build, otelcol, kcm-slowed, e2e, bin-dir or versions)" ;;
 esac
