@@ -54,7 +54,7 @@ pub struct Connections {
 
 impl Connections {
     pub fn new(args: &crate::ConnectArgs) -> Result<Self> {
-        let dialer = Dialer::from_args(&args.tls).map_err(|e| {
+        let dialer = Dialer::from_args(&args.tls.args()?).map_err(|e| {
             Error::Config(format!(
                 "--tls-cert/--tls-key/--tls-ca: {}",
                 error_chain(&e)

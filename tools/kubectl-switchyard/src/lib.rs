@@ -27,7 +27,7 @@ mod status;
 mod top;
 mod why;
 
-use std::{process::ExitCode, time::Duration};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use switchyard_runtime::TlsArgs;
 
@@ -91,7 +91,53 @@ pub struct ConnectArgs {
     )]
     pub call_timeout: humantime::Duration,
     #[command(flatten)]
-    pub tls: TlsArgs,
+    pub tls: CliTls,
+}
+
+/// The identity the command dials the services with. Anywhere on the command line, before or
+/// after the verb.
+#[derive(Clone, Debug, clap::Args)]
+pub struct CliTls {
+    /// Client certificate (PEM) of an identity of the installation: tls.crt of the Secret
+    /// switchyard-observer-tls for status and top, of switchyard-operator-tls for why, drain
+    /// and console
+    #[arg(long, global = true, env = "SWITCHYARD_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (tls.key of the same Secret)
+    #[arg(long, global = true, env = "SWITCHYARD_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// The installation's CA (ca.crt of the same Secret)
+    #[arg(long, global = true, env = "SWITCHYARD_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Dial an installation whose services run with --insecure-plaintext (development only)
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_INSECURE_PLAINTEXT",
+        conflicts_with_all = ["tls_cert", "tls_key", "tls_ca"]
+    )]
+    pub insecure_plaintext: bool,
+}
+
+impl CliTls {
+    /// The runtime's TLS arguments, or an error naming what is missing.
+    pub fn args(&self) -> Result<TlsArgs, Error> {
+        if self.insecure_plaintext {
+            return Ok(TlsArgs::plaintext());
+        }
+        match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Ok(TlsArgs::files(cert, key, ca)),
+            (None, None, None) => Err(Error::Config(
+                "no identity: give --tls-cert, --tls-key and --tls-ca (tls.crt, tls.key and \
+                 ca.crt of the Secret switchyard-observer-tls, or switchyard-operator-tls for \
+                 why, drain and console), or --insecure-plaintext"
+                    .into(),
+            )),
+            _ => Err(Error::Config(
+                "--tls-cert, --tls-key and --tls-ca go together: give all three".into(),
+            )),
+        }
+    }
 }
 
 #[derive(Clone, Debug, clap::Subcommand)]
@@ -140,6 +186,12 @@ pub enum Command {
         #[arg(long, default_value = "127.0.0.1:8001")]
         listen: std::net::SocketAddr,
     },
+    /// Print a shell completion script: `source <(kubectl-switchyard completion bash)`, or
+    /// save it where your shell loads completions from
+    Completion {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
 }
 
 impl Cli {
@@ -151,6 +203,16 @@ impl Cli {
             output,
             command,
         } = self;
+        if let Command::Completion { shell } = command {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "kubectl-switchyard",
+                &mut std::io::stdout(),
+            );
+            return ExitCode::SUCCESS;
+        }
         let result = match connect::Connections::new(&connect) {
             Ok(connections) => run(&connections, &cluster, output, command).await,
             Err(error) => Err(error),
@@ -204,6 +266,7 @@ async fn run(
             render::print(output, &drained, drain::table)
         }
         Command::Console { listen } => console::run(connections, listen).await,
+        Command::Completion { .. } => Ok(()),
     }
 }
 
