@@ -375,7 +375,9 @@ fn assert_monitoring_objects(manifests: &str) {
         [
             "SwitchyardApiserverClientThrottled",
             "SwitchyardBacklogGrowing",
+            "SwitchyardCertificateExpiring",
             "SwitchyardNoElectorLeader",
+            "SwitchyardPeerControllerManager",
             "SwitchyardReconcileErrorRatio",
             "SwitchyardReconcilerStalled",
             "SwitchyardShardWithoutOwner",

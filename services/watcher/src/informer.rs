@@ -336,13 +336,16 @@ impl Informer {
         kind_of: impl Fn(&Applied) -> Option<EventKind>,
         keys: &mut Vec<(WorkKey, Option<Duration>)>,
     ) -> Option<EventKind> {
+        // The handover check, for kinds a controller reconciles: only they have a status
+        // that is a controller's own.
         let now = self.caches.current();
         if let Some(index) = now.index_of(&self.cache) {
-            self.caches.peers.observe(
-                self.cache.gvk(),
-                object.meta(),
-                now.config.reconciled_by(index),
-            );
+            let mut controllers = now.config.reconciled_by(index).peekable();
+            if controllers.peek().is_some() {
+                self.caches
+                    .peers
+                    .observe(self.cache.gvk(), object.meta(), controllers);
+            }
         }
         let (summary, json) = summarize(object);
         if !self.caches.namespaces.admits(&summary.namespace) {

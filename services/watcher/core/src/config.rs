@@ -663,7 +663,7 @@ impl Config {
         let collector = garbage_collector
             .map(|raw| validate_collector(raw, &names))
             .transpose()?;
-        let grants = validate_grants(registrations, collector.is_some())?;
+        let grants = validate_grants(registrations)?;
         Ok(Self {
             shard_count,
             resync_period: (!resync_period.is_zero()).then_some(resync_period),
@@ -676,7 +676,7 @@ impl Config {
     }
 }
 
-fn validate_grants(raw: Vec<RawGrant>, graph_kept: bool) -> Result<Grants> {
+fn validate_grants(raw: Vec<RawGrant>) -> Result<Grants> {
     let mut grants = Grants::default();
     for (g, grant) in raw.into_iter().enumerate() {
         let field = format!("registrations[{g}]");
@@ -703,14 +703,9 @@ fn validate_grants(raw: Vec<RawGrant>, graph_kept: bool) -> Result<Grants> {
                 format!("{account:?} is already listed; list all its kinds in one entry"),
             ));
         }
+        // Without a garbageCollector section there is no graph to read: the grant stays
+        // unused, so that a file can drop the collector without editing its grants.
         if grant.graph {
-            if !graph_kept {
-                return Err(invalid(
-                    format!("{field}.graph"),
-                    "grants the garbage collector's graph, which this configuration does not \
-                     keep (no garbageCollector section)",
-                ));
-            }
             grants.graph.insert(account.to_owned());
         }
         let kinds = grants.by_account.entry(account.to_owned()).or_default();
@@ -1200,11 +1195,6 @@ registrations:
                 "  - serviceAccount: a-switchyard-reconciler\n    kinds: [{apiVersion: v1, kind: Pod, objects: all}]"
             )
             .contains("unknown variant `all`"),
-        );
-        assert_eq!(
-            grants("  - {serviceAccount: a-switchyard-reconciler, graph: true}"),
-            "registrations[0].graph: grants the garbage collector's graph, which this \
-             configuration does not keep (no garbageCollector section)"
         );
     }
 
