@@ -52,6 +52,9 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long one plugin run may take.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A home without a `~/.kube/config`.
+const NO_HOME: &str = "/nonexistent/switchyard-plugin-test-home";
+
 struct Plugin {
     elector: String,
     admins: Vec<String>,
@@ -67,7 +70,9 @@ impl Plugin {
             .arg(format!("--admin-addr={}", self.admins.join(",")))
             .args(args)
             .env_remove("SWITCHYARD_QUEUE_ADDR")
+            // No kubeconfig of the machine's: KUBECONFIG, then ~/.kube/config, are read.
             .env_remove("KUBECONFIG")
+            .env("HOME", NO_HOME)
             .kill_on_drop(true);
         tokio::time::timeout(RUN_TIMEOUT, command.output())
             .await
@@ -499,6 +504,7 @@ async fn plugin_against_a_topology() {
         .arg(format!("--elector-addr={nowhere}"))
         .args(["status", "--call-timeout=3s"])
         .env_remove("KUBECONFIG")
+        .env("HOME", NO_HOME)
         .output()
         .await
         .unwrap();

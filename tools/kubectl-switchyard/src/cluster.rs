@@ -23,9 +23,10 @@ const NAME_LABEL: &str = "app.kubernetes.io/name";
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct ClusterArgs {
-    /// kubeconfig to read the installation's Deployments and StatefulSets from (kubectl
-    /// passes its own); without one, only the address flags are used
-    #[arg(long, global = true, env = "KUBECONFIG")]
+    /// kubeconfig to read the installation's Deployments and StatefulSets from; by default,
+    /// as kubectl finds it: the files KUBECONFIG lists (merged), else ~/.kube/config. Without
+    /// any, only the address flags are used
+    #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context to use instead of its current context
     #[arg(long, global = true)]
@@ -52,14 +53,61 @@ pub struct Workload {
 }
 
 impl ClusterArgs {
-    /// A client for the kubeconfig's context, or `None` without a kubeconfig.
-    async fn client(&self) -> Result<Option<(Client, String)>> {
-        let Some(path) = &self.kubeconfig else {
+    /// The kubeconfig as kubectl finds it, with where it came from for errors: `--kubeconfig`,
+    /// else the files `KUBECONFIG` lists (merged), else `~/.kube/config`; `None` without any.
+    fn kubeconfig(&self) -> Result<Option<(Kubeconfig, String)>> {
+        let read = |path: &std::path::Path, origin: String| {
+            Kubeconfig::read_from(path)
+                .map(|k| Some((k, origin.clone())))
+                .map_err(|e| Error::Config(format!("{origin}: {}", error_chain(&e))))
+        };
+        if let Some(path) = &self.kubeconfig {
+            return read(path, format!("--kubeconfig {}", path.display()));
+        }
+        match Kubeconfig::from_env() {
+            Ok(Some(kubeconfig)) => return Ok(Some((kubeconfig, "KUBECONFIG".into()))),
+            Ok(None) => {}
+            Err(e) => return Err(Error::Config(format!("KUBECONFIG: {}", error_chain(&e)))),
+        }
+        let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
             return Ok(None);
         };
-        let invalid =
-            |reason: String| Error::Config(format!("--kubeconfig {}: {reason}", path.display()));
-        let kubeconfig = Kubeconfig::read_from(path).map_err(|e| invalid(error_chain(&e)))?;
+        let path = PathBuf::from(home).join(".kube").join("config");
+        match path.is_file() {
+            true => read(&path, path.display().to_string()),
+            false => Ok(None),
+        }
+    }
+
+    /// Whether a kubeconfig is there to read (or there and unreadable).
+    pub fn found(&self) -> bool {
+        !matches!(self.kubeconfig(), Ok(None))
+    }
+
+    /// The namespace of the kubeconfig's context (`--context`, else its current one), as
+    /// kubectl defaults `-n` to it.
+    pub fn context_namespace(&self) -> Option<String> {
+        let (kubeconfig, _) = self.kubeconfig().ok()??;
+        let name = self
+            .context
+            .clone()
+            .or_else(|| kubeconfig.current_context.clone())?;
+        kubeconfig
+            .contexts
+            .iter()
+            .find(|c| c.name == name)?
+            .context
+            .as_ref()?
+            .namespace
+            .clone()
+    }
+
+    /// A client for the kubeconfig's context, or `None` without a kubeconfig.
+    async fn client(&self) -> Result<Option<(Client, String)>> {
+        let Some((kubeconfig, origin)) = self.kubeconfig()? else {
+            return Ok(None);
+        };
+        let invalid = |reason: String| Error::Config(format!("{origin}: {reason}"));
         let options = KubeConfigOptions {
             context: self.context.clone(),
             ..Default::default()

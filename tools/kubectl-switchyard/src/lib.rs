@@ -160,9 +160,10 @@ pub enum Command {
         /// resource is matched against the controllers the queue serves (kind, plural or
         /// short name, or the controller's own name)
         object: String,
-        /// The object's namespace (empty for a cluster-scoped object)
-        #[arg(short, long, default_value = "default")]
-        namespace: String,
+        /// The object's namespace (empty for a cluster-scoped object); by default the
+        /// kubeconfig context's namespace, else `default`, as kubectl does
+        #[arg(short, long)]
+        namespace: Option<String>,
         /// The controller whose key to look at, when the resource names several
         #[arg(long)]
         controller: Option<String>,
@@ -254,6 +255,9 @@ async fn run(
             namespace,
             controller,
         } => {
+            let namespace = namespace
+                .or_else(|| cluster.context_namespace())
+                .unwrap_or_else(|| "default".to_owned());
             let why = why::find(connections, &object, &namespace, controller.as_deref()).await?;
             render::print(output, &why, why::table)
         }

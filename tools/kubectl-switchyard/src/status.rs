@@ -114,7 +114,7 @@ pub async fn gather(connections: &Connections, cluster: &ClusterArgs) -> Result<
     // The map names the replicas; with --queue-addr and no elector (static shards) there
     // is none, and with both an unreachable elector is one problem among others.
     let addressed = connections.has_elector() || !connections.queues.is_empty();
-    if !addressed && cluster.kubeconfig.is_none() && connections.admins.is_empty() {
+    if !addressed && !cluster.found() && connections.admins.is_empty() {
         return Err(Error::Config(
             "nothing to look at: give --elector-addr (or --queue-addr), --admin-addr or \
              --kubeconfig"

@@ -99,3 +99,67 @@ fn a_missing_or_partial_identity_is_named_before_anything_is_dialed() {
         stderr(&out)
     );
 }
+
+/// `status` with an unreachable apiserver, the kubeconfig found as kubectl finds it: the
+/// problem names the server the resolved kubeconfig's context points at.
+fn status_with(home: &std::path::Path, kubeconfig: Option<String>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kubectl-switchyard"));
+    command
+        .args(["status", "--insecure-plaintext", "--call-timeout=2s"])
+        .env("HOME", home)
+        .env_remove("KUBECONFIG")
+        .env_remove("SWITCHYARD_ELECTOR_ADDR")
+        .env_remove("SWITCHYARD_QUEUE_ADDR")
+        .env_remove("SWITCHYARD_ADMIN_ADDR");
+    if let Some(list) = kubeconfig {
+        command.env("KUBECONFIG", list);
+    }
+    command.output().expect("kubectl-switchyard runs")
+}
+
+#[test]
+fn the_kubeconfig_is_found_as_kubectl_finds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let context = "apiVersion: v1\nkind: Config\ncurrent-context: far\ncontexts:\n- name: far\n  context: {cluster: far, user: me, namespace: shop}\nusers:\n- name: me\n  user: {token: t}\n";
+    let cluster = |port: u16| {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: far\n  cluster: {{server: \"https://127.0.0.1:{port}\"}}\n"
+        )
+    };
+    // KUBECONFIG lists two files, merged: the context in one, its cluster in the other.
+    let (first, second) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
+    std::fs::write(&first, context).unwrap();
+    std::fs::write(&second, cluster(9)).unwrap();
+    let list = std::env::join_paths([&first, &second]).unwrap();
+    let empty_home = dir.path().join("nobody");
+    let out = status_with(&empty_home, Some(list.to_string_lossy().into_owned()));
+    assert!(
+        stderr(&out).contains("the apiserver at https://127.0.0.1:9/ is unreachable"),
+        "{}",
+        stderr(&out)
+    );
+    // Without KUBECONFIG: ~/.kube/config.
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(home.join(".kube")).unwrap();
+    std::fs::write(
+        home.join(".kube/config"),
+        format!(
+            "{context}{}",
+            cluster(7).trim_start_matches("apiVersion: v1\nkind: Config\n")
+        ),
+    )
+    .unwrap();
+    let out = status_with(&home, None);
+    assert!(
+        stderr(&out).contains("the apiserver at https://127.0.0.1:7/ is unreachable"),
+        "{}",
+        stderr(&out)
+    );
+    // Neither: only the address flags, and none was given.
+    let out = status_with(&empty_home, None);
+    assert!(
+        stderr(&out).contains("nothing to look at"),
+        "{}",
+        stderr(&out)
+    );
+}
