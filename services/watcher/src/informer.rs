@@ -46,7 +46,7 @@ use switchyard_watcher_core::{ControllerRef, EventKind, Summary, WorkKey, store:
 use tracing::{info, warn};
 
 use crate::{
-    cache::{Caches, ResourceCache},
+    cache::{Caches, ResourceCache, Watching},
     metrics::{EventLabels, ResourceLabels, WatcherMetrics},
 };
 
@@ -228,8 +228,9 @@ impl Informer {
                 watcher::Event::InitDone => {
                     let gone = self.cache.write().finish_relist(scope);
                     listing[stream] = false;
+                    let now = self.caches.current();
                     for summary in &gone {
-                        self.keys(EventKind::Deleted, None, summary, &mut keys);
+                        self.keys(&now, EventKind::Deleted, None, summary, &mut keys);
                     }
                     if !gone.is_empty() {
                         info!(resource = %self.cache.gvk(), deleted = gone.len(), "relist found objects deleted while the watch was away");
@@ -257,6 +258,7 @@ impl Informer {
                         summary.resource_version,
                     );
                     self.keys(
+                        &self.caches.current(),
                         EventKind::Deleted,
                         None,
                         cached.as_ref().unwrap_or(&summary),
@@ -364,21 +366,22 @@ impl Informer {
             Applied::Updated(old) => Some(old),
             _ => None,
         };
-        self.keys(kind, old, &new, keys);
+        self.keys(&now, kind, old, &new, keys);
         Some(kind)
     }
 
-    /// Appends the keys of a change by the current rules, if this cache is current.
+    /// Appends the keys of a change by the rules of `now` (what is watched now), if this
+    /// cache is current.
     fn keys(
         &self,
+        now: &Watching,
         event: EventKind,
         old: Option<&Summary>,
         new: &Summary,
         keys: &mut Vec<(WorkKey, Option<Duration>)>,
     ) {
-        let now = self.caches.current();
         if let Some(index) = now.index_of(&self.cache) {
-            now.mapper.keys(index, event, old, new, &*now, keys);
+            now.mapper.keys(index, event, old, new, now, keys);
         }
     }
 

@@ -79,11 +79,6 @@ impl ClusterArgs {
         }
     }
 
-    /// Whether a kubeconfig is there to read (or there and unreadable).
-    pub fn found(&self) -> bool {
-        !matches!(self.kubeconfig(), Ok(None))
-    }
-
     /// The namespace of the kubeconfig's context (`--context`, else its current one), as
     /// kubectl defaults `-n` to it.
     pub fn context_namespace(&self) -> Option<String> {

@@ -101,12 +101,16 @@ pub struct Reconciler {
 
 pub async fn gather(connections: &Connections, cluster: &ClusterArgs) -> Result<Status> {
     let mut problems = Vec::new();
-    let workloads = match cluster.workloads(connections.timeout).await {
-        Ok(workloads) => workloads,
+    // `Ok(None)`: no kubeconfig anywhere; an unreachable apiserver is one problem among others.
+    let (workloads, kubeconfig_found) = match cluster.workloads(connections.timeout).await {
+        Ok(workloads) => {
+            let found = workloads.is_some();
+            (workloads, found)
+        }
         Err(error @ Error::Config(_)) => return Err(error),
         Err(error) => {
             problems.push(error.to_string());
-            None
+            (None, true)
         }
     };
     let services = services(connections, &mut problems).await;
@@ -114,7 +118,7 @@ pub async fn gather(connections: &Connections, cluster: &ClusterArgs) -> Result<
     // The map names the replicas; with --queue-addr and no elector (static shards) there
     // is none, and with both an unreachable elector is one problem among others.
     let addressed = connections.has_elector() || !connections.queues.is_empty();
-    if !addressed && !cluster.found() && connections.admins.is_empty() {
+    if !addressed && !kubeconfig_found && connections.admins.is_empty() {
         return Err(Error::Config(
             "nothing to look at: give --elector-addr (or --queue-addr), --admin-addr or \
              --kubeconfig"
