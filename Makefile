@@ -9,7 +9,7 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help deps run test test-long soak e2e-specs lint deny testenv testenv-test build cluster-up cluster-down bench dev-tool bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity bench-batch
+.PHONY: help deps run test test-long soak e2e-specs lint deny testenv testenv-test build cluster-up cluster-down bench dev-tool bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity bench-batch images test-images
 
 help:
 	@echo "make run           start a local control plane and every service against it"
@@ -19,6 +19,9 @@ help:
 	@echo "make test-long     the HA watchers test on 200 Deployments (make test runs 20)"
 	@echo "make e2e-specs     Kubernetes' own e2e specs under kube-controller-manager and under Switchyard, side by side;"
 	@echo "                   SWITCHYARD_E2E_FOCUS picks the specs (default: Job, CronJob, TTL-after-finished)"
+	@echo "make images        OCI image archives of the services and the plugin, from the release build,"
+	@echo "                   in target/images with their SBOMs and the release overlay (docs/deploy.md)"
+	@echo "make test-images   make images, then test the archives: a registry, each entrypoint, an upgrade"
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
@@ -64,6 +67,20 @@ test: lint deny testenv-test
 	@# The smoke run uses its own control plane, never the cluster KUBECONFIG may name.
 	env -u KUBECONFIG SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run --exit-when-ready
 	scripts/check-no-orphans.sh
+
+# The images (docs/deploy.md, "Images"): the release build, then switchyard-dev assembles one
+# OCI archive per service and one for the plugin with crane, on a base of Debian packages.
+RELEASE_PACKAGES := -p switchyard-watcher -p switchyard-queue -p switchyard-reconciler -p switchyard-elector -p kubectl-switchyard
+images: testenv dev-tool
+	$(CARGO) build --locked --release $(RELEASE_PACKAGES) --bins
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) images
+
+# The images' tests (tests/images.rs): each archive loads into a registry and its entrypoint
+# runs from its root filesystem; the release overlay pins them; an upgrade moves every
+# workload to the next digests. `.ci/run` runs it after `make test`.
+test-images: images
+	@scripts/testenv.sh krew >/dev/null
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(CARGO) test --locked -p switchyard-tests --test images -- --include-ignored
 
 # The soak (tests/soak.rs) injects every fault once inside `make test`; here it runs rounds of
 # faults for 23 minutes under Switchyard, then 5 minutes of the same workload under

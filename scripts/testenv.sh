@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real control plane Switchyard tests against, from published Go modules:
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (k8s.io/kubernetes),
-# etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), kustomize, an OpenTelemetry
+# etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), kustomize, crane
+# (github.com/google/go-containerregistry, for `make images`), an OpenTelemetry
 # Collector (OTLP receiver, file exporter) assembled by the collector builder, and the CRDs
 # of cert-manager (github.com/cert-manager/cert-manager, deploy/crds), of its approver-policy
 # (github.com/cert-manager/approver-policy, deploy/crds) and of the Prometheus Operator
@@ -23,6 +24,8 @@
 #                                  `make bench-capacity`; see build_kcm_slowed)
 #   scripts/testenv.sh e2e       also build Kubernetes' e2e.test and ginkgo (for
 #                                `make e2e-specs`; see build_e2e)
+#   scripts/testenv.sh krew      also build krew and validate-krew-manifest (for
+#                                `make test-images`)
 #   scripts/testenv.sh bin-dir   print the bin directory (builds nothing)
 #   scripts/testenv.sh versions  print the pinned versions
 set -euo pipefail
@@ -31,6 +34,12 @@ K8S_VERSION=1.35.4
 ETCD_VERSION=3.6.16
 KWOK_VERSION=0.8.0
 KUSTOMIZE_VERSION=5.8.2
+# go-containerregistry's crane: `make images` assembles the OCI images with it and the image
+# tests serve a registry with it (`crane registry serve`).
+CRANE_VERSION=0.22.1
+# krew and its manifest validator: `make test-images` installs the plugin with them from the
+# archive and manifest `make images` writes.
+KREW_VERSION=0.4.3
 # The collector builder and the components it assembles are released together (v0.162.0
 # goes with core v1.68.0; all declare `go 1.26.0`). Not v0.163/v0.164: their OTLP receiver
 # imports go.opentelemetry.io/collector/internal/statusutil, which the Go module proxy
@@ -63,7 +72,7 @@ check_go() {
   GO_VERSION=$v
 }
 
-bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_otelcol-v${OTELCOL_VERSION}_cert-manager-v${CERT_MANAGER_VERSION}_approver-policy-v${APPROVER_POLICY_VERSION}_prometheus-operator-v${PROMETHEUS_OPERATOR_VERSION}_${GO_VERSION}"; }
+bin_dir() { echo "$CACHE/bin/k8s-v${K8S_VERSION}_etcd-v${ETCD_VERSION}_kwok-v${KWOK_VERSION}_kustomize-v${KUSTOMIZE_VERSION}_crane-v${CRANE_VERSION}_otelcol-v${OTELCOL_VERSION}_cert-manager-v${CERT_MANAGER_VERSION}_approver-policy-v${APPROVER_POLICY_VERSION}_prometheus-operator-v${PROMETHEUS_OPERATOR_VERSION}_${GO_VERSION}"; }
 product_dir() { echo "$CACHE/$1-v$2-${GO_VERSION}"; }
 
 # run_logged <product> <log> <cmd...>: run a build step, naming the log file if it fails.
@@ -635,6 +644,7 @@ link_bin_dir() {
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do ln -sfn "$k/bin/$b" "$bin/$b"; done
   ln -sfn "$e/bin/etcd" "$bin/etcd"; ln -sfn "$e/bin/etcdctl" "$bin/etcdctl"
   ln -sfn "$w/bin/kwok" "$bin/kwok"; ln -sfn "$z/bin/kustomize" "$bin/kustomize"
+  ln -sfn "$(product_dir crane "$CRANE_VERSION")/bin/crane" "$bin/crane"
   ln -sfn "$(product_dir cert-manager "$CERT_MANAGER_VERSION")" "$bin/cert-manager"
   ln -sfn "$(product_dir approver-policy "$APPROVER_POLICY_VERSION")" "$bin/approver-policy"
   ln -sfn "$(product_dir prometheus-operator "$PROMETHEUS_OPERATOR_VERSION")" "$bin/prometheus-operator"
@@ -660,7 +670,7 @@ cmd=${1:-build}
 case "$cmd" in
   versions)
     echo "kubernetes v$K8S_VERSION"; echo "etcd v$ETCD_VERSION"
-    echo "kwok v$KWOK_VERSION"; echo "kustomize v$KUSTOMIZE_VERSION"
+    echo "kwok v$KWOK_VERSION"; echo "kustomize v$KUSTOMIZE_VERSION"; echo "crane v$CRANE_VERSION"; echo "krew v$KREW_VERSION"
     echo "opentelemetry-collector v$OTELCOL_VERSION"; echo "cert-manager v$CERT_MANAGER_VERSION (CRDs)"
     echo "approver-policy v$APPROVER_POLICY_VERSION (CRDs)"
     echo "prometheus-operator v$PROMETHEUS_OPERATOR_VERSION (CRDs)" ;;
@@ -674,6 +684,7 @@ case "$cmd" in
     build_etcd
     build_go_install kwok "$KWOK_VERSION" kwok "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
     build_go_install kustomize "$KUSTOMIZE_VERSION" kustomize "sigs.k8s.io/kustomize/kustomize/v5@v$KUSTOMIZE_VERSION"
+    build_go_install crane "$CRANE_VERSION" crane "github.com/google/go-containerregistry/cmd/crane@v$CRANE_VERSION"
     build_kubernetes
     fetch_cert_manager_crds
     fetch_approver_policy_crds
@@ -696,6 +707,15 @@ case "$cmd" in
     build_kcm_slowed
     ln -sfn "$(product_dir kubernetes "$K8S_VERSION")/bin/kube-controller-manager-slowed" "$(bin_dir)/kube-controller-manager-slowed"
     bin_dir ;;
+  krew)
+    check_go
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/.lock"; flock 9
+    build_go_install krew "$KREW_VERSION" krew "sigs.k8s.io/krew/cmd/krew@v$KREW_VERSION"
+    build_go_install krew "$KREW_VERSION" validate-krew-manifest "sigs.k8s.io/krew/cmd/validate-krew-manifest@v$KREW_VERSION"
+    mkdir -p "$(bin_dir)"
+    for b in krew validate-krew-manifest; do ln -sfn "$(product_dir krew "$KREW_VERSION")/bin/$b" "$(bin_dir)/$b"; done
+    bin_dir ;;
   e2e)
     check_go
     mkdir -p "$CACHE"
@@ -704,5 +724,5 @@ case "$cmd" in
     mkdir -p "$(bin_dir)"
     for b in e2e.test ginkgo; do ln -sfn "$(product_dir kubernetes "$K8S_VERSION")/bin/$b" "$(bin_dir)/$b"; done
     bin_dir ;;
-  *) die "unknown command '$cmd' (expected build, otelcol, kcm-slowed, e2e, bin-dir or versions)" ;;
+  *) die "unknown command '$cmd' (expected build, otelcol, kcm-slowed, e2e, krew, bin-dir or versions)" ;;
 esac

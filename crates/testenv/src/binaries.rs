@@ -90,6 +90,7 @@ impl Binaries {
             "kube-controller-manager",
             "kubectl",
             "kwok",
+            "crane",
             "kwok-stages.yaml",
             "cert-manager/crds.yaml",
             "approver-policy/crds.yaml",

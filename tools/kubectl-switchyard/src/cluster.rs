@@ -187,16 +187,57 @@ impl ClusterArgs {
     }
 }
 
-/// The tag of the template's first image (`registry/name:tag` → `tag`), or the image.
+/// The version a workload runs: its Pods' `app.kubernetes.io/version` label (the release
+/// overlay sets it), else the tag of its first image, else that image's digest, shortened.
 fn version(template: Option<&PodTemplateSpec>) -> String {
+    if let Some(version) = template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.as_ref())
+        .and_then(|l| l.get("app.kubernetes.io/version"))
+    {
+        return version.clone();
+    }
     let image = template
         .and_then(|t| t.spec.as_ref())
         .and_then(|s| s.containers.first())
         .and_then(|c| c.image.clone())
         .unwrap_or_default();
-    let name = image.rsplit('/').next().unwrap_or_default();
-    match name.split_once(':') {
-        Some((_, tag)) => tag.split('@').next().unwrap_or(tag).to_owned(),
-        None => image,
+    image_version(&image)
+}
+
+/// `registry/name:tag[@digest]` → `tag`; `registry/name@sha256:…` → `sha256:` and 12 hex
+/// digits; anything else as it is.
+fn image_version(image: &str) -> String {
+    let (name, digest) = match image.split_once('@') {
+        Some((name, digest)) => (name, Some(digest)),
+        None => (image, None),
+    };
+    let last = name.rsplit('/').next().unwrap_or_default();
+    match (last.split_once(':'), digest) {
+        (Some((_, tag)), _) => tag.to_owned(),
+        (None, Some(digest)) => digest.chars().take("sha256:".len() + 12).collect(),
+        (None, None) => image.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::image_version;
+
+    #[test]
+    fn a_workload_version_is_the_tag_else_the_short_digest() {
+        assert_eq!(image_version("ghcr.io/switchyard/queue:0.1.0"), "0.1.0");
+        assert_eq!(
+            image_version("localhost:5000/queue:0.2.0@sha256:ab"),
+            "0.2.0"
+        );
+        assert_eq!(
+            image_version("ghcr.io/switchyard/queue@sha256:0123456789abcdef0123"),
+            "sha256:0123456789ab"
+        );
+        assert_eq!(
+            image_version("localhost:5000/queue"),
+            "localhost:5000/queue"
+        );
     }
 }

@@ -9,7 +9,9 @@
 //! - `test`: build every test binary of the workspace and run a few at a time (`make test`);
 //! - `bench`: run a benchmark, record its figures in docs/bench-results.tsv and regenerate
 //!   docs/benchmarks.md's headline table (`make bench-<area>`); `bench-table` regenerates
-//!   (or, `--check`, checks) the table alone.
+//!   (or, `--check`, checks) the table alone;
+//! - `images`: OCI image archives of the services and the plugin from the release build, and
+//!   the release overlay that pins them by digest (`make images`).
 
 use std::{
     os::unix::process::CommandExt,
@@ -24,6 +26,7 @@ use switchyard_testenv::{Binaries, ControlPlane, ControlPlaneOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
 mod bench;
+mod images;
 mod run;
 mod test;
 
@@ -109,6 +112,24 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Write an OCI image archive per service and one for the plugin from the release
+    /// binaries, each with its SBOM, then images.json and release/kustomization.yaml (the
+    /// kustomize base with the images pinned by digest). Run from the workspace
+    Images {
+        /// Where the archives and the rest are written
+        #[arg(long, default_value = "target/images")]
+        out: PathBuf,
+        /// Where the release binaries are
+        #[arg(long, default_value = "target/release")]
+        binaries: PathBuf,
+        /// The registry and path the images are named under
+        #[arg(
+            long,
+            env = "SWITCHYARD_IMAGE_REPOSITORY",
+            default_value = "ghcr.io/switchyard"
+        )]
+        repository: String,
+    },
     /// Regenerate docs/benchmarks.md's headline table from docs/bench-results.tsv. Run from
     /// the workspace
     BenchTable {
@@ -133,7 +154,16 @@ fn default_dir() -> PathBuf {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+async fn main() {
+    // The error and its causes on one line, with no backtrace even under RUST_BACKTRACE: the
+    // last lines of a failed `make test` are the summary of what failed.
+    if let Err(error) = run().await {
+        eprintln!("switchyard-dev: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SWITCHYARD_LOG")
@@ -172,6 +202,24 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Test { jobs, record, args } => test::test(jobs, args, record).await,
         Cmd::Bench { area, command } => bench::bench(&std::env::current_dir()?, &area, &command),
         Cmd::BenchTable { check } => bench::write_table(&std::env::current_dir()?, check),
+        Cmd::Images {
+            out,
+            binaries,
+            repository,
+        } => {
+            std::fs::create_dir_all(&out)?;
+            images::images(&images::Options {
+                workspace: std::env::current_dir()?,
+                out,
+                binaries,
+                repository,
+                crane: Binaries::locate()?.path("crane"),
+                cache: default_dir()
+                    .parent()
+                    .unwrap_or(Path::new("."))
+                    .join("images"),
+            })
+        }
     }
 }
 

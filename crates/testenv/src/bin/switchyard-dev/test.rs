@@ -411,8 +411,9 @@ pub(crate) async fn test(
                 finished.key,
                 finished.log.display()
             );
-            println!("{}", read_log(&finished.log));
-            failed.push(finished.key.clone());
+            let log = read_log(&finished.log);
+            println!("{log}");
+            failed.push((finished.key.clone(), panics(&log)));
         }
         times.push((finished.key.clone(), seconds, finished.passed()));
         durations.insert(finished.key, seconds);
@@ -443,9 +444,44 @@ pub(crate) async fn test(
         println!("recorded the times in {}", document.display());
     }
     if !failed.is_empty() {
-        bail!("failed: {}", failed.join(", "));
+        // Last, where a CI log's tail shows it: which binaries failed and where they panicked.
+        println!("{} test binaries failed:", failed.len());
+        for (key, panics) in &failed {
+            println!("  {key}");
+            for line in panics {
+                println!("    {line}");
+            }
+        }
+        let keys: Vec<&str> = failed.iter().map(|(k, _)| k.as_str()).collect();
+        bail!("failed: {}", keys.join(", "));
     }
     Ok(())
+}
+
+/// The first few panics in a test binary's output: each `panicked at` line and the message
+/// line after it, shortened.
+fn panics(log: &str) -> Vec<String> {
+    let lines: Vec<&str> = log.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.contains(" panicked at ") {
+            let message = lines.get(i + 1).copied().unwrap_or_default();
+            let mut text = format!("{} {}", line.trim(), message.trim());
+            if text.len() > 300 {
+                let cut = (0..=300)
+                    .rev()
+                    .find(|&c| text.is_char_boundary(c))
+                    .unwrap_or(0);
+                text.truncate(cut);
+                text.push('…');
+            }
+            out.push(text);
+            if out.len() == 3 {
+                break;
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -457,6 +493,16 @@ mod tests {
 {"reason":"compiler-artifact","package_id":"path+file:///w/services/queue#switchyard-queue@0.1.0","manifest_path":"/w/services/queue/Cargo.toml","target":{"kind":["lib"],"name":"switchyard_queue"},"profile":{"test":true},"executable":"/w/target/debug/deps/switchyard_queue-9a8b"}
 {"reason":"compiler-artifact","package_id":"path+file:///w/crates/selector#0.1.0","manifest_path":"/w/crates/selector/Cargo.toml","target":{"kind":["example"],"name":"demo"},"profile":{"test":false},"executable":"/w/target/debug/examples/demo-77"}
 {"reason":"build-finished","success":true}"#;
+
+    #[test]
+    fn the_summary_names_where_each_failed_binary_panicked() {
+        let log = "running 2 tests\n\nthread 'a' (12) panicked at tests/x.rs:3:5:\nthe key was lost\nstack backtrace:\n   0: x\n";
+        assert_eq!(
+            panics(log),
+            ["thread 'a' (12) panicked at tests/x.rs:3:5: the key was lost"]
+        );
+        assert!(panics("test result: ok").is_empty());
+    }
 
     #[test]
     fn test_binaries_are_the_artifacts_built_with_the_test_harness() {
