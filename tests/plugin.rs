@@ -10,7 +10,9 @@
 //!   identity is refused `why`;
 //! - `drain` moves every shard off one replica and waits; `--undo` gives it shards again;
 //! - an address where nothing listens is named in the error, with the reason;
-//! - through a kubeconfig and `--context`, `status` lists the installation's workloads.
+//! - through a kubeconfig and `--context`, `status` lists the installation's workloads;
+//! - with no identity flag, the identity comes from its Secret through the kubeconfig (the
+//!   observer's for `status`, the operator's for `why`), and a missing Secret is named.
 //!
 //! Needs the plugin and the services built (`cargo build --bins`).
 
@@ -363,6 +365,12 @@ async fn plugin_against_a_topology() {
     );
     println!("{:>5.1}s why checked", start.elapsed().as_secs_f64());
 
+    identities_from_secrets(plane, &client, &plugin, refused.name()).await;
+    println!(
+        "{:>5.1}s identities from Secrets checked",
+        start.elapsed().as_secs_f64()
+    );
+
     console_in_a_browser(&plugin, refused.name()).await;
     println!("{:>5.1}s console checked", start.elapsed().as_secs_f64());
 
@@ -673,6 +681,105 @@ async fn status_reads_the_installation_through_the_kubeconfig_context() {
             && problem.contains("is unreachable"),
         "{parsed:#}"
     );
+}
+
+/// With no identity flag, the plugin reads the identity its verb needs from the Secret in the
+/// installation's namespace through the kubeconfig: the observer's for `status`, the
+/// operator's for `why`. A missing Secret is named.
+async fn identities_from_secrets(
+    plane: &ControlPlane,
+    client: &switchyard_k8s::Client,
+    plugin: &Plugin,
+    refused: &str,
+) {
+    let installed = TestNamespace::create(plane, client, "plugin-identity")
+        .await
+        .unwrap();
+    let run = |args: &[&str]| {
+        let mut command = tokio::process::Command::new(service_binary("kubectl-switchyard"));
+        command
+            .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
+            .arg(format!("--switchyard-namespace={}", installed.name()))
+            .arg(format!("--elector-addr={}", plugin.elector))
+            .args(args)
+            .env_remove("SWITCHYARD_TLS_CERT")
+            .env_remove("SWITCHYARD_TLS_KEY")
+            .env_remove("SWITCHYARD_TLS_CA")
+            .env_remove("SWITCHYARD_QUEUE_ADDR")
+            .env_remove("SWITCHYARD_ADMIN_ADDR")
+            .env("HOME", NO_HOME)
+            .kill_on_drop(true);
+        async move {
+            tokio::time::timeout(RUN_TIMEOUT, command.output())
+                .await
+                .expect("kubectl switchyard ends")
+                .unwrap()
+        }
+    };
+    let secret = |name: &str, role: Role| -> switchyard_k8s::k8s_openapi::api::core::v1::Secret {
+        let files = Pki::shared().files(role);
+        let read = |path: &std::path::Path| {
+            switchyard_k8s::k8s_openapi::ByteString(std::fs::read(path).unwrap())
+        };
+        let mut secret = switchyard_k8s::k8s_openapi::api::core::v1::Secret::default();
+        secret.metadata.name = Some(name.to_owned());
+        secret.type_ = Some("kubernetes.io/tls".into());
+        secret.data = Some(
+            [
+                ("tls.crt".to_owned(), read(&files.cert)),
+                ("tls.key".to_owned(), read(&files.key)),
+                ("ca.crt".to_owned(), read(&files.ca)),
+            ]
+            .into(),
+        );
+        secret
+    };
+    let secrets = Api::<switchyard_k8s::k8s_openapi::api::core::v1::Secret>::namespaced(
+        client.clone(),
+        installed.name(),
+    );
+
+    let missing = run(&["status", "-o", "json"]).await;
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing.stderr).contains(&format!(
+            "no identity: Secret {}/switchyard-observer-tls does not exist",
+            installed.name()
+        )),
+        "{}",
+        text(&missing.stderr)
+    );
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("switchyard-observer-tls", Role::Observer),
+        )
+        .await
+        .unwrap();
+    let status = run(&["status", "-o", "json"]).await;
+    let parsed: Value = serde_json::from_slice(&status.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&status.stderr)));
+    assert_eq!(parsed["elector"]["shard_count"], SHARDS, "{parsed:#}");
+
+    // why needs the operator: its Secret is read, not the observer's.
+    let why = ["why", "replicaset/web", "-n", refused, "-o", "json"];
+    let missing = run(&why).await;
+    assert!(
+        text(&missing.stderr).contains("switchyard-operator-tls does not exist"),
+        "{}",
+        text(&missing.stderr)
+    );
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("switchyard-operator-tls", Role::Operator),
+        )
+        .await
+        .unwrap();
+    let found = run(&why).await;
+    assert!(found.status.success(), "{}", text(&found.stderr));
+    let parsed: Value = serde_json::from_slice(&found.stdout).unwrap();
+    assert_eq!(parsed["controller"], "apps/v1/ReplicaSet", "{parsed:#}");
 }
 
 /// What the console page shows, read from the browser's DOM.

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use serde::Serialize;
 use switchyard_k8s::{
     Api, Client, Config, Deployment,
-    k8s_openapi::api::{apps::v1::StatefulSet, core::v1::PodTemplateSpec},
+    k8s_openapi::api::{
+        apps::v1::StatefulSet,
+        core::v1::{PodTemplateSpec, Secret},
+    },
     kube::{
         self,
         api::ListParams,
@@ -185,6 +188,98 @@ impl ClusterArgs {
         workloads.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(Some(workloads))
     }
+}
+
+/// An identity read from its Secret in the installation's namespace, written to a private
+/// directory (mode 0700, files 0600) that is removed when this is dropped.
+#[derive(Debug)]
+pub struct SecretIdentity {
+    dir: tempfile::TempDir,
+}
+
+impl SecretIdentity {
+    /// The three files, as the `--tls-*` flags would name them.
+    pub fn tls(&self) -> crate::CliTls {
+        crate::CliTls {
+            tls_cert: Some(self.dir.path().join("tls.crt")),
+            tls_key: Some(self.dir.path().join("tls.key")),
+            tls_ca: Some(self.dir.path().join("ca.crt")),
+            insecure_plaintext: false,
+        }
+    }
+}
+
+impl ClusterArgs {
+    /// The identity in the Secret `name` of the installation's namespace (tls.crt, tls.key,
+    /// ca.crt, as cert-manager and switchyard-certs write them), read with the kubeconfig's
+    /// user; `None` without a kubeconfig. A Secret that is missing or that the user may not
+    /// read is an error naming it and what to do instead.
+    pub async fn identity(
+        &self,
+        name: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Option<SecretIdentity>> {
+        let Some((client, server)) = self.client().await? else {
+            return Ok(None);
+        };
+        let namespace = &self.switchyard_namespace;
+        let secret = format!("Secret {namespace}/{name}");
+        let instead = "give --tls-cert, --tls-key and --tls-ca";
+        let secrets = Api::<Secret>::namespaced(client, namespace);
+        let found = match tokio::time::timeout(timeout, secrets.get(name)).await {
+            Err(_) => {
+                return Err(Error::Unreachable {
+                    what: "apiserver",
+                    address: server,
+                    reason: format!("no answer within {timeout:?} reading {secret}"),
+                });
+            }
+            Ok(Err(kube::Error::Api(status))) if status.code == 403 => {
+                return Err(Error::Config(format!(
+                    "no identity: the kubeconfig's user may not read {secret} ({}); {instead}, \
+                     or ask for get on that Secret",
+                    status.message
+                )));
+            }
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
+                return Err(Error::Config(format!(
+                    "no identity: {secret} does not exist (is Switchyard installed in \
+                     {namespace}? --switchyard-namespace); {instead}"
+                )));
+            }
+            Ok(Err(error)) => {
+                return Err(Error::Unreachable {
+                    what: "apiserver",
+                    address: server,
+                    reason: format!("reading {secret}: {}", error_chain(&error)),
+                });
+            }
+            Ok(Ok(found)) => found,
+        };
+        let data = found.data.unwrap_or_default();
+        let dir = tempfile::Builder::new()
+            .prefix("kubectl-switchyard-")
+            .tempdir()
+            .map_err(|e| Error::Config(format!("a directory for {secret}'s files: {e}")))?;
+        for key in ["tls.crt", "tls.key", "ca.crt"] {
+            let bytes = data
+                .get(key)
+                .ok_or_else(|| Error::Config(format!("{secret} has no {key}; {instead}")))?;
+            write_private(&dir.path().join(key), &bytes.0)
+                .map_err(|e| Error::Config(format!("writing {secret}'s {key}: {e}")))?;
+        }
+        Ok(Some(SecretIdentity { dir }))
+    }
+}
+
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(bytes)
 }
 
 /// The version a workload runs: its Pods' `app.kubernetes.io/version` label (the release

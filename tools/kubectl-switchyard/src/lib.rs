@@ -13,7 +13,8 @@
 //! ```
 //!
 //! It dials the services with the same `--tls-*` flags (and `SWITCHYARD_TLS_*` variables)
-//! as the services dial each other, and checks each server's role. `why` and `drain` need the
+//! as the services dial each other, and checks each server's role. Without them, it reads
+//! the identity from its Secret in the installation's namespace through the kubeconfig. `why` and `drain` need the
 //! `switchyard-operator` identity; `status` and `top` need any identity of the installation
 //! (the read-only `switchyard-observer` suffices).
 
@@ -120,6 +121,14 @@ pub struct CliTls {
 }
 
 impl CliTls {
+    /// Neither an identity nor plaintext was asked for.
+    pub fn is_unset(&self) -> bool {
+        !self.insecure_plaintext
+            && self.tls_cert.is_none()
+            && self.tls_key.is_none()
+            && self.tls_ca.is_none()
+    }
+
     /// The runtime's TLS arguments, or an error naming what is missing.
     pub fn args(&self) -> Result<TlsArgs, Error> {
         if self.insecure_plaintext {
@@ -130,7 +139,8 @@ impl CliTls {
             (None, None, None) => Err(Error::Config(
                 "no identity: give --tls-cert, --tls-key and --tls-ca (tls.crt, tls.key and \
                  ca.crt of the Secret switchyard-observer-tls, or switchyard-operator-tls for \
-                 why, drain and console), or --insecure-plaintext"
+                 why, drain and console), or --insecure-plaintext; with a kubeconfig, they \
+                 are read from that Secret"
                     .into(),
             )),
             _ => Err(Error::Config(
@@ -195,6 +205,21 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The Secret of the least identity the verb needs: the observer's reads, the operator's
+    /// sees failing keys and drains.
+    fn identity_secret(&self) -> &'static str {
+        match self {
+            Command::Status | Command::Top { .. } | Command::Completion { .. } => {
+                "switchyard-observer-tls"
+            }
+            Command::Why { .. } | Command::Drain { .. } | Command::Console { .. } => {
+                "switchyard-operator-tls"
+            }
+        }
+    }
+}
+
 impl Cli {
     /// Runs the command, printing its result or the error, and says how it went.
     pub async fn run(self) -> ExitCode {
@@ -213,6 +238,24 @@ impl Cli {
                 &mut std::io::stdout(),
             );
             return ExitCode::SUCCESS;
+        }
+        // Without the identity flags, the kubeconfig's user reads the identity the verb
+        // needs from its Secret (kept in a private directory for this run).
+        let mut connect = connect;
+        let mut _identity = None;
+        if connect.tls.is_unset() {
+            let secret = command.identity_secret();
+            match cluster.identity(secret, connect.call_timeout.into()).await {
+                Ok(Some(identity)) => {
+                    connect.tls = identity.tls();
+                    _identity = Some(identity);
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    return ExitCode::FAILURE;
+                }
+            }
         }
         let result = match connect::Connections::new(&connect) {
             Ok(connections) => run(&connections, &cluster, output, command).await,
