@@ -35,7 +35,7 @@ use std::{
 };
 
 use serde::de::DeserializeOwned;
-use switchyard_k8s::kube::Resource;
+use switchyard_k8s::kube::{Resource, core::PartialObjectMeta};
 use switchyard_proto::{
     MAX_CACHE_MESSAGE_BYTES,
     common::v1::GroupVersionKind,
@@ -82,6 +82,13 @@ pub enum CacheError {
         kind: String,
         source: serde_json::Error,
     },
+    /// A full read of a kind the cache holds as metadata only (a watch with
+    /// `metadata_only()`).
+    #[error(
+        "the cache holds {kind} as metadata only (a watch with metadata_only()): read it with \
+         get_metadata"
+    )]
+    MetadataOnly { kind: String },
 }
 
 /// Why the watcher did not answer a read, from its gRPC code (the watcher's `ApiError`).
@@ -235,11 +242,25 @@ fn lock(floor: &Mutex<Floor>) -> std::sync::MutexGuard<'_, Floor> {
 }
 
 fn decode<K: Resource<DynamicType = ()> + DeserializeOwned>(json: &[u8]) -> Result<K, CacheError> {
-    serde_json::from_slice(json).map_err(|source| CacheError::Decode {
-        kind: K::kind(&()).into_owned(),
-        source,
+    serde_json::from_slice(json).map_err(|source| {
+        let kind = K::kind(&()).into_owned();
+        #[derive(serde::Deserialize)]
+        struct Type {
+            #[serde(rename = "apiVersion")]
+            api_version: Option<String>,
+        }
+        let metadata_only = serde_json::from_slice::<Type>(json)
+            .is_ok_and(|t| t.api_version.as_deref() == Some(METADATA_ONLY_API_VERSION));
+        match metadata_only {
+            true => CacheError::MetadataOnly { kind },
+            false => CacheError::Decode { kind, source },
+        }
     })
 }
+
+/// The apiVersion of what the watcher caches for a metadata-only watch
+/// (`PartialObjectMetadata`).
+const METADATA_ONLY_API_VERSION: &str = "meta.k8s.io/v1";
 
 impl CacheClient {
     /// A client of the watchers at `addresses` (`host:port`, several separated by commas)
@@ -438,6 +459,61 @@ impl CacheClient {
         name: &str,
         min_resource_version: Option<&str>,
     ) -> Result<Option<K>, CacheError> {
+        let object: Option<K> = match self
+            .get_json::<K>(namespace, name, min_resource_version)
+            .await?
+        {
+            Some(json) => Some(decode(&json)?),
+            None => None,
+        };
+        self.raise(
+            kind_key::<K>(),
+            namespace,
+            min_resource_version,
+            object.as_slice(),
+        );
+        Ok(object)
+    }
+
+    /// The metadata of one object, whether the cache holds its kind in full or as metadata
+    /// only (a watch with `metadata_only()`): for a controller that reads names, labels or
+    /// owners of a kind it does not need whole.
+    pub async fn get_metadata<K: Resource<DynamicType = ()>>(
+        &self,
+        namespace: &str,
+        name: &str,
+        min_resource_version: Option<&str>,
+    ) -> Result<Option<PartialObjectMeta<K>>, CacheError> {
+        let object = match self
+            .get_json::<K>(namespace, name, min_resource_version)
+            .await?
+        {
+            Some(json) => Some(
+                serde_json::from_slice::<PartialObjectMeta<K>>(&json).map_err(|source| {
+                    CacheError::Decode {
+                        kind: K::kind(&()).into_owned(),
+                        source,
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        self.raise(
+            kind_key::<K>(),
+            namespace,
+            min_resource_version,
+            object.as_slice(),
+        );
+        Ok(object)
+    }
+
+    /// One object as the watcher serialized it, if the cache has it.
+    async fn get_json<K: Resource<DynamicType = ()>>(
+        &self,
+        namespace: &str,
+        name: &str,
+        min_resource_version: Option<&str>,
+    ) -> Result<Option<Vec<u8>>, CacheError> {
         let kind = kind_key::<K>();
         let request = GetRequest {
             gvk: Some(gvk::<K>()),
@@ -451,13 +527,7 @@ impl CacheClient {
                 async move { grpc.get(request).await.map(tonic::Response::into_inner) }
             })
             .await?;
-        let object: Option<K> = if response.found {
-            Some(decode(&response.object_json)?)
-        } else {
-            None
-        };
-        self.raise(kind, namespace, min_resource_version, object.as_slice());
-        Ok(object)
+        Ok(response.found.then_some(response.object_json))
     }
 
     pub async fn list<K: Resource<DynamicType = ()> + DeserializeOwned>(
@@ -554,6 +624,25 @@ mod tests {
     use switchyard_k8s::{Pod, ReplicaSet};
 
     use super::*;
+
+    #[test]
+    fn a_full_read_of_a_metadata_only_object_says_so_and_its_metadata_decodes() {
+        use switchyard_k8s::k8s_openapi::api::core::v1::ServiceAccount;
+        let cached = br#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":{"name":"default","namespace":"a","resourceVersion":"7"}}"#;
+        let error = decode::<ServiceAccount>(cached).unwrap_err();
+        assert!(matches!(error, CacheError::MetadataOnly { .. }), "{error}");
+        assert!(error.to_string().contains("get_metadata"), "{error}");
+        let meta: PartialObjectMeta<ServiceAccount> = serde_json::from_slice(cached).unwrap();
+        assert_eq!(meta.metadata.name.as_deref(), Some("default"));
+        // A full object's metadata decodes the same way.
+        let full = br#"{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"default"},"secrets":[]}"#;
+        let meta: PartialObjectMeta<ServiceAccount> = serde_json::from_slice(full).unwrap();
+        assert_eq!(meta.metadata.name.as_deref(), Some("default"));
+        assert!(matches!(
+            decode::<ServiceAccount>(b"{\"apiVersion\":\"v2\"}"),
+            Err(CacheError::Decode { .. })
+        ));
+    }
 
     #[test]
     fn kinds_are_named_as_controllers_are() {

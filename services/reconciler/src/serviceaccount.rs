@@ -79,7 +79,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     for name in ENSURED {
         if ctx
             .cache
-            .get::<ServiceAccount>(namespace, name, None)
+            .get_metadata::<ServiceAccount>(namespace, name, None)
             .await?
             .is_some()
         {

@@ -4,7 +4,8 @@
 //!
 //! - a new namespace gets its `default` ServiceAccount;
 //! - a deleted `default` is made again (the account's deletion keys its namespace);
-//! - a terminating namespace gets nothing, and nothing fails: its deleted `default` stays gone.
+//! - a terminating namespace gets nothing, and nothing fails: its deleted `default` stays gone;
+//! - no reconcile ends in an error (a namespace whose account exists is Done).
 //!
 //! The harness runs no serviceaccount controller of its own (test namespaces get `default`
 //! from the harness), so whatever creates the accounts here is the controller under test.
@@ -161,6 +162,14 @@ async fn every_active_namespace_gets_its_default_account_as_under_kube_controlle
     // controller made the script's three creations (and any the cluster's own namespaces
     // lacked).
     let created = switchyard.requests("create", &["201"]).await;
+    // Each creation keys the namespace again, and that reconcile finds the account in the
+    // cache (metadata only): it ends Done, never in an error the queue would retry.
+    let errors = switchyard
+        .reconciler
+        .metric(&format!(
+            r#"switchyard_reconcile_errors_total{{controller="{NAME}"}}"#
+        ))
+        .await;
     switchyard.stop().await;
 
     eprintln!("kube-controller-manager: {under_kcm:?}");
@@ -175,4 +184,5 @@ async fn every_active_namespace_gets_its_default_account_as_under_kube_controlle
     );
     assert_eq!(under_switchyard, under_kcm);
     assert!(created >= 3.0, "the reconciler created {created} accounts");
+    assert_eq!(errors, 0.0, "reconciles of {NAME} that ended in an error");
 }
