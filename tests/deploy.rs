@@ -16,10 +16,10 @@ use std::path::Path;
 
 use clap::Parser;
 use support::{
-    APISERVICE, FIELD_MANAGER, NAMESPACE, OVERLAYS, Queue, TestPki, apply_cleanly,
-    await_apiservice_available, base_dir, build_for_loopback, build_wrapped, component_dir,
-    inject_ca_bundle, install_cert_manager_crds, install_prometheus_operator_crds, kubectl,
-    kustomize_build, overlay_dir, resource_versions,
+    APISERVICE, FIELD_MANAGER, NAMESPACE, OVERLAYS, OVERLAYS_WITH_EXTERNAL_METRICS, Queue, TestPki,
+    apply_cleanly, await_apiservice_available, base_dir, build_for_loopback, build_wrapped,
+    component_dir, inject_ca_bundle, install_cert_manager_crds, install_prometheus_operator_crds,
+    kubectl, kustomize_build, overlay_dir, resource_versions, unregister_external_metrics,
 };
 use switchyard_certs::identities;
 use switchyard_testenv::{Binaries, ControlPlane};
@@ -37,18 +37,39 @@ async fn every_overlay_applies_cleanly_and_a_second_apply_changes_nothing() {
     // API makes kubectl print discovery errors.
     let queue = Queue::start(256, plane.front_proxy_ca(), &pki.queue).await;
 
-    // The base builds on its own too.
+    // The base builds on its own too, and takes no cluster-wide API over: the external
+    // metrics API is components/external-metrics' (KEDA or prometheus-adapter may serve it).
     let base = kustomize_build(plane, &base_dir()).await;
-    assert!(base.contains("kind: APIService"));
+    assert!(
+        !base.contains("kind: APIService"),
+        "the base registers no APIService"
+    );
+    assert!(
+        !base.contains("--external-metrics"),
+        "the base's queue serves no external metrics"
+    );
 
     for overlay in OVERLAYS {
         let manifests = build_for_loopback(plane, overlay, queue.metrics_port, "").await;
+        let serves_metrics = OVERLAYS_WITH_EXTERNAL_METRICS.contains(&overlay);
+        assert_eq!(
+            manifests.contains("kind: APIService"),
+            serves_metrics,
+            "{overlay}: the external metrics APIService only with components/external-metrics"
+        );
+        assert_eq!(
+            manifests.contains("--external-metrics-addr=0.0.0.0:6443")
+                && manifests.contains("--external-metrics-client-ca="),
+            serves_metrics,
+            "{overlay}: the queue serves the external metrics API only with the component"
+        );
         assert!(
             !manifests.contains("insecureSkipTLSVerify"),
             "{overlay}: the APIService verifies the queue"
         );
-        assert!(
+        assert_eq!(
             manifests.contains("cert-manager.io/inject-ca-from: switchyard/switchyard-queue"),
+            serves_metrics,
             "{overlay}: cert-manager injects the APIService's caBundle"
         );
         for identity in identities::ALL {
@@ -89,12 +110,14 @@ async fn every_overlay_applies_cleanly_and_a_second_apply_changes_nothing() {
             first.contains("certificate.cert-manager.io/switchyard-queue serverside-applied"),
             "{overlay}: {first}"
         );
-        // As cert-manager's CA injector would: the queue's CA into the APIService, under the
-        // injector's own field manager.
-        inject_ca_bundle(plane, &pki.ca_pem).await;
-        // The aggregation layer reaches the queue and verifies its certificate (its status
-        // changes once, so wait before recording resource versions).
-        await_apiservice_available(plane).await;
+        if serves_metrics {
+            // As cert-manager's CA injector would: the queue's CA into the APIService, under
+            // the injector's own field manager.
+            inject_ca_bundle(plane, &pki.ca_pem).await;
+            // The aggregation layer reaches the queue and verifies its certificate (its
+            // status changes once, so wait before recording resource versions).
+            await_apiservice_available(plane).await;
+        }
 
         let before = resource_versions(plane, &manifests).await;
         assert!(
@@ -132,6 +155,7 @@ async fn every_overlay_applies_cleanly_and_a_second_apply_changes_nothing() {
             diff.stderr
         );
     }
+    unregister_external_metrics(plane).await;
     queue.stop().await;
 }
 
@@ -199,8 +223,17 @@ async fn the_switchyard_certs_component_applies_on_an_overlay_and_the_apiserver_
 
     // The queue serves the certificate switchyard-certs wrote for it.
     let queue = Queue::start(256, plane.front_proxy_ca(), &out.join("switchyard-queue")).await;
-    let manifests =
-        build_wrapped(plane, &overlay_dir("dev"), &[&out], queue.metrics_port, "").await;
+    // The external metrics API added to an overlay, then the certificates (whose caBundle
+    // patch needs the APIService), as docs/certificates.md says.
+    let external_metrics = component_dir("external-metrics");
+    let manifests = build_wrapped(
+        plane,
+        &overlay_dir("dev"),
+        &[&external_metrics, &out],
+        queue.metrics_port,
+        "",
+    )
+    .await;
     assert!(
         !manifests.contains("cert-manager.io"),
         "cert-manager's objects and annotation are gone:\n{manifests}"
@@ -266,6 +299,7 @@ async fn the_switchyard_certs_component_applies_on_an_overlay_and_the_apiserver_
     )
     .await;
     assert_eq!(skip.stdout, "", "no insecureSkipTLSVerify");
+    unregister_external_metrics(plane).await;
     queue.stop().await;
 }
 
@@ -394,10 +428,11 @@ async fn the_monitoring_component_applies_on_an_overlay_against_the_prometheus_o
     let pki = TestPki::shared(plane);
     let queue = Queue::start(256, plane.front_proxy_ca(), &pki.queue).await;
     let monitoring = component_dir("monitoring");
+    let external_metrics = component_dir("external-metrics");
     let manifests = build_wrapped(
         plane,
         &overlay_dir("dev"),
-        &[&monitoring],
+        &[&external_metrics, &monitoring],
         queue.metrics_port,
         "",
     )
@@ -449,6 +484,7 @@ async fn the_monitoring_component_applies_on_an_overlay_against_the_prometheus_o
             "refused, naming {refused}: {out:?}"
         );
     }
+    unregister_external_metrics(plane).await;
     queue.stop().await;
 }
 

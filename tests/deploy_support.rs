@@ -25,6 +25,8 @@ pub const FIELD_MANAGER: &str = "switchyard-deploy-test";
 /// The namespace every overlay installs into.
 pub const NAMESPACE: &str = "switchyard";
 pub const OVERLAYS: [&str; 4] = ["dev", "ha", "with-etcd", "otel"];
+/// The overlays with components/external-metrics (the HPA reads the backlog through it).
+pub const OVERLAYS_WITH_EXTERNAL_METRICS: [&str; 1] = ["ha"];
 /// How long the aggregation layer gets to report the external metrics APIService available.
 pub const APISERVICE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The field manager that plays cert-manager's CA injector.
@@ -359,6 +361,19 @@ pub async fn resource_versions(plane: &ControlPlane, manifests: &str) -> Vec<Str
     let mut lines: Vec<String> = out.stdout.lines().map(str::to_owned).collect();
     lines.sort();
     lines
+}
+
+/// Deletes the external metrics APIService: a test that registered it for its own queue does
+/// so when that queue stops, so that no later apply meets an aggregated API nobody serves
+/// (kubectl would warn about its discovery).
+pub async fn unregister_external_metrics(plane: &ControlPlane) {
+    let out = kubectl(
+        plane,
+        &["delete", "apiservice", APISERVICE, "--ignore-not-found"],
+        None,
+    )
+    .await;
+    assert!(out.success, "APIService deleted: {}", out.stderr);
 }
 
 /// Waits until the external metrics APIService reports Available=True.

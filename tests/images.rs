@@ -384,20 +384,10 @@ async fn workload_images(plane: &ControlPlane) -> BTreeMap<String, String> {
     images
 }
 
-/// Builds `overlay` wrapped without the external metrics APIService (no queue serves it
-/// here; an unavailable aggregated API makes kubectl warn) and applies it cleanly.
+/// Builds `overlay` and applies it cleanly (the base registers no aggregated API, so kubectl
+/// has nothing to warn about).
 async fn apply(plane: &ControlPlane, overlay: &Path, what: &str) {
-    let wrapper = overlay.with_extension("applied");
-    std::fs::create_dir_all(&wrapper).unwrap();
-    std::fs::write(
-        wrapper.join("kustomization.yaml"),
-        format!(
-            "resources:\n  - {}\npatches:\n  - patch: |-\n      $patch: delete\n      apiVersion: apiregistration.k8s.io/v1\n      kind: APIService\n      metadata: {{name: v1beta1.external.metrics.k8s.io}}\n",
-            relative_to(&wrapper, overlay).display()
-        ),
-    )
-    .unwrap();
-    let manifests = kustomize_build(plane, &wrapper).await;
+    let manifests = kustomize_build(plane, overlay).await;
     apply_cleanly(plane, what, &manifests).await;
 }
 

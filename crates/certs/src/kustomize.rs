@@ -16,7 +16,7 @@ use base64::Engine;
 
 use crate::identities::Identity;
 
-/// The APIService of base/external-metrics.yaml.
+/// The APIService of components/external-metrics.
 pub const APISERVICE: &str = "v1beta1.external.metrics.k8s.io";
 /// The caBundle patch, in the Component's directory.
 pub const CA_BUNDLE_PATCH: &str = "apiservice-cabundle.yaml";
@@ -42,7 +42,10 @@ pub fn component(identities: &[Identity], namespace: &str) -> String {
         ));
     }
     out.push_str(&format!(
-        "patches:\n  - path: {CA_BUNDLE_PATCH}\n\
+        "patches:\n\
+         \x20 # Where components/external-metrics is in the build (a target that matches\n\
+         \x20 # nothing is no error).\n\
+         \x20 - path: {CA_BUNDLE_PATCH}\n    target: {{kind: APIService, name: {APISERVICE}}}\n\
          \x20 # These certificates replace cert-manager's: where components/cert-manager is in\n\
          \x20 # the build, its issuers and Certificates go (a target that matches nothing is no\n\
          \x20 # error).\n\
@@ -52,15 +55,15 @@ pub fn component(identities: &[Identity], namespace: &str) -> String {
     out
 }
 
-/// `apiservice-cabundle.yaml`: the external metrics APIService verifies the queue's
-/// certificate with `ca_pem` (and no longer waits for cert-manager's CA injector).
+/// `apiservice-cabundle.yaml`: the external metrics APIService (components/external-metrics)
+/// verifies the queue's certificate with `ca_pem`, and no longer waits for cert-manager's CA
+/// injector. A JSON patch: a strategic merge patch with a `target` would set the annotation
+/// to the string "null" instead of removing it.
 pub fn ca_bundle_patch(ca_pem: &str) -> String {
     let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     format!(
         "# Written by switchyard-certs: the CA that signed the queue's serving certificate.\n\
-         apiVersion: apiregistration.k8s.io/v1\n\
-         kind: APIService\n\
-         metadata:\n  name: {APISERVICE}\n  annotations:\n    cert-manager.io/inject-ca-from: null\n\
-         spec:\n  caBundle: {bundle}\n"
+         - op: remove\n  path: /metadata/annotations/cert-manager.io~1inject-ca-from\n\
+         - op: add\n  path: /spec/caBundle\n  value: {bundle}\n"
     )
 }

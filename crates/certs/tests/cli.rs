@@ -142,9 +142,23 @@ fn it_writes_a_ca_a_certificate_per_identity_and_a_component_that_makes_them_sec
         &std::fs::read_to_string(out.join("apiservice-cabundle.yaml")).unwrap(),
     )
     .unwrap();
-    assert_eq!(patch["metadata"]["name"], "v1beta1.external.metrics.k8s.io");
+    // A JSON patch of the APIService the kustomization targets: the injector's annotation
+    // removed, caBundle set.
+    let patches = component["patches"].as_sequence().unwrap();
+    assert_eq!(patches[0]["path"], "apiservice-cabundle.yaml");
+    assert_eq!(patches[0]["target"]["kind"], "APIService");
+    assert_eq!(
+        patches[0]["target"]["name"],
+        "v1beta1.external.metrics.k8s.io"
+    );
+    assert_eq!(patch[0]["op"], "remove");
+    assert_eq!(
+        patch[0]["path"],
+        "/metadata/annotations/cert-manager.io~1inject-ca-from"
+    );
+    assert_eq!(patch[1]["path"], "/spec/caBundle");
     let bundle = base64::engine::general_purpose::STANDARD
-        .decode(patch["spec"]["caBundle"].as_str().unwrap())
+        .decode(patch[1]["value"].as_str().unwrap())
         .unwrap();
     assert_eq!(bundle, std::fs::read(out.join("ca.crt")).unwrap());
 }
