@@ -1137,3 +1137,199 @@ async fn kustomize_build_component(plane: &ControlPlane, component: &Path) -> St
     .unwrap();
     kustomize_build(plane, dir.path()).await
 }
+
+/// The objects of built manifests, as JSON.
+fn parsed(manifests: &str) -> Vec<serde_json::Value> {
+    serde_norway::Deserializer::from_str(manifests)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .filter(|doc: &serde_json::Value| !doc.is_null())
+        .collect()
+}
+
+fn kind_and_name(object: &serde_json::Value) -> (String, String) {
+    (
+        object["kind"].as_str().unwrap().to_owned(),
+        object["metadata"]["name"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// overlays/sdk-only runs a user's controller and nothing built in: none of the built-in
+/// controllers' accounts or roles, no garbage collector, no cluster-wide rule beyond the
+/// registered kinds; its watcher configuration is valid and grants the controller's identity
+/// those kinds; applied, the accounts can do that and no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_only_overlay_grants_only_what_the_registered_controller_needs() {
+    let _one_at_a_time = APPLYING.lock().await;
+    let plane = ControlPlane::shared().expect("control plane");
+    install_cert_manager_crds(plane).await;
+    let base = parsed(&kustomize_build(plane, &base_dir()).await);
+    let manifests = kustomize_build(plane, &overlay_dir("sdk-only")).await;
+    let sdk = parsed(&manifests);
+    let names = |objects: &[serde_json::Value]| -> std::collections::BTreeSet<(String, String)> {
+        objects.iter().map(kind_and_name).collect()
+    };
+    let (base_names, sdk_names) = (names(&base), names(&sdk));
+
+    // What the base has and this overlay leaves out: exactly every built-in controller's
+    // account, and roles and bindings of the built-ins and the collector's graph.
+    // (The watcher's ConfigMap is replaced: its name's hash differs.)
+    let left_out: Vec<&(String, String)> = base_names
+        .difference(&sdk_names)
+        .filter(|(kind, name)| !(kind == "ConfigMap" && name.starts_with("switchyard-watcher-")))
+        .collect();
+    let mut accounts: Vec<&str> = left_out
+        .iter()
+        .filter(|(kind, _)| kind == "ServiceAccount")
+        .map(|(_, name)| name.as_str())
+        .collect();
+    accounts.sort_unstable();
+    let mut builtin: Vec<&str> = switchyard_reconciler::BUILTINS
+        .iter()
+        .map(|b| b.service_account)
+        .collect();
+    builtin.sort_unstable();
+    assert_eq!(
+        accounts, builtin,
+        "sdk-only leaves out every built-in's account"
+    );
+    for (kind, name) in &left_out {
+        assert!(
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding"
+            ]
+            .contains(&kind.as_str()),
+            "sdk-only leaves out {kind}/{name}, which is not a built-in's"
+        );
+    }
+    // Every cluster-wide rule is the watcher's or the controller's, and names its resources.
+    for object in &sdk {
+        let (kind, name) = kind_and_name(object);
+        if kind == "ClusterRole" {
+            assert!(
+                ["switchyard-watcher", "switchyard-controller"].contains(&name.as_str()),
+                "ClusterRole {name}"
+            );
+            let rules = object["rules"].to_string();
+            assert!(!rules.contains("\"*\""), "ClusterRole {name}: {rules}");
+        }
+        if kind == "Deployment" && name == "switchyard-reconciler" {
+            let container = &object["spec"]["template"]["spec"]["containers"][0];
+            assert_eq!(container["image"], "registry.example/switchyard-greeting");
+            assert!(
+                !container["env"]
+                    .to_string()
+                    .contains("SWITCHYARD_CONTROLLER_SERVICE_ACCOUNTS"),
+                "the controller acts as itself: {}",
+                container["env"]
+            );
+        }
+    }
+    let watcher_role = sdk
+        .iter()
+        .find(|o| kind_and_name(o) == ("ClusterRole".into(), "switchyard-watcher".into()))
+        .unwrap();
+    assert_eq!(
+        watcher_role["rules"],
+        serde_json::json!([
+            {"apiGroups": ["example.switchyard.io"], "resources": ["greetings"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]},
+        ])
+    );
+    // The watcher's configuration: valid, no collector, the controller's kinds granted to the
+    // reconciler's identity and nothing to another.
+    let config = sdk
+        .iter()
+        .find(|o| {
+            o["kind"] == "ConfigMap"
+                && o["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("switchyard-watcher")
+        })
+        .unwrap();
+    let config = switchyard_watcher_core::config::Config::from_yaml(
+        config["data"]["watcher.yaml"].as_str().unwrap(),
+    )
+    .expect("the sdk-only watcher configuration is valid");
+    assert!(config.collector.is_none(), "no garbage collector");
+    assert!(
+        config.resources.is_empty(),
+        "the file itself watches nothing"
+    );
+    let greeting =
+        switchyard_watcher_core::config::Gvk::parse("example.switchyard.io/v1", "Greeting")
+            .unwrap();
+    let pod = switchyard_watcher_core::config::Gvk::parse("v1", "Pod").unwrap();
+    assert!(config.access("switchyard-reconciler", &greeting).is_some());
+    assert!(config.access("switchyard-reconciler", &pod).is_none());
+    assert!(
+        config
+            .access("other-switchyard-reconciler", &greeting)
+            .is_none()
+    );
+
+    // Applied over whatever other tests left, less what sdk-only leaves out.
+    for (kind, name) in &left_out {
+        let out = kubectl(
+            plane,
+            &[
+                "delete",
+                kind,
+                name,
+                "--namespace",
+                NAMESPACE,
+                "--ignore-not-found",
+            ],
+            None,
+        )
+        .await;
+        assert!(out.success, "{kind}/{name}: {}", out.stderr);
+    }
+    // The controller's CRD first, as the overlay says.
+    let crd = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/greeting/crd.yaml"),
+    )
+    .unwrap();
+    apply_cleanly(plane, "the Greeting CRD", &crd).await;
+    let established = kubectl(
+        plane,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/greetings.example.switchyard.io",
+            "--timeout=60s",
+        ],
+        None,
+    )
+    .await;
+    assert!(established.success, "{}", established.stderr);
+    apply_cleanly(plane, "sdk-only: first apply", &manifests).await;
+    let before = resource_versions(plane, &manifests).await;
+    apply_cleanly(plane, "sdk-only: second apply", &manifests).await;
+    assert_eq!(before, resource_versions(plane, &manifests).await);
+    for (service, verb, resource, allowed) in [
+        ("watcher", "list", "greetings.example.switchyard.io", true),
+        ("watcher", "watch", "configmaps", true),
+        ("watcher", "list", "pods", false),
+        ("watcher", "list", "secrets", false),
+        (
+            "reconciler",
+            "patch",
+            "greetings.example.switchyard.io",
+            true,
+        ),
+        ("reconciler", "create", "configmaps", true),
+        ("reconciler", "delete", "pods", false),
+        ("reconciler", "impersonate", "serviceaccounts", false),
+    ] {
+        assert_eq!(
+            can_i(plane, service, verb, resource).await,
+            allowed,
+            "sdk-only: {service} {verb} {resource}"
+        );
+    }
+}

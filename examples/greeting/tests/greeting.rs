@@ -1,8 +1,9 @@
 //! The example controller end to end on the harness's real control plane: a queue started
 //! with only the built-in controllers' names (it learns the Greeting controller's when the
-//! worker or the first key names it), a watcher whose configuration names no controller (the
-//! reconciler registers the Greeting controller's watches when it starts) and a reconciler
-//! running only that controller.
+//! worker or the first key names it), a watcher with the configuration of
+//! `deploy/kustomize/overlays/sdk-only`, which names no controller (the reconciler registers
+//! the Greeting controller's watches when it starts) and no garbage collector, and a
+//! reconciler running only that controller.
 
 #![allow(clippy::unwrap_used)]
 
@@ -28,11 +29,16 @@ async fn a_greeting_gets_its_config_map_and_the_finalizer_cleans_it_up() {
     let name = default_name::<Greeting>();
     assert_eq!(name, "example.switchyard.io/v1/Greeting");
     let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
-    let config = format!(
-        "shardCount: {}\nnamespaces:\n  include: [{}]\nregistrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n      - {{apiVersion: example.switchyard.io/v1, kind: Greeting, objects: full}}\n      - {{apiVersion: v1, kind: ConfigMap, objects: full}}\n",
-        support::SHARDS,
-        ns.name()
-    );
+    // The watcher configuration deploy/kustomize/overlays/sdk-only ships for this controller
+    // (no garbage collector; its kinds granted to the reconciler's identity), with the test's
+    // shard count and confined to the test's namespace.
+    let mut config: serde_norway::Value = serde_norway::from_str(include_str!(
+        "../../../deploy/kustomize/overlays/sdk-only/watcher-config.yaml"
+    ))
+    .unwrap();
+    config["shardCount"] = support::SHARDS.into();
+    config["namespaces"] = serde_norway::from_str(&format!("include: [{}]", ns.name())).unwrap();
+    let config = serde_norway::to_string(&config).unwrap();
     let watcher = support::watcher(plane, &config, queue.grpc()).await;
     watcher.wait_ready(Duration::from_secs(60)).await;
     let mut registry = Registry::default();
