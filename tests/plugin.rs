@@ -11,8 +11,9 @@
 //! - `drain` moves every shard off one replica and waits; `--undo` gives it shards again;
 //! - an address where nothing listens is named in the error, with the reason;
 //! - through a kubeconfig and `--context`, `status` lists the installation's workloads;
-//! - with no identity flag, the identity comes from its Secret through the kubeconfig (the
-//!   observer's for `status`, the operator's for `why`), and a missing Secret is named.
+//! - with nothing but a kubeconfig, the services are found through the ExternalName Services
+//!   `make run` publishes for local processes, and the identity comes from its Secret (the
+//!   observer's for `status`, the operator's for `why`); a missing Secret is named.
 //!
 //! Needs the plugin and the services built (`cargo build --bins`).
 
@@ -365,7 +366,7 @@ async fn plugin_against_a_topology() {
     );
     println!("{:>5.1}s why checked", start.elapsed().as_secs_f64());
 
-    identities_from_secrets(plane, &client, &plugin, refused.name()).await;
+    identities_from_secrets(plane, &client, &topology, refused.name()).await;
     println!(
         "{:>5.1}s identities from Secrets checked",
         start.elapsed().as_secs_f64()
@@ -683,16 +684,25 @@ async fn status_reads_the_installation_through_the_kubeconfig_context() {
     );
 }
 
-/// With no identity flag, the plugin reads the identity its verb needs from the Secret in the
-/// installation's namespace through the kubeconfig: the observer's for `status`, the
-/// operator's for `why`. A missing Secret is named.
+/// With nothing but a kubeconfig, the plugin finds the services published in the
+/// installation's namespace (`switchyard_testenv::publish`, as `make run` publishes its local
+/// processes: ExternalName Services) and reads the identity its verb needs from its Secret:
+/// the observer's for `status`, the operator's for `why`. A missing Secret is named.
 async fn identities_from_secrets(
     plane: &ControlPlane,
     client: &switchyard_k8s::Client,
-    plugin: &Plugin,
+    topology: &Topology,
     refused: &str,
 ) {
     let installed = TestNamespace::create(plane, client, "plugin-identity")
+        .await
+        .unwrap();
+    let processes: Vec<(&str, &switchyard_testenv::ServiceProcess)> = topology
+        .running
+        .iter()
+        .map(|(service, process)| (*service, process))
+        .collect();
+    switchyard_testenv::publish::publish_services(client, installed.name(), &processes)
         .await
         .unwrap();
     let run = |args: &[&str]| {
@@ -700,11 +710,11 @@ async fn identities_from_secrets(
         command
             .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
             .arg(format!("--switchyard-namespace={}", installed.name()))
-            .arg(format!("--elector-addr={}", plugin.elector))
             .args(args)
             .env_remove("SWITCHYARD_TLS_CERT")
             .env_remove("SWITCHYARD_TLS_KEY")
             .env_remove("SWITCHYARD_TLS_CA")
+            .env_remove("SWITCHYARD_ELECTOR_ADDR")
             .env_remove("SWITCHYARD_QUEUE_ADDR")
             .env_remove("SWITCHYARD_ADMIN_ADDR")
             .env("HOME", NO_HOME)
@@ -716,28 +726,6 @@ async fn identities_from_secrets(
                 .unwrap()
         }
     };
-    let secret = |name: &str, role: Role| -> switchyard_k8s::k8s_openapi::api::core::v1::Secret {
-        let files = Pki::shared().files(role);
-        let read = |path: &std::path::Path| {
-            switchyard_k8s::k8s_openapi::ByteString(std::fs::read(path).unwrap())
-        };
-        let mut secret = switchyard_k8s::k8s_openapi::api::core::v1::Secret::default();
-        secret.metadata.name = Some(name.to_owned());
-        secret.type_ = Some("kubernetes.io/tls".into());
-        secret.data = Some(
-            [
-                ("tls.crt".to_owned(), read(&files.cert)),
-                ("tls.key".to_owned(), read(&files.key)),
-                ("ca.crt".to_owned(), read(&files.ca)),
-            ]
-            .into(),
-        );
-        secret
-    };
-    let secrets = Api::<switchyard_k8s::k8s_openapi::api::core::v1::Secret>::namespaced(
-        client.clone(),
-        installed.name(),
-    );
 
     let missing = run(&["status", "-o", "json"]).await;
     assert!(!missing.status.success());
@@ -749,37 +737,45 @@ async fn identities_from_secrets(
         "{}",
         text(&missing.stderr)
     );
-    secrets
-        .create(
-            &PostParams::default(),
-            &secret("switchyard-observer-tls", Role::Observer),
-        )
+    switchyard_testenv::publish::publish_identities(client, installed.name(), Pki::shared())
         .await
         .unwrap();
     let status = run(&["status", "-o", "json"]).await;
     let parsed: Value = serde_json::from_slice(&status.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", text(&status.stderr)));
+    assert!(
+        status.status.success(),
+        "{parsed:#}\n{}",
+        text(&status.stderr)
+    );
     assert_eq!(parsed["elector"]["shard_count"], SHARDS, "{parsed:#}");
+    // Every process's admin port, found through its Service: each names its service.
+    let services = parsed["services"].as_array().unwrap();
+    let instances: usize = services
+        .iter()
+        .map(|s| s["instances"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(instances, topology.running.len(), "{parsed:#}");
 
     // why needs the operator: its Secret is read, not the observer's.
     let why = ["why", "replicaset/web", "-n", refused, "-o", "json"];
+    let found = run(&why).await;
+    assert!(found.status.success(), "{}", text(&found.stderr));
+    let parsed: Value = serde_json::from_slice(&found.stdout).unwrap();
+    assert_eq!(parsed["controller"], "apps/v1/ReplicaSet", "{parsed:#}");
+    Api::<switchyard_k8s::k8s_openapi::api::core::v1::Secret>::namespaced(
+        client.clone(),
+        installed.name(),
+    )
+    .delete("switchyard-operator-tls", &Default::default())
+    .await
+    .unwrap();
     let missing = run(&why).await;
     assert!(
         text(&missing.stderr).contains("switchyard-operator-tls does not exist"),
         "{}",
         text(&missing.stderr)
     );
-    secrets
-        .create(
-            &PostParams::default(),
-            &secret("switchyard-operator-tls", Role::Operator),
-        )
-        .await
-        .unwrap();
-    let found = run(&why).await;
-    assert!(found.status.success(), "{}", text(&found.stderr));
-    let parsed: Value = serde_json::from_slice(&found.stdout).unwrap();
-    assert_eq!(parsed["controller"], "apps/v1/ReplicaSet", "{parsed:#}");
 }
 
 /// What the console page shows, read from the browser's DOM.

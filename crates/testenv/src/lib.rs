@@ -31,6 +31,7 @@ mod pki;
 mod ports;
 mod process;
 mod prometheus;
+pub mod publish;
 mod serve_log;
 mod service;
 pub mod tls;

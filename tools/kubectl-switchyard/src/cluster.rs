@@ -9,7 +9,7 @@ use switchyard_k8s::{
     Api, Client, Config, Deployment,
     k8s_openapi::api::{
         apps::v1::StatefulSet,
-        core::v1::{PodTemplateSpec, Secret},
+        core::v1::{PodTemplateSpec, Secret, Service},
     },
     kube::{
         self,
@@ -271,6 +271,81 @@ impl ClusterArgs {
         Ok(Some(SecretIdentity { dir }))
     }
 }
+
+/// Services of the installation that run outside the cluster and are published in its
+/// namespace as Services of type ExternalName (as `make run` publishes its local processes):
+/// the electors' gRPC addresses and every service's admin port.
+#[derive(Debug, Default)]
+pub struct Published {
+    pub electors: Vec<String>,
+    pub admins: Vec<String>,
+}
+
+impl ClusterArgs {
+    /// The installation's ExternalName Services (labelled `app.kubernetes.io/part-of:
+    /// switchyard`, ports named `grpc` and `admin`); `None` without a kubeconfig. Services of
+    /// other types are inside the cluster, which this command does not reach by itself.
+    pub async fn published(&self, timeout: std::time::Duration) -> Result<Option<Published>> {
+        let Some((client, server)) = self.client().await? else {
+            return Ok(None);
+        };
+        let services = Api::<Service>::namespaced(client, &self.switchyard_namespace);
+        let params = ListParams::default().labels(PART_OF);
+        let list = match tokio::time::timeout(timeout, services.list(&params)).await {
+            Ok(Ok(list)) => list,
+            Ok(Err(error)) => {
+                return Err(Error::Unreachable {
+                    what: "apiserver",
+                    address: server,
+                    reason: format!(
+                        "listing the Services of {}: {}",
+                        self.switchyard_namespace,
+                        error_chain(&error)
+                    ),
+                });
+            }
+            Err(_) => {
+                return Err(Error::Unreachable {
+                    what: "apiserver",
+                    address: server,
+                    reason: format!("no answer within {timeout:?}"),
+                });
+            }
+        };
+        let mut published = Published::default();
+        for service in list.items {
+            let Some(spec) = service.spec else { continue };
+            let (Some("ExternalName"), Some(host)) =
+                (spec.type_.as_deref(), spec.external_name.as_deref())
+            else {
+                continue;
+            };
+            let port = |name: &str| {
+                spec.ports
+                    .iter()
+                    .flatten()
+                    .find(|p| p.name.as_deref() == Some(name))
+                    .map(|p| format!("{host}:{}", p.port))
+            };
+            let elector = service
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(NAME_LABEL))
+                .is_some_and(|name| name == "switchyard-elector");
+            if let (true, Some(grpc)) = (elector, port("grpc")) {
+                published.electors.push(grpc);
+            }
+            published.admins.extend(port("admin"));
+        }
+        published.electors.sort();
+        published.admins.sort();
+        Ok(Some(published))
+    }
+}
+
+/// The label every object of an installation carries.
+const PART_OF: &str = "app.kubernetes.io/part-of=switchyard";
 
 fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::{io::Write, os::unix::fs::OpenOptionsExt};

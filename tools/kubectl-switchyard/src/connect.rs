@@ -129,7 +129,9 @@ impl Connections {
         if self.electors.is_empty() {
             return Err(Error::Config(
                 "--elector-addr (or SWITCHYARD_ELECTOR_ADDR): required to find the queue \
-                 replicas and the shard map"
+                 replicas and the shard map; an elector inside the cluster is reached with \
+                 `kubectl -n switchyard port-forward svc/switchyard-elector 8443` and \
+                 --elector-addr=127.0.0.1:8443"
                     .into(),
             ));
         }

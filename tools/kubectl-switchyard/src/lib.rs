@@ -257,6 +257,18 @@ impl Cli {
                 }
             }
         }
+        // Without addresses, those of services published in the installation's namespace
+        // (local processes, as `make run` runs them).
+        if connect.elector_addr.is_empty() && connect.queue_addr.is_empty() {
+            // An apiserver that cannot be read leaves them unset: `status` reports it with the
+            // rest, and the other verbs name the address they lack.
+            if let Ok(Some(published)) = cluster.published(connect.call_timeout.into()).await {
+                connect.elector_addr = published.electors;
+                if connect.admin_addr.is_empty() {
+                    connect.admin_addr = published.admins;
+                }
+            }
+        }
         let result = match connect::Connections::new(&connect) {
             Ok(connections) => run(&connections, &cluster, output, command).await,
             Err(error) => Err(error),

@@ -271,7 +271,8 @@ pub async fn run(
             &watcher_config(&grants)?,
             &mut running,
         )
-        .await
+        .await?;
+        publish(&cluster, &running).await
     }
     .await;
     let outcome = match started {
@@ -389,6 +390,47 @@ async fn start_services(
         }
     }
     Ok(())
+}
+
+/// The namespace the services are published in, as an installation's.
+const NAMESPACE: &str = "switchyard";
+
+/// On the local control plane, makes the services findable as an installation's are
+/// (ExternalName Services, the observer's and operator's Secrets), so that
+/// `kubectl switchyard` needs only the kubeconfig. Never on `KUBECONFIG`'s cluster, whose
+/// `switchyard` namespace may hold a real installation.
+async fn publish(cluster: &Cluster, running: &[(String, ServiceProcess)]) -> anyhow::Result<()> {
+    let Cluster::Local(plane) = cluster else {
+        return Ok(());
+    };
+    let client = plane.client().await?;
+    let processes: Vec<(&str, &ServiceProcess)> = running
+        .iter()
+        .map(|(name, process)| (service_of(name), process))
+        .collect();
+    switchyard_testenv::publish::publish_services(&client, NAMESPACE, &processes)
+        .await
+        .context("publishing the services")?;
+    switchyard_testenv::publish::publish_identities(
+        &client,
+        NAMESPACE,
+        switchyard_testenv::Pki::shared(),
+    )
+    .await
+    .context("publishing the observer's and operator's identities")?;
+    println!(
+        "published in namespace {NAMESPACE}: kubectl switchyard status --kubeconfig {}",
+        plane.kubeconfig().display()
+    );
+    Ok(())
+}
+
+/// The service a process name is of: `switchyard-queue-1` → `switchyard-queue`.
+fn service_of(name: &str) -> &str {
+    match name.rsplit_once('-') {
+        Some((service, replica)) if replica.bytes().all(|b| b.is_ascii_digit()) => service,
+        _ => name,
+    }
 }
 
 /// How following the workload ended.
@@ -533,5 +575,18 @@ impl std::fmt::Display for Progress {
             self.updated,
             if self.available { ", Available" } else { "" }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_process_name_gives_its_service() {
+        assert_eq!(super::service_of("switchyard-queue-1"), "switchyard-queue");
+        assert_eq!(super::service_of("switchyard-elector"), "switchyard-elector");
+        assert_eq!(
+            super::service_of("switchyard-example-greeting"),
+            "switchyard-example-greeting"
+        );
     }
 }
