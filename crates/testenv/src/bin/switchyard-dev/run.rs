@@ -583,7 +583,10 @@ mod tests {
     #[test]
     fn a_process_name_gives_its_service() {
         assert_eq!(super::service_of("switchyard-queue-1"), "switchyard-queue");
-        assert_eq!(super::service_of("switchyard-elector"), "switchyard-elector");
+        assert_eq!(
+            super::service_of("switchyard-elector"),
+            "switchyard-elector"
+        );
         assert_eq!(
             super::service_of("switchyard-example-greeting"),
             "switchyard-example-greeting"
