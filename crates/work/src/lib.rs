@@ -38,6 +38,7 @@ pub mod builtin {
         TTL_AFTER_FINISHED = "ttl-after-finished",
         CRONJOB = "batch/v1/CronJob",
         POD_GC = "pod-garbage-collector",
+        REPLICATION_CONTROLLER = "v1/ReplicationController",
     );
 }
 

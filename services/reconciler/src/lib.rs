@@ -24,6 +24,7 @@ pub mod podgc;
 pub mod ratelimit;
 pub mod registration;
 pub mod replicaset;
+pub mod replicationcontroller;
 pub mod sdk;
 pub mod serviceaccount;
 pub mod ttlafterfinished;
@@ -266,6 +267,7 @@ pub const BUILTINS: &[Builtin] = &[
     ttlafterfinished::BUILTIN,
     cronjob::BUILTIN,
     podgc::BUILTIN,
+    replicationcontroller::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

@@ -24,12 +24,20 @@
 use std::collections::BTreeMap;
 
 use futures::future::join_all;
+use serde::{Serialize, de::DeserializeOwned};
 use switchyard_k8s::{
-    Api, DeleteParams, Pod, PostParams, ReplicaSet, k8s_openapi::jiff::Timestamp,
+    Api, DeleteParams, Pod, PostParams, ReplicaSet,
+    k8s_openapi::{
+        NamespaceResourceScope,
+        api::{apps::v1::ReplicaSetStatus, core::v1::ReplicationController},
+        jiff::Timestamp,
+    },
+    kube::Resource,
 };
 use switchyard_reconciler_core::{
     replicaset::{
-        self as core, Diff, ManageFailure, Spec, controller_of, pod_from_template, pods_to_delete,
+        self as core, Diff, ManageFailure, Owner, Spec, controller_of, pod_from_template,
+        pods_to_delete, replication_controller_as_replica_set, replication_controller_status,
         slow_start_batches,
     },
     selector::Selector,
@@ -93,7 +101,7 @@ pub fn watches() -> Watches {
 }
 
 /// How long a Pod change's key is held (`watches`).
-const POD_BATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
+pub(crate) const POD_BATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Controller for ReplicaSetController {
     fn name(&self) -> &str {
@@ -105,7 +113,60 @@ impl Controller for ReplicaSetController {
     }
 
     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
-        reconcile(ctx, request).await
+        reconcile::<ReplicaSet>(ctx, request).await
+    }
+}
+
+/// What this controller reconciles: a ReplicaSet, or a ReplicationController through its
+/// ReplicaSet form, as kube-controller-manager's replication manager is its ReplicaSet
+/// controller over a conversion (`crate::replicationcontroller`).
+pub trait Replicated:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// The kind the Pods' controller references name.
+    const OWNER: Owner;
+    /// How kube-controller-manager's messages name it ("replica set").
+    const NOUN: &'static str;
+    /// Its ReplicaSet form, which the decisions are made on.
+    fn as_replica_set(&self) -> ReplicaSet;
+    /// It with `status` (computed on the ReplicaSet form) as its own.
+    fn with_status(&self, status: ReplicaSetStatus) -> Self;
+}
+
+impl Replicated for ReplicaSet {
+    const OWNER: Owner = Owner::ReplicaSet;
+    const NOUN: &'static str = "replica set";
+
+    fn as_replica_set(&self) -> ReplicaSet {
+        self.clone()
+    }
+
+    fn with_status(&self, status: ReplicaSetStatus) -> Self {
+        let mut updated = self.clone();
+        updated.status = Some(status);
+        updated
+    }
+}
+
+impl Replicated for ReplicationController {
+    const OWNER: Owner = Owner::ReplicationController;
+    const NOUN: &'static str = "replication controller";
+
+    fn as_replica_set(&self) -> ReplicaSet {
+        replication_controller_as_replica_set(self)
+    }
+
+    fn with_status(&self, status: ReplicaSetStatus) -> Self {
+        let mut updated = self.clone();
+        updated.status = Some(replication_controller_status(status));
+        updated
     }
 }
 
@@ -163,7 +224,7 @@ async fn read_pods(ctx: &Context, spec: &Spec<'_>, min_rv: Option<&str>) -> Resu
 
 /// kube-controller-manager's `canAdopt` for a ReplicaSet ([`sdk::can_adopt`]).
 pub async fn can_adopt(ctx: &Context, rs: &ReplicaSet) -> Result<()> {
-    sdk::can_adopt(ctx, rs, "replica set").await
+    sdk::can_adopt(ctx, rs, ReplicaSet::NOUN).await
 }
 
 /// The Pods of every ReplicaSet controlled by this one's controller, this one's included
@@ -171,7 +232,7 @@ pub async fn can_adopt(ctx: &Context, rs: &ReplicaSet) -> Result<()> {
 /// ReplicaSet without a controller. The siblings of one Deployment share its selector's
 /// requirements, so one read with those, kept where a sibling's selector matches, finds what
 /// a read per sibling would; siblings that share none are read one by one.
-async fn related_pods(ctx: &Context, rs: &ReplicaSet) -> Result<Vec<Pod>> {
+async fn related_pods<K: Replicated>(ctx: &Context, rs: &ReplicaSet) -> Result<Vec<Pod>> {
     let Some(owner) = rs
         .metadata
         .owner_references
@@ -182,16 +243,19 @@ async fn related_pods(ctx: &Context, rs: &ReplicaSet) -> Result<Vec<Pod>> {
         return Ok(Vec::new());
     };
     let namespace = rs.metadata.namespace.as_deref().unwrap_or_default();
-    let siblings = ctx
+    let siblings: Vec<ReplicaSet> = ctx
         .cache
-        .list::<ReplicaSet>(
+        .list::<K>(
             namespace,
             ListFilter {
                 controller_uid: &owner.uid,
                 ..ListFilter::default()
             },
         )
-        .await?;
+        .await?
+        .iter()
+        .map(K::as_replica_set)
+        .collect();
     let selectors: Vec<Selector> = siblings
         .iter()
         .filter_map(|sibling| Spec::new(sibling).ok().map(|spec| spec.selector))
@@ -226,20 +290,23 @@ async fn related_pods(ctx: &Context, rs: &ReplicaSet) -> Result<Vec<Pod>> {
     Ok(by_uid.into_values().collect())
 }
 
-async fn reconcile(ctx: &Context, request: &Request) -> Result {
-    let Some(rs) = ctx
+/// One reconcile of a ReplicaSet, or of a ReplicationController in its ReplicaSet form:
+/// decided on that form, its status written back as the object's own, its Events on it.
+pub async fn reconcile<K: Replicated>(ctx: &Context, request: &Request) -> Result {
+    let Some(object) = ctx
         .cache
-        .get::<ReplicaSet>(&request.namespace, &request.name, None)
+        .get::<K>(&request.namespace, &request.name, None)
         .await?
     else {
-        debug!("replica set gone");
+        debug!("{} gone", K::NOUN);
         return Ok(Action::Done);
     };
-    let spec = match Spec::new(&rs) {
+    let rs = object.as_replica_set();
+    let spec = match Spec::of(&rs, K::OWNER) {
         Ok(spec) => spec,
         Err(error) => {
             // Retrying cannot fix the object; its next change is keyed again.
-            warn!(%error, "invalid replica set, not reconciled");
+            warn!(%error, "invalid {}, not reconciled", K::NOUN);
             return Ok(Action::Done);
         }
     };
@@ -269,7 +336,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     let mut first_error: Option<Error> = None;
 
     if !claim.adopt.is_empty() {
-        can_adopt(ctx, &rs).await?;
+        sdk::can_adopt(ctx, &object, K::NOUN).await?;
     }
     let adopted = join_all(claim.adopt.iter().map(|pod| {
         sdk::set_controller_ref(&pods_api, pod, spec.uid, Some(core::controller_ref(&spec)))
@@ -330,7 +397,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                         Ok(pod) => {
                             writes.saw(&pod);
                             ctx.events.publish(
-                                &rs,
+                                &object,
                                 EventType::Normal,
                                 SUCCESSFUL_CREATE,
                                 "Create",
@@ -349,7 +416,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                         Err(error) => {
                             let message = status_message(&error);
                             ctx.events.publish(
-                                &rs,
+                                &object,
                                 EventType::Warning,
                                 FAILED_CREATE,
                                 "Create",
@@ -372,7 +439,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
         }
         Diff::Delete(count) => {
             let related = if count < owned.len() {
-                related_pods(ctx, &rs).await?
+                related_pods::<K>(ctx, &rs).await?
             } else {
                 Vec::new()
             };
@@ -393,7 +460,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                             writes.saw(&pod);
                         }
                         ctx.events.publish(
-                            &rs,
+                            &object,
                             EventType::Normal,
                             SUCCESSFUL_DELETE,
                             "Delete",
@@ -404,7 +471,7 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
                     Err(error) => {
                         let message = status_message(&error);
                         ctx.events.publish(
-                            &rs,
+                            &object,
                             EventType::Warning,
                             FAILED_DELETE,
                             "Delete",
@@ -435,18 +502,17 @@ async fn reconcile(ctx: &Context, request: &Request) -> Result {
     let now = Timestamp::now();
     let status = core::status(&spec, &claim, failure.as_ref(), now);
     if core::status_changed(&rs, &status) {
-        let mut updated = rs.clone();
-        updated.status = Some(status);
-        let written = Api::<ReplicaSet>::namespaced(ctx.client.clone(), &request.namespace)
+        let updated = object.with_status(status);
+        let written = Api::<K>::namespaced(ctx.client.clone(), &request.namespace)
             .replace_status(&request.name, &PostParams::default(), &updated)
             .await?;
         // The next reconcile of this key starts after this one's outcome. It compares the
         // status it computes with the cached ReplicaSet's and skips an equal one, so that
         // cache must hold this write: a cache still showing the status from before it would
         // make an unchanged-looking status skip a needed write until some later event.
-        if let Some(rv) = written.metadata.resource_version.as_deref() {
+        if let Some(rv) = written.meta().resource_version.as_deref() {
             ctx.cache
-                .get::<ReplicaSet>(&request.namespace, &request.name, Some(rv))
+                .get::<K>(&request.namespace, &request.name, Some(rv))
                 .await?;
         }
     }

@@ -1,5 +1,6 @@
 //! The ReplicaSet controller's decisions, as kube-controller-manager's
-//! `pkg/controller/replicaset` makes them.
+//! `pkg/controller/replicaset` makes them; also the ReplicationController's, through its
+//! ReplicaSet form (`pkg/controller/replication` converts the same way).
 //!
 //! ```text
 //!  pods (owned ∪ selected) ─► claim ─► owned active pods ─► diff ─► create n (slow start) | delete ranked
@@ -12,10 +13,13 @@ use std::{cmp::Ordering, collections::BTreeMap, time::Duration};
 
 use k8s_openapi::{
     api::{
-        apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus},
-        core::v1::{Pod, PodTemplateSpec},
+        apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetSpec, ReplicaSetStatus},
+        core::v1::{
+            Pod, PodTemplateSpec, ReplicationController, ReplicationControllerCondition,
+            ReplicationControllerStatus,
+        },
     },
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time},
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference, Time},
     jiff::Timestamp,
 };
 
@@ -45,6 +49,27 @@ pub struct Spec<'a> {
     pub selector: Selector,
     pub min_ready_seconds: i64,
     pub deleting: bool,
+    /// The kind the Pods' controller references name.
+    pub owner: Owner,
+}
+
+/// What this controller reconciles: ReplicaSets, or ReplicationControllers in their
+/// ReplicaSet form ([`replication_controller_as_replica_set`]), as kube-controller-manager's
+/// replication manager is its ReplicaSet controller over a conversion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    ReplicaSet,
+    ReplicationController,
+}
+
+impl Owner {
+    /// `apiVersion` and `kind` of the controller references.
+    pub fn type_meta(self) -> (&'static str, &'static str) {
+        match self {
+            Owner::ReplicaSet => ("apps/v1", "ReplicaSet"),
+            Owner::ReplicationController => ("v1", "ReplicationController"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,6 +110,15 @@ impl<'a> Spec<'a> {
             selector: Selector::new(&selector)?,
             min_ready_seconds: spec.and_then(|s| s.min_ready_seconds).unwrap_or(0).into(),
             deleting: rs.metadata.deletion_timestamp.is_some(),
+            owner: Owner::ReplicaSet,
+        })
+    }
+
+    /// The same for the ReplicaSet form of a ReplicationController.
+    pub fn of(rs: &'a ReplicaSet, owner: Owner) -> Result<Self, SpecError> {
+        Ok(Self {
+            owner,
+            ..Self::new(rs)?
         })
     }
 
@@ -372,9 +406,10 @@ fn deletion_order(a: &Pod, rank_a: usize, b: &Pod, rank_b: usize, now: Timestamp
 
 /// The controller reference every Pod of the ReplicaSet carries.
 pub fn controller_ref(spec: &Spec<'_>) -> OwnerReference {
+    let (api_version, kind) = spec.owner.type_meta();
     OwnerReference {
-        api_version: "apps/v1".into(),
-        kind: "ReplicaSet".into(),
+        api_version: api_version.into(),
+        kind: kind.into(),
         name: spec.rs.metadata.name.clone().unwrap_or_default(),
         uid: spec.uid.to_owned(),
         controller: Some(true),
@@ -470,7 +505,10 @@ pub fn status(
         fully_labeled_replicas: Some(count(&|p| fully.matches(p.metadata.labels.as_ref()))),
         ready_replicas: Some(count(&is_ready)),
         available_replicas: Some(count(&|p| is_available(p, spec.min_ready_seconds, now))),
-        terminating_replicas: Some(i32::try_from(claim.terminating.len()).unwrap_or(i32::MAX)),
+        // A ReplicationController's status has no such field (kube-controller-manager's
+        // replication manager runs without EnableStatusTerminatingReplicas).
+        terminating_replicas: (spec.owner == Owner::ReplicaSet)
+            .then(|| i32::try_from(claim.terminating.len()).unwrap_or(i32::MAX)),
         observed_generation: spec.rs.metadata.generation,
         conditions: (!conditions.is_empty()).then_some(conditions),
     }
@@ -498,6 +536,67 @@ pub fn recheck_after(spec: &Spec<'_>, claim: &Claim<'_>, now: Timestamp) -> Opti
         .filter_map(|p| available_in(p, spec.min_ready_seconds, now))
         .filter(|d| !d.is_zero())
         .min()
+}
+
+/// A ReplicationController as a ReplicaSet (kube-controller-manager's `convertRCtoRS`): the
+/// same metadata, its selector map as `matchLabels`, its template, replicas,
+/// `minReadySeconds` and status.
+pub fn replication_controller_as_replica_set(rc: &ReplicationController) -> ReplicaSet {
+    let spec = rc.spec.clone().unwrap_or_default();
+    let status = rc.status.clone().map(|s| ReplicaSetStatus {
+        replicas: s.replicas,
+        fully_labeled_replicas: s.fully_labeled_replicas,
+        ready_replicas: s.ready_replicas,
+        available_replicas: s.available_replicas,
+        terminating_replicas: None,
+        observed_generation: s.observed_generation,
+        conditions: s.conditions.map(|cs| {
+            cs.into_iter()
+                .map(|c| ReplicaSetCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    reason: c.reason,
+                    message: c.message,
+                    last_transition_time: c.last_transition_time,
+                })
+                .collect()
+        }),
+    });
+    ReplicaSet {
+        metadata: rc.metadata.clone(),
+        spec: Some(ReplicaSetSpec {
+            replicas: spec.replicas,
+            min_ready_seconds: spec.min_ready_seconds,
+            selector: LabelSelector {
+                match_labels: spec.selector,
+                match_expressions: None,
+            },
+            template: spec.template,
+        }),
+        status,
+    }
+}
+
+/// A ReplicaSet status as a ReplicationController's (`convertRStoRC`).
+pub fn replication_controller_status(status: ReplicaSetStatus) -> ReplicationControllerStatus {
+    ReplicationControllerStatus {
+        replicas: status.replicas,
+        fully_labeled_replicas: status.fully_labeled_replicas,
+        ready_replicas: status.ready_replicas,
+        available_replicas: status.available_replicas,
+        observed_generation: status.observed_generation,
+        conditions: status.conditions.map(|cs| {
+            cs.into_iter()
+                .map(|c| ReplicationControllerCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    reason: c.reason,
+                    message: c.message,
+                    last_transition_time: c.last_transition_time,
+                })
+                .collect()
+        }),
+    }
 }
 
 #[cfg(test)]

@@ -498,3 +498,61 @@ fn terminating_replicas_unset_is_rewritten_as_a_count() {
     written.status.as_mut().unwrap().terminating_replicas = None;
     assert!(status_changed(&written, &none));
 }
+
+#[test]
+fn a_replication_controller_is_decided_as_its_replica_set_form() {
+    use k8s_openapi::api::core::v1::{
+        ReplicationController, ReplicationControllerCondition, ReplicationControllerSpec,
+        ReplicationControllerStatus,
+    };
+    let rs = mk_rs(3, 5);
+    let spec = rs.spec.clone().unwrap();
+    let rc = ReplicationController {
+        metadata: rs.metadata.clone(),
+        spec: Some(ReplicationControllerSpec {
+            replicas: Some(3),
+            min_ready_seconds: Some(5),
+            selector: spec.selector.match_labels.clone(),
+            template: spec.template.clone(),
+        }),
+        status: Some(ReplicationControllerStatus {
+            replicas: 2,
+            ready_replicas: Some(1),
+            conditions: Some(vec![ReplicationControllerCondition {
+                type_: REPLICA_FAILURE.into(),
+                status: "True".into(),
+                reason: Some("FailedCreate".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+    };
+    let form = replication_controller_as_replica_set(&rc);
+    assert_eq!(form.metadata, rc.metadata);
+    assert_eq!(
+        form.spec.as_ref().unwrap().selector.match_labels,
+        spec.selector.match_labels
+    );
+    assert_eq!(form.status.as_ref().unwrap().replicas, 2);
+
+    let spec = Spec::of(&form, Owner::ReplicationController).unwrap();
+    assert_eq!(spec.replicas, 3);
+    let reference = controller_ref(&spec);
+    assert_eq!(
+        (reference.api_version.as_str(), reference.kind.as_str()),
+        ("v1", "ReplicationController")
+    );
+    assert_eq!(
+        pod_from_template(&spec).metadata.owner_references.unwrap()[0].kind,
+        "ReplicationController"
+    );
+    // No terminatingReplicas in a ReplicationController's status; the rest converts back.
+    let computed = status(&spec, &Claim::default(), None, at(0));
+    assert_eq!(computed.terminating_replicas, None);
+    assert_eq!(
+        status(&Spec::new(&form).unwrap(), &Claim::default(), None, at(0)).terminating_replicas,
+        Some(0)
+    );
+    let back = replication_controller_status(form.status.clone().unwrap());
+    assert_eq!(back, rc.status.unwrap());
+}
