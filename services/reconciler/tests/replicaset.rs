@@ -307,6 +307,25 @@ async fn replica_set_adopts_matching_orphans_and_releases_pods_that_stop_matchin
     );
     converged(&rs_api, &pods, "adopt", 2).await;
 
+    // An orphan that comes to match later (the released Pod, relabelled back) is claimed at
+    // once, as kube-controller-manager's Pod handlers key the ReplicaSets whose selector
+    // matches an orphan: adopted, and then one Pod of the three goes.
+    pods.patch(
+        "orphan",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "adopt"}}})),
+    )
+    .await
+    .unwrap();
+    let claimed = await_condition(pods.clone(), "orphan", |pod: Option<&Pod>| {
+        pod.is_none_or(|p| controller_of(p).is_some() || p.metadata.deletion_timestamp.is_some())
+    });
+    tokio::time::timeout(Duration::from_secs(10), claimed)
+        .await
+        .expect("the orphan that matches again is claimed within 10 s, not at the next resync")
+        .unwrap();
+    converged(&rs_api, &pods, "adopt", 2).await;
+
     reconciler.stop().await;
     watcher.stop().await;
     queue.stop().await;

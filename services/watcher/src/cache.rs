@@ -19,8 +19,8 @@ use std::{
 };
 
 use switchyard_watcher_core::{
-    Config, ControllerRef, EventKind, Gvk, Mapper, Owners, ResourceConfig, Store, WorkKey,
-    config::Namespaces,
+    Config, ControllerRef, EventKind, Gvk, Mapper, Owners, ResourceConfig, Store, Summary, WorkKey,
+    config::Namespaces, mapping::owner_selector,
 };
 use tokio::sync::watch;
 
@@ -313,7 +313,8 @@ impl Caches {
     }
 }
 
-/// `owns ... through` rules look the object between up in its cache.
+/// `owns ... through` rules look the object between up in its cache; `owns` rules look up the
+/// owners that may adopt an orphan in theirs.
 impl Owners for Watching {
     fn controller(&self, resource: usize, namespace: &str, name: &str) -> Option<ControllerRef> {
         let cache = self.resources.get(resource)?;
@@ -323,5 +324,21 @@ impl Owners for Watching {
             .controller
             .as_deref()
             .cloned()
+    }
+
+    /// Reads every cached owner of the namespace: only orphans ask, and an orphan is rare
+    /// (a Pod is made with its controller reference).
+    fn selecting(&self, resource: usize, namespace: &str, orphan: &Summary) -> Vec<String> {
+        let Some(cache) = self.resources.get(resource) else {
+            return Vec::new();
+        };
+        let store = cache.read();
+        let everything = switchyard_selector::Selector::default();
+        store
+            .list(Some(namespace), None, &everything)
+            .filter_map(|json| serde_json::from_slice::<serde_json::Value>(json).ok())
+            .filter(|owner| owner_selector(owner).is_some_and(|selector| selector.matches(orphan)))
+            .filter_map(|owner| owner["metadata"]["name"].as_str().map(str::to_owned))
+            .collect()
     }
 }

@@ -4,7 +4,9 @@
 //! - `owns`: the key of its controller owner when the owner is of the controller's kind
 //!   (an object with no controller owner maps to nothing); when an update changes the
 //!   controller owner, both the old and the new owner are keyed, as kube-controller-manager's
-//!   ReplicaSet controller does;
+//!   ReplicaSet controller does; an object with no controller owner, new or just released
+//!   or relabelled, keys every cached owner whose selector matches it ([`Owners::selecting`]),
+//!   so that it is adopted at once;
 //!   With `through`, the object's controller is of the kind between, and the key is that
 //!   object's controller owner, looked up in the watcher's cache ([`Owners`]): a Pod keys
 //!   the Deployment of its ReplicaSet. When the object between is not cached (yet, or any
@@ -21,16 +23,80 @@ use std::{sync::Arc, time::Duration};
 
 pub use switchyard_work::WorkKey;
 
+use switchyard_selector::{Expression, Selector};
+
 use crate::{
     Config, ControllerRef, Predicate, Summary,
     config::{Gvk, RuleKind},
 };
 
-/// The controller owners of cached objects, for `owns` rules with `through`.
+/// The controller owners of cached objects, for `owns` rules with `through`, and the cached
+/// owners whose selectors match an orphan, for `owns` rules without.
 pub trait Owners {
     /// The controller owner of the object `namespace/name` of `resource` (an index into
     /// [`Config::resources`]), if it is cached and has one.
     fn controller(&self, resource: usize, namespace: &str, name: &str) -> Option<ControllerRef>;
+
+    /// The names of the cached objects of `resource` in `namespace` whose `spec.selector`
+    /// ([`owner_selector`]) matches `orphan`'s labels: the owners that may adopt it.
+    fn selecting(&self, resource: usize, namespace: &str, orphan: &Summary) -> Vec<String> {
+        let _ = (resource, namespace, orphan);
+        Vec::new()
+    }
+}
+
+/// The selector of an owner that adopts by selector, from its JSON: `spec.selector` as a
+/// `LabelSelector` (a ReplicaSet's, a Job's, a Deployment's) or as a plain map of labels (a
+/// ReplicationController's). `None` for none, an empty one (it selects nothing to adopt, as
+/// kube-controller-manager's controllers ignore it) or an invalid one.
+pub fn owner_selector(object: &serde_json::Value) -> Option<Selector> {
+    let selector = object.get("spec")?.get("selector")?.as_object()?;
+    let strings = |value: &serde_json::Value| -> Option<Vec<(String, String)>> {
+        value
+            .as_object()?
+            .iter()
+            .map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+            .collect()
+    };
+    let selector =
+        if selector.contains_key("matchLabels") || selector.contains_key("matchExpressions") {
+            let labels = match selector.get("matchLabels") {
+                Some(labels) => strings(labels)?,
+                None => Vec::new(),
+            };
+            let expressions: Vec<(String, String, Vec<String>)> = selector
+                .get("matchExpressions")
+                .and_then(serde_json::Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    Some((
+                        e.get("key")?.as_str()?.to_owned(),
+                        e.get("operator")?.as_str()?.to_owned(),
+                        e.get("values")
+                            .and_then(serde_json::Value::as_array)
+                            .into_iter()
+                            .flatten()
+                            .map(|v| v.as_str().map(str::to_owned))
+                            .collect::<Option<Vec<_>>>()?,
+                    ))
+                })
+                .collect::<Option<_>>()?;
+            Selector::from_label_selector(
+                labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                expressions
+                    .iter()
+                    .map(|(key, operator, values)| Expression {
+                        key,
+                        operator,
+                        values,
+                    }),
+            )
+            .ok()?
+        } else {
+            Selector::from_labels(strings(&serde_json::Value::Object(selector.clone()))?)
+        };
+    (!selector.is_empty()).then_some(selector)
 }
 
 /// No cache: `through` rules map to nothing.
@@ -87,6 +153,8 @@ enum MapKind {
         group: String,
         kind: String,
         through: Option<Through>,
+        /// The owner kind's cache, for orphans to adopt (`owns` without `through`).
+        owner_resource: Option<usize>,
     },
     ByLabel {
         label: String,
@@ -129,6 +197,10 @@ impl Mapper {
                     MapKind::Owns {
                         group: group.clone(),
                         kind: kind.clone(),
+                        owner_resource: config
+                            .resources
+                            .iter()
+                            .position(|r| r.gvk.group == *group && r.gvk.kind == *kind),
                         through: through.map(|resource| {
                             let via = &config.resources[resource].gvk;
                             Through {
@@ -207,6 +279,7 @@ impl Mapper {
                     group,
                     kind,
                     through,
+                    owner_resource,
                 } => {
                     let owner = |s: &Summary| -> Option<String> {
                         let controller = s.controller.as_deref()?;
@@ -230,6 +303,22 @@ impl Mapper {
                         && Some(&before) != now.as_ref()
                     {
                         push(&new.namespace, &before);
+                    }
+                    // An orphan, new or just released or relabelled, keys every owner whose
+                    // selector matches it, to adopt it (kube-controller-manager's addPod and
+                    // updatePod). Not on a resync, where the owners key themselves.
+                    let orphaned = new.controller.is_none()
+                        && match event {
+                            EventKind::Added => true,
+                            EventKind::Modified => old.is_none_or(|old| {
+                                old.controller.is_some() || old.labels != new.labels
+                            }),
+                            EventKind::Deleted | EventKind::Sync => false,
+                        };
+                    if let (true, None, Some(resource)) = (orphaned, through, owner_resource) {
+                        for name in owners.selecting(*resource, &new.namespace, new) {
+                            push(&new.namespace, &name);
+                        }
                     }
                 }
                 MapKind::ByLabel { label } => {
@@ -483,6 +572,90 @@ controllers:
         );
         let unlabelled = mk("cm", 0, &[], None);
         assert!(keys(CM, EventKind::Added, None, &unlabelled).is_empty());
+    }
+
+    /// ReplicaSets `web` (selecting `app=web`) and `api` (`app=api`) in namespace `ns`.
+    struct Selecting;
+
+    impl Owners for Selecting {
+        fn controller(&self, _: usize, _: &str, _: &str) -> Option<ControllerRef> {
+            None
+        }
+
+        fn selecting(&self, resource: usize, namespace: &str, orphan: &Summary) -> Vec<String> {
+            assert_eq!((resource, namespace), (RS, "ns"), "the ReplicaSet cache");
+            [("web", "app=web"), ("api", "app=api")]
+                .into_iter()
+                .filter(|(_, selector)| {
+                    switchyard_selector::Selector::parse(selector)
+                        .unwrap()
+                        .matches(orphan)
+                })
+                .map(|(name, _)| name.to_owned())
+                .collect()
+        }
+    }
+
+    #[test]
+    fn an_orphan_keys_the_owners_whose_selector_matches_it() {
+        let config = Config::from_yaml(CONFIG).unwrap();
+        let mapper = Mapper::new(&config);
+        let keys = |event, old: Option<&Summary>, new: &Summary| {
+            let mut out: Vec<WorkKey> = Vec::new();
+            mapper.keys(POD, event, old, new, &Selecting, &mut out);
+            out.iter().map(|k| k.name.to_string()).collect::<Vec<_>>()
+        };
+        let orphan = mk("p", 0, &[("app", "web")], None);
+        assert_eq!(keys(EventKind::Added, None, &orphan), ["web"]);
+        // Relabelled to another owner's selector; released by its owner; unchanged.
+        let moved = mk("p", 0, &[("app", "api")], None);
+        assert_eq!(keys(EventKind::Modified, Some(&orphan), &moved), ["api"]);
+        let owned = mk(
+            "p",
+            0,
+            &[("app", "web")],
+            owned_by("ReplicaSet", "apps/v1", "web"),
+        );
+        assert_eq!(
+            keys(EventKind::Modified, Some(&owned), &orphan),
+            ["web", "web"]
+        );
+        assert!(keys(EventKind::Modified, Some(&orphan), &orphan).is_empty());
+        // Neither a deletion nor a resync adopts; an owned Pod keys its owner only.
+        assert!(keys(EventKind::Deleted, None, &orphan).is_empty());
+        assert!(keys(EventKind::Sync, None, &orphan).is_empty());
+        assert_eq!(keys(EventKind::Added, None, &owned), ["web"]);
+        let stranger = mk("q", 0, &[("app", "db")], None);
+        assert!(keys(EventKind::Added, None, &stranger).is_empty());
+    }
+
+    #[test]
+    fn an_owner_selector_is_a_label_selector_or_a_map() {
+        use serde_json::json;
+        let of = |object: serde_json::Value| owner_selector(&object).map(|s| s.to_string());
+        assert_eq!(
+            of(
+                json!({"spec": {"selector": {"matchLabels": {"app": "web"}, "matchExpressions": [
+                    {"key": "tier", "operator": "In", "values": ["a", "b"]}
+                ]}}})
+            ),
+            Some("app=web,tier in (a,b)".to_owned())
+        );
+        // A ReplicationController's.
+        assert_eq!(
+            of(json!({"spec": {"selector": {"app": "web"}}})),
+            Some("app=web".to_owned())
+        );
+        // None, empty or invalid: nothing to adopt with.
+        assert_eq!(of(json!({"spec": {}})), None);
+        assert_eq!(of(json!({"spec": {"selector": {}}})), None);
+        assert_eq!(of(json!({"spec": {"selector": {"matchLabels": {}}}})), None);
+        assert_eq!(
+            of(
+                json!({"spec": {"selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}})
+            ),
+            None
+        );
     }
 
     /// A cache of ReplicaSets: `rs1` belongs to Deployment `d1`, `rs2` to `d2`, `orphan` to none.
