@@ -54,14 +54,14 @@ async fn typed_changes_become_replicaset_keys() {
     worker.expect(&web_key, WITHIN).await;
 
     let uid = web.meta().uid.clone().unwrap();
-    // A Pod with no controller owner, or one owned by another kind, maps to nothing. (Before
-    // any owned Pod exists: an owned Pod's every change, scheduling and readiness included,
-    // keys its ReplicaSet, as in kube-controller-manager.)
+    // A Pod owned by another kind, or with no controller owner that no ReplicaSet's selector
+    // matches, maps to nothing. (Before any owned Pod exists: an owned Pod's every change,
+    // scheduling and readiness included, keys its ReplicaSet, as in kube-controller-manager.)
     let pods_added = r#"switchyard_watch_events_total{resource="v1/Pod",event="added"}"#;
     let before = watcher.metric(pods_added).await;
     pods.create(
         &PostParams::default(),
-        &pod("orphan", &[("app", "web")], None),
+        &pod("stray", &[("app", "other")], None),
     )
     .await
     .unwrap();
@@ -71,9 +71,12 @@ async fn typed_changes_become_replicaset_keys() {
         "db",
         "7d6f2c1e-0000-4000-8000-000000000001",
     ));
-    pods.create(&PostParams::default(), &pod("foreign", &[], foreign))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod("foreign", &[("app", "web")], foreign),
+    )
+    .await
+    .unwrap();
     let start = std::time::Instant::now();
     while watcher.metric(pods_added).await < before + 2.0 {
         assert!(start.elapsed() < WITHIN, "the watcher did not see the pods");
@@ -84,6 +87,14 @@ async fn typed_changes_become_replicaset_keys() {
         leased.is_empty(),
         "pods without a ReplicaSet controller made keys: {leased:?}"
     );
+    // An orphan the ReplicaSet's selector matches keys it, to be adopted.
+    pods.create(
+        &PostParams::default(),
+        &pod("orphan", &[("app", "web")], None),
+    )
+    .await
+    .unwrap();
+    worker.expect(&web_key, WITHIN).await;
 
     // A spec change (generation) maps; a status-only change is filtered by the predicate.
     sets.patch(
