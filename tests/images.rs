@@ -16,9 +16,8 @@ mod support;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
 };
 
 use serde_json::Value;
@@ -68,36 +67,19 @@ fn run(command: &mut Command) -> String {
 }
 
 /// A registry on loopback (`crane registry serve`), stopped on drop.
-struct Registry {
-    child: Child,
-    address: String,
-}
+struct Registry(switchyard_testenv::crane::Registry);
 
 impl Registry {
     fn serve() -> Self {
-        let mut child = Command::new(crane())
-            .args(["registry", "serve", "--address", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let port = loop {
-            let line = lines.next().expect("crane says its port").unwrap();
-            if let Some((_, port)) = line.rsplit_once("serving on port ") {
-                break port.trim().to_owned();
-            }
-        };
-        // Keep reading, so crane never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Self {
-            child,
-            address: format!("127.0.0.1:{port}"),
-        }
+        Self(switchyard_testenv::crane::Registry::serve(&crane()).unwrap())
+    }
+
+    fn address(&self) -> &str {
+        self.0.address()
     }
 
     fn crane(&self, args: &[&str]) -> String {
-        run(Command::new(crane()).args(args).arg("--insecure"))
+        self.0.crane(args).unwrap()
     }
 
     /// Unpacks an archive (an OCI image layout in a tar) and pushes it; returns the digest
@@ -113,13 +95,6 @@ impl Registry {
             .arg(&layout));
         let pushed = self.crane(&["push", layout.to_str().unwrap(), reference]);
         pushed.trim().rsplit_once('@').unwrap().1.to_owned()
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -184,7 +159,7 @@ fn every_archive_loads_into_a_registry_and_its_entrypoint_runs_from_its_root_fil
     for image in images(&manifest) {
         let name = image["name"].as_str().unwrap();
         let dir = scratch.path().join(name);
-        let reference = format!("{}/switchyard/{name}:{version}", registry.address);
+        let reference = format!("{}/switchyard/{name}:{version}", registry.address());
         let archive = images_dir().join(image["archive"].as_str().unwrap());
         let digest = registry.load(&archive, &reference, &dir);
         assert_eq!(
@@ -452,7 +427,7 @@ async fn the_release_overlay_pins_every_service_and_an_upgrade_moves_every_workl
     let mut next = BTreeMap::new();
     for image in &services {
         let name = image["name"].as_str().unwrap();
-        let staged = format!("{}/switchyard/{name}", registry.address);
+        let staged = format!("{}/switchyard/{name}", registry.address());
         registry.load(
             &images_dir().join(image["archive"].as_str().unwrap()),
             &format!("{staged}:{}", manifest["version"].as_str().unwrap()),

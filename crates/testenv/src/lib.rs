@@ -18,6 +18,7 @@
 
 mod binaries;
 mod cluster;
+pub mod crane;
 mod error;
 mod etcd;
 pub mod fuzz;

@@ -459,20 +459,8 @@ impl CacheClient {
         name: &str,
         min_resource_version: Option<&str>,
     ) -> Result<Option<K>, CacheError> {
-        let object: Option<K> = match self
-            .get_json::<K>(namespace, name, min_resource_version)
-            .await?
-        {
-            Some(json) => Some(decode(&json)?),
-            None => None,
-        };
-        self.raise(
-            kind_key::<K>(),
-            namespace,
-            min_resource_version,
-            object.as_slice(),
-        );
-        Ok(object)
+        self.get_as::<K, K>(namespace, name, min_resource_version, decode)
+            .await
     }
 
     /// The metadata of one object, whether the cache holds its kind in full or as metadata
@@ -484,36 +472,23 @@ impl CacheClient {
         name: &str,
         min_resource_version: Option<&str>,
     ) -> Result<Option<PartialObjectMeta<K>>, CacheError> {
-        let object = match self
-            .get_json::<K>(namespace, name, min_resource_version)
-            .await?
-        {
-            Some(json) => Some(
-                serde_json::from_slice::<PartialObjectMeta<K>>(&json).map_err(|source| {
-                    CacheError::Decode {
-                        kind: K::kind(&()).into_owned(),
-                        source,
-                    }
-                })?,
-            ),
-            None => None,
-        };
-        self.raise(
-            kind_key::<K>(),
-            namespace,
-            min_resource_version,
-            object.as_slice(),
-        );
-        Ok(object)
+        self.get_as::<K, PartialObjectMeta<K>>(namespace, name, min_resource_version, |json| {
+            serde_json::from_slice(json).map_err(|source| CacheError::Decode {
+                kind: K::kind(&()).into_owned(),
+                source,
+            })
+        })
+        .await
     }
 
-    /// One object as the watcher serialized it, if the cache has it.
-    async fn get_json<K: Resource<DynamicType = ()>>(
+    /// One object of kind `K`, decoded as `T`; its resourceVersion raises the read floor.
+    async fn get_as<K: Resource<DynamicType = ()>, T: Resource>(
         &self,
         namespace: &str,
         name: &str,
         min_resource_version: Option<&str>,
-    ) -> Result<Option<Vec<u8>>, CacheError> {
+        decode: impl FnOnce(&[u8]) -> Result<T, CacheError>,
+    ) -> Result<Option<T>, CacheError> {
         let kind = kind_key::<K>();
         let request = GetRequest {
             gvk: Some(gvk::<K>()),
@@ -527,7 +502,12 @@ impl CacheClient {
                 async move { grpc.get(request).await.map(tonic::Response::into_inner) }
             })
             .await?;
-        Ok(response.found.then_some(response.object_json))
+        let object = match response.found {
+            true => Some(decode(&response.object_json)?),
+            false => None,
+        };
+        self.raise(kind, namespace, min_resource_version, object.as_slice());
+        Ok(object)
     }
 
     pub async fn list<K: Resource<DynamicType = ()> + DeserializeOwned>(

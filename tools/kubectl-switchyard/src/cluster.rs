@@ -42,6 +42,25 @@ pub struct ClusterArgs {
         default_value = "switchyard"
     )]
     pub switchyard_namespace: String,
+    /// The client, made once per run: the identity, the published addresses and the
+    /// workloads are each read with it.
+    #[arg(skip)]
+    client: Connection,
+}
+
+/// A client for the kubeconfig's context and its server, once made.
+#[derive(Clone, Default)]
+struct Connection(std::sync::Arc<tokio::sync::OnceCell<Option<(Client, String)>>>);
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let server = self
+            .0
+            .get()
+            .and_then(|c| c.as_ref())
+            .map(|(_, s)| s.as_str());
+        f.debug_tuple("Connection").field(&server).finish()
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -100,8 +119,16 @@ impl ClusterArgs {
             .clone()
     }
 
-    /// A client for the kubeconfig's context, or `None` without a kubeconfig.
+    /// A client for the kubeconfig's context, and its server, or `None` without a kubeconfig.
     async fn client(&self) -> Result<Option<(Client, String)>> {
+        self.client
+            .0
+            .get_or_try_init(|| self.connect())
+            .await
+            .cloned()
+    }
+
+    async fn connect(&self) -> Result<Option<(Client, String)>> {
         let Some((kubeconfig, origin)) = self.kubeconfig()? else {
             return Ok(None);
         };

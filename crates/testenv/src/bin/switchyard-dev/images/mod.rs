@@ -17,14 +17,13 @@ mod krew;
 mod sbom;
 
 use std::{
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::Duration,
+    process::Command,
 };
 
 use anyhow::{Context, bail};
 use serde_json::json;
+use switchyard_testenv::crane::Registry;
 
 /// The user the images run as (distroless's `nonroot`; the kustomize base's `runAsUser`).
 pub(crate) const NONROOT: u32 = 65532;
@@ -158,6 +157,7 @@ pub(crate) fn images(options: &Options) -> anyhow::Result<()> {
     let metadata = sbom::metadata(workspace)?;
 
     let registry = Registry::serve(crane)?;
+    let address = registry.address();
     let mut built = Vec::new();
     for spec in IMAGES {
         let reference = format!("{repository}/{}", spec.name);
@@ -192,20 +192,17 @@ pub(crate) fn images(options: &Options) -> anyhow::Result<()> {
         let app_tar = work.join(format!("{}.tar", spec.name));
         tar(&app, &app_tar, epoch)?;
 
-        let staged = format!("{}/switchyard/{}:{version}", registry.address, spec.name);
-        crane_run(
-            crane,
-            &[
-                "append",
-                "--oci-empty-base",
-                "-f",
-                path_str(&base_tar)?,
-                "-f",
-                path_str(&app_tar)?,
-                "-t",
-                &staged,
-            ],
-        )?;
+        let staged = format!("{address}/switchyard/{}:{version}", spec.name);
+        registry.crane(&[
+            "append",
+            "--oci-empty-base",
+            "-f",
+            path_str(&base_tar)?,
+            "-f",
+            path_str(&app_tar)?,
+            "-t",
+            &staged,
+        ])?;
         let mut mutate: Vec<String> = [
             "mutate",
             &staged,
@@ -230,7 +227,7 @@ pub(crate) fn images(options: &Options) -> anyhow::Result<()> {
             mutate.extend(["--label".to_owned(), format!("{key}={value}")]);
         }
         let mutate: Vec<&str> = mutate.iter().map(String::as_str).collect();
-        let pushed = crane_run(crane, &mutate)?;
+        let pushed = registry.crane(&mutate)?;
         let digest = pushed
             .trim()
             .rsplit_once('@')
@@ -241,10 +238,7 @@ pub(crate) fn images(options: &Options) -> anyhow::Result<()> {
         if layout.exists() {
             std::fs::remove_dir_all(&layout)?;
         }
-        crane_run(
-            crane,
-            &["pull", "--format", "oci", &staged, path_str(&layout)?],
-        )?;
+        registry.crane(&["pull", "--format", "oci", &staged, path_str(&layout)?])?;
         let archive = out.join(format!("{}.oci.tar", spec.name));
         tar(&layout, &archive, epoch)?;
         println!("{reference}:{version}@{digest}  {}", archive.display());
@@ -440,70 +434,6 @@ pub(crate) fn run(command: &mut Command) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// Runs crane against the loopback registry; returns what it printed.
-fn crane_run(crane: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(crane)
-        .args(args)
-        .arg("--insecure")
-        .output()
-        .context("running crane")?;
-    if !out.status.success() {
-        bail!(
-            "crane {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `crane registry serve` on a loopback port, stopped on drop.
-struct Registry {
-    child: Child,
-    address: String,
-}
-
-impl Registry {
-    fn serve(crane: &Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(crane)
-            .args(["registry", "serve", "--address", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting crane registry serve")?;
-        let stderr = child.stderr.take().context("crane's stderr")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(port) = line
-                    .rsplit_once("serving on port ")
-                    .map(|(_, p)| p.trim().to_owned())
-                {
-                    let _ = tx.send(port);
-                }
-            }
-        });
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(port) => Ok(Self {
-                child,
-                address: format!("127.0.0.1:{port}"),
-            }),
-            Err(_) => {
-                let _ = child.kill();
-                bail!("crane registry serve did not say its port within 30 s")
-            }
-        }
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// RFC 3339 in UTC for seconds since the epoch.
