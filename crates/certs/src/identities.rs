@@ -24,7 +24,7 @@ pub struct Identity {
 
 pub const WATCHER: Identity = Identity::plain("switchyard-watcher");
 /// The queue also serves the external metrics API behind `switchyard-queue-metrics`
-/// (base/external-metrics.yaml) with this certificate, and its StatefulSet's pods are
+/// (components/external-metrics) with this certificate, and its StatefulSet's pods are
 /// addressed through the headless `switchyard-queue`.
 pub const QUEUE: Identity = Identity {
     service_account: "switchyard-queue",
