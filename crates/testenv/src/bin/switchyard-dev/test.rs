@@ -68,6 +68,36 @@ pub(crate) fn test_binaries(messages: &str, workspace: &Path) -> anyhow::Result<
     Ok(binaries)
 }
 
+/// Prints every compiler message in cargo's JSON lines to stderr as rustc rendered it, and
+/// returns the errors, each shortened to its last lines (where a linker's reason is).
+fn diagnostics(messages: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    for line in messages.lines().filter(|l| l.starts_with('{')) {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if message["reason"] != "compiler-message" {
+            continue;
+        }
+        let rendered = message["message"]["rendered"].as_str().unwrap_or_default();
+        eprint!("{rendered}");
+        if message["message"]["level"] == "error" {
+            let lines: Vec<&str> = rendered.trim_end().lines().collect();
+            let tail = &lines[lines.len().saturating_sub(ERROR_LINES)..];
+            let skipped = lines.len() - tail.len();
+            let mut text = tail.join("\n");
+            if skipped > 0 {
+                text = format!("({skipped} lines before) …\n{text}");
+            }
+            errors.push(text);
+        }
+    }
+    errors
+}
+
+/// How many of an error's last lines the failure message keeps.
+const ERROR_LINES: usize = 8;
+
 /// The name in a package id: `path+file:///dir#name@0.1.0`, or `path+file:///dir/name#0.1.0`
 /// when the directory has the package's name.
 fn package_name(id: &str) -> Option<&str> {
@@ -333,7 +363,7 @@ pub(crate) async fn test(
             "--locked",
             "--workspace",
             "--no-run",
-            "--message-format=json-render-diagnostics",
+            "--message-format=json",
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -342,10 +372,22 @@ pub(crate) async fn test(
         .context("running cargo test --no-run")?
         .wait_with_output()
         .await?;
+    let messages = String::from_utf8_lossy(&built.stdout);
+    let errors = diagnostics(&messages);
     if !built.status.success() {
-        bail!("building the tests failed ({})", built.status);
+        // Last, where a CI log's tail shows it: what the compiler or the linker said, and how
+        // much room the build had (a full disk fails the link of whichever binary is last).
+        let free = output("df", &["-Ph", "target"])
+            .and_then(|df| df.lines().nth(1).map(str::to_owned))
+            .unwrap_or_else(|| "unknown".into());
+        bail!(
+            "building the tests failed ({}); target's filesystem: {free}; {} error(s):\n{}",
+            built.status,
+            errors.len(),
+            errors.join("\n")
+        );
     }
-    let mut binaries = test_binaries(&String::from_utf8_lossy(&built.stdout), &workspace)?;
+    let mut binaries = test_binaries(&messages, &workspace)?;
     let durations_path = state.join("durations");
     let mut durations =
         parse_durations(&std::fs::read_to_string(&durations_path).unwrap_or_default());
@@ -493,6 +535,36 @@ mod tests {
 {"reason":"compiler-artifact","package_id":"path+file:///w/services/queue#switchyard-queue@0.1.0","manifest_path":"/w/services/queue/Cargo.toml","target":{"kind":["lib"],"name":"switchyard_queue"},"profile":{"test":true},"executable":"/w/target/debug/deps/switchyard_queue-9a8b"}
 {"reason":"compiler-artifact","package_id":"path+file:///w/crates/selector#0.1.0","manifest_path":"/w/crates/selector/Cargo.toml","target":{"kind":["example"],"name":"demo"},"profile":{"test":false},"executable":"/w/target/debug/examples/demo-77"}
 {"reason":"build-finished","success":true}"#;
+
+    #[test]
+    fn a_failed_build_names_each_error_by_its_last_lines() {
+        let linker = (0..20)
+            .map(|i| format!("note: line {i}"))
+            .chain(["collect2: error: ld returned 1 exit status".to_owned()])
+            .collect::<Vec<_>>()
+            .join("\n");
+        let messages = [
+            serde_json::json!({"reason": "compiler-message", "message": {"level": "warning", "rendered": "warning: unused\n"}}),
+            serde_json::json!({"reason": "compiler-message", "message": {"level": "error", "rendered": "error[E0308]: mismatched types\n"}}),
+            serde_json::json!({"reason": "compiler-message", "message": {"level": "error", "rendered": format!("error: linking with `cc` failed\n{linker}\n")}}),
+            serde_json::json!({"reason": "build-finished", "success": false}),
+        ]
+        .map(|m| m.to_string())
+        .join("\n");
+        let errors = diagnostics(&messages);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!(errors[0], "error[E0308]: mismatched types");
+        assert!(
+            errors[1].starts_with("(14 lines before) …\nnote: line 13"),
+            "{}",
+            errors[1]
+        );
+        assert!(
+            errors[1].ends_with("ld returned 1 exit status"),
+            "{}",
+            errors[1]
+        );
+    }
 
     #[test]
     fn the_summary_names_where_each_failed_binary_panicked() {
