@@ -39,6 +39,7 @@ pub mod builtin {
         CRONJOB = "batch/v1/CronJob",
         POD_GC = "pod-garbage-collector",
         REPLICATION_CONTROLLER = "v1/ReplicationController",
+        STATEFULSET = "apps/v1/StatefulSet",
     );
 }
 

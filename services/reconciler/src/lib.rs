@@ -27,6 +27,7 @@ pub mod replicaset;
 pub mod replicationcontroller;
 pub mod sdk;
 pub mod serviceaccount;
+pub mod statefulset;
 pub mod ttlafterfinished;
 pub mod worker;
 
@@ -268,6 +269,7 @@ pub const BUILTINS: &[Builtin] = &[
     cronjob::BUILTIN,
     podgc::BUILTIN,
     replicationcontroller::BUILTIN,
+    statefulset::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

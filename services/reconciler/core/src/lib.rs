@@ -1,7 +1,8 @@
 //! The reconciler's decisions, without I/O: what the ReplicaSet, Deployment, Job and CronJob
 //! controllers and the garbage collector should create, scale, delete, adopt, release and
 //! report, what the namespace controller deletes and reports while a namespace terminates,
-//! which accounts the service account controller creates, when a finished Job is due for
+//! which accounts the service account controller creates, which Pods, claims and
+//! ControllerRevisions a StatefulSet needs, when a finished Job is due for
 //! deletion, and the token bucket that bounds
 //! apiserver calls. The service crate reads the cache, calls these functions and performs the
 //! writes.
@@ -13,6 +14,8 @@ pub mod cronjob;
 pub mod deployment;
 pub mod event;
 pub mod gc;
+pub mod hash;
+pub mod history;
 pub mod job;
 pub mod namespace;
 pub mod podgc;
@@ -20,6 +23,7 @@ pub mod ratelimit;
 pub mod replicaset;
 pub mod selector;
 pub mod serviceaccount;
+pub mod statefulset;
 pub mod ttlafterfinished;
 
 pub use k8s_openapi;

@@ -14,6 +14,7 @@ use k8s_openapi::{
 };
 
 use super::spec::{Spec, Strategy};
+use crate::hash::{FNV32_OFFSET_BASIS, fnv32a, safe_encode};
 
 /// The label that tells a Deployment's ReplicaSets (and their Pods) apart.
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
@@ -205,23 +206,6 @@ pub fn new_rs_new_replicas(spec: &Spec<'_>, all: &[&ReplicaSet], new_replicas: i
 
 // --- hashing and templates ---------------------------------------------------------------
 
-/// FNV-1a, 32 bits, as Go's `hash/fnv` that kube-controller-manager uses.
-fn fnv32a(bytes: &[u8], mut hash: u32) -> u32 {
-    for byte in bytes {
-        hash ^= u32::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    hash
-}
-
-/// `rand.SafeEncodeString`: no vowels and no look-alike characters, so no words are spelled.
-fn safe_encode(text: &str) -> String {
-    const ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    text.bytes()
-        .map(|b| char::from(ALPHANUMS[usize::from(b) % ALPHANUMS.len()]))
-        .collect()
-}
-
 /// The `pod-template-hash` (`controller.ComputeHash`): FNV-32a of the template, then of the
 /// collision count (little-endian) if any, printed in decimal and safely encoded.
 ///
@@ -230,10 +214,9 @@ fn safe_encode(text: &str) -> String {
 /// harmless: the hash only needs to be stable here and unique per template, and the new
 /// ReplicaSet is found by comparing templates, never by the hash.
 pub fn pod_template_hash(template: &PodTemplateSpec, collision_count: Option<i32>) -> String {
-    const OFFSET_BASIS: u32 = 0x811c_9dc5;
     // Serialising a k8s-openapi value to JSON cannot fail.
     let json = serde_json::to_vec(template).unwrap_or_default();
-    let mut hash = fnv32a(&json, OFFSET_BASIS);
+    let mut hash = fnv32a(&json, FNV32_OFFSET_BASIS);
     if let Some(count) = collision_count {
         hash = fnv32a(&count.to_le_bytes(), hash);
     }

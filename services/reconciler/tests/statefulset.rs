@@ -1,0 +1,397 @@
+//! The StatefulSet controller against the real control plane, beside kube-controller-manager's
+//! `statefulset-controller` (each on a namespace of its own, one after the other): the same
+//! script ends the same under both, down to the order Pods come and go in, the names of the
+//! ControllerRevisions (their hashes) and the Events.
+//!
+//! - three replicas, `OrderedReady`: Pods `db-0`, `db-1`, `db-2` made one after another, each
+//!   with its claim `data-db-N` made first;
+//! - a new image with `partition: 2`: only `db-2` moves to the new revision; with partition 0
+//!   the others follow, highest ordinal first;
+//! - the old image again: the old revision is renumbered, no third one is made;
+//! - scaled to one: `db-2`, then `db-1` go, and with `whenScaled: Delete` their claims come
+//!   to be owned by their Pods;
+//! - `db-0` fails: deleted and made again under its name.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, TryStreamExt};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, Client, ListParams, Pod, PostParams,
+    k8s_openapi::api::{
+        apps::v1::{ControllerRevision, StatefulSet},
+        core::v1::{Event, PersistentVolumeClaim},
+    },
+    kube::api::{Patch, PatchParams, WatchEvent, WatchParams},
+};
+use switchyard_reconciler::statefulset::NAME;
+use switchyard_reconciler_core::statefulset::{REVISION_LABEL, pod_revision};
+use switchyard_testenv::{ControlPlane, TestNamespace};
+
+use support::WITHIN;
+
+/// What one controller did to the script's StatefulSet.
+#[derive(Debug, PartialEq, Eq)]
+struct Outcome {
+    /// `+name` when a Pod was created, `-name` when one was deleted, in the order the
+    /// apiserver's watch told them.
+    pods: Vec<String>,
+    /// (replicas, ready, current, updated, currentRevision is the first revision,
+    /// updateRevision is the first revision) at each settled step.
+    statuses: Vec<(i32, i32, i32, i32, bool, bool)>,
+    /// The ControllerRevisions at the end: name and number.
+    revisions: Vec<(String, i64)>,
+    /// Each claim and the kinds that own it.
+    claims: Vec<(String, Vec<String>)>,
+    /// `db-0` came back under its name after it failed.
+    replaced_failed: bool,
+    /// The Events on the StatefulSet: reason and message.
+    events: BTreeSet<(String, String)>,
+}
+
+fn stateful_set(node: &str) -> StatefulSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {
+            "replicas": 3,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {
+                "metadata": {"labels": {"app": "db"}},
+                "spec": {
+                    // Placed by hand: the claims are never bound, so the scheduler would
+                    // hold the Pods; kwok runs them on its Node all the same.
+                    "nodeName": node,
+                    "containers": [{"name": "db", "image": "registry.example/db:1"}],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            }],
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Delete"},
+        },
+    }))
+    .unwrap()
+}
+
+/// Records the Pods created and deleted in `namespace` from now on.
+async fn record_pods(pods: Api<Pod>) -> Arc<Mutex<Vec<String>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let version = pods
+        .list_metadata(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = pods
+        .watch(&WatchParams::default().timeout(290), &version)
+        .await
+        .unwrap()
+        .boxed();
+    let into = seen.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(event)) = stream.try_next().await {
+            let entry = match event {
+                WatchEvent::Added(pod) => format!("+{}", pod.metadata.name.unwrap_or_default()),
+                WatchEvent::Deleted(pod) => format!("-{}", pod.metadata.name.unwrap_or_default()),
+                _ => continue,
+            };
+            into.lock().unwrap().push(entry);
+        }
+    });
+    seen
+}
+
+/// Waits until the StatefulSet has `replicas` Pods, all Ready and `updated` of them at the
+/// update revision, and its status says so; returns the status in `Outcome`'s form.
+async fn settled(
+    sets: &Api<StatefulSet>,
+    pods: &Api<Pod>,
+    replicas: i32,
+    updated: i32,
+    first_revision: &mut Option<String>,
+) -> (i32, i32, i32, i32, bool, bool) {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let set = sets.get("db").await.unwrap();
+        let status = set.status.clone().unwrap_or_default();
+        let update = status.update_revision.clone().unwrap_or_default();
+        let listed = pods
+            .list(&ListParams::default().labels("app=db"))
+            .await
+            .unwrap()
+            .items;
+        let at_update = listed.iter().filter(|p| pod_revision(p) == update).count();
+        let ready = listed
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| switchyard_reconciler_core::statefulset::is_running_and_ready(p))
+            .count();
+        let seen = (
+            status.replicas,
+            status.ready_replicas.unwrap_or(0),
+            status.current_replicas.unwrap_or(0),
+            status.updated_replicas.unwrap_or(0),
+        );
+        if seen == (replicas, replicas, seen.2, updated)
+            && status.observed_generation == set.metadata.generation
+            && listed.len() == usize::try_from(replicas).unwrap()
+            && ready == listed.len()
+            && at_update == usize::try_from(updated).unwrap()
+            && (updated < replicas || status.current_revision.as_deref() == Some(&update))
+        {
+            let first = first_revision.get_or_insert_with(|| update.clone());
+            return (
+                seen.0,
+                seen.1,
+                seen.2,
+                seen.3,
+                status.current_revision.as_deref() == Some(first.as_str()),
+                update == *first,
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not settled at {replicas} ({updated} updated) within {WITHIN:?}: status {seen:?}, \
+             {} pods, {ready} ready, {at_update} at {update}",
+            listed.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn patch(sets: &Api<StatefulSet>, patch: serde_json::Value) {
+    sets.patch("db", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
+fn image(tag: u32) -> serde_json::Value {
+    json!({"spec": {"template": {"spec": {"containers": [{"name": "db", "image": format!("registry.example/db:{tag}")}]}}}})
+}
+
+/// The script, in `namespace`.
+async fn scenario(client: &Client, namespace: &str, node: &str) -> Outcome {
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let recorded = record_pods(pods.clone()).await;
+    sets.create(&PostParams::default(), &stateful_set(node))
+        .await
+        .unwrap();
+    let mut first = None;
+    let mut statuses = vec![settled(&sets, &pods, 3, 3, &mut first).await];
+
+    // A new image, only db-2 first; then the rest.
+    patch(
+        &sets,
+        json!({"spec": {"updateStrategy": {"rollingUpdate": {"partition": 2}}}}),
+    )
+    .await;
+    patch(&sets, image(2)).await;
+    statuses.push(settled(&sets, &pods, 3, 1, &mut first).await);
+    patch(
+        &sets,
+        json!({"spec": {"updateStrategy": {"rollingUpdate": {"partition": 0}}}}),
+    )
+    .await;
+    statuses.push(settled(&sets, &pods, 3, 3, &mut first).await);
+
+    // Back to the first image: its revision again.
+    patch(&sets, image(1)).await;
+    statuses.push(settled(&sets, &pods, 3, 3, &mut first).await);
+
+    // Scaled to one.
+    patch(&sets, json!({"spec": {"replicas": 1}})).await;
+    statuses.push(settled(&sets, &pods, 1, 1, &mut first).await);
+
+    // db-0 fails: made again under its name.
+    let before = pods.get("db-0").await.unwrap();
+    pods.patch_status(
+        "db-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + WITHIN;
+    let replaced_failed = loop {
+        if let Ok(pod) = pods.get("db-0").await
+            && pod.metadata.uid != before.metadata.uid
+            && switchyard_reconciler_core::statefulset::is_running_and_ready(&pod)
+        {
+            break pod.metadata.labels.as_ref().unwrap()[REVISION_LABEL]
+                == before.metadata.labels.as_ref().unwrap()[REVISION_LABEL];
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    statuses.push(settled(&sets, &pods, 1, 1, &mut first).await);
+
+    let revisions_api: Api<ControllerRevision> = Api::namespaced(client.clone(), namespace);
+    let mut revisions: Vec<(String, i64)> = revisions_api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|r| (r.metadata.name.unwrap(), r.revision))
+        .collect();
+    revisions.sort();
+    // The claims' owners settle once the condemned Pods' claims are written.
+    let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let claims = loop {
+        let claims: Vec<(String, Vec<String>)> = claims_api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|c| {
+                let kinds = c
+                    .metadata
+                    .owner_references
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|r| r.kind)
+                    .collect();
+                (c.metadata.name.unwrap(), kinds)
+            })
+            .collect();
+        if claims.iter().filter(|(_, kinds)| !kinds.is_empty()).count() >= 2
+            || Instant::now() >= deadline
+        {
+            break claims;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+
+    // The Events on it, once they are written.
+    let events_api: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let mut events = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        events = events_api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.kind.as_deref() == Some("StatefulSet"))
+            .filter_map(|e| Some((e.reason?, e.message?)))
+            .collect();
+        if events.iter().any(|(_, m)| m.starts_with("delete Pod db-1")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let pods = recorded.lock().unwrap().clone();
+    Outcome {
+        pods,
+        statuses,
+        revisions,
+        claims,
+        replaced_failed,
+        events,
+    }
+}
+
+/// `pods` without a deletion and creation of a Pod right after the same two.
+fn without_repeats(pods: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for entry in pods {
+        out.push(entry.clone());
+        let n = out.len();
+        if n >= 4 && out[n - 4..n - 2] == out[n - 2..] && out[n - 2].starts_with('-') {
+            out.truncate(n - 2);
+        }
+    }
+    out
+}
+
+#[test]
+fn repeats_are_taken_out() {
+    let pods: Vec<String> = "+a -a +a -a +a -b +b"
+        .split(' ')
+        .map(String::from)
+        .collect();
+    assert_eq!(without_repeats(&pods), ["+a", "-a", "+a", "-b", "+b"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateful_set_ends_as_under_kube_controller_manager() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let node = plane.nodes()[0].clone();
+
+    let kcm = plane
+        .start_controller_manager(&["statefulset-controller"], &[])
+        .await
+        .expect("kube-controller-manager starts");
+    let under_kcm_ns = TestNamespace::create(plane, &client, "sts-kcm")
+        .await
+        .unwrap();
+    let under_kcm = scenario(&client, under_kcm_ns.name(), &node).await;
+    drop(kcm);
+
+    let switchyard = support::Builtins::start(plane, &[NAME]).await;
+    let under_switchyard_ns = TestNamespace::create(plane, &client, "sts-sy")
+        .await
+        .unwrap();
+    let under_switchyard = scenario(&client, under_switchyard_ns.name(), &node).await;
+    let created = switchyard.requests("create", &["201"]).await;
+    switchyard.stop().await;
+
+    eprintln!("kube-controller-manager: {under_kcm:#?}");
+    eprintln!("switchyard: {under_switchyard:#?}");
+    let order: Vec<String> = "+db-0 +db-1 +db-2 -db-2 +db-2 -db-1 +db-1 -db-0 +db-0 \
+         -db-2 +db-2 -db-1 +db-1 -db-0 +db-0 -db-2 -db-1 -db-0 +db-0"
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    // kube-controller-manager keeps no expectations for StatefulSets: on a loaded machine
+    // its informer can still show a Pod it has just deleted and made again, and it deletes
+    // the new one too. Its order is compared with such repeats taken out; ours, whose reads
+    // include its own writes, must not repeat.
+    assert_eq!(without_repeats(&under_kcm.pods), order);
+    assert_eq!(under_switchyard.pods, order);
+    assert_eq!(
+        under_kcm.statuses,
+        vec![
+            (3, 3, 3, 3, true, true),
+            (3, 3, 2, 1, true, false),
+            (3, 3, 3, 3, false, false),
+            (3, 3, 3, 3, true, true),
+            (1, 1, 1, 1, true, true),
+            (1, 1, 1, 1, true, true),
+        ]
+    );
+    assert!(under_kcm.replaced_failed);
+    assert_eq!(
+        Outcome {
+            pods: order,
+            ..under_switchyard
+        },
+        Outcome {
+            pods: without_repeats(&under_kcm.pods),
+            ..under_kcm
+        }
+    );
+    // The Pods were this reconciler's: it is the only controller running.
+    assert!(created >= 6.0, "the reconciler created {created} objects");
+}
