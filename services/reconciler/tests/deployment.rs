@@ -207,46 +207,6 @@ fn rs_image(rs: &ReplicaSet) -> String {
         .unwrap_or_default()
 }
 
-/// Runs kubectl; its standard output, or a panic with its standard error.
-async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
-    let mut command = plane.kubectl();
-    command.args(args);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "kubectl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// `kubectl rollout status`, as a user would run it.
-async fn kubectl_rollout_status(plane: &ControlPlane, namespace: &str, name: &str) {
-    let mut command = plane.kubectl();
-    command.args([
-        "rollout",
-        "status",
-        &format!("deployment/{name}"),
-        "-n",
-        namespace,
-        "--timeout=60s",
-    ]);
-    let output = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "kubectl rollout status failed: {stdout} {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains("successfully rolled out"), "{stdout}");
-}
-
 /// Aborts a task when dropped.
 struct AbortOnDrop(JoinHandle<()>);
 
@@ -380,7 +340,7 @@ async fn deployment_becomes_available_scales_and_replaces_a_deleted_pod() {
         .await
         .unwrap();
     let d = complete(&deployments, &pods, "web", 10, "registry.example/web:1").await;
-    kubectl_rollout_status(plane, ns.name(), "web").await;
+    support::kubectl_rollout_status(plane, ns.name(), "deployment/web").await;
 
     // One ReplicaSet, named and labelled with the pod-template-hash, at revision 1.
     let owned = replica_sets(&rss, "web").await;
@@ -550,7 +510,7 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
         "registry.example/roll:b",
     )
     .await;
-    kubectl_rollout_status(plane, ns.name(), "roll").await;
+    support::kubectl_rollout_status(plane, ns.name(), "deployment/roll").await;
     watch.assert_no_violation();
     assert!(
         watch.saw_images_together(),
@@ -596,7 +556,7 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
 
     // Back to b, as a user does it: kubectl copies b's template (revision 2) into the
     // Deployment. b's ReplicaSet becomes the new one again, at revision 4.
-    let undo = kubectl(
+    let undo = support::kubectl(
         plane,
         &["rollout", "undo", "deployment/roll", "-n", ns.name()],
     )
@@ -621,7 +581,7 @@ async fn rolling_update_keeps_max_unavailable_prunes_history_and_rolls_back() {
     assert_eq!(annotation(back, REVISION).as_deref(), Some("4"));
     assert_eq!(annotation(back, REVISION_HISTORY).as_deref(), Some("2"));
     assert_eq!(d.metadata.annotations.as_ref().unwrap()[REVISION], "4");
-    let history = kubectl(
+    let history = support::kubectl(
         plane,
         &["rollout", "history", "deployment/roll", "-n", ns.name()],
     )

@@ -395,3 +395,78 @@ async fn a_stateful_set_ends_as_under_kube_controller_manager() {
     // The Pods were this reconciler's: it is the only controller running.
     assert!(created >= 6.0, "the reconciler created {created} objects");
 }
+
+/// `kubectl rollout` on a StatefulSet of Switchyard's: `status` waits for each rollout,
+/// `history` lists the revisions, `undo` copies the previous revision's template back and the
+/// controller takes that revision again, renumbered, with no new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_rollout_status_history_and_undo_work_on_its_revisions() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let switchyard = support::Builtins::start(plane, &[NAME]).await;
+    let ns = TestNamespace::create(plane, &client, "sts-rollout")
+        .await
+        .unwrap();
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns.name());
+    let mut set = stateful_set(&plane.nodes()[0]);
+    let spec = set.spec.as_mut().unwrap();
+    spec.replicas = Some(2);
+    spec.volume_claim_templates = None;
+    sets.create(&PostParams::default(), &set).await.unwrap();
+    support::kubectl_rollout_status(plane, ns.name(), "statefulset/db").await;
+
+    patch(&sets, image(2)).await;
+    support::kubectl_rollout_status(plane, ns.name(), "statefulset/db").await;
+    let history = support::kubectl(
+        plane,
+        &["rollout", "history", "statefulset/db", "-n", ns.name()],
+    )
+    .await;
+    let numbers = |history: &str| -> Vec<String> {
+        history
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|w| w.parse::<u32>().is_ok())
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(numbers(&history), ["1", "2"], "{history}");
+
+    let undo = support::kubectl(
+        plane,
+        &["rollout", "undo", "statefulset/db", "-n", ns.name()],
+    )
+    .await;
+    assert!(undo.contains("rolled back"), "{undo}");
+    support::kubectl_rollout_status(plane, ns.name(), "statefulset/db").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    for pod in pods.list(&ListParams::default()).await.unwrap().items {
+        assert_eq!(
+            pod.spec.unwrap().containers[0].image.as_deref(),
+            Some("registry.example/db:1")
+        );
+    }
+    let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), ns.name());
+    let listed = revisions.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(listed.len(), 2, "no revision is made for a rollback");
+    let history = support::kubectl(
+        plane,
+        &["rollout", "history", "statefulset/db", "-n", ns.name()],
+    )
+    .await;
+    assert_eq!(numbers(&history), ["2", "3"], "{history}");
+    let third = support::kubectl(
+        plane,
+        &[
+            "rollout",
+            "history",
+            "statefulset/db",
+            "-n",
+            ns.name(),
+            "--revision=3",
+        ],
+    )
+    .await;
+    assert!(third.contains("registry.example/db:1"), "{third}");
+    switchyard.stop().await;
+}

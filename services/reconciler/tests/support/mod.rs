@@ -453,3 +453,47 @@ pub async fn register(
     .await
     .unwrap()
 }
+
+/// Runs kubectl; its standard output, or a panic with its standard error.
+pub async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
+    let mut command = plane.kubectl();
+    command.args(args);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "kubectl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `kubectl rollout status` of `object` (`deployment/web`), as a user would run it: it must
+/// end in success within 60 s. Its output.
+pub async fn kubectl_rollout_status(plane: &ControlPlane, namespace: &str, object: &str) -> String {
+    let stdout = kubectl(
+        plane,
+        &[
+            "rollout",
+            "status",
+            object,
+            "-n",
+            namespace,
+            "--timeout=60s",
+        ],
+    )
+    .await;
+    assert!(
+        [
+            "successfully rolled out",
+            "rolling update complete",
+            "roll out complete"
+        ]
+        .iter()
+        .any(|done| stdout.contains(done)),
+        "{stdout}"
+    );
+    stdout
+}
