@@ -691,7 +691,7 @@ async fn recreate_never_runs_old_and_new_pods_together() {
     }
     // Their deletion (a Pod event, mapped through the ReplicaSet) keys the Deployment.
     complete(&deployments, &pods, "once", 4, "registry.example/once:b").await;
-    kubectl_rollout_status(plane, ns.name(), "once").await;
+    support::kubectl_rollout_status(plane, ns.name(), "deployment/once").await;
     watch.assert_no_violation();
     assert!(!watch.saw_images_together());
 
