@@ -162,6 +162,16 @@ impl Informer {
         // Per stream, the newest resourceVersion it delivered, and whether it is listing:
         // a list comes in name order, so only its end vouches for every version below.
         let mut reached = vec![0u64; scopes.len()];
+        if config.initial_list_strategy == InitialListStrategy::StreamingList {
+            // A streaming list starts before its `Init` event, so `committed` cannot be read
+            // there; but the streams are lazy, and their first list starts at the first poll
+            // below, after this read: it has every change up to this version. Without it, a
+            // version whose object was deleted before the watcher started is never reached
+            // until the kind next changes (relists keep what the stream reached before).
+            for (stream, api) in apis.iter().enumerate() {
+                reached[stream] = self.committed(api, scopes[stream].as_deref()).await;
+            }
+        }
         let mut listing = vec![false; scopes.len()];
         let mut keys: Vec<(WorkKey, Option<Duration>)> = Vec::new();
         loop {
@@ -290,10 +300,11 @@ impl Informer {
     ///
     /// A stream's list (kube-runtime's default, a quorum read) starts after its `Init` event
     /// is handled, so it is at least this version, and the stream has every change up to it
-    /// once the list is done. Without it, a stream whose namespace's newest objects were
+    /// once the list is done. A streaming list's first one starts after the informer reads
+    /// this before polling its streams. Without it, a stream whose namespace's newest objects were
     /// deleted before a relist would stay below a read floor set by them (the deletions are
     /// not in the list) until the namespace next changes, and the reads waiting for it would
-    /// time out. A streaming list starts before `Init`, so it gets no such version.
+    /// time out.
     async fn committed<K>(&self, api: &Api<K>, scope: Option<&str>) -> u64
     where
         K: Clone + Debug + serde::de::DeserializeOwned,

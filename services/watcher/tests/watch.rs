@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use switchyard_k8s::{
-    Api, DeleteParams, Pod, PostParams, ReplicaSet,
+    Api, DeleteParams, ListParams, Pod, PostParams, ReplicaSet,
     k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     kube::{
         Resource,
@@ -724,6 +724,67 @@ async fn a_namespaces_stream_has_every_version_before_its_list() {
 
     watcher.stop().await;
     queue.stop().await;
+}
+
+/// The same for a stream of every namespace, whose initial list is a watch stream
+/// (`sendInitialEvents`): a version whose object was deleted before the watcher started is
+/// answered, not left waiting for the kind's next change anywhere. (A reconciler that took
+/// over a key after its previous owner deleted a Pod, and whose watcher had just restarted
+/// its informer, waited on that Pod's version for as long as no Pod changed.)
+#[tokio::test]
+async fn a_stream_of_every_namespace_has_every_version_before_its_list() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "streamed")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
+    let gone = sets
+        .create(&PostParams::default(), &replica_set("gone", 0))
+        .await
+        .unwrap();
+    sets.delete("gone", &DeleteParams::default()).await.unwrap();
+    // The deletion's version: the newest the apiserver had committed once it returned.
+    let written = sets
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    assert!(
+        written.parse::<u64>().unwrap()
+            > gone
+                .meta()
+                .resource_version
+                .as_ref()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+    );
+
+    let queue = queue(&[RS], &[]).await;
+    let watcher = watcher(
+        plane,
+        &rs_config("", false).replace("namespaces:\n  include: []\n", ""),
+        &format!("--queue-addr={}", queue.grpc()),
+    )
+    .await;
+    watcher.wait_ready(WITHIN).await;
+    let mut cache = cache_client(watcher.grpc()).await;
+    let got = cache
+        .get(GetRequest {
+            gvk: gvk("apps", "v1", "ReplicaSet"),
+            namespace: ns.clone(),
+            name: "gone".into(),
+            freshness: freshness("", &written, 2_000),
+        })
+        .await;
+    watcher.stop().await;
+    queue.stop().await;
+    let got = got.expect("a read at the deletion's version is answered");
+    assert!(!got.into_inner().found);
 }
 
 #[tokio::test]

@@ -1,0 +1,256 @@
+//! A reconciler killed (SIGKILL) in the middle of a StatefulSet's rolling update, and another
+//! started in its place: the rollout completes, one Pod at a time throughout (never two of
+//! the five unavailable at once, `OrderedReady`'s promise), every Pod at the new revision,
+//! with its claim, and no revision beyond the two.
+//!
+//! A binary of its own: its reconcilers act on every namespace.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, TryStreamExt};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, ListParams, Pod, PostParams,
+    k8s_openapi::api::{
+        apps::v1::{ControllerRevision, StatefulSet},
+        core::v1::PersistentVolumeClaim,
+    },
+    kube::api::{Patch, PatchParams, WatchEvent, WatchParams},
+};
+use switchyard_reconciler::statefulset::NAME;
+use switchyard_reconciler_core::statefulset::{is_running_and_ready, pod_revision};
+use switchyard_testenv::{ControlPlane, ServiceProcess, TestNamespace};
+
+const REPLICAS: usize = 5;
+/// Pods at the new revision when the reconciler is killed.
+const KILL_AT: i32 = 2;
+/// The longest each phase may take.
+const PHASE: Duration = Duration::from_secs(90);
+
+async fn reconciler(
+    plane: &ControlPlane,
+    queue: std::net::SocketAddr,
+    watcher: std::net::SocketAddr,
+) -> ServiceProcess {
+    let mut process = ServiceProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
+        &[
+            &format!("--kubeconfig={}", plane.kubeconfig().display()),
+            &format!("--queue-addr={queue}"),
+            &format!("--watcher-addr={watcher}"),
+            &format!("--controllers={NAME}"),
+        ],
+        &[],
+    )
+    .await
+    .unwrap();
+    process.wait_ready().await.unwrap();
+    process
+}
+
+/// The most of the set's Pods unavailable (missing, not Ready, or being deleted) at once,
+/// from the moment it is called, as the apiserver's watch tells their changes.
+async fn watch_unavailable(pods: Api<Pod>) -> Arc<Mutex<usize>> {
+    let worst = Arc::new(Mutex::new(0));
+    let listed = pods.list(&ListParams::default()).await.unwrap();
+    let mut ready: BTreeMap<String, bool> = listed
+        .items
+        .iter()
+        .map(|p| (p.metadata.name.clone().unwrap(), available(p)))
+        .collect();
+    let version = listed.metadata.resource_version.unwrap();
+    let mut stream = pods
+        .watch(&WatchParams::default().timeout(290), &version)
+        .await
+        .unwrap()
+        .boxed();
+    let into = worst.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(event)) = stream.try_next().await {
+            match event {
+                WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
+                    ready.insert(pod.metadata.name.clone().unwrap(), available(&pod));
+                }
+                WatchEvent::Deleted(pod) => {
+                    ready.remove(pod.metadata.name.as_deref().unwrap());
+                }
+                _ => continue,
+            }
+            let up = ready.values().filter(|r| **r).count();
+            let down = REPLICAS.saturating_sub(up);
+            let mut worst = into.lock().unwrap();
+            *worst = (*worst).max(down);
+        }
+    });
+    worst
+}
+
+fn available(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none() && is_running_and_ready(pod)
+}
+
+/// Waits until `done` holds for the StatefulSet; when it does not in time, fails with
+/// `context` (the reconciler's log).
+async fn until(
+    sets: &Api<StatefulSet>,
+    what: &str,
+    done: impl Fn(&StatefulSet) -> bool,
+    context: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + PHASE;
+    loop {
+        let set = sets.get("db").await.unwrap();
+        if done(&set) {
+            eprintln!("{what}: {:?}", set.status);
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not within {PHASE:?}: {:?}\n{}",
+            set.status,
+            context()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_survives_its_reconciler_killed_one_pod_at_a_time() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let namespace = TestNamespace::create(plane, &client, "sts-restart")
+        .await
+        .unwrap();
+    let ns = namespace.name().to_owned();
+
+    let queue = support::queue(&[NAME], &[]).await;
+    let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
+    watcher.wait_ready(support::WITHIN).await;
+    let first = reconciler(plane, queue.grpc(), watcher.grpc()).await;
+
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let set: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {
+            "replicas": REPLICAS,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {
+                "metadata": {"labels": {"app": "db"}},
+                "spec": {
+                    "nodeName": plane.nodes()[0],
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "db", "image": "registry.example/db:1"}],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            }],
+        },
+    }))
+    .unwrap();
+    sets.create(&PostParams::default(), &set).await.unwrap();
+    // The status of the StatefulSet as it is now: `n` updated Pods at a revision other
+    // than `not` (the first one, once it is known), all ready when `n` is all of them.
+    let updated = |n: i32, not: Option<String>| {
+        move |s: &StatefulSet| {
+            let status = s.status.clone().unwrap_or_default();
+            status.observed_generation == s.metadata.generation
+                && status.updated_replicas.unwrap_or(0) >= n
+                && status.update_revision != not
+                && (n < 5
+                    || status.ready_replicas == Some(5)
+                        && status.current_revision == status.update_revision)
+        }
+    };
+    until(&sets, "five ready", updated(5, None), || first.log()).await;
+    let first_revision = sets
+        .get("db")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .update_revision;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let worst = watch_unavailable(pods.clone()).await;
+    sets.patch(
+        "db",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "db", "image": "registry.example/db:2"},
+        ]}}}})),
+    )
+    .await
+    .unwrap();
+    until(
+        &sets,
+        "two updated",
+        updated(KILL_AT, first_revision.clone()),
+        || first.log(),
+    )
+    .await;
+    let log = first.kill();
+    eprintln!(
+        "killed the first reconciler ({} log lines)",
+        log.lines().count()
+    );
+    let second = reconciler(plane, queue.grpc(), watcher.grpc()).await;
+    until(
+        &sets,
+        "the rollout complete",
+        updated(5, first_revision),
+        || second.log(),
+    )
+    .await;
+    second.terminate().await.unwrap();
+    watcher.stop().await;
+    queue.stop().await;
+
+    let set = sets.get("db").await.unwrap();
+    let update = set.status.unwrap().update_revision.unwrap();
+    let listed = pods.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(listed.len(), REPLICAS);
+    for pod in &listed {
+        assert_eq!(pod_revision(pod), update);
+        assert!(available(pod));
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    assert_eq!(
+        claims
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        REPLICAS
+    );
+    let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), &ns);
+    let listed: Vec<(String, i64)> = revisions
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|r| (r.metadata.name.unwrap(), r.revision))
+        .collect();
+    assert_eq!(listed.len(), 2, "revisions {listed:?}, update {update}");
+    let worst = *worst.lock().unwrap();
+    assert_eq!(
+        worst, 1,
+        "at most one Pod unavailable at a time, and one was"
+    );
+}
