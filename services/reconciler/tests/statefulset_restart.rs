@@ -132,7 +132,8 @@ async fn a_rolling_update_survives_its_reconciler_killed_one_pod_at_a_time() {
         .unwrap();
     let ns = namespace.name().to_owned();
 
-    let queue = support::queue(&[NAME], &[]).await;
+    // The killed reconciler's lease on the key lapses after this, and the other takes it.
+    let queue = support::queue(&[NAME], &["--lease-timeout=10s"]).await;
     let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
     watcher.wait_ready(support::WITHIN).await;
     let first = reconciler(plane, queue.grpc(), watcher.grpc()).await;
