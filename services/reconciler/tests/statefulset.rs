@@ -470,3 +470,108 @@ async fn kubectl_rollout_status_history_and_undo_work_on_its_revisions() {
     assert!(third.contains("registry.example/db:1"), "{third}");
     switchyard.stop().await;
 }
+
+/// A Pod or a claim the apiserver refuses (a ResourceQuota of none of either): an Event says so on the StatefulSet, the key backs off, another
+/// namespace's StatefulSet goes on, and once the quota is gone the Pods are made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_pods_and_claims_are_reported_and_retried_without_stalling_others() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let switchyard = support::Builtins::start(plane, &[NAME]).await;
+    let refused = TestNamespace::create(plane, &client, "sts-refused")
+        .await
+        .unwrap();
+    let fine = TestNamespace::create(plane, &client, "sts-fine")
+        .await
+        .unwrap();
+    let quotas: Api<switchyard_k8s::k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(client.clone(), refused.name());
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "none"},
+                "spec": {"hard": {"pods": "0", "persistentvolumeclaims": "0"}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // Its status as the quota controller (not running here) would write it: admission
+    // enforces what the status says.
+    quotas
+        .patch_status(
+            "none",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "hard": {"pods": "0", "persistentvolumeclaims": "0"},
+                "used": {"pods": "0", "persistentvolumeclaims": "0"},
+            }})),
+        )
+        .await
+        .unwrap();
+    let node = plane.nodes()[0].clone();
+    for ns in [refused.name(), fine.name()] {
+        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+        sets.create(&PostParams::default(), &stateful_set(&node))
+            .await
+            .unwrap();
+    }
+
+    // The claim is refused first: its Event, and the Pod's.
+    let events: Api<Event> = Api::namespaced(client.clone(), refused.name());
+    let deadline = Instant::now() + WITHIN;
+    let warnings = loop {
+        let warnings: BTreeSet<String> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .filter_map(|e| Some(format!("{} {}", e.reason?, e.message?)))
+            .collect();
+        if warnings.len() >= 2 || Instant::now() >= deadline {
+            break warnings;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(
+        warnings.len(),
+        2,
+        "{warnings:?}; pods {:?}",
+        Api::<Pod>::namespaced(client.clone(), refused.name())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len()
+    );
+    let mut warnings = warnings.into_iter();
+    let claim = warnings.next().unwrap_or_default();
+    let pod = warnings.next().unwrap_or_default();
+    assert!(
+        claim.starts_with(
+            "FailedCreate Create Claim data-db-0 for Pod db-0 in StatefulSet db failed error:"
+        ) && claim.contains("forbidden"),
+        "{claim}"
+    );
+    assert!(
+        pod.starts_with("FailedCreate Create Pod db-0 in StatefulSet db failed error:"),
+        "{pod}"
+    );
+
+    // The other namespace's StatefulSet is not held up.
+    let fine_sets: Api<StatefulSet> = Api::namespaced(client.clone(), fine.name());
+    let fine_pods: Api<Pod> = Api::namespaced(client.clone(), fine.name());
+    let mut first = None;
+    settled(&fine_sets, &fine_pods, 3, 3, &mut first).await;
+
+    // The quota gone, the backoff's next try makes them.
+    quotas.delete("none", &Default::default()).await.unwrap();
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), refused.name());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), refused.name());
+    let mut first = None;
+    settled(&sets, &pods, 3, 3, &mut first).await;
+    switchyard.stop().await;
+}
