@@ -203,6 +203,7 @@ fn request(registrant: &str, declared: &[(String, Watches)]) -> RegisterRequest 
                 owns: watches.owns.iter().map(watch).collect(),
                 by_label: watches.by_label.iter().map(watch).collect(),
                 by_namespace: watches.by_namespace.iter().map(watch).collect(),
+                by_selector: watches.by_selector.iter().map(watch).collect(),
             })
             .collect(),
     }
@@ -262,6 +263,7 @@ mod tests {
             owns: vec![Watch::of::<ReplicaSet>(Options::default()), through],
             by_label: vec![],
             by_namespace: vec![],
+            by_selector: vec![],
         };
         let request = request("w1", &[("apps/v1/Deployment".into(), watches)]);
         assert_eq!(request.registrant, "w1");

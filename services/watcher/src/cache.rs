@@ -326,8 +326,9 @@ impl Owners for Watching {
             .cloned()
     }
 
-    /// Reads every cached owner of the namespace: only orphans ask, and an orphan is rare
-    /// (a Pod is made with its controller reference).
+    /// Reads every cached object of `resource` in the namespace: orphans ask (rare: a Pod is
+    /// made with its controller reference), and every change of a kind a `mapBySelector`
+    /// rule maps, whose selecting kind has few objects per namespace (PodDisruptionBudgets).
     fn selecting(&self, resource: usize, namespace: &str, orphan: &Summary) -> Vec<String> {
         let Some(cache) = self.resources.get(resource) else {
             return Vec::new();

@@ -109,6 +109,7 @@ fn registration(
             owns,
             by_label,
             by_namespace,
+            by_selector,
         } = controller;
         let at = format!("controllers[{c}]");
         let list = |list: &str, watches: Vec<proto::Watch>| -> Result<Vec<Watch>, ApiError> {
@@ -126,6 +127,7 @@ fn registration(
             owns: list("owns", owns)?,
             by_label: list("by_label", by_label)?,
             by_namespace: list("by_namespace", by_namespace)?,
+            by_selector: list("by_selector", by_selector)?,
         });
     }
     Registration::new(registrant, declared).map_err(|e| RegisterError::from(e).into())
@@ -241,6 +243,7 @@ mod tests {
             }],
             by_label: vec![],
             by_namespace: vec![],
+            by_selector: vec![],
         }
     }
 

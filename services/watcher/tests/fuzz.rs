@@ -192,6 +192,7 @@ fn granted_controller() -> impl Strategy<Value = ControllerWatches> {
             owns,
             by_label: Vec::new(),
             by_namespace: Vec::new(),
+            by_selector: Vec::new(),
         })
 }
 
@@ -207,14 +208,16 @@ fn controller() -> impl Strategy<Value = ControllerWatches> {
         collection::vec(watch(), 0..3),
         collection::vec(watch(), 0..2),
         collection::vec(watch(), 0..2),
+        collection::vec(watch(), 0..2),
     )
         .prop_map(
-            |(name, reconciles, owns, by_label, by_namespace)| ControllerWatches {
+            |(name, reconciles, owns, by_label, by_namespace, by_selector)| ControllerWatches {
                 name,
                 reconciles,
                 owns,
                 by_label,
                 by_namespace,
+                by_selector,
             },
         )
 }

@@ -54,6 +54,7 @@ fn config_maps() -> ControllerWatches {
         owns: vec![watch("v1", "Secret")],
         by_label: vec![],
         by_namespace: vec![],
+        by_selector: vec![],
     }
 }
 
@@ -450,6 +451,7 @@ controllers:
         owns: vec![watch("v1", "Pod")],
         by_label: vec![],
         by_namespace: vec![],
+        by_selector: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![nope])).await;
     assert_eq!(status.code(), Code::NotFound);
@@ -593,6 +595,7 @@ async fn a_kind_is_cached_whole_while_a_registration_needs_it_whole() {
         owns: vec![],
         by_label: vec![],
         by_namespace: vec![],
+        by_selector: vec![],
     };
     let (lean_stream, _) = register(
         &mut watches_client(Role::Reconciler, watcher.grpc()).await,
@@ -663,6 +666,7 @@ async fn a_registrant_watches_and_reads_only_what_its_service_account_is_granted
         owns: vec![],
         by_label: vec![],
         by_namespace: vec![],
+        by_selector: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;
     assert_eq!(status.code(), Code::PermissionDenied);
@@ -831,6 +835,7 @@ async fn a_kind_cached_for_one_service_account_is_not_served_to_another() {
         owns: vec![],
         by_label: vec![],
         by_namespace: vec![],
+        by_selector: vec![],
     };
     let mut watches = watches_client(Role::Reconciler, watcher.grpc()).await;
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;

@@ -36,6 +36,8 @@ enum MapBy<V, K: Resource> {
     Label(String),
     /// The object's Namespace, evaluated by the watcher.
     Namespace,
+    /// The objects whose `spec.selector` matches the object, evaluated by the watcher.
+    Selector,
     /// Run in the reconciler ([`super::mapping`]).
     With(MapFn<V, K>),
 }
@@ -45,6 +47,16 @@ impl<V, K: Resource> Map<V, K> {
     /// names: the common case of a mapping, evaluated by the watcher.
     pub fn label(label: impl Into<String>) -> Self {
         Self(MapBy::Label(label.into()))
+    }
+
+    /// Every object of the reconciled kind, in the changed object's namespace, whose
+    /// `spec.selector` (a `LabelSelector`, or a plain map of labels) matches its labels,
+    /// before or after the change: kube-controller-manager's disruption controller hears of
+    /// the Pods a PodDisruptionBudget selects this way. Evaluated by the watcher, on
+    /// deletions too; the reconciled kind is cached in full; an empty selector selects
+    /// nothing.
+    pub fn selector() -> Self {
+        Self(MapBy::Selector)
     }
 
     /// The objects `map` returns for the changed object (controller-runtime's
@@ -76,6 +88,7 @@ impl<V, K: Resource> fmt::Debug for Map<V, K> {
         match &self.0 {
             MapBy::Label(label) => f.debug_tuple("Map::label").field(label).finish(),
             MapBy::Namespace => f.write_str("Map::namespace"),
+            MapBy::Selector => f.write_str("Map::selector"),
             MapBy::With(_) => f.write_str("Map::with(..)"),
         }
     }
@@ -111,6 +124,7 @@ impl Builder {
                 owns: Vec::new(),
                 by_label: Vec::new(),
                 by_namespace: Vec::new(),
+                by_selector: Vec::new(),
             },
             mappings: Vec::new(),
             kind: PhantomData,
@@ -161,6 +175,7 @@ impl<K: Object> Builder<K> {
                 self.watches.by_label.push(watch);
             }
             MapBy::Namespace => self.watches.by_namespace.push(watch),
+            MapBy::Selector => self.watches.by_selector.push(watch),
             MapBy::With(map) => self.mappings.push(PendingMapping {
                 kind: default_name::<V>(),
                 make: Box::new(move |name, target| {

@@ -113,6 +113,7 @@ where
             owns: Vec::new(),
             by_label: Vec::new(),
             by_namespace: Vec::new(),
+            by_selector: Vec::new(),
         })
     }
 }

@@ -97,6 +97,9 @@ pub struct Watches {
     /// Kinds mapped to their namespace: a change keys the Namespace the object lives in
     /// (for a controller of Namespaces).
     pub by_namespace: Vec<Watch>,
+    /// Kinds mapped by the reconciled kind's `spec.selector`: a change keys every object of
+    /// the reconciled kind in its namespace whose selector matches its labels.
+    pub by_selector: Vec<Watch>,
 }
 
 /// The group, version and kind of `K`.

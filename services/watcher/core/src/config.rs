@@ -322,6 +322,8 @@ struct RawController {
     map_by_label: Vec<RawLabelRule>,
     #[serde(default)]
     map_by_namespace: Vec<RawRule>,
+    #[serde(default)]
+    map_by_selector: Vec<RawRule>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -385,6 +387,9 @@ pub enum RuleKind {
     /// The key of the Namespace the object lives in (the controller reconciles Namespaces);
     /// a cluster-scoped object maps to nothing.
     ByNamespace,
+    /// The keys of the cached objects of the `for` kind (`owner`) in the object's namespace
+    /// whose `spec.selector` matches its labels (a PodDisruptionBudget's Pods).
+    BySelector { owner: Gvk },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -537,6 +542,7 @@ impl Config {
                 owns,
                 map_by_label,
                 map_by_namespace,
+                map_by_selector,
             } = controller;
             if name.trim().is_empty() {
                 return Err(invalid(format!("{field}.name"), "must not be empty"));
@@ -654,6 +660,26 @@ impl Config {
                     resource: index_of(&gvk),
                     controller: name.clone(),
                     kind: RuleKind::ByNamespace,
+                    predicates: rule.predicates,
+                    batch_period: batch_period(at, rule.batch_period)?,
+                    batch_status_only: rule.batch_status_updates_only,
+                });
+            }
+            for (i, rule) in map_by_selector.into_iter().enumerate() {
+                let at = format!("{field}.mapBySelector[{i}]");
+                let gvk = Gvk::parse(&rule.api_version, &rule.kind).map_err(|e| invalid(&at, e))?;
+                if rule.through.is_some() {
+                    return Err(invalid(
+                        format!("{at}.through"),
+                        "only an owns entry maps through an owner",
+                    ));
+                }
+                rules.push(Rule {
+                    resource: index_of(&gvk),
+                    controller: name.clone(),
+                    kind: RuleKind::BySelector {
+                        owner: owner.clone(),
+                    },
                     predicates: rule.predicates,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,

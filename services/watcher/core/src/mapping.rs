@@ -14,7 +14,10 @@
 //! - `mapByLabel`: the object in the same namespace that the label's value names (old and
 //!   new values both, when it changed);
 //! - `mapByNamespace`: the Namespace the object lives in (nothing for a cluster-scoped
-//!   object).
+//!   object);
+//! - `mapBySelector`: every cached object of the controller's kind in the object's namespace
+//!   whose `spec.selector` matches the object's labels, old and new ([`Owners::selecting`]):
+//!   a PodDisruptionBudget for each change of a Pod it selects, its deletion included.
 //!
 //! Predicates filter updates only; creations, deletions and resyncs always map. A rule's
 //! batch period goes with each key it maps ([`KeySink`]).
@@ -31,14 +34,16 @@ use crate::{
 };
 
 /// The controller owners of cached objects, for `owns` rules with `through`, and the cached
-/// owners whose selectors match an orphan, for `owns` rules without.
+/// objects whose selectors match an object, for `owns` rules without (an orphan's owners)
+/// and `mapBySelector` rules.
 pub trait Owners {
     /// The controller owner of the object `namespace/name` of `resource` (an index into
     /// [`Config::resources`]), if it is cached and has one.
     fn controller(&self, resource: usize, namespace: &str, name: &str) -> Option<ControllerRef>;
 
     /// The names of the cached objects of `resource` in `namespace` whose `spec.selector`
-    /// ([`owner_selector`]) matches `orphan`'s labels: the owners that may adopt it.
+    /// ([`owner_selector`]) matches `orphan`'s labels: the owners that may adopt it, or the
+    /// objects that select it.
     fn selecting(&self, resource: usize, namespace: &str, orphan: &Summary) -> Vec<String> {
         let _ = (resource, namespace, orphan);
         Vec::new()
@@ -160,6 +165,10 @@ enum MapKind {
         label: String,
     },
     ByNamespace,
+    BySelector {
+        /// The controller kind's cache, whose objects' selectors are matched.
+        owner_resource: Option<usize>,
+    },
 }
 
 /// The kind between an owned object and its owner's owner.
@@ -215,6 +224,12 @@ impl Mapper {
                     label: label.clone(),
                 },
                 RuleKind::ByNamespace => MapKind::ByNamespace,
+                RuleKind::BySelector { owner } => MapKind::BySelector {
+                    owner_resource: config
+                        .resources
+                        .iter()
+                        .position(|r| r.gvk.group == owner.group && r.gvk.kind == owner.kind),
+                },
             };
             by_resource[rule.resource].push(Rule {
                 controller,
@@ -335,6 +350,22 @@ impl Mapper {
                 MapKind::ByNamespace => {
                     if !new.namespace.is_empty() {
                         push(&self.cluster, &new.namespace);
+                    }
+                }
+                MapKind::BySelector { owner_resource } => {
+                    let Some(resource) = owner_resource else {
+                        continue;
+                    };
+                    let now = owners.selecting(*resource, &new.namespace, new);
+                    for name in &now {
+                        push(&new.namespace, name);
+                    }
+                    if let Some(old) = old.filter(|old| old.labels != new.labels) {
+                        for name in owners.selecting(*resource, &old.namespace, old) {
+                            if !now.contains(&name) {
+                                push(&new.namespace, &name);
+                            }
+                        }
                     }
                 }
             }
@@ -627,6 +658,107 @@ controllers:
         assert_eq!(keys(EventKind::Added, None, &owned), ["web"]);
         let stranger = mk("q", 0, &[("app", "db")], None);
         assert!(keys(EventKind::Added, None, &stranger).is_empty());
+    }
+
+    /// PodDisruptionBudgets `web` (selecting `app=web`) and `all-web` (`app in (web, api)`).
+    struct Budgets(usize);
+
+    impl Owners for Budgets {
+        fn controller(&self, _: usize, _: &str, _: &str) -> Option<ControllerRef> {
+            None
+        }
+
+        fn selecting(&self, resource: usize, namespace: &str, object: &Summary) -> Vec<String> {
+            assert_eq!((resource, namespace), (self.0, "ns"), "the budgets' cache");
+            [("web", "app=web"), ("all-web", "app in (web,api)")]
+                .into_iter()
+                .filter(|(_, selector)| {
+                    switchyard_selector::Selector::parse(selector)
+                        .unwrap()
+                        .matches(object)
+                })
+                .map(|(name, _)| name.to_owned())
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_selector_mapping_keys_every_object_selecting_the_old_or_new_labels() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: policy/v1/PodDisruptionBudget
+    for: {apiVersion: policy/v1, kind: PodDisruptionBudget}
+    mapBySelector:
+      - {apiVersion: v1, kind: Pod}
+"#,
+        )
+        .unwrap();
+        let index = |kind: &str| {
+            config
+                .resources
+                .iter()
+                .position(|r| r.gvk.kind == kind)
+                .unwrap()
+        };
+        let (budgets, pods) = (index("PodDisruptionBudget"), index("Pod"));
+        let mapper = Mapper::new(&config);
+        let keys = |event, old: Option<&Summary>, new: &Summary| {
+            let mut out: Vec<WorkKey> = Vec::new();
+            mapper.keys(pods, event, old, new, &Budgets(budgets), &mut out);
+            let mut names: Vec<String> = out.iter().map(|k| k.name.to_string()).collect();
+            names.sort();
+            names
+        };
+        let owner = owned_by("ReplicaSet", "apps/v1", "rs");
+        let web = mk("p", 0, &[("app", "web")], owner.clone());
+        // Owned or not, every event, deletion and resync included.
+        for event in [
+            EventKind::Added,
+            EventKind::Deleted,
+            EventKind::Sync,
+            EventKind::Modified,
+        ] {
+            assert_eq!(keys(event, None, &web), ["all-web", "web"], "{event:?}");
+        }
+        // Relabelled: the budgets of the old labels too, each once.
+        let api = mk("p", 0, &[("app", "api")], owner.clone());
+        assert_eq!(
+            keys(EventKind::Modified, Some(&web), &api),
+            ["all-web", "web"]
+        );
+        let db = mk("p", 0, &[("app", "db")], owner);
+        assert!(keys(EventKind::Added, None, &db).is_empty());
+        // Its for kind still keys itself.
+        let mut out: Vec<WorkKey> = Vec::new();
+        mapper.keys(
+            budgets,
+            EventKind::Added,
+            None,
+            &mk("web", 1, &[], None),
+            &Budgets(budgets),
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn a_selector_mapping_through_an_owner_is_refused() {
+        let error = Config::from_yaml(
+            r#"
+controllers:
+  - name: policy/v1/PodDisruptionBudget
+    for: {apiVersion: policy/v1, kind: PodDisruptionBudget}
+    mapBySelector:
+      - {apiVersion: v1, kind: Pod, through: {apiVersion: apps/v1, kind: ReplicaSet}}
+"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with("controllers[0].mapBySelector[0].through: only an owns entry"),
+            "{error}"
+        );
     }
 
     #[test]

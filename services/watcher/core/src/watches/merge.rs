@@ -62,6 +62,9 @@ impl Watches {
                     label: label.clone(),
                 },
                 RuleKind::ByNamespace => Mapping::ByNamespace,
+                RuleKind::BySelector { owner } => Mapping::BySelector {
+                    owner: owner.clone(),
+                },
             };
             let keying = Keying::of(&rule.predicates, rule.batch_period, rule.batch_status_only);
             add_rule(rules, Target { gvk, mapping }, keying);
@@ -256,6 +259,7 @@ impl Watches {
                         },
                         Mapping::ByLabel { label } => RuleKind::ByLabel { label },
                         Mapping::ByNamespace => RuleKind::ByNamespace,
+                        Mapping::BySelector { owner } => RuleKind::BySelector { owner },
                     },
                     predicates: keying.filter.predicates(),
                     batch_period: keying.batch_period,

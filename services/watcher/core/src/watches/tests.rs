@@ -47,6 +47,7 @@ fn widgets() -> ControllerWatches {
             ..watch("v1", "Secret")
         }],
         by_namespace: vec![],
+        by_selector: vec![],
     }
 }
 
@@ -551,6 +552,7 @@ fn a_namespace_mapping_keys_the_namespace_of_the_changed_object() {
         owns: vec![],
         by_label: vec![],
         by_namespace: vec![metadata(watch("v1", "ServiceAccount"))],
+        by_selector: vec![],
     };
     let mut watches = watches();
     watches.register(registration("r", vec![accounts])).unwrap();
@@ -604,6 +606,7 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
     let allowed = ControllerWatches {
         by_label: vec![],
         by_namespace: vec![],
+        by_selector: vec![],
         ..metadata_maps
     };
     assert_eq!(check(vec![allowed.clone()], granted), Ok(()));
@@ -633,6 +636,7 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
         owns: vec![pods],
         by_label: vec![],
         by_namespace: vec![],
+        by_selector: vec![],
     };
     assert_eq!(
         check(

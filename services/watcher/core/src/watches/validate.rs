@@ -66,6 +66,7 @@ impl Registration {
             owns,
             by_label,
             by_namespace,
+            by_selector,
         } = declared;
         let at = format!("controllers[{c}]");
         check_name(&format!("{at}.name"), &name)?;
@@ -73,6 +74,7 @@ impl Registration {
             ("owns", &owns),
             ("by_label", &by_label),
             ("by_namespace", &by_namespace),
+            ("by_selector", &by_selector),
         ];
         for (list, watches) in lists {
             if watches.len() > MAX_WATCHES {
@@ -209,6 +211,26 @@ impl Registration {
                 Target {
                     gvk,
                     mapping: Mapping::ByNamespace,
+                },
+                Keying::of(
+                    &watch.predicates,
+                    watch.batch_period,
+                    watch.batch_status_only,
+                ),
+            );
+        }
+        for (i, watch) in by_selector.iter().enumerate() {
+            let field = format!("{at}.by_selector[{i}]");
+            let gvk = self.kind(&field, watch)?;
+            only_in(&field, watch, false, false)?;
+            controller.need(&gvk, watch.metadata_only);
+            add_rule(
+                &mut controller.rules,
+                Target {
+                    gvk,
+                    mapping: Mapping::BySelector {
+                        owner: owner.clone(),
+                    },
                 },
                 Keying::of(
                     &watch.predicates,
