@@ -40,6 +40,7 @@ pub mod builtin {
         POD_GC = "pod-garbage-collector",
         REPLICATION_CONTROLLER = "v1/ReplicationController",
         STATEFULSET = "apps/v1/StatefulSet",
+        DISRUPTION = "policy/v1/PodDisruptionBudget",
     );
 }
 

@@ -15,6 +15,7 @@ pub mod builtin;
 pub mod cache;
 pub mod cronjob;
 pub mod deployment;
+pub mod disruption;
 pub mod finalizer;
 pub mod gc;
 pub mod job;
@@ -270,6 +271,7 @@ pub const BUILTINS: &[Builtin] = &[
     podgc::BUILTIN,
     replicationcontroller::BUILTIN,
     statefulset::BUILTIN,
+    disruption::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

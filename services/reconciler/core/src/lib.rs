@@ -12,6 +12,7 @@
 
 pub mod cronjob;
 pub mod deployment;
+pub mod disruption;
 pub mod event;
 pub mod gc;
 pub mod hash;
