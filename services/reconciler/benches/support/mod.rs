@@ -185,6 +185,9 @@ impl Controllers {
                     "ttl-after-finished-controller",
                     "cronjob-controller",
                     "pod-garbage-collector-controller",
+                    "replicationcontroller-controller",
+                    "statefulset-controller",
+                    "disruption-controller",
                 ];
                 let args = [
                     &format!("--kube-api-qps={CLIENT_QPS}"),
