@@ -38,6 +38,10 @@ use switchyard_testenv::{ControlPlane, TestNamespace};
 
 use support::WITHIN;
 
+/// Held by each test for its whole run: the controllers one starts (kube-controller-manager's
+/// or Switchyard's) act on every namespace, so the tests of this binary run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// What one controller did to the script's StatefulSet.
 #[derive(Debug, PartialEq, Eq)]
 struct Outcome {
@@ -335,6 +339,7 @@ fn repeats_are_taken_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stateful_set_ends_as_under_kube_controller_manager() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
     let node = plane.nodes()[0].clone();
@@ -395,12 +400,12 @@ async fn a_stateful_set_ends_as_under_kube_controller_manager() {
     // The Pods were this reconciler's: it is the only controller running.
     assert!(created >= 6.0, "the reconciler created {created} objects");
 }
-
 /// `kubectl rollout` on a StatefulSet of Switchyard's: `status` waits for each rollout,
 /// `history` lists the revisions, `undo` copies the previous revision's template back and the
 /// controller takes that revision again, renumbered, with no new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_rollout_status_history_and_undo_work_on_its_revisions() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
     let switchyard = support::Builtins::start(plane, &[NAME]).await;
@@ -475,6 +480,7 @@ async fn kubectl_rollout_status_history_and_undo_work_on_its_revisions() {
 /// namespace's StatefulSet goes on, and once the quota is gone the Pods are made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_pods_and_claims_are_reported_and_retried_without_stalling_others() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
     let switchyard = support::Builtins::start(plane, &[NAME]).await;
