@@ -38,10 +38,10 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, TryStreamExt};
 use serde_json::json;
 use switchyard_k8s::{
-    Api, PostParams,
+    Api,
     k8s_openapi::{
         api::batch::v1::{CronJob, Job},
         jiff::Timestamp,
@@ -53,8 +53,8 @@ use switchyard_k8s::{
 use switchyard_reconciler_core::cronjob::SCHEDULED_TIMESTAMP;
 
 use crate::support::{
-    Controllers, Request, Under, apiserver_requests, between, plane_with_namespace, print_ratios,
-    requests_by_name,
+    Controllers, Request, Under, apiserver_requests, between, create_all, plane_with_namespace,
+    print_ratios, requests_by_name,
 };
 
 const NODES: usize = 25;
@@ -114,22 +114,6 @@ fn complete(job: &Job) -> bool {
             cs.iter()
                 .any(|c| c.type_ == "Complete" && c.status == "True")
         })
-}
-
-async fn create_all<K>(api: &Api<K>, count: usize, make: impl Fn(usize) -> K)
-where
-    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    stream::iter(0..count)
-        .map(|i| {
-            let (api, object) = (api.clone(), make(i));
-            async move {
-                api.create(&PostParams::default(), &object).await.unwrap();
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<()>()
-        .await;
 }
 
 /// A write of the Job controller's: Pods created, patched (owner references, the tracking

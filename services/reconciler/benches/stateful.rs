@@ -20,15 +20,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, stream};
 use serde_json::json;
-use switchyard_k8s::{
-    Api, PostParams, k8s_openapi::api::apps::v1::StatefulSet, kube::api::ListParams,
-};
+use switchyard_k8s::{Api, k8s_openapi::api::apps::v1::StatefulSet, kube::api::ListParams};
 
 use crate::support::{
-    Controllers, Request, Under, apiserver_requests, between, plane_with_namespace, print_ratios,
-    requests_by_name,
+    Controllers, Request, Under, apiserver_requests, between, create_all, plane_with_namespace,
+    print_ratios, requests_by_name,
 };
 
 const NODES: usize = 25;
@@ -78,16 +75,7 @@ async fn ordered(name: &str, under: Under, count: usize) -> f64 {
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
     let before = apiserver_requests(&client).await;
     let start = Instant::now();
-    stream::iter(0..count)
-        .map(|i| {
-            let (api, set) = (api.clone(), stateful_set(&format!("s{i:03}")));
-            async move {
-                api.create(&PostParams::default(), &set).await.unwrap();
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<()>()
-        .await;
+    create_all(&api, count, |i| stateful_set(&format!("s{i:03}"))).await;
     loop {
         let list = api.list(&ListParams::default()).await.unwrap();
         let ready = list

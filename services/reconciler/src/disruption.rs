@@ -131,10 +131,7 @@ async fn sync(ctx: &Context, pdb: &PodDisruptionBudget, now: Timestamp) -> Resul
             },
         )
         .await?;
-    let pods: Vec<&Pod> = pods
-        .iter()
-        .filter(|p| selector.matches(p.metadata.labels.as_ref()))
-        .collect();
+    let pods: Vec<&Pod> = pods.iter().collect();
     if pods.is_empty() {
         ctx.events.publish(
             pdb,

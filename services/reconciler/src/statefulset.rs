@@ -610,14 +610,19 @@ impl Writer<'_> {
     /// `UpdatePodClaimForRetentionPolicy`: the Pod's claims with the owners the retention
     /// policy asks for; `fresher` are claims this step already wrote.
     async fn claim_owners(&self, pod: &Pod, fresher: &[PersistentVolumeClaim]) -> Result<Written> {
-        let mut claims = self.claims.clone();
-        for claim in fresher {
-            claims.insert(
-                claim.metadata.name.clone().unwrap_or_default(),
-                claim.clone(),
-            );
-        }
         let ordinal = core::ordinal(pod).unwrap_or(0);
+        // This Pod's claims: the ones this step wrote, else the reconcile's.
+        let claims: BTreeMap<String, PersistentVolumeClaim> = core::claims_for(self.spec, ordinal)
+            .into_iter()
+            .filter_map(|c| {
+                let name = c.metadata.name?;
+                let found = fresher
+                    .iter()
+                    .find(|f| f.metadata.name.as_deref() == Some(&name))
+                    .or_else(|| self.claims.get(&name))?;
+                Some((name, found.clone()))
+            })
+            .collect();
         for claim in core::claims_for(self.spec, ordinal) {
             let name = claim.metadata.name.as_deref().unwrap_or_default();
             if let Some(found) = claims.get(name)

@@ -10,6 +10,9 @@
 
 mod support;
 
+/// The reconciler binary its processes run.
+const RECONCILER: &str = env!("CARGO_BIN_EXE_switchyard-reconciler");
+
 use std::{
     path::Path,
     time::{Duration, Instant},
@@ -19,7 +22,7 @@ use serde_json::json;
 use switchyard_k8s::{Api, Pod, PostParams, k8s_openapi::api::batch::v1::Job};
 use switchyard_reconciler::job::NAME;
 use switchyard_reconciler_core::job::has_tracking_finalizer;
-use switchyard_testenv::{ControlPlane, ServiceProcess, TestNamespace};
+use switchyard_testenv::{ControlPlane, TestNamespace};
 
 use support::WITHIN;
 
@@ -28,27 +31,6 @@ const COMPLETIONS: i32 = 200;
 const KILL_AT: i32 = 60;
 /// The longest the Job may take once the second reconciler runs.
 const FINISH: Duration = Duration::from_secs(120);
-
-async fn reconciler(
-    plane: &ControlPlane,
-    queue: std::net::SocketAddr,
-    watcher: std::net::SocketAddr,
-) -> ServiceProcess {
-    let mut process = ServiceProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
-        &[
-            &format!("--kubeconfig={}", plane.kubeconfig().display()),
-            &format!("--queue-addr={queue}"),
-            &format!("--watcher-addr={watcher}"),
-            &format!("--controllers={NAME}"),
-        ],
-        &[],
-    )
-    .await
-    .unwrap();
-    process.wait_ready().await.unwrap();
-    process
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_survives_its_reconciler_killed_with_every_pod_counted_once() {
@@ -62,7 +44,14 @@ async fn a_job_survives_its_reconciler_killed_with_every_pod_counted_once() {
     let queue = support::queue(&[NAME], &[]).await;
     let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
     watcher.wait_ready(WITHIN).await;
-    let first = reconciler(plane, queue.grpc(), watcher.grpc()).await;
+    let first = support::reconciler_process(
+        Path::new(RECONCILER),
+        plane,
+        queue.grpc(),
+        watcher.grpc(),
+        NAME,
+    )
+    .await;
 
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     let job: Job = serde_json::from_value(json!({
@@ -97,7 +86,14 @@ async fn a_job_survives_its_reconciler_killed_with_every_pod_counted_once() {
         "killed the first reconciler ({} log lines)",
         log.lines().count()
     );
-    let second = reconciler(plane, queue.grpc(), watcher.grpc()).await;
+    let second = support::reconciler_process(
+        Path::new(RECONCILER),
+        plane,
+        queue.grpc(),
+        watcher.grpc(),
+        NAME,
+    )
+    .await;
 
     let deadline = Instant::now() + FINISH;
     let job = loop {

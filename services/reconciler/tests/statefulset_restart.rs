@@ -9,6 +9,9 @@
 
 mod support;
 
+/// The reconciler binary its processes run.
+const RECONCILER: &str = env!("CARGO_BIN_EXE_switchyard-reconciler");
+
 use std::{
     collections::BTreeMap,
     path::Path,
@@ -28,34 +31,13 @@ use switchyard_k8s::{
 };
 use switchyard_reconciler::statefulset::NAME;
 use switchyard_reconciler_core::statefulset::{is_running_and_ready, pod_revision};
-use switchyard_testenv::{ControlPlane, ServiceProcess, TestNamespace};
+use switchyard_testenv::{ControlPlane, TestNamespace};
 
 const REPLICAS: usize = 5;
 /// Pods at the new revision when the reconciler is killed.
 const KILL_AT: i32 = 2;
 /// The longest each phase may take.
 const PHASE: Duration = Duration::from_secs(90);
-
-async fn reconciler(
-    plane: &ControlPlane,
-    queue: std::net::SocketAddr,
-    watcher: std::net::SocketAddr,
-) -> ServiceProcess {
-    let mut process = ServiceProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_switchyard-reconciler")),
-        &[
-            &format!("--kubeconfig={}", plane.kubeconfig().display()),
-            &format!("--queue-addr={queue}"),
-            &format!("--watcher-addr={watcher}"),
-            &format!("--controllers={NAME}"),
-        ],
-        &[],
-    )
-    .await
-    .unwrap();
-    process.wait_ready().await.unwrap();
-    process
-}
 
 /// The most of the set's Pods unavailable (missing, not Ready, or being deleted) at once,
 /// from the moment it is called, as the apiserver's watch tells their changes.
@@ -136,7 +118,14 @@ async fn a_rolling_update_survives_its_reconciler_killed_one_pod_at_a_time() {
     let queue = support::queue(&[NAME], &["--lease-timeout=10s"]).await;
     let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
     watcher.wait_ready(support::WITHIN).await;
-    let first = reconciler(plane, queue.grpc(), watcher.grpc()).await;
+    let first = support::reconciler_process(
+        Path::new(RECONCILER),
+        plane,
+        queue.grpc(),
+        watcher.grpc(),
+        NAME,
+    )
+    .await;
 
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let set: StatefulSet = serde_json::from_value(json!({
@@ -209,7 +198,14 @@ async fn a_rolling_update_survives_its_reconciler_killed_one_pod_at_a_time() {
         "killed the first reconciler ({} log lines)",
         log.lines().count()
     );
-    let second = reconciler(plane, queue.grpc(), watcher.grpc()).await;
+    let second = support::reconciler_process(
+        Path::new(RECONCILER),
+        plane,
+        queue.grpc(),
+        watcher.grpc(),
+        NAME,
+    )
+    .await;
     until(
         &sets,
         "the rollout complete",

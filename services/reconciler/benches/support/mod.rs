@@ -10,7 +10,7 @@ use clap::Parser;
 use futures::{StreamExt, stream};
 use serde_json::json;
 use switchyard_k8s::{
-    Api, Client, Deployment, Namespace, PostParams, k8s_openapi::api::core::v1::ServiceAccount,
+    Api, Client, Namespace, PostParams, k8s_openapi::api::core::v1::ServiceAccount,
 };
 use switchyard_runtime::Role;
 use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, Pki, ServiceProcess};
@@ -115,19 +115,16 @@ pub async fn plane_with_namespace(nodes: usize, namespace: &str) -> (ControlPlan
     (plane, client)
 }
 
-/// Creates the Deployments `deployment(0..count)` made, 16 at a time.
-pub async fn create_all(
-    api: &Api<Deployment>,
-    count: usize,
-    deployment: impl Fn(usize) -> Deployment,
-) {
+/// Creates the objects `make(0..count)` makes, 16 at a time.
+pub async fn create_all<K>(api: &Api<K>, count: usize, make: impl Fn(usize) -> K)
+where
+    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     stream::iter(0..count)
         .map(|i| {
-            let (api, deployment) = (api.clone(), deployment(i));
+            let (api, object) = (api.clone(), make(i));
             async move {
-                api.create(&PostParams::default(), &deployment)
-                    .await
-                    .unwrap();
+                api.create(&PostParams::default(), &object).await.unwrap();
             }
         })
         .buffer_unordered(16)

@@ -98,12 +98,8 @@ fn go_number(n: &serde_json::Number) -> String {
             _ => text,
         };
     }
-    if f.fract() == 0.0 {
-        // Display writes whole floats without a fraction, as Go does.
-        format!("{f}")
-    } else {
-        f.to_string()
-    }
+    // Display writes the shortest form, whole floats without a fraction, as Go does.
+    f.to_string()
 }
 
 fn write_go_string(s: &str, out: &mut Vec<u8>) {

@@ -497,3 +497,29 @@ pub async fn kubectl_rollout_status(plane: &ControlPlane, namespace: &str, objec
     );
     stdout
 }
+
+/// A reconciler process of `binary` (the package's `CARGO_BIN_EXE_switchyard-reconciler`)
+/// against `plane`, running `controller` alone, ready: one a test can kill (SIGKILL) and
+/// start again.
+pub async fn reconciler_process(
+    binary: &std::path::Path,
+    plane: &ControlPlane,
+    queue: SocketAddr,
+    watcher: SocketAddr,
+    controller: &str,
+) -> switchyard_testenv::ServiceProcess {
+    let mut process = switchyard_testenv::ServiceProcess::start(
+        binary,
+        &[
+            &format!("--kubeconfig={}", plane.kubeconfig().display()),
+            &format!("--queue-addr={queue}"),
+            &format!("--watcher-addr={watcher}"),
+            &format!("--controllers={controller}"),
+        ],
+        &[],
+    )
+    .await
+    .unwrap();
+    process.wait_ready().await.unwrap();
+    process
+}

@@ -992,9 +992,8 @@ pub fn plan<'p>(
         }
         let o = ordinal(pod).unwrap_or(0);
         let claims_missing = missing_claims(spec, o, claims).map_or(true, |m| !m.is_empty());
-        if phase(pod) == "Pending"
-            && (claims_missing || !claims_out_of_policy(spec, pod, claims).is_empty())
-        {
+        let policy_met = claims_out_of_policy(spec, pod, claims).is_empty();
+        if phase(pod) == "Pending" && (claims_missing || !policy_met) {
             steps.push(Step::CreateClaims(pod));
         }
         if monotonic
@@ -1005,7 +1004,6 @@ pub fn plan<'p>(
             phases.push(steps);
             return plan(phases, status);
         }
-        let policy_met = claims_out_of_policy(spec, pod, claims).is_empty();
         if !(identity_matches(spec, pod) && storage_matches(spec, pod) && policy_met) {
             steps.push(Step::Update(pod));
         }
