@@ -303,7 +303,8 @@ fn every_built_in_controller_s_role_grants_what_it_declares_and_nothing_more() {
             .chain(&watches.owns)
             .chain(&watches.by_label)
             .chain(&watches.by_namespace)
-            .chain(&watches.by_selector);
+            .chain(&watches.by_selector)
+            .chain(&watches.by_placement);
         for watch in all {
             let full = !watch.options.metadata_only;
             let gvk = &watch.gvk;

@@ -17,6 +17,7 @@ pub mod label;
 mod label_selector;
 pub mod names;
 mod parse;
+pub mod placement;
 
 use std::{borrow::Borrow, collections::BTreeMap, fmt, str::FromStr};
 

@@ -204,6 +204,7 @@ fn request(registrant: &str, declared: &[(String, Watches)]) -> RegisterRequest 
                 by_label: watches.by_label.iter().map(watch).collect(),
                 by_namespace: watches.by_namespace.iter().map(watch).collect(),
                 by_selector: watches.by_selector.iter().map(watch).collect(),
+                by_placement: watches.by_placement.iter().map(watch).collect(),
             })
             .collect(),
     }
@@ -264,6 +265,7 @@ mod tests {
             by_label: vec![],
             by_namespace: vec![],
             by_selector: vec![],
+            by_placement: vec![],
         };
         let request = request("w1", &[("apps/v1/Deployment".into(), watches)]);
         assert_eq!(request.registrant, "w1");

@@ -342,4 +342,17 @@ impl Owners for Watching {
             .filter_map(|owner| owner["metadata"]["name"].as_str().map(str::to_owned))
             .collect()
     }
+
+    /// Reads every cached object of `resource`: at a Node's creation, deletion or new labels
+    /// or taints, for a kind with few objects (DaemonSets).
+    fn each_object(&self, resource: usize, each: &mut dyn FnMut(&[u8])) {
+        let Some(cache) = self.resources.get(resource) else {
+            return;
+        };
+        let store = cache.read();
+        let everything = switchyard_selector::Selector::default();
+        for json in store.list(None, None, &everything) {
+            each(json);
+        }
+    }
 }

@@ -261,19 +261,31 @@ impl Informer {
                     self.count("deleted");
                     span = self.event_span(&object);
                     record_event(&span, Some(EventKind::Deleted));
-                    let (summary, _) = summarize(object);
+                    let (summary, json) = summarize(object);
                     let cached = self.cache.write().delete(
                         &summary.namespace,
                         &summary.name,
                         summary.resource_version,
                     );
+                    let now = self.caches.current();
                     self.keys(
-                        &self.caches.current(),
+                        &now,
                         EventKind::Deleted,
                         None,
                         cached.as_ref().unwrap_or(&summary),
                         &mut keys,
                     );
+                    if let Some(index) = now.index_of(&self.cache).filter(|i| now.mapper.places(*i))
+                    {
+                        now.mapper.keys_by_placement(
+                            index,
+                            EventKind::Deleted,
+                            None,
+                            &json,
+                            &*now,
+                            &mut keys,
+                        );
+                    }
                     Priority::Normal
                 }
             };
@@ -365,6 +377,18 @@ impl Informer {
             return None;
         }
         let new = summary.clone();
+        // A kind mapped by placement (Nodes) is weighed from its JSON before and after.
+        let placed = now
+            .index_of(&self.cache)
+            .filter(|index| now.mapper.places(*index))
+            .map(|index| {
+                let old = self
+                    .cache
+                    .read()
+                    .get(&summary.namespace, &summary.name)
+                    .map(<[u8]>::to_vec);
+                (index, old, json.clone())
+            });
         let applied = self.cache.write().apply(summary, json);
         let kind = kind_of(&applied)?;
         // A listed object was counted as `listed` when it came (InitApply).
@@ -378,6 +402,10 @@ impl Informer {
             _ => None,
         };
         self.keys(&now, kind, old, &new, keys);
+        if let Some((index, old, new)) = placed {
+            now.mapper
+                .keys_by_placement(index, kind, old.as_deref(), &new, &*now, keys);
+        }
         Some(kind)
     }
 

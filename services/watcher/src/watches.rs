@@ -110,6 +110,7 @@ fn registration(
             by_label,
             by_namespace,
             by_selector,
+            by_placement,
         } = controller;
         let at = format!("controllers[{c}]");
         let list = |list: &str, watches: Vec<proto::Watch>| -> Result<Vec<Watch>, ApiError> {
@@ -128,6 +129,7 @@ fn registration(
             by_label: list("by_label", by_label)?,
             by_namespace: list("by_namespace", by_namespace)?,
             by_selector: list("by_selector", by_selector)?,
+            by_placement: list("by_placement", by_placement)?,
         });
     }
     Registration::new(registrant, declared).map_err(|e| RegisterError::from(e).into())
@@ -244,6 +246,7 @@ mod tests {
             by_label: vec![],
             by_namespace: vec![],
             by_selector: vec![],
+            by_placement: vec![],
         }
     }
 

@@ -193,6 +193,7 @@ fn granted_controller() -> impl Strategy<Value = ControllerWatches> {
             by_label: Vec::new(),
             by_namespace: Vec::new(),
             by_selector: Vec::new(),
+            by_placement: Vec::new(),
         })
 }
 
@@ -209,15 +210,19 @@ fn controller() -> impl Strategy<Value = ControllerWatches> {
         collection::vec(watch(), 0..2),
         collection::vec(watch(), 0..2),
         collection::vec(watch(), 0..2),
+        collection::vec(watch(), 0..2),
     )
         .prop_map(
-            |(name, reconciles, owns, by_label, by_namespace, by_selector)| ControllerWatches {
-                name,
-                reconciles,
-                owns,
-                by_label,
-                by_namespace,
-                by_selector,
+            |(name, reconciles, owns, by_label, by_namespace, by_selector, by_placement)| {
+                ControllerWatches {
+                    name,
+                    reconciles,
+                    owns,
+                    by_label,
+                    by_namespace,
+                    by_selector,
+                    by_placement,
+                }
             },
         )
 }

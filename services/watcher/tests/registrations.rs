@@ -55,6 +55,7 @@ fn config_maps() -> ControllerWatches {
         by_label: vec![],
         by_namespace: vec![],
         by_selector: vec![],
+        by_placement: vec![],
     }
 }
 
@@ -452,6 +453,7 @@ controllers:
         by_label: vec![],
         by_namespace: vec![],
         by_selector: vec![],
+        by_placement: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![nope])).await;
     assert_eq!(status.code(), Code::NotFound);
@@ -596,6 +598,7 @@ async fn a_kind_is_cached_whole_while_a_registration_needs_it_whole() {
         by_label: vec![],
         by_namespace: vec![],
         by_selector: vec![],
+        by_placement: vec![],
     };
     let (lean_stream, _) = register(
         &mut watches_client(Role::Reconciler, watcher.grpc()).await,
@@ -667,6 +670,7 @@ async fn a_registrant_watches_and_reads_only_what_its_service_account_is_granted
         by_label: vec![],
         by_namespace: vec![],
         by_selector: vec![],
+        by_placement: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;
     assert_eq!(status.code(), Code::PermissionDenied);
@@ -836,6 +840,7 @@ async fn a_kind_cached_for_one_service_account_is_not_served_to_another() {
         by_label: vec![],
         by_namespace: vec![],
         by_selector: vec![],
+        by_placement: vec![],
     };
     let mut watches = watches_client(Role::Reconciler, watcher.grpc()).await;
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;

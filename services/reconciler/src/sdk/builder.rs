@@ -38,6 +38,8 @@ enum MapBy<V, K: Resource> {
     Namespace,
     /// The objects whose `spec.selector` matches the object, evaluated by the watcher.
     Selector,
+    /// The objects whose Pod template fits the Node differently, evaluated by the watcher.
+    Placement,
     /// Run in the reconciler ([`super::mapping`]).
     With(MapFn<V, K>),
 }
@@ -57,6 +59,16 @@ impl<V, K: Resource> Map<V, K> {
     /// nothing.
     pub fn selector() -> Self {
         Self(MapBy::Selector)
+    }
+
+    /// For a watch of Nodes: every object of the reconciled kind, in any namespace, whose Pod
+    /// template (`spec.template.spec`) fits the Node differently before and after its
+    /// creation, deletion or change of labels or taints, as kube-controller-manager decides
+    /// where a DaemonSet's Pods run (`NodeShouldRunDaemonPod`, the tolerations it adds
+    /// included). A Node's status changes key nothing. Evaluated by the watcher; both kinds
+    /// are cached in full.
+    pub fn placement() -> Self {
+        Self(MapBy::Placement)
     }
 
     /// The objects `map` returns for the changed object (controller-runtime's
@@ -89,6 +101,7 @@ impl<V, K: Resource> fmt::Debug for Map<V, K> {
             MapBy::Label(label) => f.debug_tuple("Map::label").field(label).finish(),
             MapBy::Namespace => f.write_str("Map::namespace"),
             MapBy::Selector => f.write_str("Map::selector"),
+            MapBy::Placement => f.write_str("Map::placement"),
             MapBy::With(_) => f.write_str("Map::with(..)"),
         }
     }
@@ -125,6 +138,7 @@ impl Builder {
                 by_label: Vec::new(),
                 by_namespace: Vec::new(),
                 by_selector: Vec::new(),
+                by_placement: Vec::new(),
             },
             mappings: Vec::new(),
             kind: PhantomData,
@@ -176,6 +190,7 @@ impl<K: Object> Builder<K> {
             }
             MapBy::Namespace => self.watches.by_namespace.push(watch),
             MapBy::Selector => self.watches.by_selector.push(watch),
+            MapBy::Placement => self.watches.by_placement.push(watch),
             MapBy::With(map) => self.mappings.push(PendingMapping {
                 kind: default_name::<V>(),
                 make: Box::new(move |name, target| {

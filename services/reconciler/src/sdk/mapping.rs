@@ -114,6 +114,7 @@ where
             by_label: Vec::new(),
             by_namespace: Vec::new(),
             by_selector: Vec::new(),
+            by_placement: Vec::new(),
         })
     }
 }

@@ -100,6 +100,9 @@ pub struct Watches {
     /// Kinds mapped by the reconciled kind's `spec.selector`: a change keys every object of
     /// the reconciled kind in its namespace whose selector matches its labels.
     pub by_selector: Vec<Watch>,
+    /// Nodes mapped by placement: a Node's creation, deletion or change of labels or taints
+    /// keys every object of the reconciled kind whose Pod template fits it differently.
+    pub by_placement: Vec<Watch>,
 }
 
 /// The group, version and kind of `K`.

@@ -324,6 +324,8 @@ struct RawController {
     map_by_namespace: Vec<RawRule>,
     #[serde(default)]
     map_by_selector: Vec<RawRule>,
+    #[serde(default)]
+    map_by_placement: Vec<RawRule>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -390,6 +392,11 @@ pub enum RuleKind {
     /// The keys of the cached objects of the `for` kind (`owner`) in the object's namespace
     /// whose `spec.selector` matches its labels (a PodDisruptionBudget's Pods).
     BySelector { owner: Gvk },
+    /// The keys of the cached objects of the `for` kind (`owner`), in every namespace, whose
+    /// Pod template (`spec.template.spec`, with the tolerations every DaemonSet Pod gets)
+    /// fits the object, a Node, differently before and after its change: the DaemonSets a
+    /// Node's labels or taints concern.
+    ByPlacement { owner: Gvk },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -533,6 +540,8 @@ impl Config {
         };
 
         let mut rules = Vec::new();
+        // The kinds `mapByPlacement` rules read in full, with where each was named.
+        let mut placed: Vec<(String, Gvk)> = Vec::new();
         let mut names: BTreeMap<String, usize> = BTreeMap::new();
         for (c, controller) in controllers.into_iter().enumerate() {
             let field = format!("controllers[{c}]");
@@ -543,6 +552,7 @@ impl Config {
                 map_by_label,
                 map_by_namespace,
                 map_by_selector,
+                map_by_placement,
             } = controller;
             if name.trim().is_empty() {
                 return Err(invalid(format!("{field}.name"), "must not be empty"));
@@ -665,8 +675,31 @@ impl Config {
                     batch_status_only: rule.batch_status_updates_only,
                 });
             }
-            for (i, rule) in map_by_selector.into_iter().enumerate() {
-                let at = format!("{field}.mapBySelector[{i}]");
+            let by_owner = map_by_selector
+                .into_iter()
+                .enumerate()
+                .map(|(i, rule)| {
+                    (
+                        "mapBySelector",
+                        i,
+                        rule,
+                        RuleKind::BySelector {
+                            owner: owner.clone(),
+                        },
+                    )
+                })
+                .chain(map_by_placement.into_iter().enumerate().map(|(i, rule)| {
+                    (
+                        "mapByPlacement",
+                        i,
+                        rule,
+                        RuleKind::ByPlacement {
+                            owner: owner.clone(),
+                        },
+                    )
+                }));
+            for (list, i, rule, kind) in by_owner {
+                let at = format!("{field}.{list}[{i}]");
                 let gvk = Gvk::parse(&rule.api_version, &rule.kind).map_err(|e| invalid(&at, e))?;
                 if rule.through.is_some() {
                     return Err(invalid(
@@ -674,16 +707,25 @@ impl Config {
                         "only an owns entry maps through an owner",
                     ));
                 }
+                if matches!(kind, RuleKind::ByPlacement { .. }) {
+                    placed.push((at.clone(), gvk.clone()));
+                }
                 rules.push(Rule {
                     resource: index_of(&gvk),
                     controller: name.clone(),
-                    kind: RuleKind::BySelector {
-                        owner: owner.clone(),
-                    },
+                    kind,
                     predicates: rule.predicates,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
+            }
+        }
+        for (at, gvk) in placed {
+            if resources.iter().any(|r| r.gvk == gvk && r.metadata_only) {
+                return Err(invalid(
+                    at,
+                    format!("reads the labels and taints of {gvk}, so it must not be metadataOnly"),
+                ));
             }
         }
         let collector = garbage_collector

@@ -18,6 +18,10 @@
 //! - `mapBySelector`: every cached object of the controller's kind in the object's namespace
 //!   whose `spec.selector` matches the object's labels, old and new ([`Owners::selecting`]):
 //!   a PodDisruptionBudget for each change of a Pod it selects, its deletion included.
+//! - `mapByPlacement`: every cached object of the controller's kind, in any namespace, whose
+//!   Pod template fits a Node differently before and after the Node's change
+//!   ([`Mapper::keys_by_placement`], from the Node's JSON): the DaemonSets a Node's creation,
+//!   deletion or new labels or taints concern, and no other.
 //!
 //! Predicates filter updates only; creations, deletions and resyncs always map. A rule's
 //! batch period goes with each key it maps ([`KeySink`]).
@@ -26,7 +30,10 @@ use std::{sync::Arc, time::Duration};
 
 pub use switchyard_work::WorkKey;
 
-use switchyard_selector::{Expression, Selector};
+use switchyard_selector::{
+    Expression, Selector,
+    placement::{Fit, Node, Placement},
+};
 
 use crate::{
     Config, ControllerRef, Predicate, Summary,
@@ -47,6 +54,12 @@ pub trait Owners {
     fn selecting(&self, resource: usize, namespace: &str, orphan: &Summary) -> Vec<String> {
         let _ = (resource, namespace, orphan);
         Vec::new()
+    }
+
+    /// Calls `each` with the JSON of every cached object of `resource`, in every namespace:
+    /// the objects a `mapByPlacement` rule weighs.
+    fn each_object(&self, resource: usize, each: &mut dyn FnMut(&[u8])) {
+        let _ = (resource, each);
     }
 }
 
@@ -169,6 +182,10 @@ enum MapKind {
         /// The controller kind's cache, whose objects' selectors are matched.
         owner_resource: Option<usize>,
     },
+    ByPlacement {
+        /// The controller kind's cache, whose objects' Pod templates are placed.
+        owner_resource: Option<usize>,
+    },
 }
 
 /// The kind between an owned object and its owner's owner.
@@ -225,10 +242,10 @@ impl Mapper {
                 },
                 RuleKind::ByNamespace => MapKind::ByNamespace,
                 RuleKind::BySelector { owner } => MapKind::BySelector {
-                    owner_resource: config
-                        .resources
-                        .iter()
-                        .position(|r| r.gvk.group == owner.group && r.gvk.kind == owner.kind),
+                    owner_resource: resource_of(config, owner),
+                },
+                RuleKind::ByPlacement { owner } => MapKind::ByPlacement {
+                    owner_resource: resource_of(config, owner),
                 },
             };
             by_resource[rule.resource].push(Rule {
@@ -248,6 +265,93 @@ impl Mapper {
     /// Whether any rule maps events of `resource` (a cache-only resource has none).
     pub fn maps(&self, resource: usize) -> bool {
         !self.by_resource[resource].is_empty()
+    }
+
+    /// Whether a `mapByPlacement` rule maps events of `resource`: its changes are then
+    /// passed to [`Mapper::keys_by_placement`] too, with the object's JSON before and after.
+    pub fn places(&self, resource: usize) -> bool {
+        self.by_resource[resource]
+            .iter()
+            .any(|r| matches!(r.kind, MapKind::ByPlacement { .. }))
+    }
+
+    /// Appends to `out` the keys `mapByPlacement` rules give a change of a Node of
+    /// `resource`, from its JSON after the change (`new`; for a deletion, its last state)
+    /// and before it (`old`, for `Modified`, when it was cached). Each cached object of the
+    /// controller's kind whose Pod template fits the Node (`NodeShouldRunDaemonPod`):
+    ///
+    /// - a Node added: where a Pod should run;
+    /// - a Node deleted: where a Pod may have run;
+    /// - a Node changed: only when its labels or taints changed, where the fit changed
+    ///   (kube-controller-manager's `updateNode`, then `syncNodeUpdate`, narrowed to the
+    ///   DaemonSets whose answer moved);
+    /// - a resync: nothing (each object is keyed by its own `for` rule).
+    pub fn keys_by_placement(
+        &self,
+        resource: usize,
+        event: EventKind,
+        old: Option<&[u8]>,
+        new: &[u8],
+        owners: &dyn Owners,
+        out: &mut dyn KeySink,
+    ) {
+        let parse = |json: &[u8]| {
+            serde_json::from_slice::<serde_json::Value>(json)
+                .ok()
+                .map(|v| Node::from_json(&v))
+        };
+        let Some(new) = parse(new) else { return };
+        let old = match event {
+            EventKind::Modified => match old.and_then(parse) {
+                Some(old) if old.same_placement(&new) => return,
+                old => old,
+            },
+            EventKind::Sync => return,
+            EventKind::Added | EventKind::Deleted => None,
+        };
+        let concerned = |fit_new: Fit, fit_old: Option<Fit>| match event {
+            EventKind::Added => fit_new.should_run,
+            EventKind::Deleted => fit_new.should_continue_running,
+            // Not cached before: as an addition.
+            EventKind::Modified => fit_old.map_or(fit_new.should_run, |o| o != fit_new),
+            EventKind::Sync => false,
+        };
+        for rule in &self.by_resource[resource] {
+            let MapKind::ByPlacement {
+                owner_resource: Some(owner_resource),
+            } = rule.kind
+            else {
+                continue;
+            };
+            owners.each_object(owner_resource, &mut |json| {
+                let Ok(owner) = serde_json::from_slice::<serde_json::Value>(json) else {
+                    return;
+                };
+                let placement = Placement::from_pod_spec(
+                    owner
+                        .pointer("/spec/template/spec")
+                        .unwrap_or(&serde_json::Value::Null),
+                )
+                .for_daemon();
+                let fit_old = old.as_ref().map(|o| placement.daemon_fit(o));
+                if !concerned(placement.daemon_fit(&new), fit_old) {
+                    return;
+                }
+                let meta = &owner["metadata"];
+                if let (Some(namespace), Some(name)) =
+                    (meta["namespace"].as_str(), meta["name"].as_str())
+                {
+                    out.key(
+                        WorkKey {
+                            controller: rule.controller.clone(),
+                            namespace: namespace.into(),
+                            name: name.into(),
+                        },
+                        rule.batch_period,
+                    );
+                }
+            });
+        }
     }
 
     /// Appends to `out` the keys caused by `event` on an object of `resource`. For
@@ -352,6 +456,8 @@ impl Mapper {
                         push(&self.cluster, &new.namespace);
                     }
                 }
+                // Weighed from the objects' JSON, in `keys_by_placement`.
+                MapKind::ByPlacement { .. } => {}
                 MapKind::BySelector { owner_resource } => {
                     let Some(resource) = owner_resource else {
                         continue;
@@ -371,6 +477,14 @@ impl Mapper {
             }
         }
     }
+}
+
+/// The index of the resource `gvk` names, in any version.
+fn resource_of(config: &Config, gvk: &Gvk) -> Option<usize> {
+    config
+        .resources
+        .iter()
+        .position(|r| r.gvk.group == gvk.group && r.gvk.kind == gvk.kind)
 }
 
 /// An update passes when no predicate is set or any one holds.
@@ -918,6 +1032,126 @@ controllers:
         .to_string();
         assert!(
             error.starts_with("controllers[0].mapByNamespace[0]: maps to the object's Namespace, so for must be v1/Namespace"),
+            "{error}"
+        );
+    }
+
+    /// Two DaemonSets: one on every Node, one only on `role=db` Nodes and not tolerating
+    /// `dedicated=db:NoExecute`.
+    struct DaemonSets(Vec<Vec<u8>>);
+
+    impl Owners for DaemonSets {
+        fn controller(&self, _: usize, _: &str, _: &str) -> Option<ControllerRef> {
+            None
+        }
+
+        fn each_object(&self, _: usize, each: &mut dyn FnMut(&[u8])) {
+            for json in &self.0 {
+                each(json);
+            }
+        }
+    }
+
+    #[test]
+    fn a_placement_mapping_keys_only_the_daemonsets_whose_fit_on_the_node_moved() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: apps/v1/DaemonSet
+    for: {apiVersion: apps/v1, kind: DaemonSet}
+    mapByPlacement:
+      - {apiVersion: v1, kind: Node}
+"#,
+        )
+        .unwrap();
+        let nodes = config
+            .resources
+            .iter()
+            .position(|r| r.gvk.kind == "Node")
+            .unwrap();
+        let mapper = Mapper::new(&config);
+        assert!(mapper.places(nodes));
+        let sets = DaemonSets(vec![
+            serde_json::to_vec(&serde_json::json!({
+                "metadata": {"namespace": "ns", "name": "everywhere"},
+                "spec": {"template": {"spec": {"tolerations": [{"operator": "Exists"}]}}}
+            }))
+            .unwrap(),
+            serde_json::to_vec(&serde_json::json!({
+                "metadata": {"namespace": "ns", "name": "db-only"},
+                "spec": {"template": {"spec": {"nodeSelector": {"role": "db"}}}}
+            }))
+            .unwrap(),
+        ]);
+        let node = |labels: serde_json::Value, taints: serde_json::Value, phase: &str| {
+            serde_json::to_vec(&serde_json::json!({
+                "metadata": {"name": "n1", "labels": labels},
+                "spec": {"taints": taints},
+                "status": {"phase": phase}
+            }))
+            .unwrap()
+        };
+        let keys = |event, old: Option<&[u8]>, new: &[u8]| {
+            let mut out: Vec<WorkKey> = Vec::new();
+            mapper.keys_by_placement(nodes, event, old, new, &sets, &mut out);
+            let mut names: Vec<String> = out.iter().map(|k| k.name.to_string()).collect();
+            names.sort();
+            names
+        };
+        let plain = node(serde_json::json!({}), serde_json::json!([]), "Running");
+        let db = node(
+            serde_json::json!({"role": "db"}),
+            serde_json::json!([]),
+            "Running",
+        );
+        let db_tainted = node(
+            serde_json::json!({"role": "db"}),
+            serde_json::json!([{"key": "dedicated", "value": "db", "effect": "NoExecute"}]),
+            "Running",
+        );
+        // Added: where a Pod should run; deleted: where one may have run.
+        assert_eq!(keys(EventKind::Added, None, &plain), ["everywhere"]);
+        assert_eq!(keys(EventKind::Added, None, &db), ["db-only", "everywhere"]);
+        assert_eq!(
+            keys(EventKind::Deleted, None, &db),
+            ["db-only", "everywhere"]
+        );
+        // A status change keys nothing, nor does a resync.
+        let db_pending = node(
+            serde_json::json!({"role": "db"}),
+            serde_json::json!([]),
+            "Pending",
+        );
+        assert!(keys(EventKind::Modified, Some(&db), &db_pending).is_empty());
+        assert!(keys(EventKind::Sync, None, &db).is_empty());
+        // Relabelled or tainted: only the DaemonSet whose answer moved.
+        assert_eq!(keys(EventKind::Modified, Some(&plain), &db), ["db-only"]);
+        assert_eq!(keys(EventKind::Modified, Some(&db), &plain), ["db-only"]);
+        assert_eq!(
+            keys(EventKind::Modified, Some(&db), &db_tainted),
+            ["db-only"]
+        );
+        // A Node not cached before counts as added.
+        assert_eq!(keys(EventKind::Modified, None, &plain), ["everywhere"]);
+    }
+
+    #[test]
+    fn a_placement_mapping_of_a_metadata_only_kind_is_refused() {
+        let error = Config::from_yaml(
+            r#"
+resources:
+  - {apiVersion: v1, kind: Node, metadataOnly: true}
+controllers:
+  - name: apps/v1/DaemonSet
+    for: {apiVersion: apps/v1, kind: DaemonSet}
+    mapByPlacement:
+      - {apiVersion: v1, kind: Node}
+"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with("controllers[0].mapByPlacement[0]: reads the labels and taints"),
             "{error}"
         );
     }

@@ -65,6 +65,9 @@ impl Watches {
                 RuleKind::BySelector { owner } => Mapping::BySelector {
                     owner: owner.clone(),
                 },
+                RuleKind::ByPlacement { owner } => Mapping::ByPlacement {
+                    owner: owner.clone(),
+                },
             };
             let keying = Keying::of(&rule.predicates, rule.batch_period, rule.batch_status_only);
             add_rule(rules, Target { gvk, mapping }, keying);
@@ -260,6 +263,7 @@ impl Watches {
                         Mapping::ByLabel { label } => RuleKind::ByLabel { label },
                         Mapping::ByNamespace => RuleKind::ByNamespace,
                         Mapping::BySelector { owner } => RuleKind::BySelector { owner },
+                        Mapping::ByPlacement { owner } => RuleKind::ByPlacement { owner },
                     },
                     predicates: keying.filter.predicates(),
                     batch_period: keying.batch_period,

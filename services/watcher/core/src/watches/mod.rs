@@ -19,8 +19,8 @@
 //! ```
 //!
 //! Mapping semantics are the file's ([`crate::mapping`]): `reconciles` is `for`, `owns`
-//! (with `through`), `by_label`, `by_namespace` and `by_selector` are `owns`, `mapByLabel`,
-//! `mapByNamespace` and `mapBySelector`. The kind an `owns` watch
+//! (with `through`), `by_label`, `by_namespace`, `by_selector` and `by_placement` are `owns`,
+//! `mapByLabel`, `mapByNamespace`, `mapBySelector` and `mapByPlacement`. The kind an `owns` watch
 //! maps `through` is cached metadata-only for the registration: only its owner reference
 //! is read.
 //!
@@ -74,6 +74,7 @@ pub struct ControllerWatches {
     pub by_label: Vec<Watch>,
     pub by_namespace: Vec<Watch>,
     pub by_selector: Vec<Watch>,
+    pub by_placement: Vec<Watch>,
 }
 
 /// One declared watch (the proto's `Watch`).
@@ -98,6 +99,7 @@ enum Mapping {
     ByLabel { label: String },
     ByNamespace,
     BySelector { owner: Gvk },
+    ByPlacement { owner: Gvk },
 }
 
 /// What a rule maps: a kind, and how.
@@ -200,6 +202,7 @@ impl fmt::Display for Described<'_> {
             Mapping::ByLabel { label } => write!(f, "by label {label} on {}", target.gvk)?,
             Mapping::ByNamespace => write!(f, "by namespace on {}", target.gvk)?,
             Mapping::BySelector { .. } => write!(f, "by selector on {}", target.gvk)?,
+            Mapping::ByPlacement { .. } => write!(f, "by placement on {}", target.gvk)?,
         }
         if let Filter::AnyOf(predicates) = filter {
             write!(f, " {:?}", predicates.iter().collect::<Vec<_>>())?;

@@ -48,6 +48,7 @@ fn widgets() -> ControllerWatches {
         }],
         by_namespace: vec![],
         by_selector: vec![],
+        by_placement: vec![],
     }
 }
 
@@ -553,6 +554,7 @@ fn a_namespace_mapping_keys_the_namespace_of_the_changed_object() {
         by_label: vec![],
         by_namespace: vec![metadata(watch("v1", "ServiceAccount"))],
         by_selector: vec![],
+        by_placement: vec![],
     };
     let mut watches = watches();
     watches.register(registration("r", vec![accounts])).unwrap();
@@ -607,6 +609,7 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
         by_label: vec![],
         by_namespace: vec![],
         by_selector: vec![],
+        by_placement: vec![],
         ..metadata_maps
     };
     assert_eq!(check(vec![allowed.clone()], granted), Ok(()));
@@ -637,6 +640,7 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
         by_label: vec![],
         by_namespace: vec![],
         by_selector: vec![],
+        by_placement: vec![],
     };
     assert_eq!(
         check(

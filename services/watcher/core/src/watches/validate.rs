@@ -67,6 +67,7 @@ impl Registration {
             by_label,
             by_namespace,
             by_selector,
+            by_placement,
         } = declared;
         let at = format!("controllers[{c}]");
         check_name(&format!("{at}.name"), &name)?;
@@ -75,6 +76,7 @@ impl Registration {
             ("by_label", &by_label),
             ("by_namespace", &by_namespace),
             ("by_selector", &by_selector),
+            ("by_placement", &by_placement),
         ];
         for (list, watches) in lists {
             if watches.len() > MAX_WATCHES {
@@ -219,19 +221,43 @@ impl Registration {
                 ),
             );
         }
-        for (i, watch) in by_selector.iter().enumerate() {
-            let field = format!("{at}.by_selector[{i}]");
+        let by_owner = by_selector
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                (
+                    "by_selector",
+                    i,
+                    w,
+                    Mapping::BySelector {
+                        owner: owner.clone(),
+                    },
+                )
+            })
+            .chain(by_placement.iter().enumerate().map(|(i, w)| {
+                (
+                    "by_placement",
+                    i,
+                    w,
+                    Mapping::ByPlacement {
+                        owner: owner.clone(),
+                    },
+                )
+            }));
+        for (list, i, watch, mapping) in by_owner {
+            let field = format!("{at}.{list}[{i}]");
             let gvk = self.kind(&field, watch)?;
             only_in(&field, watch, false, false)?;
+            if matches!(mapping, Mapping::ByPlacement { .. }) && watch.metadata_only {
+                return Err(invalid(
+                    format!("{field}.metadata_only"),
+                    "a by_placement watch reads the object's labels and taints, so it must be cached in full",
+                ));
+            }
             controller.need(&gvk, watch.metadata_only);
             add_rule(
                 &mut controller.rules,
-                Target {
-                    gvk,
-                    mapping: Mapping::BySelector {
-                        owner: owner.clone(),
-                    },
-                },
+                Target { gvk, mapping },
                 Keying::of(
                     &watch.predicates,
                     watch.batch_period,
