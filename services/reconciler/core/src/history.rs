@@ -13,8 +13,8 @@
 
 use std::{cmp::Ordering, collections::BTreeSet};
 
-use k8s_openapi::api::apps::v1::ControllerRevision;
-use serde_json::Value;
+use k8s_openapi::api::{apps::v1::ControllerRevision, core::v1::PodTemplateSpec};
+use serde_json::{Value, json};
 
 use crate::hash::{FNV32_OFFSET_BASIS, fnv32, safe_encode};
 
@@ -129,6 +129,40 @@ fn write_go_string(s: &str, out: &mut Vec<u8>) {
         }
     }
     out.push(b'"');
+}
+
+/// The revision data of an owner's Pod template (StatefulSet's and DaemonSet's `getPatch`):
+/// a patch that replaces the template, `{"spec":{"template":{…,"$patch":"replace"}}}`, with
+/// the template as Go writes it (a `metadata` and every container's `resources`, even when
+/// empty).
+pub fn template_patch(template: Option<&PodTemplateSpec>) -> Value {
+    let mut template =
+        serde_json::to_value(template.cloned().unwrap_or_default()).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut template {
+        map.entry("metadata").or_insert_with(|| json!({}));
+        let spec = map.entry("spec").or_insert_with(|| json!({}));
+        for field in ["containers", "initContainers", "ephemeralContainers"] {
+            if let Some(Value::Array(containers)) = spec.get_mut(field) {
+                for container in containers.iter_mut().filter_map(Value::as_object_mut) {
+                    container.entry("resources").or_insert_with(|| json!({}));
+                }
+            }
+        }
+        map.insert("$patch".into(), json!("replace"));
+    }
+    json!({"spec": {"template": template}})
+}
+
+/// The template a revision restores (`ApplyRevision`: its patch replaces the template).
+pub fn patched_template(revision: &ControllerRevision) -> Result<PodTemplateSpec, String> {
+    let mut template = data(revision)
+        .pointer("/spec/template")
+        .cloned()
+        .ok_or_else(|| "data has no spec.template".to_owned())?;
+    if let Value::Object(map) = &mut template {
+        map.remove("$patch");
+    }
+    serde_json::from_value(template).map_err(|e| format!("data.spec.template: {e}"))
 }
 
 /// The revision's data, `null` when it has none.

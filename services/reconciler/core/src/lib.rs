@@ -10,7 +10,9 @@
 //! Every function takes the objects it decides on and, where time matters, `now`; the tests
 //! beside the code build the objects by hand.
 
+pub mod claim;
 pub mod cronjob;
+pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
 pub mod event;

@@ -169,7 +169,7 @@ pub fn is_available(pod: &Pod, min_ready_seconds: i64, now: Timestamp) -> bool {
 }
 
 /// How long until the Pod counts as available: zero when it is, `None` while not ready.
-fn available_in(pod: &Pod, min_ready_seconds: i64, now: Timestamp) -> Option<Duration> {
+pub fn available_in(pod: &Pod, min_ready_seconds: i64, now: Timestamp) -> Option<Duration> {
     let since = ready_since(pod)?;
     if min_ready_seconds <= 0 {
         return Some(Duration::ZERO);
@@ -421,24 +421,38 @@ pub fn controller_ref(spec: &Spec<'_>) -> OwnerReference {
 /// `<replicaset>-`, the template's labels, annotations, finalizers and spec, and the
 /// controller reference.
 pub fn pod_from_template(spec: &Spec<'_>) -> Pod {
-    let template: PodTemplateSpec = spec
+    let template = spec
         .rs
         .spec
         .as_ref()
         .and_then(|s| s.template.clone())
         .unwrap_or_default();
+    pod_from(
+        template,
+        spec.rs.metadata.name.as_deref().unwrap_or_default(),
+        spec.rs.metadata.namespace.as_deref().unwrap_or_default(),
+        controller_ref(spec),
+    )
+}
+
+/// A new Pod of `owner` from `template` (`controller.GetPodFromTemplate`): `generateName`
+/// `<owner>-`, the template's labels, annotations, finalizers and spec, and the controller
+/// reference.
+pub fn pod_from(
+    template: PodTemplateSpec,
+    owner: &str,
+    namespace: &str,
+    controller: OwnerReference,
+) -> Pod {
     let meta = template.metadata.unwrap_or_default();
     Pod {
         metadata: ObjectMeta {
-            generate_name: Some(format!(
-                "{}-",
-                spec.rs.metadata.name.as_deref().unwrap_or_default()
-            )),
-            namespace: spec.rs.metadata.namespace.clone(),
+            generate_name: Some(format!("{owner}-")),
+            namespace: Some(namespace.to_owned()),
             labels: meta.labels,
             annotations: meta.annotations,
             finalizers: meta.finalizers,
-            owner_references: Some(vec![controller_ref(spec)]),
+            owner_references: Some(vec![controller]),
             ..ObjectMeta::default()
         },
         spec: template.spec,

@@ -32,12 +32,12 @@ use k8s_openapi::{
     },
     jiff::Timestamp,
 };
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::{
     deployment::scaled_value,
     history::{self, HASH_LABEL},
-    replicaset::{controller_of, is_available, is_ready},
+    replicaset::{is_available, is_ready},
     selector::{Selector, SelectorError},
 };
 
@@ -290,41 +290,15 @@ fn is_unavailable(pod: &Pod, min_ready_seconds: i64, now: Timestamp) -> bool {
 
 // --- claiming Pods -------------------------------------------------------------------------
 
+pub use crate::claim::Claim;
+
 /// Which Pods the StatefulSet keeps, adopts and releases (`ClaimPods` with `isMemberOf`): a
 /// Pod is its own when the selector matches it and its name is `<set>-<ordinal>`.
-#[derive(Debug, Default, PartialEq)]
-pub struct Claim<'p> {
-    pub owned: Vec<&'p Pod>,
-    pub adopt: Vec<&'p Pod>,
-    pub release: Vec<&'p Pod>,
-}
-
 pub fn claim<'p>(spec: &Spec<'_>, pods: &'p [Pod]) -> Claim<'p> {
-    let mut claim = Claim::default();
-    for pod in pods {
-        if pod.metadata.namespace.as_deref() != Some(spec.namespace) {
-            continue;
-        }
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let matches = spec.selector.matches(pod.metadata.labels.as_ref())
-            && parent_and_ordinal(name).0 == spec.name;
-        match controller_of(pod) {
-            Some(r) if r.uid == spec.uid => {
-                if matches {
-                    claim.owned.push(pod);
-                } else if !spec.deleting {
-                    claim.release.push(pod);
-                }
-            }
-            Some(_) => {}
-            None => {
-                if matches && !spec.deleting && !is_terminating(pod) {
-                    claim.adopt.push(pod);
-                }
-            }
-        }
-    }
-    claim
+    crate::claim::claim(spec.namespace, spec.uid, spec.deleting, pods, |pod| {
+        spec.selector.matches(pod.metadata.labels.as_ref())
+            && parent_and_ordinal(pod.metadata.name.as_deref().unwrap_or_default()).0 == spec.name
+    })
 }
 
 /// The revisions the StatefulSet may use: those it controls and orphans its selector matches
@@ -359,40 +333,14 @@ pub fn own_revisions<'r>(
 // --- revisions -----------------------------------------------------------------------------
 
 /// The revision data of the StatefulSet as it is now (`getPatch`): a patch that replaces its
-/// template, `{"spec":{"template":{…,"$patch":"replace"}}}`, with the template as Go writes it
-/// (a `metadata` and every container's `resources`, even when empty).
+/// template ([`history::template_patch`]).
 pub fn revision_data(set: &StatefulSet) -> Value {
-    let template = set
-        .spec
-        .as_ref()
-        .map(|s| s.template.clone())
-        .unwrap_or_default();
-    let mut template = serde_json::to_value(template).unwrap_or(Value::Null);
-    if let Value::Object(map) = &mut template {
-        map.entry("metadata").or_insert_with(|| json!({}));
-        let spec = map.entry("spec").or_insert_with(|| json!({}));
-        for field in ["containers", "initContainers", "ephemeralContainers"] {
-            if let Some(Value::Array(containers)) = spec.get_mut(field) {
-                for container in containers.iter_mut().filter_map(Value::as_object_mut) {
-                    container.entry("resources").or_insert_with(|| json!({}));
-                }
-            }
-        }
-        map.insert("$patch".into(), json!("replace"));
-    }
-    json!({"spec": {"template": template}})
+    history::template_patch(set.spec.as_ref().map(|s| &s.template))
 }
 
-/// The template a revision restores (`ApplyRevision`: its patch replaces the template).
+/// The template a revision restores ([`history::patched_template`]).
 pub fn revision_template(revision: &ControllerRevision) -> Result<PodTemplateSpec, String> {
-    let mut template = history::data(revision)
-        .pointer("/spec/template")
-        .cloned()
-        .ok_or_else(|| "data has no spec.template".to_owned())?;
-    if let Value::Object(map) = &mut template {
-        map.remove("$patch");
-    }
-    serde_json::from_value(template).map_err(|e| format!("data.spec.template: {e}"))
+    history::patched_template(revision)
 }
 
 /// A new revision of the StatefulSet (`newRevision`): its template's labels and the hash
