@@ -13,7 +13,9 @@
 
 pub mod builtin;
 pub mod cache;
+pub mod claim;
 pub mod cronjob;
+pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
 pub mod finalizer;
@@ -272,6 +274,7 @@ pub const BUILTINS: &[Builtin] = &[
     replicationcontroller::BUILTIN,
     statefulset::BUILTIN,
     disruption::BUILTIN,
+    daemonset::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

@@ -54,10 +54,10 @@ use crate::{
 };
 
 /// kube-controller-manager's Event reasons for the Pods a ReplicaSet creates and deletes.
-const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
-const FAILED_CREATE: &str = "FailedCreate";
-const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
-const FAILED_DELETE: &str = "FailedDelete";
+pub(crate) const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
+pub(crate) const FAILED_CREATE: &str = "FailedCreate";
+pub(crate) const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
+pub(crate) const FAILED_DELETE: &str = "FailedDelete";
 
 pub const NAME: &str = switchyard_work::builtin::REPLICASET;
 
@@ -173,17 +173,17 @@ impl Replicated for ReplicationController {
 /// The highest resourceVersion of this reconcile's Pod writes, each also raising the
 /// reconcile's read floor as it is made ([`CacheClient::wrote`]).
 #[derive(Debug)]
-struct Writes<'a> {
+pub(crate) struct Writes<'a> {
     cache: &'a CacheClient,
     max: Option<(u64, String)>,
 }
 
 impl<'a> Writes<'a> {
-    fn new(cache: &'a CacheClient) -> Self {
+    pub(crate) fn new(cache: &'a CacheClient) -> Self {
         Self { cache, max: None }
     }
 
-    fn saw(&mut self, pod: &Pod) {
+    pub(crate) fn saw(&mut self, pod: &Pod) {
         self.cache.wrote(pod);
         let Some(rv) = pod.metadata.resource_version.as_deref() else {
             return;
@@ -197,7 +197,7 @@ impl<'a> Writes<'a> {
         }
     }
 
-    fn resource_version(&self) -> Option<&str> {
+    pub(crate) fn resource_version(&self) -> Option<&str> {
         self.max.as_ref().map(|(_, rv)| rv.as_str())
     }
 }

@@ -33,17 +33,17 @@ use switchyard_k8s::{
 };
 use switchyard_reconciler_core::{
     history::{self, UpdateRevision},
-    replicaset::controller_of,
     statefulset::{self as core, Revisions, Spec, Step},
 };
 use tracing::{debug, warn};
 
 use crate::builtin::{Builtin, Permission, RECORD_EVENTS};
 use crate::cache::ListFilter;
+use crate::claim::Owner;
 use crate::replicaset::POD_BATCH_PERIOD;
 use crate::sdk::{
-    self, Action, Builder, Context, Controller, Error, EventType, Options, Refusal, Request,
-    Result, Watches, keep_first, status_message,
+    Action, Builder, Context, Controller, Error, EventType, Options, Refusal, Request, Result,
+    Watches, keep_first, status_message,
 };
 
 pub const NAME: &str = switchyard_work::builtin::STATEFULSET;
@@ -249,6 +249,14 @@ pub async fn reconcile(ctx: &Context, request: &Request) -> Result {
     })
 }
 
+fn owner<'a>(set: &'a StatefulSet, spec: &Spec<'_>) -> Owner<'a, StatefulSet> {
+    Owner {
+        object: set,
+        noun: NOUN,
+        controller: spec.controller_ref(),
+    }
+}
+
 /// The revisions the StatefulSet controls, with the orphans its selector matches adopted
 /// (`adoptOrphanRevisions`).
 async fn adopt_revisions(
@@ -268,19 +276,7 @@ async fn adopt_revisions(
         )
         .await?;
     let (owned, orphans) = core::own_revisions(spec, &listed);
-    let mut revisions: Vec<ControllerRevision> = owned.into_iter().cloned().collect();
-    if orphans.is_empty() || spec.deleting {
-        return Ok(revisions);
-    }
-    sdk::can_adopt(ctx, set, NOUN).await?;
-    let api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), spec.namespace);
-    for orphan in orphans {
-        let adopted =
-            sdk::set_controller_ref(&api, orphan, spec.uid, Some(spec.controller_ref())).await?;
-        ctx.cache.wrote(&adopted);
-        revisions.push(adopted);
-    }
-    Ok(revisions)
+    owner(set, spec).adopt_revisions(ctx, owned, orphans).await
 }
 
 /// The Pods the StatefulSet controls after adopting the orphans it matches and releasing
@@ -303,50 +299,9 @@ async fn owned_pods(
             },
         )
         .await?;
-    let claim = core::claim(spec, &listed);
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), spec.namespace);
-    if !claim.adopt.is_empty() {
-        sdk::can_adopt(ctx, set, NOUN).await?;
-    }
-    let adopted = join_all(
-        claim
-            .adopt
-            .iter()
-            .map(|pod| sdk::set_controller_ref(&api, pod, spec.uid, Some(spec.controller_ref()))),
-    )
-    .await;
-    let released = join_all(
-        claim
-            .release
-            .iter()
-            .map(|pod| sdk::set_controller_ref(&api, pod, spec.uid, None)),
-    )
-    .await;
-    let mut pods: Vec<Pod> = claim.owned.into_iter().cloned().collect();
-    let mut first_error = None;
-    for result in adopted {
-        match result {
-            Ok(pod) => {
-                ctx.cache.wrote(&pod);
-                if controller_of(&pod).is_some_and(|r| r.uid == spec.uid) {
-                    pods.push(pod);
-                }
-            }
-            Err(error) if error.is_not_found() => {}
-            Err(error) => keep_first(&mut first_error, error),
-        }
-    }
-    for result in released {
-        match result {
-            Ok(pod) => ctx.cache.wrote(&pod),
-            Err(error) if error.is_not_found() => {}
-            Err(error) => keep_first(&mut first_error, error),
-        }
-    }
-    match first_error {
-        Some(error) => Err(error),
-        None => Ok(pods),
-    }
+    owner(set, spec)
+        .settle(ctx, core::claim(spec, &listed))
+        .await
 }
 
 /// The revision of the StatefulSet as it is now (`getStatefulSetRevisions`): the newest

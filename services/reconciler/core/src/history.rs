@@ -16,7 +16,10 @@ use std::{cmp::Ordering, collections::BTreeSet};
 use k8s_openapi::api::{apps::v1::ControllerRevision, core::v1::PodTemplateSpec};
 use serde_json::{Value, json};
 
-use crate::hash::{FNV32_OFFSET_BASIS, fnv32, safe_encode};
+use crate::{
+    hash::{FNV32_OFFSET_BASIS, fnv32, safe_encode},
+    selector::Selector,
+};
 
 /// The label a revision carries its hash in.
 pub const HASH_LABEL: &str = "controller.kubernetes.io/hash";
@@ -194,6 +197,35 @@ pub fn same_data(a: &Value, b: &Value) -> bool {
         (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
         (a, b) => a == b,
     }
+}
+
+/// The revisions an owner may use (`ListControllerRevisions` and the claim): those of
+/// `namespace` its selector matches that it controls, and the orphans, to be adopted.
+pub fn own<'r>(
+    namespace: &str,
+    uid: &str,
+    selector: &Selector,
+    revisions: &'r [ControllerRevision],
+) -> (Vec<&'r ControllerRevision>, Vec<&'r ControllerRevision>) {
+    let mut owned = Vec::new();
+    let mut orphans = Vec::new();
+    for revision in revisions {
+        let meta = &revision.metadata;
+        if meta.namespace.as_deref() != Some(namespace) || !selector.matches(meta.labels.as_ref()) {
+            continue;
+        }
+        let controller = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true));
+        match controller {
+            None => orphans.push(revision),
+            Some(r) if r.uid == uid => owned.push(revision),
+            Some(_) => {}
+        }
+    }
+    (owned, orphans)
 }
 
 /// Oldest first: by revision number, then creation time, then name (`SortControllerRevisions`).

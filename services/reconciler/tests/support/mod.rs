@@ -523,3 +523,34 @@ pub async fn reconciler_process(
     process.wait_ready().await.unwrap();
     process
 }
+
+/// A Node kwok plays the kubelet for (Ready, Pods on it Running and Ready), with `labels`
+/// and `taints` (JSON), roomy enough for any test's Pods.
+pub async fn kwok_node(
+    client: &switchyard_k8s::Client,
+    name: &str,
+    labels: serde_json::Value,
+    taints: serde_json::Value,
+) {
+    let mut all = json!({"kubernetes.io/hostname": name, "type": "kwok"});
+    if let (Some(all), Some(more)) = (all.as_object_mut(), labels.as_object()) {
+        all.extend(more.clone());
+    }
+    let node: switchyard_k8s::k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": all,
+        },
+        "spec": {"taints": taints},
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "250"},
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "250"},
+        },
+    }))
+    .unwrap();
+    Api::<switchyard_k8s::k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .create(&switchyard_k8s::PostParams::default(), &node)
+        .await
+        .unwrap();
+}

@@ -37,7 +37,8 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use serde_json::Value;
-use switchyard_selector::placement::{self, Fit, Placement};
+pub use switchyard_selector::placement;
+use switchyard_selector::placement::{Fit, Placement};
 
 use crate::{
     claim::{self, Claim},

@@ -301,33 +301,12 @@ pub fn claim<'p>(spec: &Spec<'_>, pods: &'p [Pod]) -> Claim<'p> {
     })
 }
 
-/// The revisions the StatefulSet may use: those it controls and orphans its selector matches
-/// (`ListControllerRevisions`); the orphans are to be adopted.
+/// The revisions the StatefulSet may use ([`history::own`]); the orphans are to be adopted.
 pub fn own_revisions<'r>(
     spec: &Spec<'_>,
     revisions: &'r [ControllerRevision],
 ) -> (Vec<&'r ControllerRevision>, Vec<&'r ControllerRevision>) {
-    let mut owned = Vec::new();
-    let mut orphans = Vec::new();
-    for revision in revisions {
-        let meta = &revision.metadata;
-        if meta.namespace.as_deref() != Some(spec.namespace)
-            || !spec.selector.matches(meta.labels.as_ref())
-        {
-            continue;
-        }
-        let controller = meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true));
-        match controller {
-            None => orphans.push(revision),
-            Some(r) if r.uid == spec.uid => owned.push(revision),
-            Some(_) => {}
-        }
-    }
-    (owned, orphans)
+    history::own(spec.namespace, spec.uid, &spec.selector, revisions)
 }
 
 // --- revisions -----------------------------------------------------------------------------
