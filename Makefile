@@ -165,10 +165,12 @@ bench-capacity: testenv dev-tool
 bench-batch: testenv dev-tool
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench batch -- $(CARGO) bench --locked -p switchyard-reconciler --bench batch
 
-# StatefulSets of OrderedReady Pods made ready, under kube-controller-manager and Switchyard
-# (services/reconciler/benches/stateful.rs); figures under `statefulset.`.
+# StatefulSets of OrderedReady Pods made ready (services/reconciler/benches/stateful.rs, figures
+# under `statefulset.`) and DaemonSets rolled out on 1,000 Nodes and following Node churn
+# (benches/daemonset.rs, under `daemonset.`), under kube-controller-manager and Switchyard.
 bench-stateful: testenv dev-tool
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench statefulset -- $(CARGO) bench --locked -p switchyard-reconciler --bench stateful
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) bench daemonset -- $(CARGO) bench --locked -p switchyard-reconciler --bench daemonset
 
 # The garbage collector beside kube-controller-manager's: a 10,000-Pod cascade (SWITCHYARD_BENCH_ROUNDS
 # rounds, the order reversed every other round) and memory per object (the watcher runs as a

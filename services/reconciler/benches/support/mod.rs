@@ -185,6 +185,7 @@ impl Controllers {
                     "replicationcontroller-controller",
                     "statefulset-controller",
                     "disruption-controller",
+                    "daemonset-controller",
                 ];
                 let args = [
                     &format!("--kube-api-qps={CLIENT_QPS}"),
