@@ -22,6 +22,7 @@
 //!
 //! Each subject runs once per round, the order reversed every other round
 //! (`SWITCHYARD_BENCH_ROUNDS`, 2 by default); each figure is the median.
+//! `SWITCHYARD_BENCH_DAEMONSET=rollout` (or `churn`) runs one half alone.
 
 #![allow(clippy::unwrap_used)]
 
@@ -368,17 +369,26 @@ const RATIOS: [(&str, &str, &str); 3] = [
 
 async fn run() {
     let nodes = count("SWITCHYARD_BENCH_NODES", 1000);
+    // `rollout` or `churn` runs one half alone.
+    let only = std::env::var("SWITCHYARD_BENCH_DAEMONSET").unwrap_or_default();
     eprintln!("{SETS} DaemonSets on {nodes} Nodes per run");
-    let mut took = switchyard_testenv::compare("daemonset", &ROLLOUTS, "s", |name, under| {
-        rollout(name, under, nodes)
-    })
-    .await;
-    took.extend(
-        switchyard_testenv::compare("daemonset", &CHURNS, "s", |name, under| {
-            node_churn(name, under, nodes)
-        })
-        .await,
-    );
+    let mut took = BTreeMap::new();
+    if only != "churn" {
+        took.extend(
+            switchyard_testenv::compare("daemonset", &ROLLOUTS, "s", |name, under| {
+                rollout(name, under, nodes)
+            })
+            .await,
+        );
+    }
+    if only != "rollout" {
+        took.extend(
+            switchyard_testenv::compare("daemonset", &CHURNS, "s", |name, under| {
+                node_churn(name, under, nodes)
+            })
+            .await,
+        );
+    }
     for (name, seconds) in &took {
         println!("bench daemonset.{name} {seconds:.2} s");
     }

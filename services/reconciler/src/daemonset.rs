@@ -12,7 +12,7 @@
 //!     ─► manage: create (pinned by node affinity, slow-start batches) and delete, ≤ 250 each
 //!     ─► nothing to manage and RollingUpdate: replace within maxUnavailable / maxSurge
 //!     ─► history past revisionHistoryLimit deleted (never one a Pod still carries)
-//!     ─► Pods read again at the writes' resourceVersion ─► status (409 on a stale read)
+//!     ─► status from the Pods as read (409 on a stale read)
 //! ```
 //!
 //! As with ReplicaSets, a reconcile after one that wrote reads a cache holding those writes
@@ -22,6 +22,7 @@
 //! that moves to another reconciler starts it again.
 
 use std::{
+    borrow::Cow,
     collections::BTreeMap,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -32,13 +33,18 @@ use serde_json::json;
 use switchyard_k8s::{
     Api, DeleteParams, Pod, PostParams,
     k8s_openapi::{
+        ClusterResourceScope,
         api::{
             apps::v1::{ControllerRevision, DaemonSet},
-            core::v1::Node,
+            core::v1::{Node, Taint},
         },
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
         jiff::Timestamp,
     },
-    kube::api::{Patch, PatchParams},
+    kube::{
+        Resource,
+        api::{Patch, PatchParams},
+    },
 };
 use switchyard_reconciler_core::{
     daemonset::{
@@ -54,8 +60,62 @@ use crate::builtin::{Builtin, Permission, RECORD_EVENTS};
 use crate::cache::ListFilter;
 use crate::claim::Owner;
 use crate::replicaset::{
-    FAILED_CREATE, FAILED_DELETE, POD_BATCH_PERIOD, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE, Writes,
+    FAILED_CREATE, FAILED_DELETE, POD_BATCH_PERIOD, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE,
 };
+
+/// A Node as the DaemonSet controller reads it from the cache: its metadata and taints. The
+/// rest (its status: conditions, addresses, images), most of a Node's bytes, is skipped while
+/// decoding, for a list of every Node at each reconcile.
+#[derive(Clone, Debug, serde::Deserialize)]
+struct NodePlacement {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<NodeTaints>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+struct NodeTaints {
+    #[serde(default)]
+    taints: Option<Vec<Taint>>,
+}
+
+impl NodePlacement {
+    fn taints(&self) -> &[Taint] {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+impl Resource for NodePlacement {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Node::kind(&())
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Node::group(&())
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Node::version(&())
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Node::plural(&())
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
 use crate::sdk::{
     Action, Builder, Context, Controller, Error, EventType, Map, Options, Refusal, Request, Result,
     Watches, is_namespace_terminating, keep_first, status_message,
@@ -175,10 +235,10 @@ pub async fn reconcile(
 
     let nodes: Vec<placement::Node> = ctx
         .cache
-        .list::<Node>("", ListFilter::default())
+        .list::<NodePlacement>("", ListFilter::default())
         .await?
         .iter()
-        .map(core::node_view)
+        .map(|n| core::placement_node(&n.metadata, n.taints()))
         .collect();
     let listed = ctx
         .cache
@@ -213,11 +273,10 @@ pub async fn reconcile(
         ctx.events
             .publish(&ds, type_, event.reason, "Sync", event.message.clone());
     }
-    let mut writes = Writes::new(&ctx.cache);
     let mut first_error = None;
     let recheck = managed.recheck_after;
     if !managed.is_empty() {
-        if let Err(error) = sync_nodes(ctx, &ds, &spec, &managed, &hash, &mut writes).await {
+        if let Err(error) = sync_nodes(ctx, &ds, &spec, &managed, &hash).await {
             keep_first(&mut first_error, error);
         }
     } else if matches!(spec.strategy, Strategy::RollingUpdate { .. }) {
@@ -225,7 +284,7 @@ pub async fn reconcile(
         // manage, so it weighs Pods that are all accounted for.
         match core::rolling_update(&spec, &nodes, &by_node, &hash, now) {
             Ok(rolled) if !rolled.is_empty() => {
-                if let Err(error) = sync_nodes(ctx, &ds, &spec, &rolled, &hash, &mut writes).await {
+                if let Err(error) = sync_nodes(ctx, &ds, &spec, &rolled, &hash).await {
                     keep_first(&mut first_error, error);
                 }
             }
@@ -235,9 +294,8 @@ pub async fn reconcile(
     }
 
     // History past the limit, never a revision a Pod still carries.
-    let every: Vec<&Pod> = pods.iter().collect();
     let revisions_api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), namespace);
-    for doomed in core::to_clean_up(&spec, &old.iter().collect::<Vec<_>>(), &every) {
+    for doomed in core::to_clean_up(&spec, &old.iter().collect::<Vec<_>>(), &owned) {
         let name = doomed.metadata.name.as_deref().unwrap_or_default();
         match revisions_api.delete(name, &DeleteParams::default()).await {
             Ok(_) => debug!(revision = name, "deleted old revision"),
@@ -252,18 +310,10 @@ pub async fn reconcile(
         }
     }
 
-    // The status, from a read that reflects every write above.
-    let settled;
-    let owned_now: Vec<&Pod> = match writes.resource_version() {
-        Some(rv) => {
-            let rv = rv.to_owned();
-            settled = read_pods(ctx, &spec, &query, Some(&rv)).await?;
-            let claimed = core::claim(&spec, &settled);
-            claimed.owned
-        }
-        None => owned,
-    };
-    let by_node = core::by_node(&owned_now, false);
+    // The status, as kube-controller-manager's, from the Pods as read: when this reconcile
+    // wrote, their events key the DaemonSet again, and that reconcile (reading a cache that
+    // holds these writes) counts them. Not read again here: at a thousand Nodes a read of
+    // the Pods is most of a reconcile's work.
     let now = Timestamp::now();
     let status = core::status(&spec, &nodes, &by_node, &hash, true, now);
     if core::status_changed(&ds, &status) {
@@ -287,7 +337,7 @@ pub async fn reconcile(
     }
     debug!(
         nodes = nodes.len(),
-        pods = owned_now.len(),
+        pods = owned.len(),
         hash,
         failed = first_error.is_some(),
         "reconciled daemonset"
@@ -477,7 +527,6 @@ async fn sync_nodes(
     spec: &Spec<'_>,
     writes: &core::Writes,
     hash: &str,
-    seen: &mut Writes<'_>,
 ) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), spec.namespace);
     let (post, delete) = (PostParams::default(), DeleteParams::default());
@@ -494,7 +543,7 @@ async fn sync_nodes(
         for result in created {
             match result {
                 Ok(pod) => {
-                    seen.saw(&pod);
+                    ctx.cache.wrote(&pod);
                     ctx.events.publish(
                         ds,
                         EventType::Normal,
@@ -530,7 +579,7 @@ async fn sync_nodes(
         match result {
             Ok(either) => {
                 if let Some(pod) = either.left() {
-                    seen.saw(&pod);
+                    ctx.cache.wrote(&pod);
                 }
                 ctx.events.publish(
                     ds,

@@ -173,17 +173,17 @@ impl Replicated for ReplicationController {
 /// The highest resourceVersion of this reconcile's Pod writes, each also raising the
 /// reconcile's read floor as it is made ([`CacheClient::wrote`]).
 #[derive(Debug)]
-pub(crate) struct Writes<'a> {
+struct Writes<'a> {
     cache: &'a CacheClient,
     max: Option<(u64, String)>,
 }
 
 impl<'a> Writes<'a> {
-    pub(crate) fn new(cache: &'a CacheClient) -> Self {
+    fn new(cache: &'a CacheClient) -> Self {
         Self { cache, max: None }
     }
 
-    pub(crate) fn saw(&mut self, pod: &Pod) {
+    fn saw(&mut self, pod: &Pod) {
         self.cache.wrote(pod);
         let Some(rv) = pod.metadata.resource_version.as_deref() else {
             return;
@@ -197,7 +197,7 @@ impl<'a> Writes<'a> {
         }
     }
 
-    pub(crate) fn resource_version(&self) -> Option<&str> {
+    fn resource_version(&self) -> Option<&str> {
         self.max.as_ref().map(|(_, rv)| rv.as_str())
     }
 }

@@ -26,7 +26,7 @@ use k8s_openapi::{
         apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus},
         core::v1::{
             Affinity, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-            Pod, PodSpec, PodTemplateSpec, Toleration,
+            Pod, PodSpec, PodTemplateSpec, Taint, Toleration,
         },
     },
     apimachinery::pkg::{
@@ -219,15 +219,17 @@ impl<'a> Spec<'a> {
 
 /// A Node as placement sees it.
 pub fn node_view(node: &Node) -> placement::Node {
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref());
+    placement_node(&node.metadata, taints.unwrap_or_default())
+}
+
+/// A Node as placement sees it, from its metadata and taints.
+pub fn placement_node(meta: &ObjectMeta, taints: &[Taint]) -> placement::Node {
     placement::Node {
-        name: node.metadata.name.clone().unwrap_or_default(),
-        labels: node.metadata.labels.clone().unwrap_or_default(),
-        taints: node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .into_iter()
-            .flatten()
+        name: meta.name.clone().unwrap_or_default(),
+        labels: meta.labels.clone().unwrap_or_default(),
+        taints: taints
+            .iter()
             .map(|t| placement::Taint {
                 key: t.key.clone(),
                 value: t.value.clone().unwrap_or_default(),
