@@ -324,14 +324,10 @@ pub async fn reconcile(
             .replace_status(&request.name, &PostParams::default(), &updated)
             .await
         {
-            Ok(written) => {
-                // The next reconcile compares against the cached status: it must hold this.
-                if let Some(rv) = written.metadata.resource_version.as_deref() {
-                    ctx.cache
-                        .get::<DaemonSet>(namespace, &request.name, Some(rv))
-                        .await?;
-                }
-            }
+            // The next reconcile compares against the cached status, so it must read one
+            // that holds this write: the key's read floor says so, and only that reconcile
+            // waits for the watcher, if it still lags by then.
+            Ok(written) => ctx.cache.wrote(&written),
             Err(error) => keep_first(&mut first_error, error),
         }
     }
