@@ -47,6 +47,10 @@ const COMPARED: &[&str] = &[
     "cronjob-controller",
     "ttl-after-finished-controller",
     "pod-garbage-collector-controller",
+    "replicationcontroller-controller",
+    "statefulset-controller",
+    "disruption-controller",
+    "daemonset-controller",
 ];
 
 fn env_or(name: &str, default: &str) -> String {
