@@ -53,8 +53,8 @@ use switchyard_k8s::{
 use switchyard_reconciler_core::cronjob::SCHEDULED_TIMESTAMP;
 
 use crate::support::{
-    Controllers, Request, Under, apiserver_requests, between, create_all, plane_with_namespace,
-    print_ratios, requests_by_name,
+    Controllers, Request, Under, apiserver_requests, between, create_all, env_count,
+    plane_with_namespace, print_ratios, requests_by_name,
 };
 
 const NODES: usize = 25;
@@ -64,13 +64,6 @@ const COMPLETE_TIMEOUT: Duration = Duration::from_secs(1800);
 const CRON_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long after the Jobs complete the Events are counted (both write them behind).
 const EVENTS_SETTLE: Duration = Duration::from_secs(15);
-
-fn count(variable: &str, default: usize) -> usize {
-    std::env::var(variable)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn job(name: &str) -> Job {
     serde_json::from_value(json!({
@@ -292,9 +285,9 @@ const RATIOS: [(&str, &str, &str); 3] = [
 
 async fn run() {
     let (full, slow, cron) = (
-        count("SWITCHYARD_BENCH_JOBS", 1000),
-        count("SWITCHYARD_BENCH_SLOW_JOBS", 500),
-        count("SWITCHYARD_BENCH_CRONJOBS", 1000),
+        env_count("SWITCHYARD_BENCH_JOBS", 1000),
+        env_count("SWITCHYARD_BENCH_SLOW_JOBS", 500),
+        env_count("SWITCHYARD_BENCH_CRONJOBS", 1000),
     );
     eprintln!("{full} Jobs, {slow} slowed Jobs, {cron} CronJobs per run");
     let took = switchyard_testenv::compare("batch", &JOB_RUNS, "s", |name, under| {

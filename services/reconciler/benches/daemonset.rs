@@ -45,8 +45,8 @@ use switchyard_k8s::{
 use switchyard_reconciler_core::daemonset::target_node;
 
 use crate::support::{
-    Controllers, Request, Under, apiserver_requests, between, create_all, plane_with_namespace,
-    print_ratios, requests_by_name,
+    Controllers, Request, Under, apiserver_requests, between, create_all, env_count,
+    plane_with_namespace, print_ratios, requests_by_name,
 };
 
 const NAMESPACE: &str = "bench";
@@ -54,13 +54,6 @@ const SETS: usize = 5;
 const CHURN: usize = 100;
 const CHURN_EVERY: Duration = Duration::from_millis(100);
 const TIMEOUT: Duration = Duration::from_secs(1800);
-
-fn count(variable: &str, default: usize) -> usize {
-    std::env::var(variable)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn daemon_set(name: &str) -> DaemonSet {
     serde_json::from_value(json!({
@@ -368,7 +361,7 @@ const RATIOS: [(&str, &str, &str); 3] = [
 ];
 
 async fn run() {
-    let nodes = count("SWITCHYARD_BENCH_NODES", 1000);
+    let nodes = env_count("SWITCHYARD_BENCH_NODES", 1000);
     // `rollout` or `churn` runs one half alone.
     let only = std::env::var("SWITCHYARD_BENCH_DAEMONSET").unwrap_or_default();
     eprintln!("{SETS} DaemonSets on {nodes} Nodes per run");

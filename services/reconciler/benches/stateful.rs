@@ -24,21 +24,14 @@ use serde_json::json;
 use switchyard_k8s::{Api, k8s_openapi::api::apps::v1::StatefulSet, kube::api::ListParams};
 
 use crate::support::{
-    Controllers, Request, Under, apiserver_requests, between, create_all, plane_with_namespace,
-    print_ratios, requests_by_name,
+    Controllers, Request, Under, apiserver_requests, between, create_all, env_count,
+    plane_with_namespace, print_ratios, requests_by_name,
 };
 
 const NODES: usize = 25;
 const NAMESPACE: &str = "bench";
 const REPLICAS: i32 = 10;
 const READY_TIMEOUT: Duration = Duration::from_secs(1800);
-
-fn count(variable: &str, default: usize) -> usize {
-    std::env::var(variable)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn stateful_set(name: &str) -> StatefulSet {
     serde_json::from_value(json!({
@@ -125,7 +118,7 @@ const RATIOS: [(&str, &str, &str); 1] = [(
 )];
 
 async fn run() {
-    let sets = count("SWITCHYARD_BENCH_STATEFULSETS", 100);
+    let sets = env_count("SWITCHYARD_BENCH_STATEFULSETS", 100);
     eprintln!("{sets} StatefulSets of {REPLICAS} per run");
     let took = switchyard_testenv::compare("statefulset", &RUNS, "s", |name, under| {
         ordered(name, under, sets)

@@ -24,6 +24,7 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt};
+use serde::{Serialize, de::DeserializeOwned};
 use serde_json::json;
 use switchyard_k8s::{
     Api, DeleteParams, ListParams, Pod, PostParams,
@@ -31,7 +32,10 @@ use switchyard_k8s::{
         apps::v1::{ControllerRevision, DaemonSet, StatefulSet},
         core::v1::{Node, PersistentVolumeClaim},
     },
-    kube::api::{Patch, PatchParams, WatchEvent, WatchParams},
+    kube::{
+        Resource,
+        api::{Patch, PatchParams, WatchEvent, WatchParams},
+    },
 };
 use switchyard_reconciler::{daemonset, statefulset::NAME};
 use switchyard_reconciler_core::{
@@ -47,16 +51,23 @@ const KILL_AT: i32 = 2;
 /// The longest each phase may take.
 const PHASE: Duration = Duration::from_secs(90);
 
-/// The most of the set's Pods unavailable (missing, not Ready, or being deleted) at once,
-/// from the moment it is called, as the apiserver's watch tells their changes.
-async fn watch_unavailable(pods: Api<Pod>) -> Arc<Mutex<usize>> {
+/// Each Pod of the namespace: its Node and whether it counts as up.
+type Seen = BTreeMap<String, (String, bool)>;
+
+/// The most `down` ever says at once, from the moment it is called, as the apiserver's watch
+/// tells the Pods' changes (`up` says whether a Pod counts).
+async fn watch_worst(
+    pods: Api<Pod>,
+    up: fn(&Pod) -> bool,
+    down: fn(&Seen) -> usize,
+) -> Arc<Mutex<usize>> {
     let worst = Arc::new(Mutex::new(0));
     let listed = pods.list(&ListParams::default()).await.unwrap();
-    let mut ready: BTreeMap<String, bool> = listed
-        .items
-        .iter()
-        .map(|p| (p.metadata.name.clone().unwrap(), available(p)))
-        .collect();
+    let entry = move |p: &Pod| {
+        let node = target_node(p).unwrap_or_default().to_owned();
+        (p.metadata.name.clone().unwrap(), (node, up(p)))
+    };
+    let mut seen: Seen = listed.items.iter().map(entry).collect();
     let version = listed.metadata.resource_version.unwrap();
     let mut stream = pods
         .watch(&WatchParams::default().timeout(290), &version)
@@ -68,45 +79,53 @@ async fn watch_unavailable(pods: Api<Pod>) -> Arc<Mutex<usize>> {
         while let Ok(Some(event)) = stream.try_next().await {
             match event {
                 WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
-                    ready.insert(pod.metadata.name.clone().unwrap(), available(&pod));
+                    let (name, value) = entry(&pod);
+                    seen.insert(name, value);
                 }
                 WatchEvent::Deleted(pod) => {
-                    ready.remove(pod.metadata.name.as_deref().unwrap());
+                    seen.remove(pod.metadata.name.as_deref().unwrap());
                 }
                 _ => continue,
             }
-            let up = ready.values().filter(|r| **r).count();
-            let down = REPLICAS.saturating_sub(up);
             let mut worst = into.lock().unwrap();
-            *worst = (*worst).max(down);
+            *worst = (*worst).max(down(&seen));
         }
     });
     worst
+}
+
+/// The set's Pods unavailable (missing, not Ready, or being deleted).
+fn replicas_down(seen: &Seen) -> usize {
+    REPLICAS.saturating_sub(seen.values().filter(|(_, up)| *up).count())
 }
 
 fn available(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none() && is_running_and_ready(pod)
 }
 
-/// Waits until `done` holds for the StatefulSet; when it does not in time, fails with
+/// Waits until `done` holds for the object `name`; when it does not in time, fails with
 /// `context` (the reconciler's log).
-async fn until(
-    sets: &Api<StatefulSet>,
+async fn until<K, Fut>(
+    api: &Api<K>,
+    name: &str,
     what: &str,
-    done: impl Fn(&StatefulSet) -> bool,
+    done: impl Fn(&K) -> Fut,
     context: impl Fn() -> String,
-) {
+) where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    Fut: std::future::Future<Output = bool>,
+{
     let deadline = Instant::now() + PHASE;
     loop {
-        let set = sets.get("db").await.unwrap();
-        if done(&set) {
-            eprintln!("{what}: {:?}", set.status);
+        let object = api.get(name).await.unwrap();
+        let status = serde_json::to_value(&object).unwrap()["status"].clone();
+        if done(&object).await {
+            eprintln!("{what}: {status}");
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "{what} not within {PHASE:?}: {:?}\n{}",
-            set.status,
+            "{what} not within {PHASE:?}: {status}\n{}",
             context()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -166,15 +185,17 @@ async fn a_rolling_update_survives_its_reconciler_killed_one_pod_at_a_time() {
     let updated = |n: i32, not: Option<String>| {
         move |s: &StatefulSet| {
             let status = s.status.clone().unwrap_or_default();
-            status.observed_generation == s.metadata.generation
-                && status.updated_replicas.unwrap_or(0) >= n
-                && status.update_revision != not
-                && (n < 5
-                    || status.ready_replicas == Some(5)
-                        && status.current_revision == status.update_revision)
+            std::future::ready(
+                status.observed_generation == s.metadata.generation
+                    && status.updated_replicas.unwrap_or(0) >= n
+                    && status.update_revision != not
+                    && (n < 5
+                        || status.ready_replicas == Some(5)
+                            && status.current_revision == status.update_revision),
+            )
         }
     };
-    until(&sets, "five ready", updated(5, None), || first.log()).await;
+    until(&sets, "db", "five ready", updated(5, None), || first.log()).await;
     let first_revision = sets
         .get("db")
         .await
@@ -184,7 +205,7 @@ async fn a_rolling_update_survives_its_reconciler_killed_one_pod_at_a_time() {
         .update_revision;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let worst = watch_unavailable(pods.clone()).await;
+    let worst = watch_worst(pods.clone(), available, replicas_down).await;
     sets.patch(
         "db",
         &PatchParams::default(),
@@ -196,6 +217,7 @@ async fn a_rolling_update_survives_its_reconciler_killed_one_pod_at_a_time() {
     .unwrap();
     until(
         &sets,
+        "db",
         "two updated",
         updated(KILL_AT, first_revision.clone()),
         || first.log(),
@@ -216,6 +238,7 @@ async fn a_rolling_update_survives_its_reconciler_killed_one_pod_at_a_time() {
     .await;
     until(
         &sets,
+        "db",
         "the rollout complete",
         updated(5, first_revision),
         || second.log(),
@@ -263,50 +286,18 @@ async fn a_rolling_update_survives_its_reconciler_killed_one_pod_at_a_time() {
 /// Nodes of the DaemonSet test.
 const DS_NODES: usize = 10;
 
-/// The most of the DaemonSet's Nodes without an available Pod at once, from the moment it is
-/// called, as the apiserver's watch tells its Pods' changes.
-async fn watch_nodes_without_pod(pods: Api<Pod>) -> Arc<Mutex<usize>> {
-    let worst = Arc::new(Mutex::new(0));
-    let listed = pods.list(&ListParams::default()).await.unwrap();
-    let up = |p: &Pod| p.metadata.deletion_timestamp.is_none() && is_ready(p);
-    let mut ready: BTreeMap<String, (String, bool)> = listed
-        .items
-        .iter()
-        .map(|p| {
-            let node = target_node(p).unwrap_or_default().to_owned();
-            (p.metadata.name.clone().unwrap(), (node, up(p)))
-        })
+/// The DaemonSet's Nodes without an available Pod.
+fn nodes_down(seen: &Seen) -> usize {
+    let covered: std::collections::BTreeSet<&str> = seen
+        .values()
+        .filter(|(_, up)| *up)
+        .map(|(node, _)| node.as_str())
         .collect();
-    let version = listed.metadata.resource_version.unwrap();
-    let mut stream = pods
-        .watch(&WatchParams::default().timeout(290), &version)
-        .await
-        .unwrap()
-        .boxed();
-    let into = worst.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(event)) = stream.try_next().await {
-            match event {
-                WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
-                    let node = target_node(&pod).unwrap_or_default().to_owned();
-                    ready.insert(pod.metadata.name.clone().unwrap(), (node, up(&pod)));
-                }
-                WatchEvent::Deleted(pod) => {
-                    ready.remove(pod.metadata.name.as_deref().unwrap());
-                }
-                _ => continue,
-            }
-            let covered: std::collections::BTreeSet<&str> = ready
-                .values()
-                .filter(|(_, up)| *up)
-                .map(|(node, _)| node.as_str())
-                .collect();
-            let down = DS_NODES.saturating_sub(covered.len());
-            let mut worst = into.lock().unwrap();
-            *worst = (*worst).max(down);
-        }
-    });
-    worst
+    DS_NODES.saturating_sub(covered.len())
+}
+
+fn ready_not_deleting(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none() && is_ready(pod)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,8 +367,8 @@ async fn a_daemon_set_rollout_survives_its_reconciler_killed_within_max_unavaila
             }
         }
     };
-    ds_until(&sets, "ten ready", at(DS_NODES, 1), || first.log()).await;
-    let worst = watch_nodes_without_pod(pods.clone()).await;
+    until(&sets, "agent", "ten ready", at(DS_NODES, 1), || first.log()).await;
+    let worst = watch_worst(pods.clone(), ready_not_deleting, nodes_down).await;
     sets.patch(
         "agent",
         &PatchParams::default(),
@@ -387,7 +378,7 @@ async fn a_daemon_set_rollout_survives_its_reconciler_killed_within_max_unavaila
     )
     .await
     .unwrap();
-    ds_until(&sets, "three updated", at(3, 2), || first.log()).await;
+    until(&sets, "agent", "three updated", at(3, 2), || first.log()).await;
     let log = first.kill();
     eprintln!(
         "killed the first reconciler ({} log lines)",
@@ -401,9 +392,13 @@ async fn a_daemon_set_rollout_survives_its_reconciler_killed_within_max_unavaila
         daemonset::NAME,
     )
     .await;
-    ds_until(&sets, "the rollout complete", at(DS_NODES, 2), || {
-        second.log()
-    })
+    until(
+        &sets,
+        "agent",
+        "the rollout complete",
+        at(DS_NODES, 2),
+        || second.log(),
+    )
     .await;
     second.terminate().await.unwrap();
     watcher.stop().await;
@@ -430,29 +425,5 @@ async fn a_daemon_set_rollout_survives_its_reconciler_killed_within_max_unavaila
     let api: Api<Node> = Api::all(client.clone());
     for name in &node_names {
         let _ = api.delete(name, &DeleteParams::default()).await;
-    }
-}
-
-/// Waits until `done` holds for the DaemonSet; when it does not in time, fails with `context`
-/// (the reconciler's log).
-async fn ds_until<F, Fut>(sets: &Api<DaemonSet>, what: &str, done: F, context: impl Fn() -> String)
-where
-    F: Fn(&DaemonSet) -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + PHASE;
-    loop {
-        let ds = sets.get("agent").await.unwrap();
-        if done(&ds).await {
-            eprintln!("{what}: {:?}", ds.status);
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} not within {PHASE:?}: {:?}\n{}",
-            ds.status,
-            context()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -115,6 +115,14 @@ pub async fn plane_with_namespace(nodes: usize, namespace: &str) -> (ControlPlan
     (plane, client)
 }
 
+/// The number in the environment variable `variable`, or `default`.
+pub fn env_count(variable: &str, default: usize) -> usize {
+    std::env::var(variable)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Creates the objects `make(0..count)` makes, 16 at a time.
 pub async fn create_all<K>(api: &Api<K>, count: usize, make: impl Fn(usize) -> K)
 where

@@ -25,8 +25,8 @@ use k8s_openapi::{
     api::{
         apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus},
         core::v1::{
-            Affinity, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-            Pod, PodSpec, PodTemplateSpec, Taint, Toleration,
+            Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
+            PodSpec, PodTemplateSpec, Taint, Toleration,
         },
     },
     apimachinery::pkg::{
@@ -215,12 +215,6 @@ impl<'a> Spec<'a> {
             .is_some_and(|g| label(TEMPLATE_GENERATION_LABEL) == Some(g.to_string().as_str()));
         (!hash.is_empty() && label(HASH_LABEL) == Some(hash)) || generation
     }
-}
-
-/// A Node as placement sees it.
-pub fn node_view(node: &Node) -> placement::Node {
-    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref());
-    placement_node(&node.metadata, taints.unwrap_or_default())
 }
 
 /// A Node as placement sees it, from its metadata and taints.
