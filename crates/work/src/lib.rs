@@ -42,6 +42,7 @@ pub mod builtin {
         STATEFULSET = "apps/v1/StatefulSet",
         DISRUPTION = "policy/v1/PodDisruptionBudget",
         DAEMONSET = "apps/v1/DaemonSet",
+        ENDPOINTSLICE = "endpointslice",
     );
 }
 

@@ -31,6 +31,11 @@ pub struct Tuning {
     /// `--terminated-pod-gc-threshold`: the terminated Pods the pod garbage collector keeps;
     /// 0 keeps them all.
     pub terminated_pod_gc_threshold: u32,
+    /// `--max-endpoints-per-slice`.
+    pub max_endpoints_per_slice: usize,
+    /// `--endpointslice-updates-batch-period`: how long a Pod's change is held before it
+    /// keys its Services.
+    pub endpoint_updates_batch_period: std::time::Duration,
 }
 
 impl Default for Tuning {
@@ -38,6 +43,9 @@ impl Default for Tuning {
         Self {
             terminated_pod_gc_threshold:
                 switchyard_reconciler_core::podgc::DEFAULT_TERMINATED_THRESHOLD,
+            max_endpoints_per_slice:
+                switchyard_reconciler_core::endpointslice::DEFAULT_MAX_ENDPOINTS_PER_SLICE,
+            endpoint_updates_batch_period: std::time::Duration::ZERO,
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
+pub mod endpointslice;
 pub mod finalizer;
 pub mod gc;
 pub mod job;
@@ -58,6 +59,8 @@ use crate::{
 pub const SERVICE: &str = "switchyard-reconciler";
 /// Reconciles at once: the credits one Work message may grant (the queue's limit).
 const MAX_CONCURRENCY: u32 = switchyard_queue_client::MAX_CREDIT;
+/// The longest batch period the watcher accepts for a rule.
+const MAX_BATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
 /// Keys that mapping functions returned and no queue has taken yet, at most: a reconcile
 /// that maps more waits for room. Far more than a burst of mappings returns; the watcher
 /// holds a million, for every kind it watches.
@@ -137,6 +140,19 @@ pub struct ReconcilerArgs {
     /// kube-controller-manager's flag); 0 keeps them all
     #[arg(long, env = "SWITCHYARD_TERMINATED_POD_GC_THRESHOLD", default_value_t = switchyard_reconciler_core::podgc::DEFAULT_TERMINATED_THRESHOLD)]
     pub terminated_pod_gc_threshold: u32,
+    /// Endpoints in one EndpointSlice at most, 1 to 1000 (as kube-controller-manager's
+    /// flag)
+    #[arg(long, env = "SWITCHYARD_MAX_ENDPOINTS_PER_SLICE", default_value_t = switchyard_reconciler_core::endpointslice::DEFAULT_MAX_ENDPOINTS_PER_SLICE)]
+    pub max_endpoints_per_slice: usize,
+    /// How long a Pod's change waits before its Services' EndpointSlices are written, so
+    /// that changes in that time are written together (as kube-controller-manager's flag);
+    /// at most 60s
+    #[arg(
+        long,
+        env = "SWITCHYARD_ENDPOINTSLICE_UPDATES_BATCH_PERIOD",
+        default_value = "0s"
+    )]
+    pub endpointslice_updates_batch_period: humantime::Duration,
 }
 
 /// The reconciler's flags, checked, and the controllers they select.
@@ -164,6 +180,8 @@ impl ReconcilerArgs {
     pub fn tuning(&self) -> Tuning {
         Tuning {
             terminated_pod_gc_threshold: self.terminated_pod_gc_threshold,
+            max_endpoints_per_slice: self.max_endpoints_per_slice,
+            endpoint_updates_batch_period: *self.endpointslice_updates_batch_period,
         }
     }
 
@@ -184,7 +202,23 @@ impl ReconcilerArgs {
             simulated_latency,
             controller_service_accounts,
             terminated_pod_gc_threshold: _,
+            max_endpoints_per_slice,
+            endpointslice_updates_batch_period,
         } = self;
+        if !(1..=switchyard_reconciler_core::endpointslice::MAX_ENDPOINTS_PER_SLICE_LIMIT)
+            .contains(max_endpoints_per_slice)
+        {
+            return Err(Error::Args(format!(
+                "--max-endpoints-per-slice: {max_endpoints_per_slice} is not between 1 and {}",
+                switchyard_reconciler_core::endpointslice::MAX_ENDPOINTS_PER_SLICE_LIMIT
+            )));
+        }
+        if **endpointslice_updates_batch_period > MAX_BATCH_PERIOD {
+            return Err(Error::Args(format!(
+                "--endpointslice-updates-batch-period: {endpointslice_updates_batch_period} is longer than {}",
+                humantime::format_duration(MAX_BATCH_PERIOD)
+            )));
+        }
         if let Some(namespace) = controller_service_accounts {
             check_namespace(namespace).map_err(|problem| {
                 Error::Args(format!(
@@ -275,6 +309,7 @@ pub const BUILTINS: &[Builtin] = &[
     statefulset::BUILTIN,
     disruption::BUILTIN,
     daemonset::BUILTIN,
+    endpointslice::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

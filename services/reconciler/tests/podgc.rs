@@ -264,6 +264,7 @@ async fn pods_are_collected_as_under_kube_controller_manager() {
     };
     let tuning = switchyard_reconciler::Tuning {
         terminated_pod_gc_threshold: THRESHOLD,
+        ..switchyard_reconciler::Tuning::default()
     };
     let under_switchyard = async {
         let switchyard =

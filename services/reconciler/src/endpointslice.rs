@@ -1,0 +1,271 @@
+//! The EndpointSlice controller on the SDK (kube-controller-manager's
+//! `endpointslice-controller`): reads from the watcher's cache, decides with
+//! `switchyard_reconciler_core::endpointslice`, writes to the apiserver.
+//!
+//! ```text
+//!  keys: a Service's change; a change of a Pod its selector matches, before or after (the
+//!        watcher's mapBySelector, held `--endpointslice-updates-batch-period`); a change of
+//!        a slice labelled with its name (held 1 s, as kube-controller-manager's)
+//!  cache: the Service ─ gone, ExternalName, no selector ─► Done (slices left to the
+//!         garbage collector, or as they are)
+//!     ─► its Pods (by selector), its slices (by label, those being deleted left out), the
+//!        zone of each Pod's Node (metadata)
+//!     ─► plan: create (generated name), update (full, at the read resourceVersion: 409 on
+//!        a stale read), delete
+//!     ─► a Pod on an unknown Node left out: written without it, then failed (retried)
+//! ```
+//!
+//! kube-controller-manager keeps an `EndpointSliceTracker` so that a sync never acts on
+//! slices older than its own last write. Here each write raises the key's read floor
+//! ([`crate::cache::CacheClient::wrote`]): the next reconcile of the Service, in any
+//! reconciler, reads a cache that holds it, and an update made from an older read fails on
+//! its resourceVersion.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use futures::future::join_all;
+use switchyard_k8s::{
+    Api, DeleteParams, Pod, PostParams,
+    k8s_openapi::api::{
+        core::v1::{Node, Service},
+        discovery::v1::EndpointSlice,
+    },
+};
+use switchyard_reconciler_core::endpointslice::{
+    self as core, Inputs, MANAGED_BY_LABEL, NodeInfo, Plan, SERVICE_NAME_LABEL, ZONE_LABEL,
+};
+use tracing::debug;
+
+use crate::builtin::{Builtin, Permission, RECORD_EVENTS, Tuning};
+use crate::cache::ListFilter;
+use crate::sdk::{
+    Action, Builder, Context, Controller, Error, EventType, Map, Options, Refusal, Request, Result,
+    Watches, keep_first, status_message,
+};
+
+pub const NAME: &str = switchyard_work::builtin::ENDPOINTSLICE;
+
+/// This controller, as the reconciler's list of built-ins names it.
+pub const BUILTIN: Builtin = Builtin {
+    name: NAME,
+    service_account: "switchyard-endpointslice-controller",
+    permissions: PERMISSIONS,
+    register: |registry, tuning| {
+        registry.register(EndpointSliceController::new(tuning));
+    },
+};
+
+/// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): write
+/// EndpointSlices, set `blockOwnerDeletion` on their owner reference to the Service
+/// (`services/finalizers`), record Events. Services, Pods, Nodes and slices are read
+/// through the watcher's cache.
+pub const PERMISSIONS: &[Permission] = &[
+    Permission::new(
+        "discovery.k8s.io",
+        &["endpointslices"],
+        &["create", "update", "delete"],
+    ),
+    Permission::new("", &["services/finalizers"], &["update"]),
+    RECORD_EVENTS,
+];
+
+/// How long a slice's change is held before it keys its Service
+/// (`endpointSliceChangeMinSyncDelay`).
+pub const SLICE_CHANGE_DELAY: Duration = Duration::from_secs(1);
+
+/// `FailedToUpdateEndpointSlices`: a reconcile failed; its error follows.
+pub const FAILED_TO_UPDATE: &str = "FailedToUpdateEndpointSlices";
+
+/// kube-controller-manager's EndpointSlice controller.
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointSliceController {
+    max_per_slice: usize,
+    batch_period: Duration,
+}
+
+impl EndpointSliceController {
+    pub fn new(tuning: &Tuning) -> Self {
+        Self {
+            max_per_slice: tuning.max_endpoints_per_slice,
+            batch_period: tuning.endpoint_updates_batch_period,
+        }
+    }
+}
+
+/// Every change of a Service; of a Pod its selector matches (before or after the change),
+/// held `batch_period`; of a slice labelled with its name, held a second. Nodes are cached
+/// (metadata only) for their zone; their changes key nothing, as under
+/// kube-controller-manager.
+pub fn watches(batch_period: Duration) -> Watches {
+    let pods = if batch_period.is_zero() {
+        Options::default()
+    } else {
+        Options::default().batch_period(batch_period)
+    };
+    Builder::for_::<Service>()
+        .named(NAME)
+        .watches_with::<Pod>(Map::selector(), pods)
+        .watches_with::<EndpointSlice>(
+            Map::label(SERVICE_NAME_LABEL),
+            Options::default().batch_period(SLICE_CHANGE_DELAY),
+        )
+        .owns_with::<Node>(Options::default().metadata_only())
+        .into_watches()
+}
+
+impl Controller for EndpointSliceController {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn watches(&self) -> Option<Watches> {
+        Some(watches(self.batch_period))
+    }
+
+    async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
+        reconcile(ctx, request, self.max_per_slice).await
+    }
+}
+
+/// One reconcile of a Service's slices (`syncService`).
+pub async fn reconcile(ctx: &Context, request: &Request, max_per_slice: usize) -> Result {
+    let (namespace, name) = (request.namespace.as_str(), request.name.as_str());
+    // A Service deleted takes its slices with it through their owner reference.
+    let Some(service) = ctx.cache.get::<Service>(namespace, name, None).await? else {
+        debug!("service gone");
+        return Ok(Action::Done);
+    };
+    if !core::manages(&service) {
+        return Ok(Action::Done);
+    }
+    let selector = core::selector_string(&service);
+    let pods: Vec<Pod> = ctx
+        .cache
+        .list(
+            namespace,
+            ListFilter {
+                label_selector: &selector,
+                ..ListFilter::default()
+            },
+        )
+        .await?;
+    let slice_selector = format!(
+        "{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={}",
+        core::CONTROLLER_NAME
+    );
+    let slices: Vec<EndpointSlice> = ctx
+        .cache
+        .list::<EndpointSlice>(
+            namespace,
+            ListFilter {
+                label_selector: &slice_selector,
+                ..ListFilter::default()
+            },
+        )
+        .await?
+        .into_iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .collect();
+    let nodes = node_zones(ctx, &pods).await?;
+    let node = |name: &str| nodes.get(name).cloned().unwrap_or(NodeInfo::Missing);
+    let plan = core::reconcile(&Inputs {
+        service: &service,
+        pods: &pods,
+        slices: &slices,
+        node: &node,
+        max_per_slice,
+        trigger_time: core::trigger_time(&service, &pods, &slices),
+    });
+    let mut first_error = write(ctx, namespace, &plan).await;
+    if let Some(skipped) = plan.skipped.first() {
+        keep_first(
+            &mut first_error,
+            Error::Other(format!(
+                "skipping Pod {} for Service {namespace}/{name}: Node {} Not Found",
+                skipped.pod, skipped.node
+            )),
+        );
+    }
+    match first_error {
+        None => Ok(Action::Done),
+        Some(error) => {
+            ctx.events.publish(
+                &service,
+                EventType::Warning,
+                FAILED_TO_UPDATE,
+                "Sync",
+                format!("Error updating Endpoint Slices for Service {namespace}/{name}: {error}"),
+            );
+            Err(error)
+        }
+    }
+}
+
+/// The zone of each Node the Pods run on, from the cache (metadata: its labels).
+async fn node_zones(ctx: &Context, pods: &[Pod]) -> Result<BTreeMap<String, NodeInfo>> {
+    let mut names: Vec<&str> = pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let read = join_all(
+        names
+            .iter()
+            .map(|name| ctx.cache.get_metadata::<Node>("", name, None)),
+    )
+    .await;
+    let mut zones = BTreeMap::new();
+    for (name, node) in names.into_iter().zip(read) {
+        let info = match node? {
+            Some(node) => NodeInfo::Zone(
+                node.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(ZONE_LABEL))
+                    .cloned(),
+            ),
+            None => NodeInfo::Missing,
+        };
+        zones.insert(name.to_owned(), info);
+    }
+    Ok(zones)
+}
+
+/// Performs the plan in kube-controller-manager's order (creations, updates, deletions),
+/// stopping at the first failure, which it returns. A creation refused because the
+/// namespace is being deleted ends the reconcile quietly.
+async fn write(ctx: &Context, namespace: &str, plan: &Plan) -> Option<Error> {
+    let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), namespace);
+    let failed = |verb: &str, error: &switchyard_k8s::kube::Error| {
+        Error::Other(format!(
+            "failed to {verb} EndpointSlice: {}",
+            status_message(error)
+        ))
+    };
+    for slice in &plan.create {
+        match api.create(&PostParams::default(), slice).await {
+            Ok(created) => ctx.cache.wrote(&created),
+            Err(error) if crate::sdk::is_namespace_terminating(&error) => return None,
+            Err(error) => return Some(failed("create", &error)),
+        }
+    }
+    for slice in &plan.update {
+        let name = slice.metadata.name.as_deref().unwrap_or_default();
+        match api.replace(name, &PostParams::default(), slice).await {
+            Ok(updated) => ctx.cache.wrote(&updated),
+            // A conflict: the read was stale; the queue's backoff retries with a newer one.
+            Err(error) if error.is_conflict() => return Some(Error::Kube(error)),
+            Err(error) => return Some(failed(&format!("update {name}"), &error)),
+        }
+    }
+    for name in &plan.delete {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(error) if error.is_not_found() => {}
+            Err(error) => return Some(failed(&format!("delete {name}"), &error)),
+        }
+    }
+    None
+}

@@ -1,0 +1,445 @@
+//! The EndpointSlice controller against the real control plane, beside kube-controller-
+//! manager's `endpointslice-controller` (each on a namespace of its own, one after the
+//! other): the same script ends in the same slices under both, compared canonically (slices
+//! as their address type, ports, labels and owner; endpoints as a set, by the Pod behind
+//! each, with their conditions, Node, zone, hostname and hints; kwok gives the Pods their
+//! IPs, never dialed).
+//!
+//! - `web`: a named target port, six Pods on a Node in `zone-a` and one that never gets an
+//!   IP (left out);
+//! - `metrics`: a port name no container has: a slice with the endpoints and no ports;
+//! - `nothing`: a selector that matches no Pod: one empty placeholder slice;
+//! - `db`: headless, its Pods name it as their subdomain: hostnames set;
+//! - `close`: `trafficDistribution: PreferClose`: ready endpoints hinted for their zone;
+//! - `big`: 1,010 Pods: eleven slices or more, none over 100;
+//! - then a `web` Pod turns unready, another is deleted, and `web` gets a label of its own.
+//!
+//! The handover: kube-controller-manager's slices, read by Switchyard when it starts, are
+//! left as they are (no write), and throughout every `web` endpoint stays listed.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, stream};
+use serde_json::json;
+use switchyard_k8s::{
+    Api, Client, ListParams, Pod, PostParams,
+    k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice},
+    kube::api::{DeleteParams, Patch, PatchParams},
+};
+use switchyard_reconciler::endpointslice::NAME;
+use switchyard_reconciler_core::endpointslice::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
+use switchyard_testenv::{ControlPlane, TestNamespace};
+
+use support::WITHIN;
+
+/// Held by each test for its whole run: the controllers one starts act on every namespace.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The Node of the script's Pods, in a zone.
+const NODE: &str = "endpointslice-zone-a";
+/// Pods of `big`.
+const BIG: usize = 1010;
+
+/// One endpoint as compared: the Pod's name, how many addresses, ready, serving,
+/// terminating, Node, zone, hostname, zone hints.
+type CanonicalEndpoint = (
+    String,
+    usize,
+    Option<bool>,
+    Option<bool>,
+    Option<bool>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Vec<String>,
+);
+
+/// One slice as compared, without its endpoints: address type, ports (name, port,
+/// protocol), labels, and its owner (kind, name, controller, blockOwnerDeletion).
+type SliceShape = (
+    String,
+    BTreeSet<(Option<String>, Option<i32>, Option<String>)>,
+    BTreeMap<String, String>,
+    Vec<(String, String, Option<bool>, Option<bool>)>,
+);
+
+/// A Service's slices, canonically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Slices {
+    shapes: BTreeSet<SliceShape>,
+    endpoints: BTreeSet<CanonicalEndpoint>,
+    /// The number of slices, and the most endpoints in one.
+    count: usize,
+    fullest: usize,
+}
+
+type Snapshot = BTreeMap<String, Slices>;
+
+async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
+    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let listed = api
+        .list(&ListParams::default().labels(&format!(
+            "{MANAGED_BY_LABEL}=endpointslice-controller.k8s.io"
+        )))
+        .await
+        .unwrap()
+        .items;
+    let mut out: Snapshot = BTreeMap::new();
+    for slice in listed {
+        let labels = slice.metadata.labels.clone().unwrap_or_default();
+        let service = labels[SERVICE_NAME_LABEL].clone();
+        let shape: SliceShape = (
+            slice.address_type.clone(),
+            slice
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| (p.name.clone(), p.port, p.protocol.clone()))
+                .collect(),
+            labels,
+            slice
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .map(|o| {
+                    (
+                        o.kind.clone(),
+                        o.name.clone(),
+                        o.controller,
+                        o.block_owner_deletion,
+                    )
+                })
+                .collect(),
+        );
+        let entry = out.entry(service).or_insert_with(|| Slices {
+            shapes: BTreeSet::new(),
+            endpoints: BTreeSet::new(),
+            count: 0,
+            fullest: 0,
+        });
+        entry.shapes.insert(shape);
+        entry.count += 1;
+        entry.fullest = entry.fullest.max(slice.endpoints.len());
+        for e in &slice.endpoints {
+            let c = e.conditions.clone().unwrap_or_default();
+            entry.endpoints.insert((
+                e.target_ref
+                    .as_ref()
+                    .and_then(|t| t.name.clone())
+                    .unwrap_or_default(),
+                e.addresses.len(),
+                c.ready,
+                c.serving,
+                c.terminating,
+                e.node_name.clone(),
+                e.zone.clone(),
+                e.hostname.clone(),
+                e.hints
+                    .as_ref()
+                    .and_then(|h| h.for_zones.clone())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|z| z.name)
+                    .collect(),
+            ));
+        }
+    }
+    out
+}
+
+/// The snapshot once `done` holds of it and two reads a second apart agree.
+async fn settled(
+    client: &Client,
+    namespace: &str,
+    what: &str,
+    done: impl Fn(&Snapshot) -> bool,
+) -> Snapshot {
+    let deadline = Instant::now() + WITHIN * 2;
+    let mut last = None;
+    loop {
+        let now = snapshot(client, namespace).await;
+        if done(&now) && last.as_ref() == Some(&now) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "{what}: not settled: {now:#?}");
+        last = Some(now);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn ready_of(snapshot: &Snapshot, service: &str) -> Vec<(String, Option<bool>)> {
+    snapshot
+        .get(service)
+        .map(|s| s.endpoints.iter().map(|e| (e.0.clone(), e.2)).collect())
+        .unwrap_or_default()
+}
+
+fn service(name: &str, spec: serde_json::Value) -> Service {
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
+fn pod(name: &str, app: &str, node: &str, extra: serde_json::Value) -> Pod {
+    let mut spec = json!({
+        "nodeName": node,
+        "containers": [{"name": "c", "image": "registry.example/web:1",
+                        "ports": [{"name": "http", "containerPort": 8080}]}],
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// What the script saw at each step.
+#[derive(Debug, PartialEq, Eq)]
+struct Outcome {
+    steps: Vec<Snapshot>,
+}
+
+async fn scenario(client: &Client, namespace: &str) -> Outcome {
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let http = json!([{"name": "http", "port": 80, "targetPort": "http"}]);
+    for svc in [
+        service("web", json!({"selector": {"app": "web"}, "ports": http})),
+        service(
+            "metrics",
+            json!({"selector": {"app": "web"}, "ports": [{"name": "metrics", "port": 9090, "targetPort": "metrics"}]}),
+        ),
+        service(
+            "nothing",
+            json!({"selector": {"app": "nothing"}, "ports": http}),
+        ),
+        service(
+            "db",
+            json!({"selector": {"app": "db"}, "clusterIP": "None", "ports": http}),
+        ),
+        service(
+            "close",
+            json!({"selector": {"app": "web"}, "ports": http, "trafficDistribution": "PreferClose"}),
+        ),
+        service("big", json!({"selector": {"app": "big"}, "ports": http})),
+    ] {
+        services.create(&PostParams::default(), &svc).await.unwrap();
+    }
+    let mut made: Vec<Pod> = (0..6)
+        .map(|i| pod(&format!("web-{i}"), "web", NODE, json!({})))
+        .collect();
+    // Scheduled nowhere kwok plays: never gets an IP.
+    made.push(pod("web-nowhere", "web", "no-such-node", json!({})));
+    made.extend((0..2).map(|i| {
+        pod(
+            &format!("db-{i}"),
+            "db",
+            NODE,
+            json!({"hostname": format!("db-{i}"), "subdomain": "db"}),
+        )
+    }));
+    made.extend((0..BIG).map(|i| pod(&format!("big-{i:04}"), "big", NODE, json!({}))));
+    stream::iter(made)
+        .for_each_concurrent(32, |p| {
+            let pods = pods.clone();
+            async move {
+                pods.create(&PostParams::default(), &p).await.unwrap();
+            }
+        })
+        .await;
+
+    let all_ready = |s: &Snapshot, service: &str, n: usize| {
+        let ready = ready_of(s, service);
+        ready.len() == n && ready.iter().all(|(_, r)| *r == Some(true))
+    };
+    let first = settled(client, namespace, "created", |s| {
+        all_ready(s, "web", 6)
+            && all_ready(s, "metrics", 6)
+            && all_ready(s, "close", 6)
+            && all_ready(s, "db", 2)
+            && all_ready(s, "big", BIG)
+            && s.contains_key("nothing")
+    })
+    .await;
+
+    // web-1 turns unready.
+    pods.patch_status(
+        "web-1",
+        &PatchParams::default(),
+        &Patch::Strategic(
+            json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let unready = settled(client, namespace, "web-1 unready", |s| {
+        ready_of(s, "web").contains(&("web-1".to_owned(), Some(false)))
+            && ready_of(s, "close").contains(&("web-1".to_owned(), Some(false)))
+    })
+    .await;
+
+    // web-2 deleted; web gets a label of its own.
+    pods.delete("web-2", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "payments"}}})),
+        )
+        .await
+        .unwrap();
+    let later = settled(client, namespace, "web-2 gone, web labelled", |s| {
+        ready_of(s, "web").len() == 5
+            && ready_of(s, "close").len() == 5
+            && s["web"]
+                .shapes
+                .iter()
+                .all(|shape| shape.2.get("team").is_some())
+    })
+    .await;
+    Outcome {
+        steps: vec![first, unready, later],
+    }
+}
+
+/// The slices of `namespace` by name and resourceVersion.
+async fn versions(client: &Client, namespace: &str) -> BTreeMap<String, String> {
+    Api::<EndpointSlice>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|s| {
+            (
+                s.metadata.name.unwrap(),
+                s.metadata.resource_version.unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_end_in_the_same_slices_as_under_kube_controller_manager() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    support::kwok_node(
+        &client,
+        NODE,
+        json!({"topology.kubernetes.io/zone": "zone-a"}),
+        json!([]),
+    )
+    .await;
+
+    let kcm = plane
+        .start_controller_manager(&["endpointslice-controller"], &[])
+        .await
+        .expect("kube-controller-manager starts");
+    let under_kcm_ns = TestNamespace::create(plane, &client, "es-kcm")
+        .await
+        .unwrap();
+    let under_kcm = scenario(&client, under_kcm_ns.name()).await;
+    let before = versions(&client, under_kcm_ns.name()).await;
+    drop(kcm);
+
+    // The handover: Switchyard starts over kube-controller-manager's slices while a reader
+    // watches web's endpoints.
+    let web: Api<EndpointSlice> = Api::namespaced(client.clone(), under_kcm_ns.name());
+    let reading = tokio::spawn(async move {
+        let mut least = usize::MAX;
+        let until = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < until {
+            let listed: usize = web
+                .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}=web")))
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(|s| s.endpoints.len())
+                .sum();
+            least = least.min(listed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        least
+    });
+    let switchyard = support::Builtins::start(plane, &[NAME]).await;
+    assert_eq!(
+        reading.await.unwrap(),
+        5,
+        "web's endpoints throughout the handover"
+    );
+    // Every Service of the namespace reconciled by then (and the cluster's own).
+    let reconciled =
+        format!(r#"switchyard_reconcile_total{{controller="{NAME}",result="success"}}"#);
+    let deadline = Instant::now() + WITHIN;
+    while switchyard.reconciler.metric(&reconciled).await < 6.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the Services were not reconciled"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        versions(&client, under_kcm_ns.name()).await,
+        before,
+        "kube-controller-manager's slices rewritten at the handover"
+    );
+
+    let under_switchyard_ns = TestNamespace::create(plane, &client, "es-sy")
+        .await
+        .unwrap();
+    let under_switchyard = scenario(&client, under_switchyard_ns.name()).await;
+    let created = switchyard.requests("create", &["201"]).await;
+    switchyard.stop().await;
+
+    for (who, outcome) in [
+        ("kube-controller-manager", &under_kcm),
+        ("switchyard", &under_switchyard),
+    ] {
+        for (service, slices) in outcome.steps.last().unwrap() {
+            if service != "big" {
+                eprintln!("{who}: {service}: {slices:?}");
+            }
+        }
+    }
+    for outcome in [&under_kcm, &under_switchyard] {
+        let big = &outcome.steps[0]["big"];
+        assert!(
+            big.fullest <= 100 && big.count >= BIG.div_ceil(100),
+            "{big:?}"
+        );
+        let nothing = &outcome.steps[0]["nothing"];
+        assert_eq!((nothing.count, nothing.endpoints.len()), (1, 0));
+    }
+    // How many slices `big` took depends on how its Pods came in over the syncs; the rest
+    // is compared whole.
+    let without_big_count = |o: &Outcome| -> Vec<Snapshot> {
+        o.steps
+            .iter()
+            .map(|s| {
+                let mut s = s.clone();
+                let big = s.get_mut("big").unwrap();
+                (big.count, big.fullest) = (0, 0);
+                s
+            })
+            .collect()
+    };
+    assert_eq!(
+        without_big_count(&under_switchyard),
+        without_big_count(&under_kcm)
+    );
+    // The slices were this reconciler's: it was the only controller running.
+    assert!(created >= 6.0, "the reconciler created {created} objects");
+}
