@@ -305,7 +305,7 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
             && s["web"]
                 .shapes
                 .iter()
-                .all(|shape| shape.2.get("team").is_some())
+                .all(|shape| shape.2.contains_key("team"))
     })
     .await;
     Outcome {

@@ -602,7 +602,7 @@ pub fn trigger_time(
         return created;
     };
     pods.iter()
-        .filter_map(|pod| ready_transition(pod))
+        .filter_map(ready_transition)
         .chain(created)
         .filter(|t| *t > last)
         .min()

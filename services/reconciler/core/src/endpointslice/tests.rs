@@ -78,13 +78,13 @@ fn apply(slices: &[EndpointSlice], plan: &Plan) -> Vec<EndpointSlice> {
     let mut n = out.len();
     for slice in &plan.create {
         let mut slice = slice.clone();
+        slice.metadata.generate_name = None;
         loop {
             let name = format!("web-{n}");
             n += 1;
-            if !out.contains_key(&name) {
-                slice.metadata.name = Some(name.clone());
-                slice.metadata.generate_name = None;
-                out.insert(name, slice);
+            if let std::collections::btree_map::Entry::Vacant(free) = out.entry(name.clone()) {
+                slice.metadata.name = Some(name);
+                free.insert(slice);
                 break;
             }
         }
