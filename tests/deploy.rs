@@ -700,6 +700,8 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
                 "serviceaccounts",
                 "replicasets.apps",
                 "deployments.apps",
+                "services",
+                "endpointslices.discovery.k8s.io",
             ],
         ),
         (
@@ -814,7 +816,11 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
         ),
         // The garbage collector's graph lists the metadata of everything; nothing is read
         // by name but what is watched.
-        ("watcher", &["get"], &["secrets", "configmaps", "services"]),
+        (
+            "watcher",
+            &["get"],
+            &["secrets", "configmaps", "ingresses.networking.k8s.io"],
+        ),
         // The reconciler's own account writes nothing and reads nothing: its controllers'
         // requests carry their own accounts.
         (
