@@ -304,7 +304,8 @@ fn every_built_in_controller_s_role_grants_what_it_declares_and_nothing_more() {
             .chain(&watches.by_label)
             .chain(&watches.by_namespace)
             .chain(&watches.by_selector)
-            .chain(&watches.by_placement);
+            .chain(&watches.by_placement)
+            .chain(&watches.by_name);
         for watch in all {
             let full = !watch.options.metadata_only;
             let gvk = &watch.gvk;

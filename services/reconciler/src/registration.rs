@@ -205,6 +205,7 @@ fn request(registrant: &str, declared: &[(String, Watches)]) -> RegisterRequest 
                 by_namespace: watches.by_namespace.iter().map(watch).collect(),
                 by_selector: watches.by_selector.iter().map(watch).collect(),
                 by_placement: watches.by_placement.iter().map(watch).collect(),
+                by_name: watches.by_name.iter().map(watch).collect(),
             })
             .collect(),
     }
@@ -266,6 +267,7 @@ mod tests {
             by_namespace: vec![],
             by_selector: vec![],
             by_placement: vec![],
+            by_name: vec![],
         };
         let request = request("w1", &[("apps/v1/Deployment".into(), watches)]);
         assert_eq!(request.registrant, "w1");

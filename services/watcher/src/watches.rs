@@ -111,6 +111,7 @@ fn registration(
             by_namespace,
             by_selector,
             by_placement,
+            by_name,
         } = controller;
         let at = format!("controllers[{c}]");
         let list = |list: &str, watches: Vec<proto::Watch>| -> Result<Vec<Watch>, ApiError> {
@@ -130,6 +131,7 @@ fn registration(
             by_namespace: list("by_namespace", by_namespace)?,
             by_selector: list("by_selector", by_selector)?,
             by_placement: list("by_placement", by_placement)?,
+            by_name: list("by_name", by_name)?,
         });
     }
     Registration::new(registrant, declared).map_err(|e| RegisterError::from(e).into())
@@ -247,6 +249,7 @@ mod tests {
             by_namespace: vec![],
             by_selector: vec![],
             by_placement: vec![],
+            by_name: vec![],
         }
     }
 

@@ -194,6 +194,7 @@ fn granted_controller() -> impl Strategy<Value = ControllerWatches> {
             by_namespace: Vec::new(),
             by_selector: Vec::new(),
             by_placement: Vec::new(),
+            by_name: Vec::new(),
         })
 }
 
@@ -211,9 +212,19 @@ fn controller() -> impl Strategy<Value = ControllerWatches> {
         collection::vec(watch(), 0..2),
         collection::vec(watch(), 0..2),
         collection::vec(watch(), 0..2),
+        collection::vec(watch(), 0..2),
     )
         .prop_map(
-            |(name, reconciles, owns, by_label, by_namespace, by_selector, by_placement)| {
+            |(
+                name,
+                reconciles,
+                owns,
+                by_label,
+                by_namespace,
+                by_selector,
+                by_placement,
+                by_name,
+            )| {
                 ControllerWatches {
                     name,
                     reconciles,
@@ -222,6 +233,7 @@ fn controller() -> impl Strategy<Value = ControllerWatches> {
                     by_namespace,
                     by_selector,
                     by_placement,
+                    by_name,
                 }
             },
         )

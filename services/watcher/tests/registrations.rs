@@ -56,6 +56,7 @@ fn config_maps() -> ControllerWatches {
         by_namespace: vec![],
         by_selector: vec![],
         by_placement: vec![],
+        by_name: vec![],
     }
 }
 
@@ -454,6 +455,7 @@ controllers:
         by_namespace: vec![],
         by_selector: vec![],
         by_placement: vec![],
+        by_name: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![nope])).await;
     assert_eq!(status.code(), Code::NotFound);
@@ -599,6 +601,7 @@ async fn a_kind_is_cached_whole_while_a_registration_needs_it_whole() {
         by_namespace: vec![],
         by_selector: vec![],
         by_placement: vec![],
+        by_name: vec![],
     };
     let (lean_stream, _) = register(
         &mut watches_client(Role::Reconciler, watcher.grpc()).await,
@@ -671,6 +674,7 @@ async fn a_registrant_watches_and_reads_only_what_its_service_account_is_granted
         by_namespace: vec![],
         by_selector: vec![],
         by_placement: vec![],
+        by_name: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;
     assert_eq!(status.code(), Code::PermissionDenied);
@@ -841,6 +845,7 @@ async fn a_kind_cached_for_one_service_account_is_not_served_to_another() {
         by_namespace: vec![],
         by_selector: vec![],
         by_placement: vec![],
+        by_name: vec![],
     };
     let mut watches = watches_client(Role::Reconciler, watcher.grpc()).await;
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;

@@ -40,6 +40,8 @@ enum MapBy<V, K: Resource> {
     Selector,
     /// The objects whose Pod template fits the Node differently, evaluated by the watcher.
     Placement,
+    /// The object of the same namespace and name, evaluated by the watcher.
+    Name,
     /// Run in the reconciler ([`super::mapping`]).
     With(MapFn<V, K>),
 }
@@ -69,6 +71,14 @@ impl<V, K: Resource> Map<V, K> {
     /// are cached in full.
     pub fn placement() -> Self {
         Self(MapBy::Placement)
+    }
+
+    /// The object of the reconciled kind with the changed object's namespace and name
+    /// (controller-runtime's `EnqueueRequestForObject` on another kind): kube-controller-
+    /// manager's Endpoints controller hears of a Service's Endpoints this way. Evaluated by
+    /// the watcher, on deletions too.
+    pub fn name() -> Self {
+        Self(MapBy::Name)
     }
 
     /// The objects `map` returns for the changed object (controller-runtime's
@@ -102,6 +112,7 @@ impl<V, K: Resource> fmt::Debug for Map<V, K> {
             MapBy::Namespace => f.write_str("Map::namespace"),
             MapBy::Selector => f.write_str("Map::selector"),
             MapBy::Placement => f.write_str("Map::placement"),
+            MapBy::Name => f.write_str("Map::name"),
             MapBy::With(_) => f.write_str("Map::with(..)"),
         }
     }
@@ -139,6 +150,7 @@ impl Builder {
                 by_namespace: Vec::new(),
                 by_selector: Vec::new(),
                 by_placement: Vec::new(),
+                by_name: Vec::new(),
             },
             mappings: Vec::new(),
             kind: PhantomData,
@@ -191,6 +203,7 @@ impl<K: Object> Builder<K> {
             MapBy::Namespace => self.watches.by_namespace.push(watch),
             MapBy::Selector => self.watches.by_selector.push(watch),
             MapBy::Placement => self.watches.by_placement.push(watch),
+            MapBy::Name => self.watches.by_name.push(watch),
             MapBy::With(map) => self.mappings.push(PendingMapping {
                 kind: default_name::<V>(),
                 make: Box::new(move |name, target| {

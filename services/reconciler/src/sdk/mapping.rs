@@ -115,6 +115,7 @@ where
             by_namespace: Vec::new(),
             by_selector: Vec::new(),
             by_placement: Vec::new(),
+            by_name: Vec::new(),
         })
     }
 }

@@ -1,5 +1,6 @@
 //! What a controller watches, declared in code: the same rules as an entry of the watcher's
-//! configuration file (`for`, `owns`, `mapByLabel`, `mapByNamespace`), registered with the watcher when the
+//! configuration file (`for`, `owns`, `mapByLabel`, `mapByNamespace`, `mapBySelector`,
+//! `mapByPlacement`, `mapByName`), registered with the watcher when the
 //! reconciler starts (`switchyard.watcher.v1.Watches/Register`).
 
 use std::time::Duration;
@@ -103,6 +104,9 @@ pub struct Watches {
     /// Nodes mapped by placement: a Node's creation, deletion or change of labels or taints
     /// keys every object of the reconciled kind whose Pod template fits it differently.
     pub by_placement: Vec<Watch>,
+    /// Kinds mapped by name: a change keys the object of the reconciled kind with the same
+    /// namespace and name (a Service for its Endpoints).
+    pub by_name: Vec<Watch>,
 }
 
 /// The group, version and kind of `K`.

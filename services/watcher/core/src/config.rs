@@ -326,6 +326,8 @@ struct RawController {
     map_by_selector: Vec<RawRule>,
     #[serde(default)]
     map_by_placement: Vec<RawRule>,
+    #[serde(default)]
+    map_by_name: Vec<RawRule>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -397,6 +399,8 @@ pub enum RuleKind {
     /// fits the object, a Node, differently before and after its change: the DaemonSets a
     /// Node's labels or taints concern.
     ByPlacement { owner: Gvk },
+    /// The key of the same namespace and name as the object (a Service's Endpoints).
+    ByName,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -553,6 +557,7 @@ impl Config {
                 map_by_namespace,
                 map_by_selector,
                 map_by_placement,
+                map_by_name,
             } = controller;
             if name.trim().is_empty() {
                 return Err(invalid(format!("{field}.name"), "must not be empty"));
@@ -670,6 +675,24 @@ impl Config {
                     resource: index_of(&gvk),
                     controller: name.clone(),
                     kind: RuleKind::ByNamespace,
+                    predicates: rule.predicates,
+                    batch_period: batch_period(at, rule.batch_period)?,
+                    batch_status_only: rule.batch_status_updates_only,
+                });
+            }
+            for (i, rule) in map_by_name.into_iter().enumerate() {
+                let at = format!("{field}.mapByName[{i}]");
+                let gvk = Gvk::parse(&rule.api_version, &rule.kind).map_err(|e| invalid(&at, e))?;
+                if rule.through.is_some() {
+                    return Err(invalid(
+                        format!("{at}.through"),
+                        "only an owns entry maps through an owner",
+                    ));
+                }
+                rules.push(Rule {
+                    resource: index_of(&gvk),
+                    controller: name.clone(),
+                    kind: RuleKind::ByName,
                     predicates: rule.predicates,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,

@@ -18,6 +18,8 @@
 //! - `mapBySelector`: every cached object of the controller's kind in the object's namespace
 //!   whose `spec.selector` matches the object's labels, old and new ([`Owners::selecting`]):
 //!   a PodDisruptionBudget for each change of a Pod it selects, its deletion included.
+//! - `mapByName`: the object of the controller's kind with the same namespace and name (a
+//!   Service for each change of its Endpoints);
 //! - `mapByPlacement`: every cached object of the controller's kind, in any namespace, whose
 //!   Pod template fits a Node differently before and after the Node's change
 //!   ([`Mapper::keys_by_placement`], from the Node's JSON): the DaemonSets a Node's creation,
@@ -186,6 +188,7 @@ enum MapKind {
         /// The controller kind's cache, whose objects' Pod templates are placed.
         owner_resource: Option<usize>,
     },
+    ByName,
 }
 
 /// The kind between an owned object and its owner's owner.
@@ -247,6 +250,7 @@ impl Mapper {
                 RuleKind::ByPlacement { owner } => MapKind::ByPlacement {
                     owner_resource: resource_of(config, owner),
                 },
+                RuleKind::ByName => MapKind::ByName,
             };
             by_resource[rule.resource].push(Rule {
                 controller,
@@ -456,6 +460,7 @@ impl Mapper {
                         push(&self.cluster, &new.namespace);
                     }
                 }
+                MapKind::ByName => push(&new.namespace, &new.name),
                 // Weighed from the objects' JSON, in `keys_by_placement`.
                 MapKind::ByPlacement { .. } => {}
                 MapKind::BySelector { owner_resource } => {
@@ -1032,6 +1037,50 @@ controllers:
         .to_string();
         assert!(
             error.starts_with("controllers[0].mapByNamespace[0]: maps to the object's Namespace, so for must be v1/Namespace"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn name_mapping_keys_the_object_of_the_same_namespace_and_name() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: endpoints
+    for: {apiVersion: v1, kind: Service}
+    mapByName:
+      - {apiVersion: v1, kind: Endpoints, predicates: [labelsChanged]}
+"#,
+        )
+        .unwrap();
+        let endpoints = 1;
+        assert_eq!(config.resources[endpoints].gvk.kind, "Endpoints");
+        let web = mk("web", 0, &[], None);
+        // Its creation and deletion key the Service of its name.
+        for event in [EventKind::Added, EventKind::Deleted] {
+            assert_eq!(
+                keys_of(&config, endpoints, event, None, &web),
+                ["endpoints ns/web"]
+            );
+        }
+        // Predicates filter updates as for any rule.
+        assert!(
+            keys_of(&config, endpoints, EventKind::Modified, Some(&web), &web).is_empty()
+        );
+
+        let error = Config::from_yaml(
+            r#"
+controllers:
+  - name: endpoints
+    for: {apiVersion: v1, kind: Service}
+    mapByName:
+      - {apiVersion: v1, kind: Endpoints, through: {apiVersion: v1, kind: Pod}}
+"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with("controllers[0].mapByName[0].through: only an owns entry"),
             "{error}"
         );
     }

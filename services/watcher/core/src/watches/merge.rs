@@ -68,6 +68,7 @@ impl Watches {
                 RuleKind::ByPlacement { owner } => Mapping::ByPlacement {
                     owner: owner.clone(),
                 },
+                RuleKind::ByName => Mapping::ByName,
             };
             let keying = Keying::of(&rule.predicates, rule.batch_period, rule.batch_status_only);
             add_rule(rules, Target { gvk, mapping }, keying);
@@ -264,6 +265,7 @@ impl Watches {
                         Mapping::ByNamespace => RuleKind::ByNamespace,
                         Mapping::BySelector { owner } => RuleKind::BySelector { owner },
                         Mapping::ByPlacement { owner } => RuleKind::ByPlacement { owner },
+                        Mapping::ByName => RuleKind::ByName,
                     },
                     predicates: keying.filter.predicates(),
                     batch_period: keying.batch_period,

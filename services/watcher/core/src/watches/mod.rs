@@ -19,8 +19,8 @@
 //! ```
 //!
 //! Mapping semantics are the file's ([`crate::mapping`]): `reconciles` is `for`, `owns`
-//! (with `through`), `by_label`, `by_namespace`, `by_selector` and `by_placement` are `owns`,
-//! `mapByLabel`, `mapByNamespace`, `mapBySelector` and `mapByPlacement`. The kind an `owns` watch
+//! (with `through`), `by_label`, `by_namespace`, `by_selector`, `by_placement` and `by_name` are
+//! `owns`, `mapByLabel`, `mapByNamespace`, `mapBySelector`, `mapByPlacement` and `mapByName`. The kind an `owns` watch
 //! maps `through` is cached metadata-only for the registration: only its owner reference
 //! is read.
 //!
@@ -75,6 +75,7 @@ pub struct ControllerWatches {
     pub by_namespace: Vec<Watch>,
     pub by_selector: Vec<Watch>,
     pub by_placement: Vec<Watch>,
+    pub by_name: Vec<Watch>,
 }
 
 /// One declared watch (the proto's `Watch`).
@@ -100,6 +101,7 @@ enum Mapping {
     ByNamespace,
     BySelector { owner: Gvk },
     ByPlacement { owner: Gvk },
+    ByName,
 }
 
 /// What a rule maps: a kind, and how.
@@ -203,6 +205,7 @@ impl fmt::Display for Described<'_> {
             Mapping::ByNamespace => write!(f, "by namespace on {}", target.gvk)?,
             Mapping::BySelector { .. } => write!(f, "by selector on {}", target.gvk)?,
             Mapping::ByPlacement { .. } => write!(f, "by placement on {}", target.gvk)?,
+            Mapping::ByName => write!(f, "by name on {}", target.gvk)?,
         }
         if let Filter::AnyOf(predicates) = filter {
             write!(f, " {:?}", predicates.iter().collect::<Vec<_>>())?;

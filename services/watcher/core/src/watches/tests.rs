@@ -49,6 +49,7 @@ fn widgets() -> ControllerWatches {
         by_namespace: vec![],
         by_selector: vec![],
         by_placement: vec![],
+        by_name: vec![],
     }
 }
 
@@ -555,6 +556,7 @@ fn a_namespace_mapping_keys_the_namespace_of_the_changed_object() {
         by_namespace: vec![metadata(watch("v1", "ServiceAccount"))],
         by_selector: vec![],
         by_placement: vec![],
+        by_name: vec![],
     };
     let mut watches = watches();
     watches.register(registration("r", vec![accounts])).unwrap();
@@ -610,6 +612,7 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
         by_namespace: vec![],
         by_selector: vec![],
         by_placement: vec![],
+        by_name: vec![],
         ..metadata_maps
     };
     assert_eq!(check(vec![allowed.clone()], granted), Ok(()));
@@ -641,6 +644,7 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
         by_namespace: vec![],
         by_selector: vec![],
         by_placement: vec![],
+        by_name: vec![],
     };
     assert_eq!(
         check(

@@ -68,6 +68,7 @@ impl Registration {
             by_namespace,
             by_selector,
             by_placement,
+            by_name,
         } = declared;
         let at = format!("controllers[{c}]");
         check_name(&format!("{at}.name"), &name)?;
@@ -77,6 +78,7 @@ impl Registration {
             ("by_namespace", &by_namespace),
             ("by_selector", &by_selector),
             ("by_placement", &by_placement),
+            ("by_name", &by_name),
         ];
         for (list, watches) in lists {
             if watches.len() > MAX_WATCHES {
@@ -213,6 +215,24 @@ impl Registration {
                 Target {
                     gvk,
                     mapping: Mapping::ByNamespace,
+                },
+                Keying::of(
+                    &watch.predicates,
+                    watch.batch_period,
+                    watch.batch_status_only,
+                ),
+            );
+        }
+        for (i, watch) in by_name.iter().enumerate() {
+            let field = format!("{at}.by_name[{i}]");
+            let gvk = self.kind(&field, watch)?;
+            only_in(&field, watch, false, false)?;
+            controller.need(&gvk, watch.metadata_only);
+            add_rule(
+                &mut controller.rules,
+                Target {
+                    gvk,
+                    mapping: Mapping::ByName,
                 },
                 Keying::of(
                     &watch.predicates,
