@@ -702,6 +702,7 @@ async fn each_service_account_has_what_its_service_needs_and_nothing_more() {
                 "deployments.apps",
                 "services",
                 "endpointslices.discovery.k8s.io",
+                "endpoints",
             ],
         ),
         (

@@ -43,6 +43,7 @@ pub mod builtin {
         DISRUPTION = "policy/v1/PodDisruptionBudget",
         DAEMONSET = "apps/v1/DaemonSet",
         ENDPOINTSLICE = "endpointslice",
+        ENDPOINTS = "endpoints",
     );
 }
 

@@ -36,6 +36,8 @@ pub struct Tuning {
     /// `--endpointslice-updates-batch-period`: how long a Pod's change is held before it
     /// keys its Services.
     pub endpoint_updates_batch_period: std::time::Duration,
+    /// `--endpoint-updates-batch-period`: the same for the Endpoints controller.
+    pub endpoints_batch_period: std::time::Duration,
 }
 
 impl Default for Tuning {
@@ -46,6 +48,7 @@ impl Default for Tuning {
             max_endpoints_per_slice:
                 switchyard_reconciler_core::endpointslice::DEFAULT_MAX_ENDPOINTS_PER_SLICE,
             endpoint_updates_batch_period: std::time::Duration::ZERO,
+            endpoints_batch_period: std::time::Duration::ZERO,
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
+pub mod endpoints;
 pub mod endpointslice;
 pub mod finalizer;
 pub mod gc;
@@ -153,6 +154,14 @@ pub struct ReconcilerArgs {
         default_value = "0s"
     )]
     pub endpointslice_updates_batch_period: humantime::Duration,
+    /// The same for the Endpoints controller (as kube-controller-manager's flag); at most
+    /// 60s
+    #[arg(
+        long,
+        env = "SWITCHYARD_ENDPOINT_UPDATES_BATCH_PERIOD",
+        default_value = "0s"
+    )]
+    pub endpoint_updates_batch_period: humantime::Duration,
 }
 
 /// The reconciler's flags, checked, and the controllers they select.
@@ -182,6 +191,7 @@ impl ReconcilerArgs {
             terminated_pod_gc_threshold: self.terminated_pod_gc_threshold,
             max_endpoints_per_slice: self.max_endpoints_per_slice,
             endpoint_updates_batch_period: *self.endpointslice_updates_batch_period,
+            endpoints_batch_period: *self.endpoint_updates_batch_period,
         }
     }
 
@@ -204,6 +214,7 @@ impl ReconcilerArgs {
             terminated_pod_gc_threshold: _,
             max_endpoints_per_slice,
             endpointslice_updates_batch_period,
+            endpoint_updates_batch_period,
         } = self;
         if !(1..=switchyard_reconciler_core::endpointslice::MAX_ENDPOINTS_PER_SLICE_LIMIT)
             .contains(max_endpoints_per_slice)
@@ -213,11 +224,22 @@ impl ReconcilerArgs {
                 switchyard_reconciler_core::endpointslice::MAX_ENDPOINTS_PER_SLICE_LIMIT
             )));
         }
-        if **endpointslice_updates_batch_period > MAX_BATCH_PERIOD {
-            return Err(Error::Args(format!(
-                "--endpointslice-updates-batch-period: {endpointslice_updates_batch_period} is longer than {}",
-                humantime::format_duration(MAX_BATCH_PERIOD)
-            )));
+        for (flag, period) in [
+            (
+                "--endpointslice-updates-batch-period",
+                endpointslice_updates_batch_period,
+            ),
+            (
+                "--endpoint-updates-batch-period",
+                endpoint_updates_batch_period,
+            ),
+        ] {
+            if **period > MAX_BATCH_PERIOD {
+                return Err(Error::Args(format!(
+                    "{flag}: {period} is longer than {}",
+                    humantime::format_duration(MAX_BATCH_PERIOD)
+                )));
+            }
         }
         if let Some(namespace) = controller_service_accounts {
             check_namespace(namespace).map_err(|problem| {
@@ -310,6 +332,7 @@ pub const BUILTINS: &[Builtin] = &[
     disruption::BUILTIN,
     daemonset::BUILTIN,
     endpointslice::BUILTIN,
+    endpoints::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

@@ -15,6 +15,7 @@ pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
+pub mod endpoints;
 pub mod endpointslice;
 pub mod event;
 pub mod gc;

@@ -1064,9 +1064,7 @@ controllers:
             );
         }
         // Predicates filter updates as for any rule.
-        assert!(
-            keys_of(&config, endpoints, EventKind::Modified, Some(&web), &web).is_empty()
-        );
+        assert!(keys_of(&config, endpoints, EventKind::Modified, Some(&web), &web).is_empty());
 
         let error = Config::from_yaml(
             r#"

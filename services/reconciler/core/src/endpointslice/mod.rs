@@ -587,18 +587,31 @@ pub fn trigger_time(
     pods: &[Pod],
     slices: &[EndpointSlice],
 ) -> Option<Timestamp> {
-    let written: Vec<Timestamp> = slices
-        .iter()
-        .filter_map(|s| {
+    trigger_time_after(
+        service,
+        pods,
+        slices.iter().filter_map(|s| {
             s.metadata
                 .annotations
                 .as_ref()?
                 .get(TRIGGER_TIME_ANNOTATION)
-        })
-        .filter_map(|t| t.parse::<Timestamp>().ok())
-        .collect();
+        }),
+    )
+}
+
+/// The trigger time after the ones already `written` (the newest counts): the Service's
+/// creation when none was, then the earliest Ready change of a Pod newer than it.
+pub fn trigger_time_after<'a>(
+    service: &Service,
+    pods: &[Pod],
+    written: impl IntoIterator<Item = &'a String>,
+) -> Option<Timestamp> {
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let Some(last) = written.into_iter().max() else {
+    let Some(last) = written
+        .into_iter()
+        .filter_map(|t| t.parse::<Timestamp>().ok())
+        .max()
+    else {
         return created;
     };
     pods.iter()

@@ -1,9 +1,10 @@
-//! The EndpointSlice controller against the real control plane, beside kube-controller-
-//! manager's `endpointslice-controller` (each on a namespace of its own, one after the
-//! other): the same script ends in the same slices under both, compared canonically (slices
-//! as their address type, ports, labels and owner; endpoints as a set, by the Pod behind
-//! each, with their conditions, Node, zone, hostname and hints; kwok gives the Pods their
-//! IPs, never dialed).
+//! The EndpointSlice and Endpoints controllers against the real control plane, beside
+//! kube-controller-manager's `endpointslice-controller` and `endpoints-controller` (each on
+//! a namespace of its own, one after the other): the same script ends in the same slices and
+//! Endpoints under both, compared canonically (slices as their address type, ports, labels
+//! and owner; endpoints as a set, by the Pod behind each, with their conditions, Node, zone,
+//! hostname and hints; Endpoints as their ports and addresses by Pod, ready or not, with
+//! their labels; kwok gives the Pods their IPs, never dialed).
 //!
 //! - `web`: a named target port, six Pods on a Node in `zone-a` and one that never gets an
 //!   IP (left out);
@@ -11,11 +12,13 @@
 //! - `nothing`: a selector that matches no Pod: one empty placeholder slice;
 //! - `db`: headless, its Pods name it as their subdomain: hostnames set;
 //! - `close`: `trafficDistribution: PreferClose`: ready endpoints hinted for their zone;
-//! - `big`: 1,010 Pods: eleven slices or more, none over 100;
+//! - `big`: 1,010 Pods: eleven slices or more, none over 100; its Endpoints truncated to
+//!   1,000 addresses and annotated so;
 //! - then a `web` Pod turns unready, another is deleted, and `web` gets a label of its own.
 //!
-//! The handover: kube-controller-manager's slices, read by Switchyard when it starts, are
-//! left as they are (no write), and throughout every `web` endpoint stays listed.
+//! The handover: kube-controller-manager's slices and Endpoints, read by Switchyard when it
+//! starts, are left as they are (no write), and throughout every `web` endpoint stays
+//! listed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -30,11 +33,16 @@ use futures::{StreamExt, stream};
 use serde_json::json;
 use switchyard_k8s::{
     Api, Client, ListParams, Pod, PostParams,
-    k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice},
+    k8s_openapi::api::{
+        core::v1::{Endpoints, Service},
+        discovery::v1::EndpointSlice,
+    },
     kube::api::{DeleteParams, Patch, PatchParams},
 };
-use switchyard_reconciler::endpointslice::NAME;
-use switchyard_reconciler_core::endpointslice::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
+use switchyard_reconciler_core::{
+    endpoints::OVER_CAPACITY_ANNOTATION,
+    endpointslice::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL},
+};
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
 use support::WITHIN;
@@ -70,7 +78,7 @@ type SliceShape = (
     Vec<(String, String, Option<bool>, Option<bool>)>,
 );
 
-/// A Service's slices, canonically.
+/// A Service's slices, canonically, and its Endpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Slices {
     shapes: BTreeSet<SliceShape>,
@@ -78,7 +86,22 @@ struct Slices {
     /// The number of slices, and the most endpoints in one.
     count: usize,
     fullest: usize,
+    legacy: Option<Legacy>,
 }
+
+/// A Service's `v1/Endpoints`: its labels, each subset's ports (name, port) with the Pods
+/// behind its addresses (ready or not) when the Service has fewer than 1,000, otherwise how
+/// many of each; whether it says it was truncated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Legacy {
+    labels: BTreeMap<String, String>,
+    subsets: BTreeSet<(Ports, BTreeSet<(String, bool)>)>,
+    counts: (usize, usize),
+    truncated: bool,
+}
+
+/// A subset's ports: name and number.
+type Ports = BTreeSet<(Option<String>, i32)>;
 
 type Snapshot = BTreeMap<String, Slices>;
 
@@ -119,12 +142,7 @@ async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
                 })
                 .collect(),
         );
-        let entry = out.entry(service).or_insert_with(|| Slices {
-            shapes: BTreeSet::new(),
-            endpoints: BTreeSet::new(),
-            count: 0,
-            fullest: 0,
-        });
+        let entry = out.entry(service).or_insert_with(empty);
         entry.shapes.insert(shape);
         entry.count += 1;
         entry.fullest = entry.fullest.max(slice.endpoints.len());
@@ -152,7 +170,77 @@ async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
             ));
         }
     }
+    let legacy = Api::<Endpoints>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    for endpoints in legacy {
+        let subsets = endpoints.subsets.clone().unwrap_or_default();
+        let addresses = |s: &switchyard_k8s::k8s_openapi::api::core::v1::EndpointSubset| {
+            let ready = s.addresses.iter().flatten().map(|a| (a, true));
+            let not_ready = s.not_ready_addresses.iter().flatten().map(|a| (a, false));
+            ready
+                .chain(not_ready)
+                .map(|(a, r)| (a.target_ref.as_ref().unwrap().name.clone().unwrap(), r))
+                .collect::<BTreeSet<_>>()
+        };
+        let counts = subsets.iter().fold((0, 0), |(r, n), s| {
+            (
+                r + s.addresses.as_ref().map_or(0, Vec::len),
+                n + s.not_ready_addresses.as_ref().map_or(0, Vec::len),
+            )
+        });
+        let listed = counts.0 + counts.1 < 1000;
+        let entry = out
+            .entry(endpoints.metadata.name.clone().unwrap())
+            .or_insert_with(empty);
+        entry.legacy = Some(Legacy {
+            labels: endpoints.metadata.labels.clone().unwrap_or_default(),
+            subsets: subsets
+                .iter()
+                .map(|s| {
+                    (
+                        s.ports
+                            .iter()
+                            .flatten()
+                            .map(|p| (p.name.clone(), p.port))
+                            .collect(),
+                        if listed {
+                            addresses(s)
+                        } else {
+                            BTreeSet::new()
+                        },
+                    )
+                })
+                .collect(),
+            counts,
+            truncated: endpoints
+                .metadata
+                .annotations
+                .is_some_and(|a| a.contains_key(OVER_CAPACITY_ANNOTATION)),
+        });
+    }
     out
+}
+
+fn empty() -> Slices {
+    Slices {
+        shapes: BTreeSet::new(),
+        endpoints: BTreeSet::new(),
+        count: 0,
+        fullest: 0,
+        legacy: None,
+    }
+}
+
+/// The Pods listed in the Service's Endpoints, ready or not.
+fn legacy_of(snapshot: &Snapshot, service: &str) -> BTreeSet<(String, bool)> {
+    snapshot
+        .get(service)
+        .and_then(|s| s.legacy.as_ref())
+        .map(|l| l.subsets.iter().flat_map(|(_, a)| a.clone()).collect())
+        .unwrap_or_default()
 }
 
 /// The snapshot once `done` holds of it and two reads a second apart agree.
@@ -261,6 +349,10 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
         let ready = ready_of(s, service);
         ready.len() == n && ready.iter().all(|(_, r)| *r == Some(true))
     };
+    let legacy_ready = |s: &Snapshot, service: &str, n: usize| {
+        let listed = legacy_of(s, service);
+        listed.len() == n && listed.iter().all(|(_, r)| *r)
+    };
     let first = settled(client, namespace, "created", |s| {
         all_ready(s, "web", 6)
             && all_ready(s, "metrics", 6)
@@ -268,6 +360,12 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
             && all_ready(s, "db", 2)
             && all_ready(s, "big", BIG)
             && s.contains_key("nothing")
+            && legacy_ready(s, "web", 6)
+            && legacy_ready(s, "db", 2)
+            && s["big"]
+                .legacy
+                .as_ref()
+                .is_some_and(|l| l.counts == (1000, 0))
     })
     .await;
 
@@ -284,6 +382,7 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
     let unready = settled(client, namespace, "web-1 unready", |s| {
         ready_of(s, "web").contains(&("web-1".to_owned(), Some(false)))
             && ready_of(s, "close").contains(&("web-1".to_owned(), Some(false)))
+            && legacy_of(s, "web").contains(&("web-1".to_owned(), false))
     })
     .await;
 
@@ -331,7 +430,7 @@ async fn versions(client: &Client, namespace: &str) -> BTreeMap<String, String> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn services_end_in_the_same_slices_as_under_kube_controller_manager() {
+async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_manager() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
@@ -344,7 +443,7 @@ async fn services_end_in_the_same_slices_as_under_kube_controller_manager() {
     .await;
 
     let kcm = plane
-        .start_controller_manager(&["endpointslice-controller"], &[])
+        .start_controller_manager(&["endpointslice-controller", "endpoints-controller"], &[])
         .await
         .expect("kube-controller-manager starts");
     let under_kcm_ns = TestNamespace::create(plane, &client, "es-kcm")
@@ -374,27 +473,33 @@ async fn services_end_in_the_same_slices_as_under_kube_controller_manager() {
         }
         least
     });
-    let switchyard = support::Builtins::start(plane, &[NAME]).await;
+    let names = [
+        switchyard_reconciler::endpointslice::NAME,
+        switchyard_reconciler::endpoints::NAME,
+    ];
+    let switchyard = support::Builtins::start(plane, &names).await;
     assert_eq!(
         reading.await.unwrap(),
         5,
         "web's endpoints throughout the handover"
     );
-    // Every Service of the namespace reconciled by then (and the cluster's own).
-    let reconciled =
-        format!(r#"switchyard_reconcile_total{{controller="{NAME}",result="success"}}"#);
-    let deadline = Instant::now() + WITHIN;
-    while switchyard.reconciler.metric(&reconciled).await < 6.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the Services were not reconciled"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every Service of the namespace reconciled by then by both (and the cluster's own).
+    for name in names {
+        let reconciled =
+            format!(r#"switchyard_reconcile_total{{controller="{name}",result="success"}}"#);
+        let deadline = Instant::now() + WITHIN;
+        while switchyard.reconciler.metric(&reconciled).await < 6.0 {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the Services were not reconciled"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     assert_eq!(
         versions(&client, under_kcm_ns.name()).await,
         before,
-        "kube-controller-manager's slices rewritten at the handover"
+        "kube-controller-manager's slices or Endpoints rewritten at the handover"
     );
 
     let under_switchyard_ns = TestNamespace::create(plane, &client, "es-sy")
@@ -422,6 +527,8 @@ async fn services_end_in_the_same_slices_as_under_kube_controller_manager() {
         );
         let nothing = &outcome.steps[0]["nothing"];
         assert_eq!((nothing.count, nothing.endpoints.len()), (1, 0));
+        let legacy = big.legacy.as_ref().unwrap();
+        assert!(legacy.truncated && legacy.counts == (1000, 0), "{legacy:?}");
     }
     // How many slices `big` took depends on how its Pods came in over the syncs; the rest
     // is compared whole.
