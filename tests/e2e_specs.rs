@@ -15,7 +15,8 @@
 //! - `SWITCHYARD_E2E_PROCS`: ginkgo processes per side (6).
 //!
 //! On both sides kube-controller-manager also runs what Switchyard does not offer and the e2e
-//! framework needs: the `kube-root-ca.crt` publisher.
+//! framework or the specs need: the `kube-root-ca.crt` publisher and the EndpointSlice
+//! mirroring controller.
 
 #![allow(clippy::unwrap_used)]
 
@@ -35,7 +36,10 @@ const PROCS: usize = 6;
 /// ginkgo's own bound on a side's run.
 const SUITE_TIMEOUT: Duration = Duration::from_secs(50 * 60);
 /// What the e2e framework needs and Switchyard does not run.
-const INFRASTRUCTURE: &[&str] = &["root-ca-certificate-publisher-controller"];
+const INFRASTRUCTURE: &[&str] = &[
+    "root-ca-certificate-publisher-controller",
+    "endpointslice-mirroring-controller",
+];
 /// kube-controller-manager's names of the controllers Switchyard runs by default.
 const COMPARED: &[&str] = &[
     "replicaset-controller",
@@ -51,6 +55,8 @@ const COMPARED: &[&str] = &[
     "statefulset-controller",
     "disruption-controller",
     "daemonset-controller",
+    "endpointslice-controller",
+    "endpoints-controller",
 ];
 
 fn env_or(name: &str, default: &str) -> String {
