@@ -15,8 +15,7 @@
 //! - `SWITCHYARD_E2E_PROCS`: ginkgo processes per side (6).
 //!
 //! On both sides kube-controller-manager also runs what Switchyard does not offer and the e2e
-//! framework or the specs need: the `kube-root-ca.crt` publisher and the EndpointSlice
-//! mirroring controller.
+//! framework needs: the `kube-root-ca.crt` publisher.
 
 #![allow(clippy::unwrap_used)]
 
@@ -36,10 +35,7 @@ const PROCS: usize = 6;
 /// ginkgo's own bound on a side's run.
 const SUITE_TIMEOUT: Duration = Duration::from_secs(50 * 60);
 /// What the e2e framework needs and Switchyard does not run.
-const INFRASTRUCTURE: &[&str] = &[
-    "root-ca-certificate-publisher-controller",
-    "endpointslice-mirroring-controller",
-];
+const INFRASTRUCTURE: &[&str] = &["root-ca-certificate-publisher-controller"];
 /// kube-controller-manager's names of the controllers Switchyard runs by default.
 const COMPARED: &[&str] = &[
     "replicaset-controller",
@@ -57,6 +53,7 @@ const COMPARED: &[&str] = &[
     "daemonset-controller",
     "endpointslice-controller",
     "endpoints-controller",
+    "endpointslice-mirroring-controller",
 ];
 
 fn env_or(name: &str, default: &str) -> String {

@@ -44,6 +44,7 @@ pub mod builtin {
         DAEMONSET = "apps/v1/DaemonSet",
         ENDPOINTSLICE = "endpointslice",
         ENDPOINTS = "endpoints",
+        ENDPOINTSLICE_MIRRORING = "endpointslice-mirroring",
     );
 }
 

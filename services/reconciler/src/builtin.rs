@@ -38,6 +38,8 @@ pub struct Tuning {
     pub endpoint_updates_batch_period: std::time::Duration,
     /// `--endpoint-updates-batch-period`: the same for the Endpoints controller.
     pub endpoints_batch_period: std::time::Duration,
+    /// `--mirroring-max-endpoints-per-subset`.
+    pub mirroring_max_endpoints_per_subset: usize,
 }
 
 impl Default for Tuning {
@@ -49,6 +51,8 @@ impl Default for Tuning {
                 switchyard_reconciler_core::endpointslice::DEFAULT_MAX_ENDPOINTS_PER_SLICE,
             endpoint_updates_batch_period: std::time::Duration::ZERO,
             endpoints_batch_period: std::time::Duration::ZERO,
+            mirroring_max_endpoints_per_subset:
+                switchyard_reconciler_core::mirroring::DEFAULT_MAX_ENDPOINTS_PER_SUBSET,
         }
     }
 }

@@ -24,6 +24,7 @@ pub mod finalizer;
 pub mod gc;
 pub mod job;
 pub mod metrics;
+pub mod mirroring;
 pub mod namespace;
 pub mod podgc;
 pub mod ratelimit;
@@ -162,6 +163,10 @@ pub struct ReconcilerArgs {
         default_value = "0s"
     )]
     pub endpoint_updates_batch_period: humantime::Duration,
+    /// Addresses of one Endpoints subset mirrored into EndpointSlices at most, 1 to 1000 (as
+    /// kube-controller-manager's flag)
+    #[arg(long, env = "SWITCHYARD_MIRRORING_MAX_ENDPOINTS_PER_SUBSET", default_value_t = switchyard_reconciler_core::mirroring::DEFAULT_MAX_ENDPOINTS_PER_SUBSET)]
+    pub mirroring_max_endpoints_per_subset: usize,
 }
 
 /// The reconciler's flags, checked, and the controllers they select.
@@ -192,6 +197,7 @@ impl ReconcilerArgs {
             max_endpoints_per_slice: self.max_endpoints_per_slice,
             endpoint_updates_batch_period: *self.endpointslice_updates_batch_period,
             endpoints_batch_period: *self.endpoint_updates_batch_period,
+            mirroring_max_endpoints_per_subset: self.mirroring_max_endpoints_per_subset,
         }
     }
 
@@ -215,14 +221,21 @@ impl ReconcilerArgs {
             max_endpoints_per_slice,
             endpointslice_updates_batch_period,
             endpoint_updates_batch_period,
+            mirroring_max_endpoints_per_subset,
         } = self;
-        if !(1..=switchyard_reconciler_core::endpointslice::MAX_ENDPOINTS_PER_SLICE_LIMIT)
-            .contains(max_endpoints_per_slice)
-        {
-            return Err(Error::Args(format!(
-                "--max-endpoints-per-slice: {max_endpoints_per_slice} is not between 1 and {}",
-                switchyard_reconciler_core::endpointslice::MAX_ENDPOINTS_PER_SLICE_LIMIT
-            )));
+        let limit = switchyard_reconciler_core::endpointslice::MAX_ENDPOINTS_PER_SLICE_LIMIT;
+        for (flag, value) in [
+            ("--max-endpoints-per-slice", max_endpoints_per_slice),
+            (
+                "--mirroring-max-endpoints-per-subset",
+                mirroring_max_endpoints_per_subset,
+            ),
+        ] {
+            if !(1..=limit).contains(value) {
+                return Err(Error::Args(format!(
+                    "{flag}: {value} is not between 1 and {limit}"
+                )));
+            }
         }
         for (flag, period) in [
             (
@@ -333,6 +346,7 @@ pub const BUILTINS: &[Builtin] = &[
     daemonset::BUILTIN,
     endpointslice::BUILTIN,
     endpoints::BUILTIN,
+    mirroring::BUILTIN,
 ];
 
 /// The user a built-in controller's requests impersonate, with service accounts in

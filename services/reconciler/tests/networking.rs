@@ -1,7 +1,8 @@
-//! The EndpointSlice and Endpoints controllers against the real control plane, beside
-//! kube-controller-manager's `endpointslice-controller` and `endpoints-controller` (each on
-//! a namespace of its own, one after the other): the same script ends in the same slices and
-//! Endpoints under both, compared canonically (slices as their address type, ports, labels
+//! The EndpointSlice, Endpoints and EndpointSlice mirroring controllers against the real
+//! control plane, beside kube-controller-manager's `endpointslice-controller`,
+//! `endpoints-controller` and `endpointslice-mirroring-controller` (each on a namespace of
+//! its own, one after the other): the same script ends in the same slices and Endpoints
+//! under both, compared canonically (slices as their address type, ports, labels
 //! and owner; endpoints as a set, by the Pod behind each, with their conditions, Node, zone,
 //! hostname and hints; Endpoints as their ports and addresses by Pod, ready or not, with
 //! their labels; kwok gives the Pods their IPs, never dialed).
@@ -14,7 +15,9 @@
 //! - `close`: `trafficDistribution: PreferClose`: ready endpoints hinted for their zone;
 //! - `big`: 1,010 Pods: eleven slices or more, none over 100; its Endpoints truncated to
 //!   1,000 addresses and annotated so;
-//! - then a `web` Pod turns unready, another is deleted, and `web` gets a label of its own.
+//! - `ext`: no selector, its Endpoints written by hand: mirrored into a slice;
+//! - then a `web` Pod turns unready (and an address of `ext`), another is deleted, and `web`
+//!   and `ext`'s Endpoints get labels of their own.
 //!
 //! The handover: kube-controller-manager's slices and Endpoints, read by Switchyard when it
 //! starts, are left as they are (no write), and throughout every `web` endpoint stays
@@ -108,16 +111,18 @@ type Snapshot = BTreeMap<String, Slices>;
 async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
     let api: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
     let listed = api
-        .list(&ListParams::default().labels(&format!(
-            "{MANAGED_BY_LABEL}=endpointslice-controller.k8s.io"
-        )))
+        .list(&ListParams::default().labels(MANAGED_BY_LABEL))
         .await
         .unwrap()
         .items;
     let mut out: Snapshot = BTreeMap::new();
     for slice in listed {
         let labels = slice.metadata.labels.clone().unwrap_or_default();
-        let service = labels[SERVICE_NAME_LABEL].clone();
+        // Mirrored slices apart from the Service's own.
+        let service = match labels[MANAGED_BY_LABEL].as_str() {
+            "endpointslice-controller.k8s.io" => labels[SERVICE_NAME_LABEL].clone(),
+            other => format!("{other}: {}", labels[SERVICE_NAME_LABEL]),
+        };
         let shape: SliceShape = (
             slice.address_type.clone(),
             slice
@@ -152,7 +157,7 @@ async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
                 e.target_ref
                     .as_ref()
                     .and_then(|t| t.name.clone())
-                    .unwrap_or_default(),
+                    .unwrap_or_else(|| e.addresses.join(",")),
                 e.addresses.len(),
                 c.ready,
                 c.serving,
@@ -182,7 +187,10 @@ async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
             let not_ready = s.not_ready_addresses.iter().flatten().map(|a| (a, false));
             ready
                 .chain(not_ready)
-                .map(|(a, r)| (a.target_ref.as_ref().unwrap().name.clone().unwrap(), r))
+                .map(|(a, r)| {
+                    let pod = a.target_ref.as_ref().and_then(|t| t.name.clone());
+                    (pod.unwrap_or_else(|| a.ip.clone()), r)
+                })
                 .collect::<BTreeSet<_>>()
         };
         let counts = subsets.iter().fold((0, 0), |(r, n), s| {
@@ -290,6 +298,22 @@ fn pod(name: &str, app: &str, node: &str, extra: serde_json::Value) -> Pod {
     .unwrap()
 }
 
+/// Endpoints written by hand for the Service `ext`, with `labels`.
+fn external(labels: serde_json::Value, ready: &[&str], not_ready: &[&str]) -> Endpoints {
+    let addresses = |ips: &[&str]| ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>();
+    serde_json::from_value(json!({
+        "metadata": {"name": "ext", "labels": labels},
+        "subsets": [{
+            "addresses": addresses(ready),
+            "notReadyAddresses": addresses(not_ready),
+            "ports": [{"name": "http", "port": 8443}],
+        }],
+    }))
+    .unwrap()
+}
+
+const MIRRORED: &str = "endpointslicemirroring-controller.k8s.io: ext";
+
 /// What the script saw at each step.
 #[derive(Debug, PartialEq, Eq)]
 struct Outcome {
@@ -322,6 +346,26 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
     ] {
         services.create(&PostParams::default(), &svc).await.unwrap();
     }
+    // Without a selector: its Endpoints written by hand, mirrored into slices.
+    services
+        .create(
+            &PostParams::default(),
+            &service("ext", json!({"ports": [{"name": "http", "port": 80}]})),
+        )
+        .await
+        .unwrap();
+    let manual: Api<Endpoints> = Api::namespaced(client.clone(), namespace);
+    manual
+        .create(
+            &PostParams::default(),
+            &external(
+                json!({"app": "ext"}),
+                &["192.0.2.1", "192.0.2.2"],
+                &["192.0.2.3"],
+            ),
+        )
+        .await
+        .unwrap();
     let mut made: Vec<Pod> = (0..6)
         .map(|i| pod(&format!("web-{i}"), "web", NODE, json!({})))
         .collect();
@@ -369,7 +413,18 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
     })
     .await;
 
-    // web-1 turns unready.
+    // web-1 turns unready; so does an address of ext.
+    let mut ext = manual.get("ext").await.unwrap();
+    let fresh = external(
+        json!({"app": "ext"}),
+        &["192.0.2.1"],
+        &["192.0.2.2", "192.0.2.3"],
+    );
+    ext.subsets = fresh.subsets;
+    manual
+        .replace("ext", &PostParams::default(), &ext)
+        .await
+        .unwrap();
     pods.patch_status(
         "web-1",
         &PatchParams::default(),
@@ -383,10 +438,19 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
         ready_of(s, "web").contains(&("web-1".to_owned(), Some(false)))
             && ready_of(s, "close").contains(&("web-1".to_owned(), Some(false)))
             && legacy_of(s, "web").contains(&("web-1".to_owned(), false))
+            && ready_of(s, MIRRORED).contains(&("192.0.2.2".to_owned(), Some(false)))
     })
     .await;
 
-    // web-2 deleted; web gets a label of its own.
+    // web-2 deleted; web gets a label of its own, and ext's Endpoints another.
+    manual
+        .patch(
+            "ext",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "edge"}}})),
+        )
+        .await
+        .unwrap();
     pods.delete("web-2", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
@@ -443,7 +507,14 @@ async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_
     .await;
 
     let kcm = plane
-        .start_controller_manager(&["endpointslice-controller", "endpoints-controller"], &[])
+        .start_controller_manager(
+            &[
+                "endpointslice-controller",
+                "endpoints-controller",
+                "endpointslice-mirroring-controller",
+            ],
+            &[],
+        )
         .await
         .expect("kube-controller-manager starts");
     let under_kcm_ns = TestNamespace::create(plane, &client, "es-kcm")
@@ -476,6 +547,7 @@ async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_
     let names = [
         switchyard_reconciler::endpointslice::NAME,
         switchyard_reconciler::endpoints::NAME,
+        switchyard_reconciler::mirroring::NAME,
     ];
     let switchyard = support::Builtins::start(plane, &names).await;
     assert_eq!(

@@ -22,6 +22,7 @@ pub mod gc;
 pub mod hash;
 pub mod history;
 pub mod job;
+pub mod mirroring;
 pub mod namespace;
 pub mod podgc;
 pub mod ratelimit;

@@ -264,9 +264,9 @@ fn sort_ports(ports: &mut [EndpointPort]) {
 }
 
 /// The set of ports a slice serves, as slices are grouped by it (`PortMapKey`).
-type PortsKey = Vec<(Option<String>, Option<i32>, Option<String>, Option<String>)>;
+pub(crate) type PortsKey = Vec<(Option<String>, Option<i32>, Option<String>, Option<String>)>;
 
-fn ports_key(ports: &[EndpointPort]) -> PortsKey {
+pub(crate) fn ports_key(ports: &[EndpointPort]) -> PortsKey {
     let mut key: PortsKey = ports
         .iter()
         .map(|p| {
@@ -356,9 +356,9 @@ pub fn pod_endpoint(
 
 /// What tells one endpoint from another (`hashEndpoint`): its addresses, hostname and the
 /// namespace and name of the object behind it. The rest may change in place.
-type EndpointKey = (Vec<String>, Option<String>, Option<String>, Option<String>);
+pub(crate) type EndpointKey = (Vec<String>, Option<String>, Option<String>, Option<String>);
 
-fn endpoint_key(endpoint: &Endpoint) -> EndpointKey {
+pub(crate) fn endpoint_key(endpoint: &Endpoint) -> EndpointKey {
     let mut addresses = endpoint.addresses.clone();
     addresses.sort();
     let target = endpoint.target_ref.as_ref();
@@ -373,7 +373,7 @@ fn endpoint_key(endpoint: &Endpoint) -> EndpointKey {
 /// Whether two endpoints of the same key are the same in everything a slice update would
 /// carry (`EndpointsEqualBeyondHash`): node, zone, conditions, target (its
 /// resourceVersion aside). Hints are the heuristics' business.
-fn same_beyond_key(a: &Endpoint, b: &Endpoint) -> bool {
+pub(crate) fn same_beyond_key(a: &Endpoint, b: &Endpoint) -> bool {
     let conditions = |e: &Endpoint| {
         let c = e.conditions.clone().unwrap_or_default();
         (c.ready, c.serving, c.terminating)
