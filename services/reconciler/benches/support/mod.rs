@@ -194,6 +194,9 @@ impl Controllers {
                     "statefulset-controller",
                     "disruption-controller",
                     "daemonset-controller",
+                    "endpointslice-controller",
+                    "endpoints-controller",
+                    "endpointslice-mirroring-controller",
                 ];
                 let args = [
                     &format!("--kube-api-qps={CLIENT_QPS}"),
