@@ -1,11 +1,14 @@
-//! A reconciler killed (SIGKILL) in the middle of a rolling update, and another started in its
-//! place: the rollout completes, within its promise throughout, with no revision beyond the
-//! two.
+//! A reconciler killed (SIGKILL) in the middle of a rolling update or of readiness churn, and
+//! another started in its place: the rollout completes, within its promise throughout, with
+//! no revision beyond the two; the slices end right.
 //!
 //! - a StatefulSet of five: one Pod at a time (never two unavailable at once,
 //!   `OrderedReady`'s promise), every Pod at the new revision, with its claim;
 //! - a DaemonSet on ten Nodes with `maxUnavailable: 2`: never more than two of its Nodes
-//!   without an available Pod, one Pod per Node at the end, at the new image.
+//!   without an available Pod, one Pod per Node at the end, at the new image;
+//! - a Service of 120 Pods whose readiness flips 300 times, the reconciler killed a third of
+//!   the way: its slices end listing each Pod once, as ready as it is, in the two slices
+//!   they started in.
 //!
 //! A binary of its own: its reconcilers act on every namespace.
 
@@ -30,14 +33,15 @@ use switchyard_k8s::{
     Api, DeleteParams, ListParams, Pod, PostParams,
     k8s_openapi::api::{
         apps::v1::{ControllerRevision, DaemonSet, StatefulSet},
-        core::v1::{Node, PersistentVolumeClaim},
+        core::v1::{Node, PersistentVolumeClaim, Service},
+        discovery::v1::EndpointSlice,
     },
     kube::{
         Resource,
         api::{Patch, PatchParams, WatchEvent, WatchParams},
     },
 };
-use switchyard_reconciler::{daemonset, statefulset::NAME};
+use switchyard_reconciler::{daemonset, endpointslice, statefulset::NAME};
 use switchyard_reconciler_core::{
     daemonset::target_node,
     replicaset::is_ready,
@@ -426,4 +430,155 @@ async fn a_daemon_set_rollout_survives_its_reconciler_killed_within_max_unavaila
     for name in &node_names {
         let _ = api.delete(name, &DeleteParams::default()).await;
     }
+}
+
+/// Pods of the Service whose readiness churns.
+const CHURN_PODS: usize = 120;
+/// Readiness flips, one every 20 ms; the reconciler is killed after a third of them.
+const FLIPS: usize = 300;
+
+/// Each Pod listed in the Service's slices: how many times, and ready or not at its last
+/// listing; and the slices' sizes.
+async fn listed(
+    slices: &Api<EndpointSlice>,
+) -> (BTreeMap<String, (usize, Option<bool>)>, Vec<usize>) {
+    let mut pods: BTreeMap<String, (usize, Option<bool>)> = BTreeMap::new();
+    let mut sizes = Vec::new();
+    let selector = "kubernetes.io/service-name=churn";
+    for slice in slices
+        .list(&ListParams::default().labels(selector))
+        .await
+        .unwrap()
+        .items
+    {
+        sizes.push(slice.endpoints.len());
+        for e in &slice.endpoints {
+            let name = e.target_ref.as_ref().unwrap().name.clone().unwrap();
+            let entry = pods.entry(name).or_default();
+            entry.0 += 1;
+            entry.1 = e.conditions.as_ref().and_then(|c| c.ready);
+        }
+    }
+    sizes.sort_unstable();
+    (pods, sizes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_end_right_after_readiness_churn_with_their_reconciler_killed() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let namespace = TestNamespace::create(plane, &client, "es-restart")
+        .await
+        .unwrap();
+    let ns = namespace.name().to_owned();
+    let queue = support::queue(&[endpointslice::NAME], &["--lease-timeout=10s"]).await;
+    let watcher = support::watcher(plane, &support::watcher_config(&[], ""), queue.grpc()).await;
+    watcher.wait_ready(support::WITHIN).await;
+    let mut first = Some(
+        support::reconciler_process(
+            Path::new(RECONCILER),
+            plane,
+            queue.grpc(),
+            watcher.grpc(),
+            endpointslice::NAME,
+        )
+        .await,
+    );
+
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "churn"},
+        "spec": {"selector": {"app": "churn"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }))
+    .unwrap();
+    services
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let node = plane.nodes()[0].clone();
+    futures::stream::iter(0..CHURN_PODS)
+        .for_each_concurrent(16, |i| {
+            let (pods, node) = (pods.clone(), node.clone());
+            async move {
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": format!("c{i:03}"), "labels": {"app": "churn"}},
+                    "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                             "containers": [{"name": "c", "image": "registry.example/web:1"}]},
+                }))
+                .unwrap();
+                pods.create(&PostParams::default(), &pod).await.unwrap();
+            }
+        })
+        .await;
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
+    let settled = |want: BTreeMap<String, bool>, context: &'static str| {
+        let slices = slices.clone();
+        async move {
+            let deadline = Instant::now() + PHASE;
+            loop {
+                let (seen, sizes) = listed(&slices).await;
+                let ready: BTreeMap<String, bool> = seen
+                    .iter()
+                    .map(|(name, (_, ready))| (name.clone(), *ready == Some(true)))
+                    .collect();
+                if ready == want {
+                    return (seen, sizes);
+                }
+                assert!(Instant::now() < deadline, "{context}: {seen:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let mut want: BTreeMap<String, bool> = (0..CHURN_PODS)
+        .map(|i| (format!("c{i:03}"), true))
+        .collect();
+    settled(want.clone(), "every Pod listed ready").await;
+
+    // Flips, each to the opposite of the Pod's last: the reconciler killed a third of the way.
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut second = None;
+    for i in 0..FLIPS {
+        tick.tick().await;
+        if let Some(first) = first.take_if(|_| i == FLIPS / 3) {
+            let log = first.kill();
+            eprintln!(
+                "killed the first reconciler ({} log lines)",
+                log.lines().count()
+            );
+            second = Some(
+                support::reconciler_process(
+                    Path::new(RECONCILER),
+                    plane,
+                    queue.grpc(),
+                    watcher.grpc(),
+                    endpointslice::NAME,
+                )
+                .await,
+            );
+        }
+        let name = format!("c{:03}", (i * 37) % CHURN_PODS);
+        let ready = !want[&name];
+        want.insert(name.clone(), ready);
+        let status = if ready { "True" } else { "False" };
+        pods.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"status": {"conditions": [{"type": "Ready", "status": status}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let (seen, sizes) = settled(want, "the slices after the churn").await;
+    second.unwrap().terminate().await.unwrap();
+    watcher.stop().await;
+    queue.stop().await;
+    assert!(
+        seen.values().all(|(times, _)| *times == 1),
+        "each Pod listed once: {seen:?}"
+    );
+    // 120 Pods: a slice of 100 and one of 20, written in place throughout.
+    assert_eq!(sizes, [20, 100]);
 }
