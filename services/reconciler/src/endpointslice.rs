@@ -9,7 +9,7 @@
 //!  cache: the Service ─ gone, ExternalName, no selector ─► Done (slices left to the
 //!         garbage collector, or as they are)
 //!     ─► its Pods (by selector), its slices (by label, those being deleted left out), the
-//!        zone of each Pod's Node (metadata)
+//!        zone of each Pod's Node (metadata, read again at most every 10 s per Node)
 //!     ─► plan: create (generated name), update (full, at the read resourceVersion: 409 on
 //!        a stale read), delete
 //!     ─► a Pod on an unknown Node left out: written without it, then failed (retried)
@@ -21,7 +21,11 @@
 //! reconciler, reads a cache that holds it, and an update made from an older read fails on
 //! its resourceVersion.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
 
 use futures::future::join_all;
 use switchyard_k8s::{
@@ -76,11 +80,21 @@ pub const SLICE_CHANGE_DELAY: Duration = Duration::from_secs(1);
 /// `FailedToUpdateEndpointSlices`: a reconcile failed; its error follows.
 pub const FAILED_TO_UPDATE: &str = "FailedToUpdateEndpointSlices";
 
+/// How long a Node's zone, once read, is used without reading the Node again: a reconcile
+/// of a Service over Pods on many Nodes reads each Node at most this often. A Node that
+/// changes zone is seen within it (kube-controller-manager's EndpointSlice controller does
+/// not look at a Service again for a Node's change either).
+pub const ZONE_TTL: Duration = Duration::from_secs(10);
+
+/// The zones read lately, by Node.
+type Zones = Arc<Mutex<HashMap<String, (Option<String>, Instant)>>>;
+
 /// kube-controller-manager's EndpointSlice controller.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EndpointSliceController {
     max_per_slice: usize,
     batch_period: Duration,
+    zones: Zones,
 }
 
 impl EndpointSliceController {
@@ -88,6 +102,7 @@ impl EndpointSliceController {
         Self {
             max_per_slice: tuning.max_endpoints_per_slice,
             batch_period: tuning.endpoint_updates_batch_period,
+            zones: Zones::default(),
         }
     }
 }
@@ -123,12 +138,17 @@ impl Controller for EndpointSliceController {
     }
 
     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
-        reconcile(ctx, request, self.max_per_slice).await
+        reconcile(ctx, request, self.max_per_slice, &self.zones).await
     }
 }
 
 /// One reconcile of a Service's slices (`syncService`).
-pub async fn reconcile(ctx: &Context, request: &Request, max_per_slice: usize) -> Result {
+async fn reconcile(
+    ctx: &Context,
+    request: &Request,
+    max_per_slice: usize,
+    zones: &Zones,
+) -> Result {
     let (namespace, name) = (request.namespace.as_str(), request.name.as_str());
     // A Service deleted takes its slices with it through their owner reference.
     let Some(service) = ctx.cache.get::<Service>(namespace, name, None).await? else {
@@ -166,7 +186,7 @@ pub async fn reconcile(ctx: &Context, request: &Request, max_per_slice: usize) -
         .into_iter()
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .collect();
-    let nodes = node_zones(ctx, &pods).await?;
+    let nodes = node_zones(ctx, &pods, zones).await?;
     let node = |name: &str| nodes.get(name).cloned().unwrap_or(NodeInfo::Missing);
     let plan = core::reconcile(&Inputs {
         service: &service,
@@ -201,8 +221,13 @@ pub async fn reconcile(ctx: &Context, request: &Request, max_per_slice: usize) -
     }
 }
 
-/// The zone of each Node the Pods run on, from the cache (metadata: its labels).
-async fn node_zones(ctx: &Context, pods: &[Pod]) -> Result<BTreeMap<String, NodeInfo>> {
+/// The zone of each Node the Pods run on: as read within [`ZONE_TTL`], or from the cache
+/// (metadata: its labels). A Node the cache lacks is read again each time.
+async fn node_zones(
+    ctx: &Context,
+    pods: &[Pod],
+    known: &Zones,
+) -> Result<BTreeMap<String, NodeInfo>> {
     let mut names: Vec<&str> = pods
         .iter()
         .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
@@ -210,22 +235,43 @@ async fn node_zones(ctx: &Context, pods: &[Pod]) -> Result<BTreeMap<String, Node
         .collect();
     names.sort_unstable();
     names.dedup();
+    let mut zones = BTreeMap::new();
+    let mut unknown = Vec::new();
+    {
+        let known = known.lock().unwrap_or_else(PoisonError::into_inner);
+        for name in names {
+            match known.get(name) {
+                Some((zone, at)) if at.elapsed() < ZONE_TTL => {
+                    zones.insert(name.to_owned(), NodeInfo::Zone(zone.clone()));
+                }
+                _ => unknown.push(name),
+            }
+        }
+    }
+    if unknown.is_empty() {
+        return Ok(zones);
+    }
     let read = join_all(
-        names
+        unknown
             .iter()
             .map(|name| ctx.cache.get_metadata::<Node>("", name, None)),
     )
     .await;
-    let mut zones = BTreeMap::new();
-    for (name, node) in names.into_iter().zip(read) {
+    let now = Instant::now();
+    let mut known = known.lock().unwrap_or_else(PoisonError::into_inner);
+    known.retain(|_, (_, at)| at.elapsed() < ZONE_TTL);
+    for (name, node) in unknown.into_iter().zip(read) {
         let info = match node? {
-            Some(node) => NodeInfo::Zone(
-                node.metadata
+            Some(node) => {
+                let zone = node
+                    .metadata
                     .labels
                     .as_ref()
                     .and_then(|l| l.get(ZONE_LABEL))
-                    .cloned(),
-            ),
+                    .cloned();
+                known.insert(name.to_owned(), (zone.clone(), now));
+                NodeInfo::Zone(zone)
+            }
             None => NodeInfo::Missing,
         };
         zones.insert(name.to_owned(), info);
