@@ -33,11 +33,12 @@ use std::{
 
 use switchyard_work::{MAX_CONTROLLER_LEN, MAX_NAME_LEN, MAX_NAMESPACE_LEN, WorkKey, shard_of};
 
-/// Controllers one queue serves at most unless configured otherwise: four times the four
-/// built-in ones. Each name costs a queue of its own and up to 33 metric series per served
-/// shard (docs/operations.md), so 16 names over 256 shards stay near 135,000 series; the bound
-/// keeps a caller that makes up names from growing either without end.
-pub const DEFAULT_MAX_CONTROLLERS: usize = 16;
+/// Controllers one queue serves at most unless configured otherwise: the built-in ones and
+/// 16 more (32 with today's sixteen). Each name costs a queue of its own and up to 33 metric
+/// series per served shard (docs/operations.md), so 32 names over 256 shards stay near
+/// 270,000 series; the bound keeps a caller that makes up names from growing either without
+/// end.
+pub const DEFAULT_MAX_CONTROLLERS: usize = switchyard_work::builtin::ALL.len() + 16;
 
 /// The index of a controller among those a queue serves, in the order it became known.
 pub type ControllerId = u32;
