@@ -36,7 +36,7 @@ use switchyard_k8s::{
     },
 };
 use switchyard_reconciler_core::endpointslice::{
-    self as core, Inputs, MANAGED_BY_LABEL, NodeInfo, Plan, SERVICE_NAME_LABEL, ZONE_LABEL,
+    self as core, Inputs, MANAGED_BY_LABEL, NodeInfo, SERVICE_NAME_LABEL, ZONE_LABEL,
 };
 use tracing::debug;
 
@@ -196,7 +196,8 @@ async fn reconcile(
         max_per_slice,
         trigger_time: core::trigger_time(&service, &pods, &slices),
     });
-    let mut first_error = write(ctx, namespace, &plan).await;
+    let mut first_error =
+        write_slices(ctx, namespace, &plan.create, &plan.update, &plan.delete).await;
     if let Some(skipped) = plan.skipped.first() {
         keep_first(
             &mut first_error,
@@ -279,10 +280,17 @@ async fn node_zones(
     Ok(zones)
 }
 
-/// Performs the plan in kube-controller-manager's order (creations, updates, deletions),
-/// stopping at the first failure, which it returns. A creation refused because the
-/// namespace is being deleted ends the reconcile quietly.
-async fn write(ctx: &Context, namespace: &str, plan: &Plan) -> Option<Error> {
+/// Writes slices in kube-controller-manager's order (creations, updates, deletions),
+/// stopping at the first failure, which it returns; each write raises the key's read floor.
+/// A creation refused because the namespace is being deleted ends the writes quietly. The
+/// mirroring controller writes its slices this way too.
+pub(crate) async fn write_slices(
+    ctx: &Context,
+    namespace: &str,
+    create: &[EndpointSlice],
+    update: &[EndpointSlice],
+    delete: &[String],
+) -> Option<Error> {
     let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), namespace);
     let failed = |verb: &str, error: &switchyard_k8s::kube::Error| {
         Error::Other(format!(
@@ -290,14 +298,14 @@ async fn write(ctx: &Context, namespace: &str, plan: &Plan) -> Option<Error> {
             status_message(error)
         ))
     };
-    for slice in &plan.create {
+    for slice in create {
         match api.create(&PostParams::default(), slice).await {
             Ok(created) => ctx.cache.wrote(&created),
             Err(error) if crate::sdk::is_namespace_terminating(&error) => return None,
             Err(error) => return Some(failed("create", &error)),
         }
     }
-    for slice in &plan.update {
+    for slice in update {
         let name = slice.metadata.name.as_deref().unwrap_or_default();
         match api.replace(name, &PostParams::default(), slice).await {
             Ok(updated) => ctx.cache.wrote(&updated),
@@ -306,7 +314,7 @@ async fn write(ctx: &Context, namespace: &str, plan: &Plan) -> Option<Error> {
             Err(error) => return Some(failed(&format!("update {name}"), &error)),
         }
     }
-    for name in &plan.delete {
+    for name in delete {
         match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(error) if error.is_not_found() => {}

@@ -13,12 +13,9 @@
 //!        skipped
 //! ```
 
-use switchyard_k8s::{
-    Api, DeleteParams, PostParams,
-    k8s_openapi::api::{
-        core::v1::{Endpoints, Service},
-        discovery::v1::EndpointSlice,
-    },
+use switchyard_k8s::k8s_openapi::api::{
+    core::v1::{Endpoints, Service},
+    discovery::v1::EndpointSlice,
 };
 use switchyard_reconciler_core::{
     endpointslice::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL},
@@ -27,10 +24,9 @@ use switchyard_reconciler_core::{
 
 use crate::builtin::{Builtin, Permission, RECORD_EVENTS, Tuning};
 use crate::cache::ListFilter;
-use crate::endpointslice::SLICE_CHANGE_DELAY;
+use crate::endpointslice::{SLICE_CHANGE_DELAY, write_slices};
 use crate::sdk::{
-    Action, Builder, Context, Controller, Error, EventType, Map, Options, Refusal, Request, Result,
-    Watches, is_namespace_terminating, status_message,
+    Action, Builder, Context, Controller, EventType, Map, Options, Request, Result, Watches,
 };
 
 pub const NAME: &str = switchyard_work::builtin::ENDPOINTSLICE_MIRRORING;
@@ -155,40 +151,8 @@ pub async fn reconcile(ctx: &Context, request: &Request, max_per_subset: usize) 
             ..Plan::default()
         },
     };
-    write(ctx, namespace, &plan).await?;
-    Ok(Action::Done)
-}
-
-/// Performs the plan in kube-controller-manager's order, stopping at the first failure.
-async fn write(ctx: &Context, namespace: &str, plan: &Plan) -> Result<()> {
-    let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), namespace);
-    let failed = |verb: &str, error: &switchyard_k8s::kube::Error| {
-        Error::Other(format!(
-            "failed to {verb} EndpointSlice: {}",
-            status_message(error)
-        ))
-    };
-    for slice in &plan.create {
-        match api.create(&PostParams::default(), slice).await {
-            Ok(created) => ctx.cache.wrote(&created),
-            Err(error) if is_namespace_terminating(&error) => return Ok(()),
-            Err(error) => return Err(failed("create", &error)),
-        }
+    match write_slices(ctx, namespace, &plan.create, &plan.update, &plan.delete).await {
+        Some(error) => Err(error),
+        None => Ok(Action::Done),
     }
-    for slice in &plan.update {
-        let name = slice.metadata.name.as_deref().unwrap_or_default();
-        match api.replace(name, &PostParams::default(), slice).await {
-            Ok(updated) => ctx.cache.wrote(&updated),
-            Err(error) if error.is_conflict() => return Err(Error::Kube(error)),
-            Err(error) => return Err(failed(&format!("update {name}"), &error)),
-        }
-    }
-    for name in &plan.delete {
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(error) if error.is_not_found() => {}
-            Err(error) => return Err(failed(&format!("delete {name}"), &error)),
-        }
-    }
-    Ok(())
 }

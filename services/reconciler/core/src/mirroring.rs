@@ -80,19 +80,6 @@ pub fn should_mirror(endpoints: Option<&Endpoints>, service: Option<&Service>) -
     !skip && !leader && selectorless
 }
 
-/// Whether the slice is one this controller mirrored for the Endpoints `name`.
-pub fn is_mirrored_slice(slice: &EndpointSlice, name: &str) -> bool {
-    let labels = slice.metadata.labels.as_ref();
-    labels
-        .and_then(|l| l.get(MANAGED_BY_LABEL))
-        .map(String::as_str)
-        == Some(CONTROLLER_NAME)
-        && labels
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-            .map(String::as_str)
-            == Some(name)
-}
-
 /// An Endpoints address as a slice's endpoint (`addressToEndpoint`), with its type; `None`
 /// for an address that is no IP.
 fn endpoint(address: &EndpointAddress, ready: bool) -> Option<(Endpoint, &'static str)> {

@@ -135,20 +135,6 @@ pub fn selector_string(service: &Service) -> String {
         .join(",")
 }
 
-/// Whether the slice is one this controller manages for `service` (by label; ownership is
-/// checked while reconciling).
-pub fn is_managed_slice(slice: &EndpointSlice, service: &str) -> bool {
-    let labels = slice.metadata.labels.as_ref();
-    labels
-        .and_then(|l| l.get(MANAGED_BY_LABEL))
-        .map(String::as_str)
-        == Some(CONTROLLER_NAME)
-        && labels
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-            .map(String::as_str)
-            == Some(service)
-}
-
 /// The address types the Service's slices carry (`getAddressTypesForService`).
 pub fn address_types(service: &Service) -> BTreeSet<&'static str> {
     let spec = service.spec.as_ref();
@@ -642,7 +628,8 @@ pub struct Inputs<'a> {
     pub service: &'a Service,
     /// The Pods the Service's selector matches, in its namespace.
     pub pods: &'a [Pod],
-    /// The slices labelled as this controller's for the Service ([`is_managed_slice`]),
+    /// The slices labelled as this controller's for the Service (its name and
+    /// [`MANAGED_BY_LABEL`] [`CONTROLLER_NAME`]),
     /// those being deleted left out.
     pub slices: &'a [EndpointSlice],
     /// The Node of a Pod, by name.
