@@ -60,12 +60,17 @@ fn replication_controller(replicas: i32) -> ReplicationController {
     .unwrap()
 }
 
-/// Waits until the ReplicationController's status and its active Pods are `replicas` Ready;
-/// returns the status and the active Pods.
+/// Waits until the ReplicationController's status and its active Pods are `replicas` Ready
+/// (and, with `fully_labelled`, all fully labelled); returns the status and the active Pods.
+///
+/// `fully_labelled` is for a step whose Pods are all the template's: a status can still be
+/// the one written before the step's Pod was made (the same counts when the Pod it replaced
+/// was the orphan, which lacks the template's `tier` label).
 async fn settled(
     rcs: &Api<ReplicationController>,
     pods: &Api<Pod>,
     replicas: i32,
+    fully_labelled: bool,
 ) -> ((i32, i32, i32, i32, bool), Vec<Pod>) {
     let deadline = Instant::now() + WITHIN;
     loop {
@@ -91,6 +96,7 @@ async fn settled(
             && seen.1 == replicas
             && seen.2 == replicas
             && i32::try_from(active.len()).unwrap() == replicas
+            && (!fully_labelled || seen.3 == replicas)
             && status.observed_generation == rc.metadata.generation
         {
             return (seen, active);
@@ -140,7 +146,7 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
         });
     };
 
-    let (status, active) = settled(&rcs, &pods, 3).await;
+    let (status, active) = settled(&rcs, &pods, 3, false).await;
     statuses.push(status);
     owned(&active);
     let adopted = active
@@ -150,7 +156,7 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
     // Scaled to one. Which Pod stays depends on when each turned Ready (to the second), so
     // its labels, and the fully labelled count, are not compared.
     scale(&rcs, 1).await;
-    let (status, active) = settled(&rcs, &pods, 1).await;
+    let (status, active) = settled(&rcs, &pods, 1, false).await;
     statuses.push((status.0, status.1, status.2, -1, status.4));
     owned(&active);
 
@@ -174,7 +180,7 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let (status, active) = settled(&rcs, &pods, 1).await;
+    let (status, active) = settled(&rcs, &pods, 1, true).await;
     statuses.push(status);
     owned(&active);
 
