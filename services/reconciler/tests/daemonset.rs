@@ -69,7 +69,8 @@ async fn node(client: &Client, run: &str, i: usize) {
         45..50 => json!([{"key": "gpu", "value": "true", "effect": "NoSchedule"}]),
         _ => json!([]),
     };
-    support::kwok_node(client, &node_name(run, i), json!({"ds-run": run}), taints).await;
+    let spec = json!({ "taints": taints });
+    support::kwok_node(client, &node_name(run, i), json!({"ds-run": run}), spec).await;
 }
 
 fn daemon_set(run: &str) -> DaemonSet {

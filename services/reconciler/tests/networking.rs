@@ -16,6 +16,9 @@
 //! - `big`: 1,010 Pods: eleven slices or more, none over 100; its Endpoints truncated to
 //!   1,000 addresses and annotated so;
 //! - `ext`: no selector, its Endpoints written by hand: mirrored into a slice;
+//! - `dual`: `RequireDualStack`, two Pods on a Node whose `podCIDRs` give them an IPv4 and
+//!   an IPv6 address: an IPv4 and an IPv6 slice; `v6`: IPv6 only over the same Pods: an IPv6
+//!   slice (the test apiserver serves both families);
 //! - then a `web` Pod turns unready (and an address of `ext`), another is deleted, and `web`
 //!   and `ext`'s Endpoints get labels of their own.
 //!
@@ -55,12 +58,15 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// The Node of the script's Pods, in a zone.
 const NODE: &str = "endpointslice-zone-a";
+/// The Node of `dual`'s Pods: they get an address of each family.
+const DUAL_NODE: &str = "endpointslice-dual";
 /// Pods of `big`.
 const BIG: usize = 1010;
 
-/// One endpoint as compared: the Pod's name, how many addresses, ready, serving,
-/// terminating, Node, zone, hostname, zone hints.
+/// One endpoint as compared: its slice's address type, the Pod's name, how many addresses,
+/// ready, serving, terminating, Node, zone, hostname, zone hints.
 type CanonicalEndpoint = (
+    String,
     String,
     usize,
     Option<bool>,
@@ -154,6 +160,7 @@ async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
         for e in &slice.endpoints {
             let c = e.conditions.clone().unwrap_or_default();
             entry.endpoints.insert((
+                slice.address_type.clone(),
                 e.target_ref
                     .as_ref()
                     .and_then(|t| t.name.clone())
@@ -274,7 +281,7 @@ async fn settled(
 fn ready_of(snapshot: &Snapshot, service: &str) -> Vec<(String, Option<bool>)> {
     snapshot
         .get(service)
-        .map(|s| s.endpoints.iter().map(|e| (e.0.clone(), e.2)).collect())
+        .map(|s| s.endpoints.iter().map(|e| (e.1.clone(), e.3)).collect())
         .unwrap_or_default()
 }
 
@@ -343,6 +350,14 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
             json!({"selector": {"app": "web"}, "ports": http, "trafficDistribution": "PreferClose"}),
         ),
         service("big", json!({"selector": {"app": "big"}, "ports": http})),
+        service(
+            "dual",
+            json!({"selector": {"app": "dual"}, "ports": http, "ipFamilyPolicy": "RequireDualStack"}),
+        ),
+        service(
+            "v6",
+            json!({"selector": {"app": "dual"}, "ports": http, "ipFamilies": ["IPv6"]}),
+        ),
     ] {
         services.create(&PostParams::default(), &svc).await.unwrap();
     }
@@ -379,6 +394,7 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
             json!({"hostname": format!("db-{i}"), "subdomain": "db"}),
         )
     }));
+    made.extend((0..2).map(|i| pod(&format!("dual-{i}"), "dual", DUAL_NODE, json!({}))));
     made.extend((0..BIG).map(|i| pod(&format!("big-{i:04}"), "big", NODE, json!({}))));
     stream::iter(made)
         .for_each_concurrent(32, |p| {
@@ -403,6 +419,8 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
             && all_ready(s, "close", 6)
             && all_ready(s, "db", 2)
             && all_ready(s, "big", BIG)
+            && all_ready(s, "dual", 4)
+            && all_ready(s, "v6", 2)
             && s.contains_key("nothing")
             && legacy_ready(s, "web", 6)
             && legacy_ready(s, "db", 2)
@@ -502,7 +520,14 @@ async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_
         &client,
         NODE,
         json!({"topology.kubernetes.io/zone": "zone-a"}),
-        json!([]),
+        json!({}),
+    )
+    .await;
+    support::kwok_node(
+        &client,
+        DUAL_NODE,
+        json!({"topology.kubernetes.io/zone": "zone-a"}),
+        json!({"podCIDR": "10.246.0.0/24", "podCIDRs": ["10.246.0.0/24", "fd00:10:246::/64"]}),
     )
     .await;
 
@@ -599,6 +624,15 @@ async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_
         );
         let nothing = &outcome.steps[0]["nothing"];
         assert_eq!((nothing.count, nothing.endpoints.len()), (1, 0));
+        let families = |service: &str| -> BTreeSet<String> {
+            outcome.steps[0][service]
+                .shapes
+                .iter()
+                .map(|s| s.0.clone())
+                .collect()
+        };
+        assert_eq!(families("dual"), ["IPv4".into(), "IPv6".into()].into());
+        assert_eq!(families("v6"), ["IPv6".into()].into());
         let legacy = big.legacy.as_ref().unwrap();
         assert!(legacy.truncated && legacy.counts == (1000, 0), "{legacy:?}");
     }

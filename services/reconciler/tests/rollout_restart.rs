@@ -314,7 +314,7 @@ async fn a_daemon_set_rollout_survives_its_reconciler_killed_within_max_unavaila
     let ns = namespace.name().to_owned();
     let node_names: Vec<String> = (0..DS_NODES).map(|i| format!("ds-restart-{i}")).collect();
     for name in &node_names {
-        support::kwok_node(&client, name, json!({"ds-restart": "yes"}), json!([])).await;
+        support::kwok_node(&client, name, json!({"ds-restart": "yes"}), json!({})).await;
     }
 
     let queue = support::queue(&[daemonset::NAME], &["--lease-timeout=10s"]).await;

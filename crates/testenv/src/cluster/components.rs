@@ -3,7 +3,9 @@
 
 use std::{path::Path, time::Duration};
 
-use super::{ControlPlane, KWOK_NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR, START_TIMEOUT};
+use super::{
+    ControlPlane, KWOK_NODE_ANNOTATION, POD_CIDR, SERVICE_CIDR, SERVICE_CIDR_IPV6, START_TIMEOUT,
+};
 use crate::{
     Binaries, Error, Result,
     pki::Pki,
@@ -43,7 +45,7 @@ pub(super) async fn start_apiserver(
             format!("--tls-private-key-file={}", p(&pki.serving_key)),
             format!("--client-ca-file={}", p(&pki.ca_cert)),
             "--authorization-mode=Node,RBAC".to_owned(),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={SERVICE_CIDR},{SERVICE_CIDR_IPV6}"),
             // Endpoints may not hold loopback addresses, so the `kubernetes` Service endpoint
             // reconciler would fail on 127.0.0.1.
             "--endpoint-reconciler-type=none".to_owned(),

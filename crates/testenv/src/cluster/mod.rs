@@ -31,8 +31,11 @@ use crate::{
 pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// The annotation kwok selects the Nodes it plays the kubelet for.
 const KWOK_NODE_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
-/// Service and pod address ranges; both fake, never dialed.
+/// Service and pod address ranges; both fake, never dialed. The apiserver is dual-stack
+/// (IPv4 first, so a Service is IPv4 unless it asks for more); a Node's `podCIDRs` give
+/// its Pods addresses of both families when a test wants them.
 const SERVICE_CIDR: &str = "10.0.0.0/24";
+const SERVICE_CIDR_IPV6: &str = "fd00:10:96::/112";
 const POD_CIDR: &str = "10.244.0.0/16";
 
 #[derive(Clone, Debug)]

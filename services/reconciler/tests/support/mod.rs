@@ -525,12 +525,13 @@ pub async fn reconciler_process(
 }
 
 /// A Node kwok plays the kubelet for (Ready, Pods on it Running and Ready), with `labels`
-/// and `taints` (JSON), roomy enough for any test's Pods.
+/// and `spec` (JSON: its taints, its `podCIDRs` for the addresses kwok gives its Pods),
+/// roomy enough for any test's Pods.
 pub async fn kwok_node(
     client: &switchyard_k8s::Client,
     name: &str,
     labels: serde_json::Value,
-    taints: serde_json::Value,
+    spec: serde_json::Value,
 ) {
     let mut all = json!({"kubernetes.io/hostname": name, "type": "kwok"});
     if let (Some(all), Some(more)) = (all.as_object_mut(), labels.as_object()) {
@@ -542,7 +543,7 @@ pub async fn kwok_node(
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
             "labels": all,
         },
-        "spec": {"taints": taints},
+        "spec": spec,
         "status": {
             "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "250"},
             "capacity": {"cpu": "32", "memory": "256Gi", "pods": "250"},
