@@ -9,10 +9,12 @@
 //!  cache: the Service ─ gone, ExternalName, no selector ─► Done (slices left to the
 //!         garbage collector, or as they are)
 //!     ─► its Pods (by selector), its slices (by label, those being deleted left out), the
-//!        zone of each Pod's Node (metadata, read again at most every 10 s per Node)
+//!        zone of each Pod's Node (read again at most every 10 s per Node); with
+//!        topology-mode Auto, every Node's zone, readiness and CPU (at most every 10 s)
 //!     ─► plan: create (generated name), update (full, at the read resourceVersion: 409 on
-//!        a stale read), delete
+//!        a stale read), delete; Events on hints turned on or off
 //!     ─► a Pod on an unknown Node left out: written without it, then failed (retried)
+//!     ─► topology-mode Auto: looked at again after 30 s, for the Nodes' changes
 //! ```
 //!
 //! kube-controller-manager keeps an `EndpointSliceTracker` so that a sync never acts on
@@ -22,7 +24,7 @@
 //! its resourceVersion.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
@@ -36,11 +38,11 @@ use switchyard_k8s::{
     },
 };
 use switchyard_reconciler_core::endpointslice::{
-    self as core, Inputs, MANAGED_BY_LABEL, NodeInfo, SERVICE_NAME_LABEL, ZONE_LABEL,
+    self as core, Inputs, MANAGED_BY_LABEL, NodeInfo, SERVICE_NAME_LABEL, ZONE_LABEL, topology,
 };
 use tracing::debug;
 
-use crate::builtin::{Builtin, Permission, RECORD_EVENTS, Tuning};
+use crate::builtin::{Builtin, Permission, RECORD_EVENTS, Tuning, publish};
 use crate::cache::ListFilter;
 use crate::sdk::{
     Action, Builder, Context, Controller, Error, EventType, Map, Options, Refusal, Request, Result,
@@ -86,15 +88,35 @@ pub const FAILED_TO_UPDATE: &str = "FailedToUpdateEndpointSlices";
 /// not look at a Service again for a Node's change either).
 pub const ZONE_TTL: Duration = Duration::from_secs(10);
 
+/// How soon a Service with topology-aware hints is looked at again: kube-controller-manager
+/// looks again at such a Service whose zones went over their share when a Node comes, goes,
+/// turns ready or not, or changes zone; here Node changes key no Service, and the look
+/// again catches them.
+pub const TOPOLOGY_RECHECK: Duration = Duration::from_secs(30);
+
 /// The zones read lately, by Node.
 type Zones = Arc<Mutex<HashMap<String, (Option<String>, Instant)>>>;
+
+/// What the Nodes said lately of the zones' shares of CPU.
+type Shares = Arc<Mutex<Option<(Option<BTreeMap<String, f64>>, Instant)>>>;
 
 /// kube-controller-manager's EndpointSlice controller.
 #[derive(Debug, Clone)]
 pub struct EndpointSliceController {
     max_per_slice: usize,
     batch_period: Duration,
+    memory: Memory,
+}
+
+/// What this reconciler keeps between reconciles: nothing a reconcile elsewhere needs.
+#[derive(Debug, Clone, Default)]
+struct Memory {
     zones: Zones,
+    shares: Shares,
+    /// The Services (`namespace/name`) with topology-aware hints from this reconciler, so
+    /// that turning them on or off is told once (kube-controller-manager keeps this in
+    /// memory too; a restart tells it again).
+    hinted: Arc<Mutex<HashSet<String>>>,
 }
 
 impl EndpointSliceController {
@@ -102,15 +124,14 @@ impl EndpointSliceController {
         Self {
             max_per_slice: tuning.max_endpoints_per_slice,
             batch_period: tuning.endpoint_updates_batch_period,
-            zones: Zones::default(),
+            memory: Memory::default(),
         }
     }
 }
 
 /// Every change of a Service; of a Pod its selector matches (before or after the change),
 /// held `batch_period`; of a slice labelled with its name, held a second. Nodes are cached
-/// (metadata only) for their zone; their changes key nothing, as under
-/// kube-controller-manager.
+/// for their zone, readiness and CPU; their changes key nothing.
 pub fn watches(batch_period: Duration) -> Watches {
     let pods = if batch_period.is_zero() {
         Options::default()
@@ -124,7 +145,7 @@ pub fn watches(batch_period: Duration) -> Watches {
             Map::label(SERVICE_NAME_LABEL),
             Options::default().batch_period(SLICE_CHANGE_DELAY),
         )
-        .owns_with::<Node>(Options::default().metadata_only())
+        .owns::<Node>()
         .into_watches()
 }
 
@@ -138,7 +159,7 @@ impl Controller for EndpointSliceController {
     }
 
     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
-        reconcile(ctx, request, self.max_per_slice, &self.zones).await
+        reconcile(ctx, request, self.max_per_slice, &self.memory).await
     }
 }
 
@@ -147,7 +168,7 @@ async fn reconcile(
     ctx: &Context,
     request: &Request,
     max_per_slice: usize,
-    zones: &Zones,
+    memory: &Memory,
 ) -> Result {
     let (namespace, name) = (request.namespace.as_str(), request.name.as_str());
     // A Service deleted takes its slices with it through their owner reference.
@@ -186,8 +207,20 @@ async fn reconcile(
         .into_iter()
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .collect();
-    let nodes = node_zones(ctx, &pods, zones).await?;
+    let nodes = node_zones(ctx, &pods, &memory.zones).await?;
     let node = |name: &str| nodes.get(name).cloned().unwrap_or(NodeInfo::Missing);
+    let auto = topology::auto(&service);
+    let shares = if auto {
+        zone_shares(ctx, &memory.shares).await?
+    } else {
+        None
+    };
+    let key = format!("{namespace}/{name}");
+    let hinted = memory
+        .hinted
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&key);
     let plan = core::reconcile(&Inputs {
         service: &service,
         pods: &pods,
@@ -195,7 +228,18 @@ async fn reconcile(
         node: &node,
         max_per_slice,
         trigger_time: core::trigger_time(&service, &pods, &slices),
+        zone_ratios: shares.as_ref(),
+        hints_populated: hinted,
     });
+    {
+        let mut memory = memory.hinted.lock().unwrap_or_else(PoisonError::into_inner);
+        if plan.hints_populated {
+            memory.insert(key);
+        } else {
+            memory.remove(&key);
+        }
+    }
+    publish(ctx, &service, &plan.events);
     let mut first_error =
         write_slices(ctx, namespace, &plan.create, &plan.update, &plan.delete).await;
     if let Some(skipped) = plan.skipped.first() {
@@ -208,6 +252,7 @@ async fn reconcile(
         );
     }
     match first_error {
+        None if auto => Ok(Action::RequeueAfter(TOPOLOGY_RECHECK)),
         None => Ok(Action::Done),
         Some(error) => {
             ctx.events.publish(
@@ -220,6 +265,23 @@ async fn reconcile(
             Err(error)
         }
     }
+}
+
+/// Each zone's share of the ready Nodes' CPU ([`topology::zone_ratios`]), as read within
+/// [`ZONE_TTL`] or from the cache.
+async fn zone_shares(ctx: &Context, known: &Shares) -> Result<Option<BTreeMap<String, f64>>> {
+    if let Some((shares, at)) = known
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        && at.elapsed() < ZONE_TTL
+    {
+        return Ok(shares.clone());
+    }
+    let nodes: Vec<Node> = ctx.cache.list("", ListFilter::default()).await?;
+    let shares = topology::zone_ratios(&nodes);
+    *known.lock().unwrap_or_else(PoisonError::into_inner) = Some((shares.clone(), Instant::now()));
+    Ok(shares)
 }
 
 /// The zone of each Node the Pods run on: as read within [`ZONE_TTL`], or from the cache

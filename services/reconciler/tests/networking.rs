@@ -13,6 +13,10 @@
 //! - `nothing`: a selector that matches no Pod: one empty placeholder slice;
 //! - `db`: headless, its Pods name it as their subdomain: hostnames set;
 //! - `close`: `trafficDistribution: PreferClose`: ready endpoints hinted for their zone;
+//! - `auto`: `service.kubernetes.io/topology-mode: Auto` over `web`'s Pods, all in `zone-a`,
+//!   with the Nodes' CPU 60/40 between `zone-a` and `zone-b`: some endpoints hinted for
+//!   `zone-b` (which ones is chance under kube-controller-manager: compared as counts per
+//!   zone), and the Event saying hints are on;
 //! - `big`: 1,010 Pods: eleven slices or more, none over 100; its Endpoints truncated to
 //!   1,000 addresses and annotated so;
 //! - `ext`: no selector, its Endpoints written by hand: mirrored into a slice;
@@ -40,14 +44,14 @@ use serde_json::json;
 use switchyard_k8s::{
     Api, Client, ListParams, Pod, PostParams,
     k8s_openapi::api::{
-        core::v1::{Endpoints, Service},
+        core::v1::{Endpoints, Event, Node, Service},
         discovery::v1::EndpointSlice,
     },
     kube::api::{DeleteParams, Patch, PatchParams},
 };
 use switchyard_reconciler_core::{
     endpoints::OVER_CAPACITY_ANNOTATION,
-    endpointslice::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL},
+    endpointslice::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL, ZONE_LABEL, topology},
 };
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
@@ -96,6 +100,8 @@ struct Slices {
     count: usize,
     fullest: usize,
     legacy: Option<Legacy>,
+    /// Ready endpoints hinted for each zone.
+    hinted: BTreeMap<String, usize>,
 }
 
 /// A Service's `v1/Endpoints`: its labels, each subset's ports (name, port) with the Pods
@@ -153,12 +159,29 @@ async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
                 })
                 .collect(),
         );
+        let by_counts = service == "auto";
         let entry = out.entry(service).or_insert_with(empty);
         entry.shapes.insert(shape);
         entry.count += 1;
         entry.fullest = entry.fullest.max(slice.endpoints.len());
         for e in &slice.endpoints {
             let c = e.conditions.clone().unwrap_or_default();
+            let hints: Vec<String> = e
+                .hints
+                .as_ref()
+                .and_then(|h| h.for_zones.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|z| z.name)
+                .collect();
+            if c.ready == Some(true) {
+                for zone in &hints {
+                    *entry.hinted.entry(zone.clone()).or_default() += 1;
+                }
+            }
+            // Which of `auto`'s endpoints a zone gives away is chance under
+            // kube-controller-manager: its hints are compared as counts.
+            let hints = if by_counts { Vec::new() } else { hints };
             entry.endpoints.insert((
                 slice.address_type.clone(),
                 e.target_ref
@@ -172,13 +195,7 @@ async fn snapshot(client: &Client, namespace: &str) -> Snapshot {
                 e.node_name.clone(),
                 e.zone.clone(),
                 e.hostname.clone(),
-                e.hints
-                    .as_ref()
-                    .and_then(|h| h.for_zones.clone())
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|z| z.name)
-                    .collect(),
+                hints,
             ));
         }
     }
@@ -246,6 +263,7 @@ fn empty() -> Slices {
         count: 0,
         fullest: 0,
         legacy: None,
+        hinted: BTreeMap::new(),
     }
 }
 
@@ -325,6 +343,8 @@ const MIRRORED: &str = "endpointslicemirroring-controller.k8s.io: ext";
 #[derive(Debug, PartialEq, Eq)]
 struct Outcome {
     steps: Vec<Snapshot>,
+    /// `auto` has the Event saying topology-aware hints are on.
+    hints_on: bool,
 }
 
 async fn scenario(client: &Client, namespace: &str) -> Outcome {
@@ -350,6 +370,11 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
             json!({"selector": {"app": "web"}, "ports": http, "trafficDistribution": "PreferClose"}),
         ),
         service("big", json!({"selector": {"app": "big"}, "ports": http})),
+        serde_json::from_value(json!({
+            "metadata": {"name": "auto", "annotations": {"service.kubernetes.io/topology-mode": "Auto"}},
+            "spec": {"selector": {"app": "web"}, "ports": http},
+        }))
+        .unwrap(),
         service(
             "dual",
             json!({"selector": {"app": "dual"}, "ports": http, "ipFamilyPolicy": "RequireDualStack"}),
@@ -417,6 +442,7 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
         all_ready(s, "web", 6)
             && all_ready(s, "metrics", 6)
             && all_ready(s, "close", 6)
+            && all_ready(s, "auto", 6)
             && all_ready(s, "db", 2)
             && all_ready(s, "big", BIG)
             && all_ready(s, "dual", 4)
@@ -455,6 +481,7 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
     let unready = settled(client, namespace, "web-1 unready", |s| {
         ready_of(s, "web").contains(&("web-1".to_owned(), Some(false)))
             && ready_of(s, "close").contains(&("web-1".to_owned(), Some(false)))
+            && ready_of(s, "auto").contains(&("web-1".to_owned(), Some(false)))
             && legacy_of(s, "web").contains(&("web-1".to_owned(), false))
             && ready_of(s, MIRRORED).contains(&("192.0.2.2".to_owned(), Some(false)))
     })
@@ -483,14 +510,31 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
     let later = settled(client, namespace, "web-2 gone, web labelled", |s| {
         ready_of(s, "web").len() == 5
             && ready_of(s, "close").len() == 5
+            && ready_of(s, "auto").len() == 5
             && s["web"]
                 .shapes
                 .iter()
                 .all(|shape| shape.2.contains_key("team"))
     })
     .await;
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let hints_on = loop {
+        let on = events
+            .list(&ListParams::default().fields("involvedObject.name=auto"))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(topology::ENABLED));
+        if on || Instant::now() >= deadline {
+            break on;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     Outcome {
         steps: vec![first, unready, later],
+        hints_on,
     }
 }
 
@@ -516,6 +560,28 @@ async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_
     let _alone = ONE_AT_A_TIME.lock().await;
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
+    // The control plane's own Nodes in zones, so that every ready Node has one (as
+    // topology-aware hints need): the first in zone-a, the others in zone-b. With the two
+    // below, zone-a has 60% of the CPU.
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (i, node) in nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .enumerate()
+    {
+        let zone = if i == 0 { "zone-a" } else { "zone-b" };
+        nodes
+            .patch(
+                node.metadata.name.as_deref().unwrap(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {ZONE_LABEL: zone}}})),
+            )
+            .await
+            .unwrap();
+    }
     support::kwok_node(
         &client,
         NODE,
@@ -635,6 +701,17 @@ async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_
         assert_eq!(families("v6"), ["IPv6".into()].into());
         let legacy = big.legacy.as_ref().unwrap();
         assert!(legacy.truncated && legacy.counts == (1000, 0), "{legacy:?}");
+        // zone-a over its share gives endpoints to zone-b.
+        let hinted: Vec<_> = outcome
+            .steps
+            .iter()
+            .map(|s| s["auto"].hinted.clone())
+            .collect();
+        let zones = |a: usize, b: usize| {
+            BTreeMap::from([("zone-a".to_owned(), a), ("zone-b".to_owned(), b)])
+        };
+        assert_eq!(hinted, [zones(4, 2), zones(3, 2), zones(2, 2)]);
+        assert!(outcome.hints_on);
     }
     // How many slices `big` took depends on how its Pods came in over the syncs; the rest
     // is compared whole.

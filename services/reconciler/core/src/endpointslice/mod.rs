@@ -18,7 +18,8 @@
 //!           into the unchanged slice that they fill closest to 100, then new slices
 //!     no endpoint at all ─► one empty placeholder slice (kept if already there)
 //!     a slice to delete and one to create of the same type ─► the deleted one's name reused
-//!     hints: trafficDistribution PreferClose / PreferSameZone ─► forZones of the endpoint's
+//!     hints: topology-mode Auto ─► allotted by zone from the Nodes' CPU ([`topology`]);
+//!            trafficDistribution PreferClose / PreferSameZone ─► forZones of the endpoint's
 //!            zone on ready endpoints (PreferSameNode: forNodes too); otherwise none
 //! ```
 //!
@@ -46,7 +47,12 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 
-use crate::replicaset::{is_ready, ready_since};
+use crate::{
+    event::Event,
+    replicaset::{is_ready, ready_since},
+};
+
+pub mod topology;
 
 #[cfg(test)]
 mod tests;
@@ -101,6 +107,11 @@ pub struct Plan {
     pub delete: Vec<String>,
     /// Pods left out because their Node is not known.
     pub skipped: Vec<SkippedPod>,
+    /// Whether the Service has topology-aware hints from this controller now (kept in
+    /// memory, as kube-controller-manager keeps it, to tell their enabling once).
+    pub hints_populated: bool,
+    /// Events for the Service (topology-aware hints turned on or off).
+    pub events: Vec<Event>,
 }
 
 impl Plan {
@@ -473,20 +484,17 @@ fn is_placeholder(slice: &EndpointSlice, placeholder: &EndpointSlice) -> bool {
 enum Hints {
     /// None: any found are removed.
     Off,
+    /// `service.kubernetes.io/topology-mode: Auto`: allotted by [`topology`].
+    Auto,
     /// `trafficDistribution: PreferClose` or `PreferSameZone`: each ready endpoint hinted
     /// for its own zone; with `nodes`, `PreferSameNode`, for its own Node too.
     Close { nodes: bool },
 }
 
 fn hints_of(service: &Service) -> Hints {
-    let annotations = service.metadata.annotations.as_ref();
     // The topology-aware hints annotation takes precedence over trafficDistribution.
-    let topology_mode = annotations.and_then(|a| {
-        a.get("service.kubernetes.io/topology-aware-hints")
-            .or_else(|| a.get("service.kubernetes.io/topology-mode"))
-    });
-    if topology_mode.is_some_and(|m| m == "Auto" || m == "auto") {
-        return Hints::Off;
+    if topology::auto(service) {
+        return Hints::Auto;
     }
     match service
         .spec
@@ -511,7 +519,7 @@ fn endpoint_ready(endpoint: &Endpoint) -> bool {
 /// `None` for a not-ready one under `Close` means "leave as is").
 fn wanted_hints(endpoint: &Endpoint, hints: Hints) -> Option<Option<EndpointHints>> {
     match hints {
-        Hints::Off => Some(None),
+        Hints::Off | Hints::Auto => Some(None),
         Hints::Close { nodes } => {
             if !endpoint_ready(endpoint) {
                 return None;
@@ -536,7 +544,7 @@ fn wanted_hints(endpoint: &Endpoint, hints: Hints) -> Option<Option<EndpointHint
 
 fn needs_hints_update(slice: &EndpointSlice, hints: Hints) -> bool {
     slice.endpoints.iter().any(|e| match hints {
-        Hints::Off => e.hints.is_some(),
+        Hints::Off | Hints::Auto => e.hints.is_some(),
         Hints::Close { nodes } => {
             if !endpoint_ready(e) {
                 return false;
@@ -638,6 +646,12 @@ pub struct Inputs<'a> {
     pub max_per_slice: usize,
     /// What [`trigger_time`] gives.
     pub trigger_time: Option<Timestamp>,
+    /// For a Service with topology-aware hints ([`topology::auto`]): each zone's share of the
+    /// Nodes' CPU, as [`topology::zone_ratios`] gives it.
+    pub zone_ratios: Option<&'a BTreeMap<String, f64>>,
+    /// Whether the Service had topology-aware hints from this controller (the last
+    /// [`Plan::hints_populated`]).
+    pub hints_populated: bool,
 }
 
 impl std::fmt::Debug for Inputs<'_> {
@@ -657,7 +671,10 @@ impl std::fmt::Debug for Inputs<'_> {
 pub fn reconcile(inputs: &Inputs<'_>) -> Plan {
     let service = inputs.service;
     let types = address_types(service);
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        hints_populated: inputs.hints_populated,
+        ..Plan::default()
+    };
     let mut by_type: BTreeMap<&str, Vec<&EndpointSlice>> = BTreeMap::new();
     let mut foreign_type: Vec<String> = Vec::new();
     for slice in inputs.slices {
@@ -666,13 +683,19 @@ pub fn reconcile(inputs: &Inputs<'_>) -> Plan {
             None => foreign_type.push(slice.metadata.name.clone().unwrap_or_default()),
         }
     }
+    // A family dropped forgets the Service's hints, as kube-controller-manager forgets them.
+    if !foreign_type.is_empty() {
+        plan.hints_populated = false;
+    }
     for address_type in &types {
         let existing = by_type.remove(address_type).unwrap_or_default();
-        let mut part = by_address_type(inputs, &existing, address_type);
+        let mut part = by_address_type(inputs, &existing, address_type, plan.hints_populated);
         plan.create.append(&mut part.create);
         plan.update.append(&mut part.update);
         plan.delete.append(&mut part.delete);
         plan.skipped.append(&mut part.skipped);
+        plan.events.append(&mut part.events);
+        plan.hints_populated = part.hints_populated;
     }
     plan.delete.extend(foreign_type);
     plan.skipped.dedup();
@@ -682,7 +705,12 @@ pub fn reconcile(inputs: &Inputs<'_>) -> Plan {
 /// Desired endpoints, by key, in key order.
 type EndpointSet = BTreeMap<EndpointKey, Endpoint>;
 
-fn by_address_type(inputs: &Inputs<'_>, existing: &[&EndpointSlice], address_type: &str) -> Plan {
+fn by_address_type(
+    inputs: &Inputs<'_>,
+    existing: &[&EndpointSlice],
+    address_type: &str,
+    hints_populated: bool,
+) -> Plan {
     let service = inputs.service;
     let publish_not_ready = service
         .spec
@@ -779,13 +807,28 @@ fn by_address_type(inputs: &Inputs<'_>, existing: &[&EndpointSlice], address_typ
 
     // Hints, on what is written anyway and on unchanged slices that carry the wrong ones.
     let hints = hints_of(service);
-    for slice in unchanged {
-        if needs_hints_update(&slice, hints) {
-            update.push(slice);
+    if hints == Hints::Auto {
+        let slices = topology::Slices {
+            create: &mut create,
+            update: &mut update,
+            unchanged: &mut unchanged,
+        };
+        let allotted =
+            topology::add_hints(inputs.zone_ratios, slices, address_type, hints_populated);
+        plan.hints_populated = allotted.populated;
+        plan.events = allotted.events;
+    } else {
+        if hints_populated {
+            plan.events.push(topology::disabled_event(address_type));
         }
-    }
-    for slice in create.iter_mut().chain(update.iter_mut()) {
-        apply_hints(slice, hints);
+        for slice in unchanged {
+            if needs_hints_update(&slice, hints) {
+                update.push(slice);
+            }
+        }
+        for slice in create.iter_mut().chain(update.iter_mut()) {
+            apply_hints(slice, hints);
+        }
     }
 
     // A slice to delete and one to create of the same type: the deleted one is overwritten

@@ -60,6 +60,8 @@ fn plan(svc: &Service, pods: &[Pod], slices: &[EndpointSlice]) -> Plan {
         node: &zone_a,
         max_per_slice: DEFAULT_MAX_ENDPOINTS_PER_SLICE,
         trigger_time: None,
+        zone_ratios: None,
+        hints_populated: false,
     })
 }
 
@@ -277,6 +279,8 @@ fn pods_without_ips_or_finished_are_left_out_and_terminating_ones_kept_not_ready
         node: &zone_a,
         max_per_slice: 100,
         trigger_time: None,
+        zone_ratios: None,
+        hints_populated: false,
     });
     assert_eq!(
         p.create[0].endpoints[0].conditions.as_ref().unwrap().ready,
@@ -351,6 +355,8 @@ fn a_pod_on_an_unknown_node_is_skipped_unless_not_ready_addresses_are_published(
         node: &missing,
         max_per_slice: 100,
         trigger_time: None,
+        zone_ratios: None,
+        hints_populated: false,
     });
     assert_eq!(
         p.skipped,
@@ -369,6 +375,8 @@ fn a_pod_on_an_unknown_node_is_skipped_unless_not_ready_addresses_are_published(
         node: &missing,
         max_per_slice: 100,
         trigger_time: None,
+        zone_ratios: None,
+        hints_populated: false,
     });
     assert!(p.skipped.is_empty());
     assert_eq!(p.create[0].endpoints[0].zone, None);
@@ -514,6 +522,8 @@ fn the_trigger_time_is_the_creation_first_then_the_earliest_newer_ready_change()
         node: &zone_a,
         max_per_slice: 100,
         trigger_time: Some(created),
+        zone_ratios: None,
+        hints_populated: false,
     });
     let slices = apply(&[], &first);
     assert_eq!(
@@ -541,6 +551,72 @@ fn a_smaller_limit_packs_smaller_slices() {
         node: &zone_a,
         max_per_slice: 10,
         trigger_time: None,
+        zone_ratios: None,
+        hints_populated: false,
     });
     assert_eq!(sizes(&p.create), [5, 10, 10]);
+}
+
+#[test]
+fn topology_mode_auto_allots_hints_by_zone_and_their_removal_is_told() {
+    let mut svc = service(json!({}));
+    svc.metadata.annotations = Some(
+        [(
+            topology::TOPOLOGY_MODE_ANNOTATION.to_owned(),
+            "Auto".to_owned(),
+        )]
+        .into(),
+    );
+    let mut all = pods(4);
+    for p in &mut all[2..] {
+        p.spec.as_mut().unwrap().node_name = Some("node-b".to_owned());
+    }
+    let zone = |node: &str| {
+        NodeInfo::Zone(Some(
+            if node == "node-b" { "zone-b" } else { "zone-a" }.to_owned(),
+        ))
+    };
+    let shares: BTreeMap<String, f64> =
+        [("zone-a".to_owned(), 0.5), ("zone-b".to_owned(), 0.5)].into();
+    let run = |svc: &Service, slices: &[EndpointSlice], populated: bool| {
+        reconcile(&Inputs {
+            service: svc,
+            pods: &all,
+            slices,
+            node: &zone,
+            max_per_slice: 100,
+            trigger_time: None,
+            zone_ratios: Some(&shares),
+            hints_populated: populated,
+        })
+    };
+    let first = run(&svc, &[], false);
+    assert!(first.hints_populated);
+    assert_eq!(
+        first.events,
+        vec![Event::normal(
+            topology::ENABLED,
+            "Topology Aware Hints has been enabled, addressType: IPv4"
+        )]
+    );
+    let slices = apply(&[], &first);
+    for e in &slices[0].endpoints {
+        let hinted = &e.hints.as_ref().unwrap().for_zones.as_ref().unwrap()[0].name;
+        assert_eq!(Some(hinted), e.zone.as_ref());
+    }
+    let again = run(&svc, &slices, true);
+    assert_eq!((again.writes(), again.events.len()), (0, 0));
+
+    svc.metadata.annotations = None;
+    let off = run(&svc, &slices, true);
+    assert!(!off.hints_populated);
+    assert_eq!(
+        off.events,
+        vec![Event::warning(
+            topology::DISABLED,
+            "Topology Aware Hints has been disabled, addressType: IPv4"
+        )]
+    );
+    assert_eq!(off.update.len(), 1);
+    assert!(off.update[0].endpoints.iter().all(|e| e.hints.is_none()));
 }
