@@ -42,7 +42,11 @@ use switchyard_k8s::{
 };
 use switchyard_queue_client::{Enqueuer, Priority};
 use switchyard_runtime::{Backoff, Drain, trace};
-use switchyard_watcher_core::{ControllerRef, EventKind, Summary, WorkKey, store::Applied};
+use switchyard_watcher_core::{
+    ControllerRef, EventKind, Summary, WorkKey,
+    peer::{self, Part},
+    store::Applied,
+};
 use tracing::{info, warn};
 
 use crate::{
@@ -361,16 +365,28 @@ impl Informer {
         kind_of: impl Fn(&Applied) -> Option<EventKind>,
         keys: &mut Vec<(WorkKey, Option<Duration>)>,
     ) -> Option<EventKind> {
-        // The handover check, for kinds a controller reconciles: only they have a status
-        // that is a controller's own.
+        // The handover check, for kinds a controller reconciles (only they have a status
+        // that is a controller's own), and for the objects a controller here writes instead.
         let now = self.caches.current();
         if let Some(index) = now.index_of(&self.cache) {
             let mut controllers = now.config.reconciled_by(index).peekable();
             if controllers.peek().is_some() {
-                self.caches
-                    .peers
-                    .observe(self.cache.gvk(), object.meta(), controllers);
+                self.caches.peers.observe(
+                    self.cache.gvk(),
+                    object.meta(),
+                    Part::Status,
+                    controllers,
+                );
             }
+        }
+        let gvk = self.cache.gvk();
+        if let Some(controller) =
+            peer::written_by(&gvk.group, &gvk.kind, object.meta().labels.as_ref())
+            && now.config.runs(controller)
+        {
+            self.caches
+                .peers
+                .observe(gvk, object.meta(), Part::Object, [controller]);
         }
         let (summary, json) = summarize(object);
         if !self.caches.namespaces.admits(&summary.namespace) {

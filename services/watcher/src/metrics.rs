@@ -183,9 +183,10 @@ impl WatcherMetrics {
         );
         metrics.register(
             "switchyard_watcher_peer_status_writes",
-            "Changes whose newest status write is another controller manager's, recent and \
-             since this watcher started, by the controller reconciling the object and the \
-             manager: that controller also runs there (docs/deploy.md, handover)",
+            "Changes whose newest status write (for the objects a controller writes instead, \
+             such as EndpointSlices: newest write) is another controller manager's, recent \
+             and since this watcher started, by the controller and the manager: that \
+             controller also runs there (docs/deploy.md, handover)",
             this.peer_writes.clone(),
         );
         metrics.register(

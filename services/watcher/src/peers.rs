@@ -4,7 +4,10 @@
 //!
 //! ```text
 //!  change of a kind a controller reconciles (`for`) ─► managedFields: newest status write
-//!      a peer's, recent? ─► switchyard_watcher_peer_status_writes_total{controller, manager}
+//!      a peer's, recent?
+//!  change of an object a controller here writes (peer::WRITES: slices, Endpoints, by their
+//!      managed-by label) ─► managedFields: newest write to it a peer's, recent?
+//!                         ─► switchyard_watcher_peer_status_writes_total{controller, manager}
 //!                           warn log (once per episode)
 //!                           stand-down: that controller's keys are not sent until `window`
 //!                           after the peer's last write (switchyard_watcher_standing_down)
@@ -19,7 +22,7 @@ use std::{
 use switchyard_k8s::ObjectMeta;
 use switchyard_watcher_core::{
     Gvk, WorkKey,
-    peer::{FieldsEntry, OnPeer, status_writer},
+    peer::{FieldsEntry, OnPeer, Part, last_writer},
 };
 use tracing::warn;
 
@@ -60,12 +63,14 @@ impl Peers {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reads a change to an object of `resource`, which `controllers` reconcile: a recent
-    /// status write by a peer counts against each of them.
+    /// Reads a change to an object of `resource`, which `controllers` reconcile (`part`
+    /// status) or write (`part` object): a recent write of that part by a peer counts
+    /// against each of them.
     pub fn observe<'a>(
         &self,
         resource: &Gvk,
         meta: &ObjectMeta,
+        part: Part,
         controllers: impl IntoIterator<Item = &'a str>,
     ) {
         let entries = meta.managed_fields.iter().flatten().map(|e| FieldsEntry {
@@ -73,7 +78,7 @@ impl Peers {
             subresource: e.subresource.as_deref().unwrap_or_default(),
             time: e.time.as_ref().map(|t| t.0.as_second()),
         });
-        let Some(manager) = status_writer(entries, self.since, unix_now(), self.window) else {
+        let Some(manager) = last_writer(entries, part, self.since, unix_now(), self.window) else {
             return;
         };
         let now = Instant::now();
@@ -98,8 +103,8 @@ impl Peers {
                     name = meta.name.as_deref().unwrap_or_default(),
                     on_peer_writes = ?self.on_peer,
                     "another controller manager writes the status of objects this controller \
-                     reconciles: it runs the same controller (see docs/deploy.md, handing over \
-                     from kube-controller-manager)"
+                     reconciles, or the objects it writes: it runs the same controller (see \
+                     docs/deploy.md, handing over from kube-controller-manager)"
                 );
             }
             if self.on_peer == OnPeer::StandDown {

@@ -5,6 +5,10 @@
 //! Deployments' status, the watcher counts it against the Deployment controller and, under
 //! `--on-peer-writes=stand-down`, holds that controller's keys back until the peer has been
 //! quiet for `--peer-write-window`, when they flow again.
+//!
+//! The EndpointSlice, Endpoints and mirroring controllers write no status: the watcher knows
+//! kube-controller-manager runs them by the slices and Endpoints it writes, labelled as
+//! theirs. Not with the documented flags; with its defaults, each of them.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,10 +19,14 @@ use std::time::Duration;
 use serde_json::json;
 use switchyard_k8s::{
     Api, PostParams,
-    k8s_openapi::api::apps::v1::Deployment,
+    k8s_openapi::api::{
+        apps::v1::Deployment,
+        core::v1::{Endpoints, Service},
+    },
     kube::api::{Patch, PatchParams},
 };
 use switchyard_testenv::{ControlPlane, ControlPlaneOptions, InProcess, TestNamespace};
+use switchyard_work::builtin::{ENDPOINTS, ENDPOINTSLICE, ENDPOINTSLICE_MIRRORING};
 
 use support::*;
 
@@ -71,6 +79,49 @@ async fn peer_writes(watcher: &InProcess) -> f64 {
         .await
 }
 
+/// The writes of kube-controller-manager's counted against `controller`.
+async fn peer_writes_of(watcher: &InProcess, controller: &str) -> f64 {
+    watcher
+        .metric(&format!(
+            r#"switchyard_watcher_peer_status_writes_total{{controller="{controller}",manager="kube-controller-manager"}}"#
+        ))
+        .await
+}
+
+/// The controllers that write slices and Endpoints, as the built-in ones register them (so
+/// that the watcher caches what they write).
+fn networking_controllers() -> String {
+    format!(
+        "  - name: {ENDPOINTSLICE}\n    for: {{apiVersion: v1, kind: Service}}\n    mapByLabel:\n      - {{apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, label: kubernetes.io/service-name}}\n  - name: {ENDPOINTS}\n    for: {{apiVersion: v1, kind: Service}}\n    mapByName:\n      - {{apiVersion: v1, kind: Endpoints}}\n  - name: {ENDPOINTSLICE_MIRRORING}\n    for: {{apiVersion: v1, kind: Service}}\n    mapByName:\n      - {{apiVersion: v1, kind: Endpoints}}\n"
+    )
+}
+
+/// A Service with a selector, for slices and Endpoints; one without, with Endpoints written
+/// by hand, for mirrored slices.
+async fn services(client: &switchyard_k8s::Client, ns: &str) {
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    for (name, selector) in [("web", json!({"app": "web"})), ("ext", json!(null))] {
+        let service: Service = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"selector": selector, "ports": [{"port": 80}]},
+        }))
+        .unwrap();
+        services
+            .create(&PostParams::default(), &service)
+            .await
+            .unwrap();
+    }
+    let endpoints: Endpoints = serde_json::from_value(json!({
+        "metadata": {"name": "ext"},
+        "subsets": [{"addresses": [{"ip": "192.0.2.1"}], "ports": [{"port": 80}]}],
+    }))
+    .unwrap();
+    Api::<Endpoints>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &endpoints)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watcher_sees_kube_controller_manager_run_a_controller_it_keys_and_stands_down() {
     let plane = ControlPlane::start(ControlPlaneOptions {
@@ -84,9 +135,19 @@ async fn the_watcher_sees_kube_controller_manager_run_a_controller_it_keys_and_s
         .await
         .unwrap();
     let ns = ns.name().to_owned();
-    let queue = queue(&[DEPLOYMENT], &[]).await;
+    let queue = queue(
+        &[
+            DEPLOYMENT,
+            ENDPOINTSLICE,
+            ENDPOINTS,
+            ENDPOINTSLICE_MIRRORING,
+        ],
+        &[],
+    )
+    .await;
     let config = format!(
-        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\ncontrollers:\n  - name: {DEPLOYMENT}\n    for: {{apiVersion: apps/v1, kind: Deployment}}\n"
+        "shardCount: {SHARDS}\nnamespaces: {{include: [{ns}]}}\ncontrollers:\n  - name: {DEPLOYMENT}\n    for: {{apiVersion: apps/v1, kind: Deployment}}\n{}",
+        networking_controllers()
     );
     let watcher = watcher_with(
         &plane,
@@ -112,6 +173,7 @@ async fn the_watcher_sees_kube_controller_manager_run_a_controller_it_keys_and_s
     api.create(&PostParams::default(), &deployment("web"))
         .await
         .unwrap();
+    services(&client, &ns).await;
     worker.expect(&key(DEPLOYMENT, &ns, "web"), WITHIN).await;
     api.patch_status(
         "web",
@@ -131,6 +193,13 @@ async fn the_watcher_sees_kube_controller_manager_run_a_controller_it_keys_and_s
         0.0,
         "kube-controller-manager run with {flag} wrote a Deployment's status"
     );
+    for controller in [ENDPOINTSLICE, ENDPOINTS, ENDPOINTSLICE_MIRRORING] {
+        assert_eq!(
+            peer_writes_of(&watcher, controller).await,
+            0.0,
+            "kube-controller-manager run with {flag} wrote what {controller} writes"
+        );
+    }
     drop(handed_over);
 
     // With its defaults it runs the Deployment controller, which writes the status: counted,
@@ -154,6 +223,18 @@ async fn the_watcher_sees_kube_controller_manager_run_a_controller_it_keys_and_s
             .await,
         1.0
     );
+    // The slices and Endpoints it writes tell of its other three.
+    for controller in [ENDPOINTSLICE, ENDPOINTS, ENDPOINTSLICE_MIRRORING] {
+        let mut waited = Duration::ZERO;
+        while peer_writes_of(&watcher, controller).await == 0.0 {
+            assert!(
+                waited < Duration::from_secs(30),
+                "{controller}: no peer write seen within {waited:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            waited += Duration::from_millis(200);
+        }
+    }
     // Keys sent before the first peer write was seen (kube-controller-manager writes the
     // Deployment's revision annotation before its status) are leased as usual.
     worker.leased_during(Duration::from_secs(2)).await;

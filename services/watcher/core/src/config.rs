@@ -486,6 +486,11 @@ impl Config {
             .map(|r| r.controller.as_str())
     }
 
+    /// Whether keys are produced for `controller`.
+    pub fn runs(&self, controller: &str) -> bool {
+        self.rules.iter().any(|r| r.controller == controller)
+    }
+
     /// The controller names keys are produced for.
     pub fn controllers(&self) -> Vec<&str> {
         let mut names: Vec<&str> = self.rules.iter().map(|r| r.controller.as_str()).collect();

@@ -7,13 +7,76 @@
 //! `kube-controller-manager`, subresource `status`). The watcher sees every change, so it
 //! reads that record on the way in: an object whose newest status write is a peer's, made
 //! recently and after the watcher started, is being reconciled by that peer.
+//!
+//! kube-controller-manager's EndpointSlice, mirroring and Endpoints controllers write no
+//! status: they are known by the objects they write ([`WRITES`]), labelled as theirs, whose
+//! newest write (to the object itself) is then read the same way.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
+
+use switchyard_work::builtin;
 
 /// The controller managers whose field manager names are known: kube-controller-manager
 /// writes as `kube-controller-manager` whichever controller writes (with or without
 /// `--use-service-account-credentials`, the name comes from its user agent).
 pub const PEERS: &[&str] = &["kube-controller-manager"];
+
+/// Objects a controller writes instead of a status, labelled as its own: a peer's recent
+/// write to one of them means the peer runs that controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Writes {
+    pub group: &'static str,
+    pub kind: &'static str,
+    /// The label kube-controller-manager's controller (and Switchyard's) marks them with.
+    pub label: (&'static str, &'static str),
+    /// Switchyard's controller doing the same work.
+    pub controller: &'static str,
+}
+
+/// The controllers known by the objects they write.
+pub const WRITES: &[Writes] = &[
+    Writes {
+        group: "discovery.k8s.io",
+        kind: "EndpointSlice",
+        label: (
+            "endpointslice.kubernetes.io/managed-by",
+            "endpointslice-controller.k8s.io",
+        ),
+        controller: builtin::ENDPOINTSLICE,
+    },
+    Writes {
+        group: "discovery.k8s.io",
+        kind: "EndpointSlice",
+        label: (
+            "endpointslice.kubernetes.io/managed-by",
+            "endpointslicemirroring-controller.k8s.io",
+        ),
+        controller: builtin::ENDPOINTSLICE_MIRRORING,
+    },
+    Writes {
+        group: "",
+        kind: "Endpoints",
+        label: ("endpoints.kubernetes.io/managed-by", "endpoint-controller"),
+        controller: builtin::ENDPOINTS,
+    },
+];
+
+/// The controller known by writing an object of `group` and `kind` with `labels`, if any.
+pub fn written_by(
+    group: &str,
+    kind: &str,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Option<&'static str> {
+    let labels = labels?;
+    WRITES
+        .iter()
+        .find(|w| {
+            w.group == group
+                && w.kind == kind
+                && labels.get(w.label.0).is_some_and(|v| v == w.label.1)
+        })
+        .map(|w| w.controller)
+}
 
 /// One `managedFields` entry, as far as the check reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,22 +99,39 @@ pub enum OnPeer {
     StandDown,
 }
 
+/// Which writes to an object tell of a controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Its status: a controller's for the objects it reconciles.
+    Status,
+    /// The object itself: for an object of [`WRITES`].
+    Object,
+}
+
 /// The peer that wrote the object's status last, if that write is recent: at or after
 /// `since` (the watcher's start, so that a status kube-controller-manager wrote before
 /// Switchyard took over does not count) and within `window` of `now` (so that a peer that
 /// stopped stops counting). A write in the same second as another manager's counts as the
 /// peer's: the two act at once.
-pub fn status_writer<'a>(
+///
+/// With [`Part::Object`], the same for writes to the object itself (an object of
+/// [`WRITES`]).
+pub fn last_writer<'a>(
     entries: impl IntoIterator<Item = FieldsEntry<'a>>,
+    part: Part,
     since: i64,
     now: i64,
     window: Duration,
 ) -> Option<&'static str> {
+    let subresource = match part {
+        Part::Status => "status",
+        Part::Object => "",
+    };
     let window = i64::try_from(window.as_secs()).unwrap_or(i64::MAX);
     let mut newest_other: Option<i64> = None;
     let mut newest_peer: Option<(i64, &'static str)> = None;
     for entry in entries {
-        if entry.subresource != "status" {
+        if entry.subresource != subresource {
             continue;
         }
         let Some(time) = entry.time else {
@@ -87,7 +167,7 @@ mod tests {
     }
 
     fn writer(entries: &[FieldsEntry<'_>]) -> Option<&'static str> {
-        status_writer(entries.iter().copied(), START, NOW, WINDOW)
+        last_writer(entries.iter().copied(), Part::Status, START, NOW, WINDOW)
     }
 
     #[test]
@@ -144,5 +224,58 @@ mod tests {
         };
         assert_eq!(writer(&[untimed]), None);
         assert_eq!(writer(&[]), None);
+    }
+
+    #[test]
+    fn objects_a_controller_writes_are_known_by_their_label_and_read_as_written() {
+        let labels = |key: &str, value: &str| BTreeMap::from([(key.to_owned(), value.to_owned())]);
+        let managed = "endpointslice.kubernetes.io/managed-by";
+        let slice = labels(managed, "endpointslice-controller.k8s.io");
+        assert_eq!(
+            written_by("discovery.k8s.io", "EndpointSlice", Some(&slice)),
+            Some(builtin::ENDPOINTSLICE)
+        );
+        let mirrored = labels(managed, "endpointslicemirroring-controller.k8s.io");
+        assert_eq!(
+            written_by("discovery.k8s.io", "EndpointSlice", Some(&mirrored)),
+            Some(builtin::ENDPOINTSLICE_MIRRORING)
+        );
+        let endpoints = labels("endpoints.kubernetes.io/managed-by", "endpoint-controller");
+        assert_eq!(
+            written_by("", "Endpoints", Some(&endpoints)),
+            Some(builtin::ENDPOINTS)
+        );
+        // A slice another controller manages (a Gateway's, a mesh's), or no label.
+        let theirs = labels(managed, "gateway.example/controller");
+        assert_eq!(
+            written_by("discovery.k8s.io", "EndpointSlice", Some(&theirs)),
+            None
+        );
+        assert_eq!(written_by("discovery.k8s.io", "EndpointSlice", None), None);
+        assert_eq!(written_by("", "Endpoints", Some(&slice)), None);
+
+        // The object itself, not its status.
+        let written = |entries: &[FieldsEntry<'_>]| {
+            last_writer(entries.iter().copied(), Part::Object, START, NOW, WINDOW)
+        };
+        assert_eq!(
+            written(&[entry("kube-controller-manager", "", NOW - 5)]),
+            Some("kube-controller-manager")
+        );
+        assert_eq!(
+            written(&[
+                entry("kube-controller-manager", "", NOW - 5),
+                entry("switchyard-reconciler", "", NOW - 1),
+            ]),
+            None
+        );
+        assert_eq!(
+            written(&[entry("kube-controller-manager", "", START - 5)]),
+            None
+        );
+        assert_eq!(
+            written(&[entry("kube-controller-manager", "status", NOW)]),
+            None
+        );
     }
 }
