@@ -15,7 +15,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard},
+    sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
 use switchyard_watcher_core::{
@@ -41,7 +41,17 @@ pub struct ResourceCache {
     /// Why the apiserver refused the initial list (a kind the watcher may not list), while
     /// it does: registrations waiting for this cache fail with it rather than wait.
     refused: watch::Sender<Option<Arc<str>>>,
+    /// Each object's `spec.selector` as last parsed, by namespace and name, with the
+    /// resourceVersion it was parsed at: a kind that `mapBySelector` maps to is read for
+    /// its selectors on every change of the selected kind, and is parsed again only when it
+    /// changed.
+    selectors: Mutex<Selectors>,
 }
+
+/// A selector as parsed from an object at a resourceVersion.
+type Parsed = (u64, Option<Arc<switchyard_selector::Selector>>);
+/// Parsed selectors by namespace and name.
+type Selectors = HashMap<(Arc<str>, Arc<str>), Parsed>;
 
 impl ResourceCache {
     pub fn new(resource: ResourceConfig) -> Self {
@@ -52,7 +62,43 @@ impl ResourceCache {
             streams: OnceLock::new(),
             synced: watch::channel(false).0,
             refused: watch::channel(None).0,
+            selectors: Mutex::default(),
         }
+    }
+
+    /// The names of the objects in `namespace` whose `spec.selector` matches `labels`, each
+    /// selector parsed again only when its object changed.
+    pub fn selecting(&self, namespace: &str, labels: &Summary) -> Vec<String> {
+        let store = self.read();
+        let everything = switchyard_selector::Selector::default();
+        let mut parsed = self
+            .selectors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut names = Vec::new();
+        for (summary, json) in store.list_summarized(Some(namespace), None, &everything) {
+            let key = (summary.namespace.clone(), summary.name.clone());
+            let selector = match parsed.get(&key) {
+                Some((rv, selector)) if *rv == summary.resource_version => selector.clone(),
+                _ => {
+                    let selector = serde_json::from_slice::<serde_json::Value>(json)
+                        .ok()
+                        .and_then(|owner| owner_selector(&owner))
+                        .map(Arc::new);
+                    parsed.insert(key, (summary.resource_version, selector.clone()));
+                    selector
+                }
+            };
+            if selector.is_some_and(|s| s.matches(labels)) {
+                names.push(summary.name.to_string());
+            }
+        }
+        // Selectors of objects gone from the cache are forgotten once they are as many as
+        // the objects cached.
+        if parsed.len() > 2 * store.len() + 64 {
+            parsed.retain(|(namespace, name), _| store.summary(namespace, name).is_some());
+        }
+        names
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, Store> {
@@ -330,17 +376,10 @@ impl Owners for Watching {
     /// made with its controller reference), and every change of a kind a `mapBySelector`
     /// rule maps, whose selecting kind has few objects per namespace (PodDisruptionBudgets).
     fn selecting(&self, resource: usize, namespace: &str, orphan: &Summary) -> Vec<String> {
-        let Some(cache) = self.resources.get(resource) else {
-            return Vec::new();
-        };
-        let store = cache.read();
-        let everything = switchyard_selector::Selector::default();
-        store
-            .list(Some(namespace), None, &everything)
-            .filter_map(|json| serde_json::from_slice::<serde_json::Value>(json).ok())
-            .filter(|owner| owner_selector(owner).is_some_and(|selector| selector.matches(orphan)))
-            .filter_map(|owner| owner["metadata"]["name"].as_str().map(str::to_owned))
-            .collect()
+        self.resources
+            .get(resource)
+            .map(|cache| cache.selecting(namespace, orphan))
+            .unwrap_or_default()
     }
 
     /// Reads every cached object of `resource`: at a Node's creation, deletion or new labels
@@ -354,5 +393,61 @@ impl Owners for Watching {
         for json in store.list(None, None, &everything) {
             each(json);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn service(cache: &ResourceCache, name: &str, rv: &str, selector: serde_json::Value) {
+        let json = serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv},
+            "spec": {"selector": selector},
+        });
+        let summary = Summary::new("ns", name, rv, None, [], [], None);
+        cache
+            .write()
+            .apply(summary, serde_json::to_vec(&json).unwrap());
+    }
+
+    fn pod(app: &str) -> Summary {
+        Summary::new("ns", "p", "1", None, [("app", app)], [], None)
+    }
+
+    #[test]
+    fn selecting_reads_each_selector_again_only_when_its_object_changed() {
+        let cache = ResourceCache::new(ResourceConfig {
+            gvk: Gvk::parse("v1", "Service").unwrap(),
+            metadata_only: false,
+        });
+        service(&cache, "web", "10", serde_json::json!({"app": "web"}));
+        service(&cache, "all", "11", serde_json::json!({}));
+        service(&cache, "none", "12", serde_json::Value::Null);
+        assert_eq!(cache.selecting("ns", &pod("web")), ["web"]);
+        assert_eq!(cache.selecting("ns", &pod("db")), Vec::<String>::new());
+        assert_eq!(cache.selecting("other", &pod("web")), Vec::<String>::new());
+        // The selector changes with its object.
+        service(&cache, "web", "13", serde_json::json!({"app": "db"}));
+        assert_eq!(cache.selecting("ns", &pod("web")), Vec::<String>::new());
+        assert_eq!(cache.selecting("ns", &pod("db")), ["web"]);
+        // Gone from the cache: forgotten once enough are.
+        cache.write().delete("ns", "web", 14);
+        assert_eq!(cache.selecting("ns", &pod("db")), Vec::<String>::new());
+        for i in 0..100 {
+            let name = format!("s{i}");
+            service(
+                &cache,
+                &name,
+                &(20 + i).to_string(),
+                serde_json::json!({"n": name}),
+            );
+            cache.write().delete("ns", &name, 200 + i);
+            cache.selecting("ns", &pod("db"));
+        }
+        let remembered = cache.selectors.lock().unwrap().len();
+        assert!(remembered <= 2 * cache.read().len() + 65, "{remembered}");
     }
 }

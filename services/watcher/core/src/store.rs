@@ -316,6 +316,17 @@ impl Store {
             .map(|(_, e)| &*e.json)
     }
 
+    /// [`Store::list`], each object with its summary.
+    pub fn list_summarized<'a>(
+        &'a self,
+        namespace: Option<&'a str>,
+        controller_uid: Option<&'a str>,
+        selector: &'a Selector,
+    ) -> impl Iterator<Item = (&'a Summary, &'a [u8])> + 'a {
+        self.entries(namespace, controller_uid, selector)
+            .map(|(_, e)| (&e.summary, &*e.json))
+    }
+
     /// Objects in `namespace` (all when `None`) owned by `controller_uid` or matching
     /// `selector`, each once, in namespace/name order: what [`Store::list`] gives for each,
     /// merged.
