@@ -10,10 +10,17 @@
 //!        from the cache; any other kind's /scale from the apiserver
 //!     ─► status, written when it differs (409 on a stale read: failed, queue backoff);
 //!        a failure to work it out writes disruptionsAllowed 0 and SyncFailed instead
-//!     ─► looked at again when the earliest recorded disruption expires
+//!     ─► a Pod's DisruptionTarget condition stale (True 2 min, the Pod still there):
+//!        set back to False (`replace status`)
+//!     ─► looked at again when the earliest recorded disruption expires, or the earliest
+//!        DisruptionTarget goes stale
 //! ```
+//!
+//! kube-controller-manager resets a stale DisruptionTarget on any Pod, from a queue of Pods
+//! of its own; here the Pods a budget selects are looked at when the budget is (a Pod's
+//! change keys the budgets selecting it): a Pod no budget selects keeps the condition.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use switchyard_k8s::{
     Api, Deployment, Pod, PostParams, ReplicaSet,
@@ -51,11 +58,12 @@ pub const BUILTIN: Builtin = Builtin {
 };
 
 /// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): write a
-/// budget's status, read the scale of any kind's controller not cached here (a custom
-/// resource with a `/scale` subresource), record Events. Reads go through the watcher's
-/// cache.
+/// budget's status, set a Pod's stale DisruptionTarget condition back to False, read the
+/// scale of any kind's controller not cached here (a custom resource with a `/scale`
+/// subresource), record Events. Reads go through the watcher's cache.
 pub const PERMISSIONS: &[Permission] = &[
     Permission::new("policy", &["poddisruptionbudgets/status"], &["update"]),
+    Permission::new("", &["pods/status"], &["update"]),
     Permission::new("*", &["*/scale"], &["get"]),
     RECORD_EVENTS,
 ];
@@ -195,12 +203,45 @@ async fn sync(ctx: &Context, pdb: &PodDisruptionBudget, now: Timestamp) -> Resul
         "budget worked out"
     );
     write_status(ctx, pdb, status).await?;
+    let mut recheck =
+        recheck.map(|at| Duration::try_from(at.duration_since(now)).unwrap_or_default());
+    for pod in &pods {
+        match core::stale_disruption_in(pod, now) {
+            Some(left) if left.is_zero() => {
+                // Not the budget's failure: its status stands; the Pod is tried again.
+                if let Err(error) = reset_disruption(ctx, pod, now).await {
+                    warn!(%error, pod = pod.metadata.name.as_deref().unwrap_or_default(),
+                        "stale DisruptionTarget condition not reset");
+                    return Ok(Action::Backoff);
+                }
+            }
+            Some(left) => recheck = Some(recheck.map_or(left, |r| r.min(left))),
+            None => {}
+        }
+    }
     Ok(match recheck {
-        Some(at) => Action::RequeueAfter(
-            std::time::Duration::try_from(at.duration_since(now)).unwrap_or_default(),
-        ),
+        Some(after) => Action::RequeueAfter(after),
         None => Action::Done,
     })
+}
+
+/// Sets the Pod's stale DisruptionTarget condition back to False, at the resourceVersion
+/// read (`syncStalePodDisruption`).
+async fn reset_disruption(ctx: &Context, pod: &Pod, now: Timestamp) -> Result<()> {
+    let mut pod = pod.clone();
+    pod.metadata.managed_fields = None;
+    let conditions = core::without_disruption(&pod, now);
+    pod.status.get_or_insert_with(Default::default).conditions = Some(conditions);
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    Api::<Pod>::namespaced(ctx.client.clone(), namespace)
+        .replace_status(name, &PostParams::default(), &pod)
+        .await?;
+    debug!(
+        pod = name,
+        "stale DisruptionTarget condition reset to False"
+    );
+    Ok(())
 }
 
 /// Writes the status when it differs from the budget's, then waits for the cache to hold it

@@ -10,6 +10,8 @@
 //!   ReplicaSet's replacement brings the budget back), the `solo` Pod is refused (429);
 //! - `kubectl drain --pod-selector app=web` of a Node with `web` Pods completes, one Pod at
 //!   a time;
+//! - a `DisruptionTarget` condition left on the `solo` Pod three minutes ago (an eviction
+//!   whose delete failed) is set back to False; one left on `half` just now stays;
 //! - the Events are the same.
 
 #![allow(clippy::unwrap_used)]
@@ -25,9 +27,11 @@ use serde_json::json;
 use switchyard_k8s::{
     Api, Client, ListParams, Pod, PostParams, ReplicaSet,
     k8s_openapi::api::{core::v1::Event, policy::v1::PodDisruptionBudget},
-    kube::api::EvictParams,
+    k8s_openapi::jiff::{SignedDuration, Timestamp},
+    kube::api::{EvictParams, Patch, PatchParams},
 };
 use switchyard_reconciler::disruption::NAME;
+use switchyard_reconciler_core::disruption::DISRUPTION_TARGET;
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
 use support::WITHIN;
@@ -35,6 +39,9 @@ use support::WITHIN;
 /// A budget's status: expected, desired, current, allowed, and its condition's status and
 /// reason.
 type Budget = (i32, i32, i32, i32, String, String);
+
+/// A Pod condition's status, reason and message.
+type ConditionSeen = (String, Option<String>, Option<String>);
 
 #[derive(Debug, PartialEq, Eq)]
 struct Outcome {
@@ -44,6 +51,9 @@ struct Outcome {
     evictions: (bool, Option<u16>),
     /// `kubectl drain` of a Node with `web` Pods completed.
     drained: bool,
+    /// `solo`'s stale DisruptionTarget once reset (status, reason, message), and `half`'s
+    /// fresh one's status then.
+    disruption_targets: (Option<ConditionSeen>, String),
     /// The reasons of the Events on the budgets.
     reasons: BTreeSet<String>,
 }
@@ -211,6 +221,41 @@ async fn scenario(plane: &ControlPlane, client: &Client, namespace: &str) -> Out
             .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str()))
     };
 
+    // DisruptionTarget conditions left behind: stale on solo, fresh on half.
+    for (name, ago) in [("half", 0), ("solo", 180)] {
+        let since = Timestamp::now() - SignedDuration::from_secs(ago);
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"conditions": [{
+                "type": DISRUPTION_TARGET, "status": "True", "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting", "lastTransitionTime": since.to_string(),
+            }]}})),
+        )
+        .await
+        .unwrap();
+    }
+    let condition = |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == DISRUPTION_TARGET).cloned())
+    };
+    let deadline = Instant::now() + WITHIN;
+    let reset = loop {
+        let found = condition(&pods.get("solo").await.unwrap());
+        if let Some(c) = found.filter(|c| c.status == "False") {
+            break Some((c.status, c.reason, c.message));
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let fresh = condition(&pods.get("half").await.unwrap())
+        .map(|c| c.status)
+        .unwrap_or_default();
+
     let events: Api<Event> = Api::namespaced(client.clone(), namespace);
     let reasons = events
         .list(&ListParams::default())
@@ -225,6 +270,7 @@ async fn scenario(plane: &ControlPlane, client: &Client, namespace: &str) -> Out
         budgets: statuses,
         evictions: (first, second),
         drained,
+        disruption_targets: (reset, fresh),
         reasons,
     }
 }
@@ -266,6 +312,10 @@ async fn budgets_end_as_under_kube_controller_manager_and_evictions_honour_them(
     );
     assert_eq!(under_kcm.evictions, (true, Some(429)));
     assert!(under_kcm.drained);
+    assert_eq!(
+        under_kcm.disruption_targets,
+        (Some(("False".to_owned(), None, None)), "True".to_owned())
+    );
     assert_eq!(under_switchyard, under_kcm);
     // The statuses were this reconciler's: it is the only disruption controller running.
     assert!(writes >= 3.0, "the reconciler wrote {writes} statuses");

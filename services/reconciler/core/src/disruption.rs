@@ -12,13 +12,15 @@
 //!  ready Pods, not being deleted, not just disrupted ─► currentHealthy
 //!  ─► disruptionsAllowed = currentHealthy - desiredHealthy (≥ 0; 0 with no expected Pods)
 //!     and the DisruptionAllowed condition
+//!  a Pod's DisruptionTarget condition True for 2 min without the Pod going (an eviction
+//!     whose delete failed), not the kubelet's, not on a finished Pod ─► set back to False
 //! ```
 
 use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::{
     api::{
-        core::v1::Pod,
+        core::v1::{Pod, PodCondition},
         policy::v1::{PodDisruptionBudget, PodDisruptionBudgetStatus},
     },
     apimachinery::pkg::{
@@ -42,6 +44,15 @@ pub const DISRUPTION_ALLOWED: &str = "DisruptionAllowed";
 pub const SUFFICIENT_PODS: &str = "SufficientPods";
 pub const INSUFFICIENT_PODS: &str = "InsufficientPods";
 pub const SYNC_FAILED: &str = "SyncFailed";
+/// The condition evictions, preemption and the taint manager set on a Pod they are about
+/// to delete (`v1.DisruptionTarget`).
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+/// How long a Pod may carry [`DISRUPTION_TARGET`] without being deleted before the
+/// condition is set back to False (`stalePodDisruptionTimeout`).
+pub const STALE_DISRUPTION_TIMEOUT: Duration = Duration::from_secs(120);
+/// The kubelet's reason for [`DISRUPTION_TARGET`]: never stale, as the Pod may take any
+/// time to terminate (`v1.PodReasonTerminationByKubelet`).
+pub const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BudgetError {
@@ -172,6 +183,54 @@ pub fn disrupted(
         }
     }
     (kept, recheck, overdue)
+}
+
+/// Whether the Pod carries a [`DISRUPTION_TARGET`] condition that goes stale, and in how
+/// long (zero: stale now) (`nonTerminatingPodHasStaleDisruptionCondition`): True, set by
+/// anyone but the kubelet, on a Pod neither being deleted nor finished.
+pub fn stale_disruption_in(pod: &Pod, now: Timestamp) -> Option<Duration> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let condition = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == DISRUPTION_TARGET)?;
+    if condition.status != "True" || condition.reason.as_deref() == Some(TERMINATION_BY_KUBELET) {
+        return None;
+    }
+    let since = condition.last_transition_time.as_ref().map_or(now, |t| t.0);
+    let timeout = SignedDuration::try_from(STALE_DISRUPTION_TIMEOUT).unwrap_or_default();
+    let left = (since + timeout).duration_since(now);
+    Some(Duration::try_from(left).unwrap_or_default())
+}
+
+/// The Pod's conditions with [`DISRUPTION_TARGET`] set back to False, as
+/// `UpdatePodCondition` writes it: the condition replaced by one with no reason or message,
+/// its transition time `now`, and the Pod's generation as observed.
+pub fn without_disruption(pod: &Pod, now: Timestamp) -> Vec<PodCondition> {
+    let mut conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    for condition in &mut conditions {
+        if condition.type_ == DISRUPTION_TARGET {
+            *condition = PodCondition {
+                type_: DISRUPTION_TARGET.to_owned(),
+                status: "False".to_owned(),
+                last_transition_time: Some(Time(now)),
+                observed_generation: pod.metadata.generation,
+                ..PodCondition::default()
+            };
+        }
+    }
+    conditions
 }
 
 /// Ready Pods not being deleted and not disrupted within [`DELETION_TIMEOUT`]
@@ -426,5 +485,54 @@ mod tests {
         assert!(kept.is_empty());
         assert_eq!(overdue, ["a"]);
         assert_eq!(current_healthy(&refs, &kept, later), 2);
+    }
+
+    fn disrupted_pod(reason: &str, since_seconds: i64, phase: &str, deleting: bool) -> Pod {
+        let since = now() - SignedDuration::from_secs(since_seconds);
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "generation": 3,
+                         "deletionTimestamp": deleting.then(|| now().to_string())},
+            "status": {"phase": phase, "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": DISRUPTION_TARGET, "status": "True", "reason": reason,
+                 "message": "Eviction API: evicting", "lastTransitionTime": since.to_string()},
+            ]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_disruption_target_left_on_a_pod_goes_stale_after_two_minutes() {
+        let evicted = "EvictionByEvictionAPI";
+        assert_eq!(
+            stale_disruption_in(&disrupted_pod(evicted, 30, "Running", false), now()),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            stale_disruption_in(&disrupted_pod(evicted, 300, "Running", false), now()),
+            Some(Duration::ZERO)
+        );
+        // The kubelet's, on a finished Pod, on one being deleted, or none: never stale.
+        for pod in [
+            disrupted_pod(TERMINATION_BY_KUBELET, 300, "Running", false),
+            disrupted_pod(evicted, 300, "Failed", false),
+            disrupted_pod(evicted, 300, "Running", true),
+            pod("plain", None, true),
+        ] {
+            assert_eq!(stale_disruption_in(&pod, now()), None);
+        }
+
+        let reset = without_disruption(&disrupted_pod(evicted, 300, "Running", false), now());
+        assert_eq!(reset[0].type_, "Ready");
+        assert_eq!(
+            reset[1],
+            PodCondition {
+                type_: DISRUPTION_TARGET.to_owned(),
+                status: "False".to_owned(),
+                last_transition_time: Some(Time(now())),
+                observed_generation: Some(3),
+                ..PodCondition::default()
+            }
+        );
     }
 }
