@@ -508,7 +508,8 @@ impl Args {
                     &worker_id,
                 ),
             )
-            .enqueueing_to(enqueuer.clone());
+            .enqueueing_to(enqueuer.clone())
+            .managed_as(&name);
             contexts.insert(name, ctx);
         }
         let settings = Settings {

@@ -6,6 +6,11 @@
 //! it. A Secret created or changed keys every ConfigMap it lists, which no label mapping can
 //! express (one Secret, several ConfigMaps); the ConfigMaps themselves do not change, so
 //! nothing but the mapping can key them again.
+//!
+//! It writes the annotation by server-side apply (`Context::apply`), so the ConfigMap's
+//! managed fields name the controller as the annotation's manager. A second test applies a
+//! status with `Context::apply_status` and the `conditions` helpers: the condition's time
+//! moves only when its status turns, and another manager's condition stays.
 
 #![allow(clippy::unwrap_used)]
 
@@ -16,7 +21,13 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use serde_json::json;
 use switchyard_k8s::{
     Api, PostParams,
-    k8s_openapi::api::core::v1::{ConfigMap, Secret},
+    k8s_openapi::{
+        api::{
+            core::v1::{ConfigMap, Secret},
+            policy::v1::PodDisruptionBudget,
+        },
+        jiff::Timestamp,
+    },
     kube::{
         ResourceExt,
         api::{Patch, PatchParams},
@@ -24,10 +35,13 @@ use switchyard_k8s::{
 };
 use switchyard_proto::queue::v1::StatsRequest;
 use switchyard_reconciler::{
-    cache::ListFilter,
-    sdk::{Action, Builder, Context, Map, ObjectRef, Registry, Result},
+    cache::{CacheClient, ListFilter},
+    sdk::{
+        Action, Builder, Context, Events, Map, ObjectRef, Registry, Result,
+        conditions::{self, NewCondition, Status},
+    },
 };
-use switchyard_runtime::Role;
+use switchyard_runtime::{Dialer, Role};
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
 const CONTROLLER: &str = "example.com/v1/SecretsOfConfigMap";
@@ -63,14 +77,11 @@ async fn reconcile(map: Arc<ConfigMap>, ctx: Context) -> Result {
     by.sort();
     let by = by.join(",");
     if map.annotations().get(LISTED_BY) != Some(&by) {
-        let patch = json!({"metadata": {"annotations": {LISTED_BY: by}}});
-        Api::<ConfigMap>::namespaced(ctx.client.clone(), &namespace)
-            .patch(
-                &map.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
-            .await?;
+        let mut applied = ConfigMap::default();
+        applied.metadata.name = Some(map.name_any());
+        applied.metadata.namespace = Some(namespace);
+        applied.metadata.annotations = Some([(LISTED_BY.to_owned(), by)].into());
+        ctx.apply(&applied).await?;
     }
     Ok(Action::await_change())
 }
@@ -168,6 +179,25 @@ async fn a_change_keys_the_objects_the_mapping_function_returns() {
         .await
         .unwrap();
     await_listed(&maps, &[("a", "s1"), ("b", "s1"), ("c", "")]).await;
+    let managers: Vec<(String, String)> = maps
+        .get("a")
+        .await
+        .unwrap()
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| {
+            (
+                f.manager.unwrap_or_default(),
+                f.operation.unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(
+        managers.contains(&(CONTROLLER.to_owned(), "Apply".to_owned())),
+        "{managers:?}"
+    );
 
     // A change to what it lists keys the ConfigMaps it lists now: c gains it. (b, no longer
     // listed and not keyed, keeps its annotation until it is reconciled for another reason:
@@ -209,4 +239,122 @@ async fn a_change_keys_the_objects_the_mapping_function_returns() {
     reconciler.stop().await;
     watcher.stop().await;
     queue.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_is_applied_as_the_controller_with_its_conditions() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "apply")
+        .await
+        .unwrap();
+    // No watcher: a write only raises the read floor, which nothing reads here.
+    let cache = CacheClient::new(&Dialer::plaintext(), "127.0.0.1:1").unwrap();
+    let ctx = Context::of(client.clone(), cache, Events::new(client.clone(), "test"))
+        .managed_as("example.com/v1/Budgeter");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns.name());
+    let budget: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "b"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "b"}}},
+    }))
+    .unwrap();
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .unwrap();
+
+    // Another manager's condition first; then the controller's.
+    budgets
+        .patch_status(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [{
+                "type": "Audited", "status": "True", "reason": "Checked", "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }]}})),
+        )
+        .await
+        .unwrap();
+    let t0: Timestamp = "2026-11-01T00:00:00Z".parse().unwrap();
+    let written = ctx
+        .apply_status::<PodDisruptionBudget>(
+            "b",
+            Some(ns.name()),
+            &json!({"conditions": healthy(Status::False, "Waiting", t0, &[]), "observedGeneration": 1}),
+        )
+        .await
+        .unwrap();
+    let conditions = written.status.unwrap().conditions.unwrap_or_default();
+    assert!(
+        conditions::is(&conditions, "Audited", Status::True),
+        "{conditions:?}"
+    );
+    assert!(
+        conditions::is(&conditions, "Healthy", Status::False),
+        "{conditions:?}"
+    );
+
+    // Read back, set again: the same status keeps its time; a new one moves it.
+    let later: Timestamp = "2026-11-01T00:05:00Z".parse().unwrap();
+    let same = healthy(Status::False, "StillWaiting", later, &conditions);
+    let found = conditions::find(&same, "Healthy").unwrap();
+    assert_eq!(found.last_transition_time.0, t0);
+    let turned = healthy(Status::True, "Ready", later, &conditions);
+    let written = ctx
+        .apply_status::<PodDisruptionBudget>(
+            "b",
+            Some(ns.name()),
+            &json!({"conditions": turned.iter().filter(|c| c.type_ == "Healthy").collect::<Vec<_>>()}),
+        )
+        .await
+        .unwrap();
+    let conditions = written.status.unwrap().conditions.unwrap_or_default();
+    assert!(conditions::is_true_for(&conditions, "Healthy", Some(1)));
+    assert_eq!(
+        conditions::find(&conditions, "Healthy")
+            .unwrap()
+            .last_transition_time
+            .0,
+        later
+    );
+    assert!(
+        conditions::is_true(&conditions, "Audited"),
+        "the other manager's condition stays"
+    );
+    let status_managers: Vec<String> = budgets
+        .get_status("b")
+        .await
+        .unwrap()
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| {
+            f.subresource.as_deref() == Some("status") && f.operation.as_deref() == Some("Apply")
+        })
+        .filter_map(|f| f.manager)
+        .collect();
+    assert_eq!(status_managers, [ctx.field_manager()]);
+}
+
+/// `conditions` with the controller's `Healthy` condition set as `status` for `reason` at `now`.
+fn healthy(
+    status: Status,
+    reason: &str,
+    now: Timestamp,
+    conditions: &[switchyard_k8s::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Vec<switchyard_k8s::k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let mut conditions = conditions.to_vec();
+    conditions::set(
+        &mut conditions,
+        NewCondition {
+            type_: "Healthy",
+            status,
+            reason,
+            message: "",
+            observed_generation: Some(1),
+        },
+        now,
+    );
+    conditions
 }

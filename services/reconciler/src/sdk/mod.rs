@@ -16,7 +16,9 @@
 //! one key, and is bounded by the worker's reconcile timeout.
 
 mod adoption;
+mod apply;
 mod builder;
+pub mod conditions;
 mod controller;
 pub mod events;
 mod mapping;
@@ -183,6 +185,8 @@ pub struct Context {
     pub events: Events,
     /// The queue, for the keys mapping functions return; none outside a running reconciler.
     queue: Option<Arc<Enqueuer>>,
+    /// What [`Context::apply`] writes as: the controller's name.
+    field_manager: Arc<str>,
 }
 
 impl Context {
@@ -199,7 +203,14 @@ impl Context {
             cache,
             events,
             queue: None,
+            field_manager: crate::SERVICE.into(),
         }
+    }
+
+    /// The same context, applying as `controller` ([`Context::apply`]).
+    pub fn managed_as(mut self, controller: &str) -> Self {
+        self.field_manager = apply::field_manager_of(controller).into();
+        self
     }
 
     /// The same context, enqueueing what mapping functions return through `queue`.
