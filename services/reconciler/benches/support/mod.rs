@@ -273,6 +273,21 @@ impl Controllers {
             let requests =
                 reconciler_counters(&reconcilers, "switchyard_apiserver_requests_total").await;
             eprintln!("reconciler apiserver requests: {requests:?}");
+            // Where a reconcile's time went: in all, and in reads of the watcher's cache.
+            for family in [
+                "switchyard_reconcile_time_seconds",
+                "switchyard_cache_request_duration_seconds",
+            ] {
+                let sums = reconciler_counters(&reconcilers, &format!("{family}_sum")).await;
+                let counts = reconciler_counters(&reconcilers, &format!("{family}_count")).await;
+                for (labels, count) in counts.iter().filter(|(_, c)| **c > 0.0) {
+                    let mean = sums.get(labels).copied().unwrap_or(0.0) / count;
+                    eprintln!(
+                        "{family} {labels}: {count} at {:.1} ms on average",
+                        mean * 1e3
+                    );
+                }
+            }
             for reconciler in reconcilers {
                 let _ = reconciler.terminate().await;
             }
