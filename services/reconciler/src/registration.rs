@@ -237,6 +237,7 @@ fn watch(watch: &Watch) -> ProtoWatch {
             .batch_period
             .and_then(|period| prost_types::Duration::try_from(period).ok()),
         batch_status_updates_only: watch.options.batch_status_updates_only,
+        label_selector: watch.options.label_selector.clone().unwrap_or_default(),
     }
 }
 

@@ -8,7 +8,8 @@
 //! nothing but the mapping can key them again.
 //!
 //! It writes the annotation by server-side apply (`Context::apply`), so the ConfigMap's
-//! managed fields name the controller as the annotation's manager. A second test applies a
+//! managed fields name the controller as the annotation's manager. Its Secret watch has a
+//! label selector: a Secret labelled `example.com/quiet: yes` keys nothing. A second test applies a
 //! status with `Context::apply_status` and the `conditions` helpers: the condition's time
 //! moves only when its status turns, and another manager's condition stays.
 
@@ -37,7 +38,7 @@ use switchyard_proto::queue::v1::StatsRequest;
 use switchyard_reconciler::{
     cache::{CacheClient, ListFilter},
     sdk::{
-        Action, Builder, Context, Events, Map, ObjectRef, Registry, Result,
+        Action, Builder, Context, Events, Map, ObjectRef, Options, Registry, Result,
         conditions::{self, NewCondition, Status},
     },
 };
@@ -49,6 +50,8 @@ const CONTROLLER: &str = "example.com/v1/SecretsOfConfigMap";
 const FOR: &str = "example.com/for";
 /// A ConfigMap's annotation: the Secrets that list it, sorted, comma-separated.
 const LISTED_BY: &str = "example.com/listed-by";
+/// A Secret's label: `yes` keeps its changes from keying anything (the watch's selector).
+const QUIET: &str = "example.com/quiet";
 
 /// The ConfigMaps `secret` lists, in its namespace.
 fn listed(secret: &Secret) -> Vec<String> {
@@ -91,13 +94,17 @@ fn controller() -> Registry {
     registry.register(
         Builder::for_::<ConfigMap>()
             .named(CONTROLLER)
-            .watches::<Secret>(Map::with(|secret: Arc<Secret>, _ctx| async move {
-                let namespace = secret.namespace().unwrap_or_default();
-                listed(&secret)
-                    .into_iter()
-                    .map(|name| ObjectRef::new(&name).within(&namespace))
-                    .collect()
-            }))
+            .watches_with::<Secret>(
+                Map::with(|secret: Arc<Secret>, _ctx| async move {
+                    let namespace = secret.namespace().unwrap_or_default();
+                    listed(&secret)
+                        .into_iter()
+                        .map(|name| ObjectRef::new(&name).within(&namespace))
+                        .collect()
+                }),
+                // The watcher filters: a Secret labelled quiet keys nothing.
+                Options::default().label_selector(format!("{QUIET}!=yes")),
+            )
             .reconcile(reconcile),
     );
     registry
@@ -212,6 +219,22 @@ async fn a_change_keys_the_objects_the_mapping_function_returns() {
         .await
         .unwrap();
     await_listed(&maps, &[("a", "s1,s2"), ("c", "s1")]).await;
+
+    // A quiet Secret listing b keys nothing (the watch's label selector); one created after
+    // it, listing a, does: b is not reconciled, a is.
+    let mut quiet = secret("s3", "b");
+    quiet.metadata.labels = Some([(QUIET.to_owned(), "yes".to_owned())].into());
+    secrets
+        .create(&PostParams::default(), &quiet)
+        .await
+        .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret("s4", "a"))
+        .await
+        .unwrap();
+    await_listed(&maps, &[("a", "s1,s2,s4")]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    await_listed(&maps, &[("b", "s1")]).await;
 
     // The mapping is a controller of the queue's, beside the one it keys, learned at run
     // time; nothing it returned is left waiting (the missing ConfigMap's key is done too).

@@ -146,6 +146,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         label,
         batch_period,
         batch_status_updates_only,
+        label_selector,
     } = watch;
     let batch_period = batch_period
         .map(|period| {
@@ -181,6 +182,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         label,
         batch_period,
         batch_status_only: batch_status_updates_only,
+        label_selector,
     })
 }
 

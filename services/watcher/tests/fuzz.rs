@@ -135,16 +135,29 @@ fn watch() -> impl Strategy<Value = Watch> {
         text(),
         duration(),
         any::<bool>(),
+        text(),
     )
         .prop_map(
-            |(gvk, predicates, metadata_only, through, label, batch_period, status_only)| Watch {
+            |(
                 gvk,
                 predicates,
                 metadata_only,
                 through,
                 label,
                 batch_period,
-                batch_status_updates_only: status_only,
+                status_only,
+                selector,
+            )| {
+                Watch {
+                    gvk,
+                    predicates,
+                    metadata_only,
+                    through,
+                    label,
+                    batch_period,
+                    batch_status_updates_only: status_only,
+                    label_selector: selector,
+                }
             },
         )
 }

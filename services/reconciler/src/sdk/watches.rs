@@ -32,6 +32,10 @@ pub struct Options {
     /// The batch period holds only updates that keep `metadata.generation` (the object's
     /// status written); creations, deletions and spec changes key at once.
     pub batch_status_updates_only: bool,
+    /// Only objects whose labels match key the controller through this watch (kubectl's
+    /// syntax; for an update, the object after it). The watcher checks it when the
+    /// controller registers, and runs it: no event it filters out reaches the reconciler.
+    pub label_selector: Option<String>,
 }
 
 impl Options {
@@ -50,6 +54,14 @@ impl Options {
     /// in quick succession (Pods turning Ready one after another) is written once.
     pub fn batch_period(mut self, period: Duration) -> Self {
         self.batch_period = Some(period);
+        self
+    }
+
+    /// Key only the objects whose labels `selector` matches (`"app=web,tier in (a,b)"`),
+    /// controller-runtime's `predicate.LabelSelectorPredicate`. The cache still holds every
+    /// object of the kind.
+    pub fn label_selector(mut self, selector: impl Into<String>) -> Self {
+        self.label_selector = Some(selector.into());
         self
     }
 

@@ -345,6 +345,8 @@ struct RawRule {
     batch_period: Option<String>,
     #[serde(default)]
     batch_status_updates_only: bool,
+    #[serde(default)]
+    label_selector: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -366,6 +368,8 @@ struct RawLabelRule {
     batch_period: Option<String>,
     #[serde(default)]
     batch_status_updates_only: bool,
+    #[serde(default)]
+    label_selector: Option<String>,
 }
 
 /// One watched resource.
@@ -420,6 +424,10 @@ pub struct Rule {
     /// kube-controller-manager's Job controller batches a Job's own updates
     /// (`batchStatusUpdatesOnly`).
     pub batch_status_only: bool,
+    /// Only objects whose labels match key through this rule (for an update, the object
+    /// after it: controller-runtime's `LabelSelectorPredicate`); the cache holds every object
+    /// of the kind all the same. A label selector in kubectl's syntax, as validated.
+    pub label_selector: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -601,6 +609,7 @@ impl Config {
                 controller: name.clone(),
                 kind: RuleKind::For,
                 predicates: for_.predicates,
+                label_selector: label_selector(&format!("{field}.for"), for_.label_selector)?,
                 batch_period: batch_period(format!("{field}.for"), for_.batch_period)?,
                 batch_status_only: for_.batch_status_updates_only,
             });
@@ -640,6 +649,10 @@ impl Config {
                         through,
                     },
                     predicates: rule.predicates,
+                    label_selector: label_selector(
+                        &format!("{field}.owns[{i}]"),
+                        rule.label_selector,
+                    )?,
                     batch_period: batch_period(format!("{field}.owns[{i}]"), rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -655,6 +668,7 @@ impl Config {
                     controller: name.clone(),
                     kind: RuleKind::ByLabel { label: rule.label },
                     predicates: rule.predicates,
+                    label_selector: label_selector(&at, rule.label_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -681,6 +695,7 @@ impl Config {
                     controller: name.clone(),
                     kind: RuleKind::ByNamespace,
                     predicates: rule.predicates,
+                    label_selector: label_selector(&at, rule.label_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -699,6 +714,7 @@ impl Config {
                     controller: name.clone(),
                     kind: RuleKind::ByName,
                     predicates: rule.predicates,
+                    label_selector: label_selector(&at, rule.label_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -743,6 +759,7 @@ impl Config {
                     controller: name.clone(),
                     kind,
                     predicates: rule.predicates,
+                    label_selector: label_selector(&at, rule.label_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -840,6 +857,32 @@ fn duration(field: &str, text: &str) -> Result<Duration> {
 }
 
 /// A rule's `batchPeriod`: zero or absent is none.
+/// A rule's `labelSelector`, checked: `None` when unset or empty.
+fn label_selector(rule: &str, text: Option<String>) -> Result<Option<String>> {
+    checked_label_selector(text.as_deref().unwrap_or_default())
+        .map_err(|problem| invalid(format!("{rule}.labelSelector"), problem))
+}
+
+/// A watch's label selector (kubectl's syntax), trimmed: `None` when empty; otherwise what
+/// is wrong with it.
+pub fn checked_label_selector(text: &str) -> std::result::Result<Option<String>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    if text.len() > MAX_LABEL_SELECTOR {
+        return Err(format!(
+            "is {} characters; at most {MAX_LABEL_SELECTOR}",
+            text.len()
+        ));
+    }
+    switchyard_selector::Selector::parse(text).map_err(|e| e.to_string())?;
+    Ok(Some(text.to_owned()))
+}
+
+/// The longest label selector a watch may have.
+pub const MAX_LABEL_SELECTOR: usize = 4096;
+
 fn batch_period(rule: String, text: Option<String>) -> Result<Option<Duration>> {
     let Some(text) = text else { return Ok(None) };
     let field = format!("{rule}.batchPeriod");
@@ -1066,6 +1109,35 @@ controllers:
         assert!(
             error("controllers: [{name: d, for: {apiVersion: apps/v1, kind: Deployment, through: {apiVersion: apps/v1, kind: ReplicaSet}}}]")
                 .contains("controllers[0].for.through: only an owns entry")
+        );
+    }
+
+    #[test]
+    fn a_label_selector_is_checked_and_named_by_its_field_when_wrong() {
+        let config = Config::from_yaml(
+            "controllers:\n  - name: w\n    for: {apiVersion: v1, kind: ConfigMap, labelSelector: ' app = web '}\n",
+        )
+        .unwrap();
+        assert_eq!(config.rules[0].label_selector.as_deref(), Some("app = web"));
+        let empty = Config::from_yaml(
+            "controllers:\n  - name: w\n    for: {apiVersion: v1, kind: ConfigMap, labelSelector: ''}\n",
+        )
+        .unwrap();
+        assert_eq!(empty.rules[0].label_selector, None);
+        let error = Config::from_yaml(
+            "controllers:\n  - name: w\n    for: {apiVersion: v1, kind: ConfigMap}\n    mapByName:\n      - {apiVersion: v1, kind: Secret, labelSelector: 'app in web'}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("controllers[0].mapByName[0].labelSelector"),
+            "{error}"
+        );
+        let long = format!("a={}", "x".repeat(MAX_LABEL_SELECTOR));
+        assert!(
+            checked_label_selector(&long)
+                .unwrap_err()
+                .contains("at most 4096")
         );
     }
 

@@ -164,6 +164,8 @@ struct Rule {
     predicates: Vec<Predicate>,
     batch_period: Option<Duration>,
     batch_status_only: bool,
+    /// Only objects it matches key through the rule (the object after an update).
+    selector: Option<Selector>,
 }
 
 #[derive(Debug)]
@@ -258,6 +260,11 @@ impl Mapper {
                 predicates: rule.predicates.clone(),
                 batch_period: rule.batch_period,
                 batch_status_only: rule.batch_status_only,
+                // Checked when the configuration was.
+                selector: rule
+                    .label_selector
+                    .as_deref()
+                    .and_then(|s| Selector::parse(s).ok()),
             });
         }
         Self {
@@ -327,6 +334,13 @@ impl Mapper {
             else {
                 continue;
             };
+            if rule
+                .selector
+                .as_ref()
+                .is_some_and(|s| !s.matches(&new.labels))
+            {
+                continue;
+            }
             owners.each_object(owner_resource, &mut |json| {
                 let Ok(owner) = serde_json::from_slice::<serde_json::Value>(json) else {
                     return;
@@ -375,6 +389,9 @@ impl Mapper {
                 && let Some(old) = old
                 && !passes(&rule.predicates, old, new)
             {
+                continue;
+            }
+            if rule.selector.as_ref().is_some_and(|s| !s.matches(new)) {
                 continue;
             }
             let old = if event == EventKind::Modified {
@@ -597,6 +614,44 @@ controllers:
         assert!(keys(POD, EventKind::Added, None, &wrong_kind).is_empty());
         let wrong_group = mk("p", 0, &[], owned_by("ReplicaSet", "example.com/v1", "s"));
         assert!(keys(POD, EventKind::Added, None, &wrong_group).is_empty());
+    }
+
+    #[test]
+    fn a_label_selector_keys_only_the_objects_it_matches_after_the_change() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: example.com/v1/Widget
+    for: {apiVersion: example.com/v1, kind: Widget, labelSelector: "tier in (web,api),!legacy"}
+    owns:
+      - {apiVersion: v1, kind: Pod, labelSelector: "managed=yes"}
+"#,
+        )
+        .unwrap();
+        let (widget, pod) = (0, 1);
+        let web = mk("w", 1, &[("tier", "web")], None);
+        let legacy = mk("w", 1, &[("tier", "web"), ("legacy", "")], None);
+        let db = mk("w", 1, &[("tier", "db")], None);
+        assert_eq!(
+            keys_of(&config, widget, EventKind::Added, None, &web),
+            ["example.com/v1/Widget ns/w"]
+        );
+        assert!(keys_of(&config, widget, EventKind::Added, None, &legacy).is_empty());
+        assert!(keys_of(&config, widget, EventKind::Sync, None, &db).is_empty());
+        // An update keys by the object after it, as controller-runtime's predicate does.
+        assert!(keys_of(&config, widget, EventKind::Modified, Some(&web), &db).is_empty());
+        assert_eq!(
+            keys_of(&config, widget, EventKind::Modified, Some(&db), &web),
+            ["example.com/v1/Widget ns/w"]
+        );
+        let owner = owned_by("Widget", "example.com/v1", "w");
+        let managed = mk("p", 0, &[("managed", "yes")], owner.clone());
+        let unmanaged = mk("p", 0, &[], owner);
+        assert_eq!(
+            keys_of(&config, pod, EventKind::Deleted, None, &managed),
+            ["example.com/v1/Widget ns/w"]
+        );
+        assert!(keys_of(&config, pod, EventKind::Deleted, None, &unmanaged).is_empty());
     }
 
     #[test]

@@ -71,7 +71,16 @@ impl Watches {
                 RuleKind::ByName => Mapping::ByName,
             };
             let keying = Keying::of(&rule.predicates, rule.batch_period, rule.batch_status_only);
-            add_rule(rules, Target { gvk, mapping }, keying);
+            let selector = rule.label_selector.clone();
+            add_rule(
+                rules,
+                Target {
+                    gvk,
+                    mapping,
+                    selector,
+                },
+                keying,
+            );
         }
         Self {
             effective: file.clone(),
@@ -270,6 +279,7 @@ impl Watches {
                     predicates: keying.filter.predicates(),
                     batch_period: keying.batch_period,
                     batch_status_only: keying.batch_status_only,
+                    label_selector: target.selector,
                 });
             }
         }

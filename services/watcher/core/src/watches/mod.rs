@@ -90,6 +90,8 @@ pub struct Watch {
     pub batch_period: Option<Duration>,
     /// Only updates that keep `metadata.generation` wait (`batchStatusUpdatesOnly`).
     pub batch_status_only: bool,
+    /// Only objects whose labels match key through it (`labelSelector`); empty: every one.
+    pub label_selector: String,
 }
 
 /// How a change of one kind becomes one controller's key.
@@ -109,6 +111,8 @@ enum Mapping {
 struct Target {
     gvk: Gvk,
     mapping: Mapping,
+    /// Only objects this label selector matches key through the rule.
+    selector: Option<String>,
 }
 
 /// Which updates a rule keys.
@@ -206,6 +210,9 @@ impl fmt::Display for Described<'_> {
             Mapping::BySelector { .. } => write!(f, "by selector on {}", target.gvk)?,
             Mapping::ByPlacement { .. } => write!(f, "by placement on {}", target.gvk)?,
             Mapping::ByName => write!(f, "by name on {}", target.gvk)?,
+        }
+        if let Some(selector) = &target.selector {
+            write!(f, " selecting {selector:?}")?;
         }
         if let Filter::AnyOf(predicates) = filter {
             write!(f, " {:?}", predicates.iter().collect::<Vec<_>>())?;

@@ -540,6 +540,11 @@ fn malformed_registrations_name_the_field() {
         "controllers[0].owns: 101 given; at most 100"
     );
     assert_eq!(
+        with(|c| c.owns[0].label_selector = "tier in web".into()),
+        "controllers[0].owns[0].label_selector: \"tier in web\": \"tier in web\": the values of \
+         in must be in parentheses, as in \"key in (a,b)\""
+    );
+    assert_eq!(
         with(|c| c.by_namespace.push(watch("v1", "ConfigMap"))),
         "controllers[0].by_namespace[0]: maps to the object's Namespace, so the reconciled kind \
          must be v1/Namespace, not example.com/v1/Widget"
@@ -658,4 +663,31 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
             .unwrap_err()
             .starts_with("controllers[0].owns[0].gvk: v1/Pod is granted to service account")
     );
+}
+
+#[test]
+fn watches_of_one_kind_with_other_label_selectors_are_rules_of_their_own() {
+    let mut watches = watches();
+    let selecting = |selector: &str| ControllerWatches {
+        owns: vec![Watch {
+            label_selector: selector.into(),
+            ..watch("v1", "ConfigMap")
+        }],
+        by_label: vec![],
+        ..widgets()
+    };
+    watches
+        .register(registration("a", vec![selecting("tier=web")]))
+        .unwrap();
+    watches
+        .register(registration("b", vec![selecting(" tier=api ")]))
+        .unwrap();
+    let owns: Vec<Option<&str>> = watches
+        .effective()
+        .rules
+        .iter()
+        .filter(|r| r.controller == WIDGET && matches!(r.kind, RuleKind::Owns { .. }))
+        .map(|r| r.label_selector.as_deref())
+        .collect();
+    assert_eq!(owns, [Some("tier=api"), Some("tier=web")]);
 }

@@ -108,6 +108,7 @@ impl Registration {
             Target {
                 gvk: owner.clone(),
                 mapping: Mapping::For,
+                selector: selector(&field, &reconciles)?,
             },
             Keying::of(
                 &reconciles.predicates,
@@ -154,6 +155,7 @@ impl Registration {
                         owner: owner.clone(),
                         through,
                     },
+                    selector: selector(&field, watch)?,
                 },
                 Keying::of(
                     &watch.predicates,
@@ -189,6 +191,7 @@ impl Registration {
                     mapping: Mapping::ByLabel {
                         label: label.to_owned(),
                     },
+                    selector: selector(&field, watch)?,
                 },
                 Keying::of(
                     &watch.predicates,
@@ -215,6 +218,7 @@ impl Registration {
                 Target {
                     gvk,
                     mapping: Mapping::ByNamespace,
+                    selector: selector(&field, watch)?,
                 },
                 Keying::of(
                     &watch.predicates,
@@ -233,6 +237,7 @@ impl Registration {
                 Target {
                     gvk,
                     mapping: Mapping::ByName,
+                    selector: selector(&field, watch)?,
                 },
                 Keying::of(
                     &watch.predicates,
@@ -277,7 +282,11 @@ impl Registration {
             controller.need(&gvk, watch.metadata_only);
             add_rule(
                 &mut controller.rules,
-                Target { gvk, mapping },
+                Target {
+                    gvk,
+                    mapping,
+                    selector: selector(&field, watch)?,
+                },
                 Keying::of(
                     &watch.predicates,
                     watch.batch_period,
@@ -375,6 +384,12 @@ fn check_name(field: &str, name: &str) -> Result<()> {
 }
 
 /// `through` belongs to `owns` watches, `label` to `by_label` watches.
+/// The watch's label selector, checked (`None`: every object keys).
+fn selector(field: &str, watch: &Watch) -> Result<Option<String>> {
+    crate::config::checked_label_selector(&watch.label_selector)
+        .map_err(|problem| invalid(format!("{field}.label_selector"), problem))
+}
+
 fn only_in(field: &str, watch: &Watch, through: bool, label: bool) -> Result<()> {
     if !through && watch.through.is_some() {
         return Err(invalid(
