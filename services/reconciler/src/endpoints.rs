@@ -109,22 +109,25 @@ impl Controller for EndpointsController {
 pub async fn reconcile(ctx: &Context, request: &Request) -> Result {
     let (namespace, name) = (request.namespace.as_str(), request.name.as_str());
     let service = ctx.cache.get::<Service>(namespace, name, None).await?;
-    let current = ctx.cache.get::<Endpoints>(namespace, name, None).await?;
-    let pods: Vec<Pod> = match service.as_ref() {
-        Some(service) if switchyard_reconciler_core::endpointslice::manages(service) => {
-            let selector = switchyard_reconciler_core::endpointslice::selector_string(service);
-            ctx.cache
-                .list(
-                    namespace,
-                    ListFilter {
-                        label_selector: &selector,
-                        ..ListFilter::default()
-                    },
-                )
-                .await?
+    // The Endpoints and the Pods read side by side: a flip's delay is the reads' in a row.
+    let selector = service
+        .as_ref()
+        .filter(|s| switchyard_reconciler_core::endpointslice::manages(s))
+        .map(switchyard_reconciler_core::endpointslice::selector_string);
+    let pods = async {
+        match &selector {
+            Some(selector) => {
+                let filter = ListFilter {
+                    label_selector: selector,
+                    ..ListFilter::default()
+                };
+                ctx.cache.list::<Pod>(namespace, filter).await
+            }
+            None => Ok(Vec::new()),
         }
-        _ => Vec::new(),
     };
+    let (current, pods) =
+        futures::try_join!(ctx.cache.get::<Endpoints>(namespace, name, None), pods)?;
     let trigger = service
         .as_ref()
         .and_then(|s| core::trigger_time(s, &pods, current.as_ref()));

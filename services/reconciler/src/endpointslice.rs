@@ -180,30 +180,28 @@ async fn reconcile(
         return Ok(Action::Done);
     }
     let selector = core::selector_string(&service);
-    let pods: Vec<Pod> = ctx
-        .cache
-        .list(
+    let slice_selector = format!(
+        "{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={}",
+        core::CONTROLLER_NAME
+    );
+    // The Pods and the slices read side by side: a flip's delay is the reads' in a row.
+    let (pods, slices) = futures::try_join!(
+        ctx.cache.list::<Pod>(
             namespace,
             ListFilter {
                 label_selector: &selector,
                 ..ListFilter::default()
             },
-        )
-        .await?;
-    let slice_selector = format!(
-        "{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={}",
-        core::CONTROLLER_NAME
-    );
-    let slices: Vec<EndpointSlice> = ctx
-        .cache
-        .list::<EndpointSlice>(
+        ),
+        ctx.cache.list::<EndpointSlice>(
             namespace,
             ListFilter {
                 label_selector: &slice_selector,
                 ..ListFilter::default()
             },
-        )
-        .await?
+        ),
+    )?;
+    let slices: Vec<EndpointSlice> = slices
         .into_iter()
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .collect();
