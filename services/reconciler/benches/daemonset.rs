@@ -46,7 +46,7 @@ use switchyard_reconciler_core::daemonset::target_node;
 
 use crate::support::{
     Controllers, Request, Under, apiserver_requests, between, create_all, env_count,
-    plane_with_namespace, print_ratios, requests_by_name,
+    plane_with_namespace, print_ratios, print_timings, requests_by_name,
 };
 
 const NAMESPACE: &str = "bench";
@@ -223,6 +223,7 @@ async fn node_churn(name: &str, under: Under, nodes: usize) -> f64 {
 
     let churn = Arc::new(Mutex::new(Churn::default()));
     follow(Api::namespaced(client.clone(), NAMESPACE), churn.clone()).await;
+    let before = controllers.timings().await;
     let node_api: Api<Node> = Api::all(client.clone());
     let existing: Vec<String> = plane.nodes().to_vec();
     let mut tick = tokio::time::interval(CHURN_EVERY);
@@ -305,6 +306,7 @@ async fn node_churn(name: &str, under: Under, nodes: usize) -> f64 {
         p(0.99),
         sorted.last().copied().unwrap_or_default()
     );
+    print_timings("churn", &controllers.timings().await, &before);
     controllers.stop().await;
     plane.stop();
     p(0.99)

@@ -263,6 +263,15 @@ impl Controllers {
         }
     }
 
+    /// The reconcilers' time so far (nothing under kube-controller-manager): see
+    /// [`print_timings`].
+    pub async fn timings(&self) -> BTreeMap<String, f64> {
+        match self {
+            Self::Switchyard { reconcilers, .. } => timings_of(reconcilers).await,
+            _ => BTreeMap::new(),
+        }
+    }
+
     pub async fn stop(self) {
         if let Self::Switchyard {
             queue,
@@ -273,26 +282,55 @@ impl Controllers {
             let requests =
                 reconciler_counters(&reconcilers, "switchyard_apiserver_requests_total").await;
             eprintln!("reconciler apiserver requests: {requests:?}");
-            // Where a reconcile's time went: in all, and in reads of the watcher's cache.
-            for family in [
-                "switchyard_reconcile_time_seconds",
-                "switchyard_cache_request_duration_seconds",
-            ] {
-                let sums = reconciler_counters(&reconcilers, &format!("{family}_sum")).await;
-                let counts = reconciler_counters(&reconcilers, &format!("{family}_count")).await;
-                for (labels, count) in counts.iter().filter(|(_, c)| **c > 0.0) {
-                    let mean = sums.get(labels).copied().unwrap_or(0.0) / count;
-                    eprintln!(
-                        "{family} {labels}: {count} at {:.1} ms on average",
-                        mean * 1e3
-                    );
-                }
-            }
+            print_timings("in all", &timings_of(&reconcilers).await, &BTreeMap::new());
             for reconciler in reconcilers {
                 let _ = reconciler.terminate().await;
             }
             watcher.stop().await;
             queue.stop().await;
+        }
+    }
+}
+
+/// The families [`print_timings`] reads: a reconcile's time in all, and its reads of the
+/// watcher's cache.
+const TIMED: [&str; 2] = [
+    "switchyard_reconcile_time_seconds",
+    "switchyard_cache_request_duration_seconds",
+];
+
+/// Each timed family's `_sum` and `_count` per label set, summed over the reconcilers,
+/// keyed `<family>_sum{labels}` and `<family>_count{labels}`.
+async fn timings_of(reconcilers: &[ServiceProcess]) -> BTreeMap<String, f64> {
+    let mut all = BTreeMap::new();
+    for family in TIMED {
+        for part in ["sum", "count"] {
+            for (labels, value) in
+                reconciler_counters(reconcilers, &format!("{family}_{part}")).await
+            {
+                all.insert(format!("{family}_{part}{{{labels}}}"), value);
+            }
+        }
+    }
+    all
+}
+
+/// Prints where the reconciles' time went between two [`Controllers::timings`] (`before`
+/// empty: since the start): per controller and per cache call, how many and their mean.
+pub fn print_timings(phase: &str, after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) {
+    let delta = between(before, after);
+    for family in TIMED {
+        let prefix = format!("{family}_count{{");
+        for (key, count) in delta.iter().filter(|(k, _)| k.starts_with(&prefix)) {
+            let labels = &key[prefix.len()..key.len() - 1];
+            let sum = delta
+                .get(&format!("{family}_sum{{{labels}}}"))
+                .copied()
+                .unwrap_or(0.0);
+            eprintln!(
+                "{phase}: {family} {labels}: {count} at {:.1} ms on average",
+                sum / count * 1e3
+            );
         }
     }
 }
