@@ -186,23 +186,9 @@ async fn a_change_keys_the_objects_the_mapping_function_returns() {
         .await
         .unwrap();
     await_listed(&maps, &[("a", "s1"), ("b", "s1"), ("c", "")]).await;
-    let managers: Vec<(String, String)> = maps
-        .get("a")
-        .await
-        .unwrap()
-        .metadata
-        .managed_fields
-        .unwrap_or_default()
-        .into_iter()
-        .map(|f| {
-            (
-                f.manager.unwrap_or_default(),
-                f.operation.unwrap_or_default(),
-            )
-        })
-        .collect();
+    let managers = applied_by(maps.get("a").await.unwrap().metadata.managed_fields);
     assert!(
-        managers.contains(&(CONTROLLER.to_owned(), "Apply".to_owned())),
+        managers.iter().any(|(manager, _)| manager == CONTROLLER),
         "{managers:?}"
     );
 
@@ -344,20 +330,39 @@ async fn a_status_is_applied_as_the_controller_with_its_conditions() {
         conditions::is_true(&conditions, "Audited"),
         "the other manager's condition stays"
     );
-    let status_managers: Vec<String> = budgets
-        .get_status("b")
-        .await
-        .unwrap()
-        .metadata
-        .managed_fields
+    let status_managers: Vec<String> = applied_by(
+        budgets
+            .get_status("b")
+            .await
+            .unwrap()
+            .metadata
+            .managed_fields,
+    )
+    .into_iter()
+    .filter(|(_, subresource)| subresource == "status")
+    .map(|(manager, _)| manager)
+    .collect();
+    assert_eq!(status_managers, [ctx.field_manager()]);
+}
+
+/// The managers that wrote by server-side apply, each with the subresource written (empty:
+/// the object itself).
+fn applied_by(
+    fields: Option<
+        Vec<switchyard_k8s::k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry>,
+    >,
+) -> Vec<(String, String)> {
+    fields
         .unwrap_or_default()
         .into_iter()
-        .filter(|f| {
-            f.subresource.as_deref() == Some("status") && f.operation.as_deref() == Some("Apply")
+        .filter(|f| f.operation.as_deref() == Some("Apply"))
+        .map(|f| {
+            (
+                f.manager.unwrap_or_default(),
+                f.subresource.unwrap_or_default(),
+            )
         })
-        .filter_map(|f| f.manager)
-        .collect();
-    assert_eq!(status_managers, [ctx.field_manager()]);
+        .collect()
 }
 
 /// `conditions` with the controller's `Healthy` condition set as `status` for `reason` at `now`.

@@ -56,6 +56,25 @@ fn hints(slices: &[EndpointSlice]) -> BTreeMap<String, Option<String>> {
         .collect()
 }
 
+/// A slice of `n` ready endpoints in `zone`, without hints.
+fn ready_in(zone: &str, n: usize) -> EndpointSlice {
+    slice(
+        "s1",
+        (1..=n)
+            .map(|i| endpoint(&format!("10.0.0.{i}"), zone, true, None))
+            .collect(),
+    )
+}
+
+/// How many endpoints of the slices are hinted for each zone (every one is hinted).
+fn hinted_per_zone(slices: &[EndpointSlice]) -> BTreeMap<String, usize> {
+    let mut per_zone = BTreeMap::new();
+    for zone in hints(slices).into_values() {
+        *per_zone.entry(zone.expect("hinted")).or_default() += 1;
+    }
+    per_zone
+}
+
 struct Run {
     create: Vec<EndpointSlice>,
     update: Vec<EndpointSlice>,
@@ -200,40 +219,18 @@ fn each_ready_endpoint_is_hinted_for_its_zone_and_enabling_is_told_once() {
 fn a_zone_over_its_share_gives_endpoints_to_one_under_it() {
     // Four endpoints in zone-a, none in zone-b, equal CPU: two are hinted for zone-b.
     let shares = ratios(&[("zone-a", 0.5), ("zone-b", 0.5)]);
-    let update = vec![slice(
-        "s1",
-        (1..=4)
-            .map(|i| endpoint(&format!("10.0.0.{i}"), "zone-a", true, None))
-            .collect(),
-    )];
+    let update = vec![ready_in("zone-a", 4)];
     let out = run(Some(&shares), vec![], update, vec![], false);
-    let by_zone =
-        hints(&out.update)
-            .into_values()
-            .fold(BTreeMap::<String, usize>::new(), |mut n, z| {
-                *n.entry(z.unwrap()).or_default() += 1;
-                n
-            });
+    let by_zone = hinted_per_zone(&out.update);
     assert_eq!(
         by_zone,
         [("zone-a".to_owned(), 2), ("zone-b".to_owned(), 2)].into()
     );
     // Three zones, CPU 30/40/30, ten endpoints all in zone-b: shares of 3, 4, 3.
     let shares = ratios(&[("zone-a", 0.3), ("zone-b", 0.4), ("zone-c", 0.3)]);
-    let update = vec![slice(
-        "s1",
-        (1..=10)
-            .map(|i| endpoint(&format!("10.0.0.{i}"), "zone-b", true, None))
-            .collect(),
-    )];
+    let update = vec![ready_in("zone-b", 10)];
     let out = run(Some(&shares), vec![], update, vec![], false);
-    let by_zone =
-        hints(&out.update)
-            .into_values()
-            .fold(BTreeMap::<String, usize>::new(), |mut n, z| {
-                *n.entry(z.unwrap()).or_default() += 1;
-                n
-            });
+    let by_zone = hinted_per_zone(&out.update);
     assert_eq!(
         by_zone,
         [
