@@ -26,6 +26,7 @@
 //! the Pods the stopped one created, and create them again.
 
 use std::{
+    borrow::Borrow,
     collections::{BTreeMap, HashMap},
     sync::{
         Arc, Mutex,
@@ -35,7 +36,10 @@ use std::{
 };
 
 use serde::de::DeserializeOwned;
-use switchyard_k8s::kube::{Resource, core::PartialObjectMeta};
+use switchyard_k8s::{
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    kube::{Resource, core::PartialObjectMeta},
+};
 use switchyard_proto::{
     MAX_CACHE_MESSAGE_BYTES,
     common::v1::GroupVersionKind,
@@ -49,6 +53,10 @@ use switchyard_runtime::{Dialer, Role};
 use tonic::transport::Channel;
 
 use crate::metrics::CacheMetrics;
+
+mod decoded;
+
+pub use decoded::{KEPT_UNUSED, MAX_PER_KIND};
 
 /// How long a read waits for the cache to reach a resourceVersion (the watcher caps it at
 /// 30 s): long enough for a watch event to arrive under load, short enough that a stuck
@@ -151,6 +159,8 @@ pub struct CacheClient {
     written: Arc<Mutex<Written>>,
     /// The key's shard moved lately: the floor may lack the previous owner's writes.
     shard_moved: bool,
+    /// What [`CacheClient::list_shared`] decoded, shared by every clone.
+    decoded: Arc<decoded::Decoded>,
 }
 
 /// Namespaces whose newest written versions a process keeps; past it, the namespace whose
@@ -286,6 +296,7 @@ impl CacheClient {
             metrics: None,
             written: Arc::default(),
             shard_moved: false,
+            decoded: Arc::default(),
         })
     }
 
@@ -371,7 +382,7 @@ impl CacheClient {
                 .unwrap_or_else(|e| e.into_inner())
                 .record(namespace, kind.clone(), rv);
         }
-        self.raise(kind, namespace, None, std::slice::from_ref(object));
+        self.raise(kind, namespace, None, [object.meta()]);
     }
 
     /// Raises the floors of `kind` to the newest of the objects read and the read's own
@@ -380,7 +391,13 @@ impl CacheClient {
     /// carries, so another watcher reaches it as soon as it has that change. (The cache's
     /// own version may be a relist's, which a watcher that lists no later reaches only at the
     /// kind's next change.)
-    fn raise<K: Resource>(&self, kind: String, namespace: &str, own: Option<&str>, read: &[K]) {
+    fn raise<'m>(
+        &self,
+        kind: String,
+        namespace: &str,
+        own: Option<&str>,
+        read: impl IntoIterator<Item = &'m ObjectMeta>,
+    ) {
         let Some(floor) = &self.floor else {
             return;
         };
@@ -391,9 +408,8 @@ impl CacheClient {
         } = &mut *floor;
         let version = |rv: Option<&str>| rv.and_then(|rv| rv.parse::<u64>().ok());
         let versions = read
-            .iter()
-            .map(|object| {
-                let meta = object.meta();
+            .into_iter()
+            .map(|meta| {
                 let in_namespace =
                     meta.namespace.as_deref().unwrap_or_default() == key_namespace.as_str();
                 (version(meta.resource_version.as_deref()), in_namespace)
@@ -506,7 +522,12 @@ impl CacheClient {
             true => Some(decode(&response.object_json)?),
             false => None,
         };
-        self.raise(kind, namespace, min_resource_version, object.as_slice());
+        self.raise(
+            kind,
+            namespace,
+            min_resource_version,
+            object.iter().map(Resource::meta),
+        );
         Ok(object)
     }
 
@@ -515,7 +536,44 @@ impl CacheClient {
         namespace: &str,
         filter: ListFilter<'_>,
     ) -> Result<Vec<K>, CacheError> {
-        let (objects, either) = self.list_once(namespace, &filter).await?;
+        self.list_as::<K, K>(namespace, filter, |jsons| {
+            jsons.iter().map(|json| decode(json)).collect()
+        })
+        .await
+    }
+
+    /// As [`CacheClient::list`], each object shared: one that an earlier list in this
+    /// process returned unchanged is not decoded again (the same `Arc` comes back), so a
+    /// controller that reads the same thousand objects at each reconcile decodes only those
+    /// that changed. For reads of many objects; what is kept is bounded
+    /// ([`KEPT_UNUSED`], [`MAX_PER_KIND`]).
+    pub async fn list_shared<K>(
+        &self,
+        namespace: &str,
+        filter: ListFilter<'_>,
+    ) -> Result<Vec<Arc<K>>, CacheError>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
+    {
+        self.list_as::<K, Arc<K>>(namespace, filter, |jsons| {
+            self.decoded.decode_all(jsons, decode::<K>)
+        })
+        .await
+    }
+
+    /// The objects of kind `K` that `filter` selects, decoded by `decode` as `T`.
+    async fn list_as<K, T>(
+        &self,
+        namespace: &str,
+        filter: ListFilter<'_>,
+        decode: impl Fn(Vec<Vec<u8>>) -> Result<Vec<T>, CacheError>,
+    ) -> Result<Vec<T>, CacheError>
+    where
+        K: Resource<DynamicType = ()>,
+        T: Borrow<K>,
+    {
+        let (jsons, either) = self.list_once::<K>(namespace, &filter).await?;
+        let objects = self.read_as(namespace, &filter, jsons, &decode)?;
         if !filter.either || either {
             return Ok(objects);
         }
@@ -529,27 +587,51 @@ impl CacheClient {
         let selected = ListFilter {
             controller_uid: "",
             either: false,
-            ..filter
+            ..filter.clone()
         };
         let (owned, selected) = futures::try_join!(
             self.list_once::<K>(namespace, &owned),
             self.list_once::<K>(namespace, &selected),
         )?;
+        let owned = self.read_as(namespace, &filter, owned.0, &decode)?;
+        let selected = self.read_as(namespace, &filter, selected.0, &decode)?;
         let mut union = BTreeMap::new();
-        for object in owned.0.into_iter().chain(selected.0) {
-            let meta = object.meta();
+        for object in owned.into_iter().chain(selected) {
+            let meta = object.borrow().meta();
             let key = (meta.namespace.clone(), meta.name.clone());
             union.insert(key, object);
         }
         Ok(union.into_values().collect())
     }
 
-    /// One `List` call: the objects, and whether the watcher honoured `either`.
-    async fn list_once<K: Resource<DynamicType = ()> + DeserializeOwned>(
+    /// `jsons` decoded, raising the floor to them.
+    fn read_as<K, T>(
         &self,
         namespace: &str,
         filter: &ListFilter<'_>,
-    ) -> Result<(Vec<K>, bool), CacheError> {
+        jsons: Vec<Vec<u8>>,
+        decode: impl Fn(Vec<Vec<u8>>) -> Result<Vec<T>, CacheError>,
+    ) -> Result<Vec<T>, CacheError>
+    where
+        K: Resource<DynamicType = ()>,
+        T: Borrow<K>,
+    {
+        let objects = decode(jsons)?;
+        self.raise(
+            kind_key::<K>(),
+            namespace,
+            filter.min_resource_version,
+            objects.iter().map(|object| object.borrow().meta()),
+        );
+        Ok(objects)
+    }
+
+    /// One `List` call: the objects' JSON, and whether the watcher honoured `either`.
+    async fn list_once<K: Resource<DynamicType = ()>>(
+        &self,
+        namespace: &str,
+        filter: &ListFilter<'_>,
+    ) -> Result<(Vec<Vec<u8>>, bool), CacheError> {
         let kind = kind_key::<K>();
         let request = ListRequest {
             gvk: Some(gvk::<K>()),
@@ -566,15 +648,12 @@ impl CacheClient {
             })
             .await?;
         let call = CacheError::call("List");
-        let (mut objects, mut either) = (Vec::new(), false);
+        let (mut jsons, mut either) = (Vec::new(), false);
         while let Some(chunk) = chunks.message().await.map_err(&call)? {
             either |= chunk.either;
-            for json in &chunk.objects_json {
-                objects.push(decode(json)?);
-            }
+            jsons.extend(chunk.objects_json);
         }
-        self.raise(kind, namespace, filter.min_resource_version, &objects);
-        Ok((objects, either))
+        Ok((jsons, either))
     }
 }
 
@@ -639,6 +718,7 @@ mod tests {
             metrics: None,
             written: Arc::default(),
             shard_moved: false,
+            decoded: Arc::default(),
         }
     }
 

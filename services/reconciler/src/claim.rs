@@ -1,7 +1,7 @@
 //! Adoption and release of what a claim names, for the controllers that claim every
 //! matching Pod and their ControllerRevisions: StatefulSets and DaemonSets.
 
-use std::fmt::Debug;
+use std::{borrow::Cow, fmt::Debug};
 
 use futures::future::join_all;
 use serde::de::DeserializeOwned;
@@ -36,8 +36,9 @@ where
 
     /// The Pods the owner controls after adopting `claim.adopt` and releasing
     /// `claim.release` (each a patch guarded by the Pod's resourceVersion; one gone since the
-    /// read is skipped). The owner is read live before the first adoption.
-    pub async fn settle(&self, ctx: &Context, claim: Claim<'_>) -> Result<Vec<Pod>> {
+    /// read is skipped). The owner is read live before the first adoption. The Pods it kept
+    /// are those claimed, the adopted ones as the adoption returned them.
+    pub async fn settle<'p>(&self, ctx: &Context, claim: Claim<'p>) -> Result<Vec<Cow<'p, Pod>>> {
         let uid = self.controller.uid.as_str();
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), self.namespace());
         if !claim.adopt.is_empty() {
@@ -57,14 +58,14 @@ where
                 .map(|pod| sdk::set_controller_ref(&api, pod, uid, None)),
         )
         .await;
-        let mut pods: Vec<Pod> = claim.owned.into_iter().cloned().collect();
+        let mut pods: Vec<Cow<'p, Pod>> = claim.owned.into_iter().map(Cow::Borrowed).collect();
         let mut first_error = None;
         for result in adopted {
             match result {
                 Ok(pod) => {
                     ctx.cache.wrote(&pod);
                     if controller_of(&pod).is_some_and(|r| r.uid == uid) {
-                        pods.push(pod);
+                        pods.push(Cow::Owned(pod));
                     }
                 }
                 Err(error) if error.is_not_found() => {}

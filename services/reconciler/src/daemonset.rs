@@ -235,7 +235,7 @@ pub async fn reconcile(
 
     let nodes: Vec<placement::Node> = ctx
         .cache
-        .list::<NodePlacement>("", ListFilter::default())
+        .list_shared::<NodePlacement>("", ListFilter::default())
         .await?
         .iter()
         .map(|n| core::placement_node(&n.metadata, n.taints()))
@@ -254,11 +254,11 @@ pub async fn reconcile(
     let revisions = owner.adopt_revisions(ctx, owned, orphans).await?;
     let pods = read_pods(ctx, &spec, &query, None).await?;
     let pods = owner.settle(ctx, core::claim(&spec, &pods)).await?;
-    let (current, old) = construct_history(ctx, &spec, revisions, &pods).await?;
+    let owned: Vec<&Pod> = pods.iter().map(|pod| &**pod).collect();
+    let (current, old) = construct_history(ctx, &spec, revisions, &owned).await?;
     let hash = core::revision_hash(&current).to_owned();
 
     let now = Timestamp::now();
-    let owned: Vec<&Pod> = pods.iter().collect();
     let by_node = core::by_node(&owned, false);
     let managed = {
         let mut backoff = backoff.lock().unwrap_or_else(PoisonError::into_inner);
@@ -351,16 +351,17 @@ pub async fn reconcile(
     })
 }
 
-/// The Pods the DaemonSet controls and those its selector matches, at least at `min_rv`.
+/// The Pods the DaemonSet controls and those its selector matches, at least at `min_rv`:
+/// shared with the reconciles before, which decoded those that did not change since.
 async fn read_pods(
     ctx: &Context,
     spec: &Spec<'_>,
     query: &str,
     min_rv: Option<&str>,
-) -> Result<Vec<Pod>> {
+) -> Result<Vec<Arc<Pod>>> {
     Ok(ctx
         .cache
-        .list::<Pod>(
+        .list_shared::<Pod>(
             spec.namespace,
             ListFilter {
                 label_selector: query,
@@ -380,7 +381,7 @@ async fn construct_history(
     ctx: &Context,
     spec: &Spec<'_>,
     revisions: Vec<ControllerRevision>,
-    pods: &[Pod],
+    pods: &[&Pod],
 ) -> Result<(ControllerRevision, Vec<ControllerRevision>)> {
     let api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), spec.namespace);
     let mut labelled = Vec::with_capacity(revisions.len());
@@ -434,7 +435,7 @@ async fn merge_duplicates(
     spec: &Spec<'_>,
     kept: &ControllerRevision,
     current: &[&ControllerRevision],
-    pods: &[Pod],
+    pods: &[&Pod],
 ) -> Result<()> {
     let hash = core::revision_hash(kept);
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), spec.namespace);

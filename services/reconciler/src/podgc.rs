@@ -5,6 +5,8 @@
 //! ```text
 //!  keys: a Node created, deleted or relabelled; a Pod a Node controls (a mirror Pod); a resync
 //!     ─► the sweep key (pod-garbage-collector, "", "*") enqueued         (seeds it; never lost)
+//!        at once for a Node the cache no longer has, else to run within 20 s (a sweep due
+//!        sooner keeps its time: Node churn does not sweep more often)
 //!  key "*": cache: every Pod, every Node
 //!     ─► quarantine: Nodes Pods are bound to that the cache lacks, 40 s each
 //!     ─► apiserver: each Node whose quarantine is over, read ─ gone ─► its Pods are orphans
@@ -109,7 +111,13 @@ impl Controller for PodGcController {
         if request.namespace.is_empty() && request.name == SWEEP {
             return self.sweep(ctx).await;
         }
-        ctx.enqueue(vec![WorkKey::new(NAME, "", SWEEP)]).await?;
+        let node = ctx
+            .cache
+            .get_metadata::<Node>("", &request.name, None)
+            .await?;
+        let sweep = WorkKey::new(NAME, "", SWEEP);
+        ctx.enqueue([(sweep, Some(core::sweep_after(node.is_some())))])
+            .await?;
         Ok(Action::Done)
     }
 }

@@ -18,7 +18,10 @@
 //! as in kube-controller-manager, which keeps no expectations for StatefulSets. Every write
 //! still raises the key's read floor ([`crate::cache::CacheClient::wrote`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, BTreeSet},
+};
 
 use futures::future::join_all;
 use switchyard_k8s::{
@@ -299,9 +302,10 @@ async fn owned_pods(
             },
         )
         .await?;
-    owner(set, spec)
+    let settled = owner(set, spec)
         .settle(ctx, core::claim(spec, &listed))
-        .await
+        .await?;
+    Ok(settled.into_iter().map(Cow::into_owned).collect())
 }
 
 /// The revision of the StatefulSet as it is now (`getStatefulSetRevisions`): the newest

@@ -2,6 +2,8 @@
 //! for the controllers that claim every Pod they match, finished or not: StatefulSets and
 //! DaemonSets. (The ReplicaSet controller claims only active Pods: `replicaset::claim`.)
 
+use std::borrow::Borrow;
+
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::replicaset::controller_of;
@@ -19,16 +21,17 @@ pub struct Claim<'p> {
 
 /// Claims the Pods of `namespace` for the owner `uid`: `member` says whether a Pod belongs
 /// (its selector, and for a StatefulSet its name). An owner being deleted (`deleting`)
-/// neither adopts nor releases.
+/// neither adopts nor releases. The Pods may be shared (`Arc<Pod>`, as the cache lists them).
 pub fn claim<'p>(
     namespace: &str,
     uid: &str,
     deleting: bool,
-    pods: &'p [Pod],
+    pods: &'p [impl Borrow<Pod>],
     member: impl Fn(&Pod) -> bool,
 ) -> Claim<'p> {
     let mut claim = Claim::default();
     for pod in pods {
+        let pod = pod.borrow();
         if pod.metadata.namespace.as_deref() != Some(namespace) {
             continue;
         }

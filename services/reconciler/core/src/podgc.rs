@@ -33,6 +33,19 @@ use serde_json::{Value, json};
 /// How often kube-controller-manager sweeps (`gcCheckPeriod`).
 pub const SWEEP_PERIOD: Duration = Duration::from_secs(20);
 
+/// How soon a Node's change has the sweep run: at once when the Node is gone (the cache no
+/// longer has it), so that its Pods' quarantine starts with the deletion, as
+/// kube-controller-manager's does; otherwise within a period, which only seeds the sweep:
+/// a sweep due sooner stays due then, so Nodes relabelled by the hundred sweep no more often
+/// than every [`SWEEP_PERIOD`], as kube-controller-manager's loop does.
+pub fn sweep_after(node_cached: bool) -> Duration {
+    if node_cached {
+        SWEEP_PERIOD
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// How long a Node missing from the cache waits before it is read from the apiserver
 /// (`quarantineTime`): a Pod may be seen bound to a Node the cache has not seen yet.
 pub const QUARANTINE: Duration = Duration::from_secs(40);
@@ -312,6 +325,12 @@ mod tests {
             .iter()
             .map(|d| (d.name.as_str(), d.reason))
             .collect()
+    }
+
+    #[test]
+    fn a_node_gone_sweeps_at_once_and_a_change_to_one_cached_within_a_period() {
+        assert_eq!(sweep_after(false), Duration::ZERO);
+        assert_eq!(sweep_after(true), SWEEP_PERIOD);
     }
 
     #[test]

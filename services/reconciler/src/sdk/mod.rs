@@ -34,7 +34,7 @@ use switchyard_k8s::{
     Client,
     kube::{self, Resource},
 };
-use switchyard_queue_client::{Enqueuer, Priority, WorkKey};
+use switchyard_queue_client::{Add, Enqueuer, Priority};
 
 pub use self::events::EventType;
 use self::events::Recorder;
@@ -219,10 +219,15 @@ impl Context {
         self
     }
 
-    /// Sends `keys` to the queue, each carrying the current span's trace context; returns
-    /// once they wait in the reconciler's pending set (from where they are sent, and resent
-    /// until a queue takes them), which is bounded: a slow queue makes this wait.
-    pub(crate) async fn enqueue(&self, keys: Vec<WorkKey>) -> Result<()> {
+    /// Sends `keys` to the queue (each ready at once, or after its delay: a key already
+    /// waiting keeps the earlier time), each carrying the current span's trace context;
+    /// returns once they wait in the reconciler's pending set (from where they are sent, and
+    /// resent until a queue takes them), which is bounded: a slow queue makes this wait.
+    pub(crate) async fn enqueue(
+        &self,
+        keys: impl IntoIterator<Item = impl Into<Add>>,
+    ) -> Result<()> {
+        let keys: Vec<Add> = keys.into_iter().map(Into::into).collect();
         if keys.is_empty() {
             return Ok(());
         }

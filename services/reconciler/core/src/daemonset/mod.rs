@@ -16,6 +16,7 @@
 //! ```
 
 use std::{
+    borrow::Borrow,
     cmp::Ordering,
     collections::{BTreeMap, HashMap},
     time::Duration,
@@ -236,7 +237,7 @@ pub fn placement_node(meta: &ObjectMeta, taints: &[Taint]) -> placement::Node {
 // --- claiming ------------------------------------------------------------------------------
 
 /// Which Pods the DaemonSet keeps, adopts and releases: those its selector matches.
-pub fn claim<'p>(spec: &Spec<'_>, pods: &'p [Pod]) -> Claim<'p> {
+pub fn claim<'p>(spec: &Spec<'_>, pods: &'p [impl Borrow<Pod>]) -> Claim<'p> {
     claim::claim(spec.namespace, spec.uid, spec.deleting, pods, |pod| {
         spec.selector.matches(pod.metadata.labels.as_ref())
     })
