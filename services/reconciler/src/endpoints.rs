@@ -121,7 +121,7 @@ pub async fn reconcile(ctx: &Context, request: &Request) -> Result {
                     label_selector: selector,
                     ..ListFilter::default()
                 };
-                ctx.cache.list::<Pod>(namespace, filter).await
+                ctx.cache.list_shared::<Pod>(namespace, filter).await
             }
             None => Ok(Vec::new()),
         }

@@ -186,7 +186,7 @@ async fn reconcile(
     );
     // The Pods and the slices read side by side: a flip's delay is the reads' in a row.
     let (pods, slices) = futures::try_join!(
-        ctx.cache.list::<Pod>(
+        ctx.cache.list_shared::<Pod>(
             namespace,
             ListFilter {
                 label_selector: &selector,
@@ -205,6 +205,7 @@ async fn reconcile(
         .into_iter()
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .collect();
+    let pods: Vec<&Pod> = pods.iter().map(|pod| &**pod).collect();
     let nodes = node_zones(ctx, &pods, &memory.zones).await?;
     let node = |name: &str| nodes.get(name).cloned().unwrap_or(NodeInfo::Missing);
     let auto = topology::auto(&service);
@@ -286,7 +287,7 @@ async fn zone_shares(ctx: &Context, known: &Shares) -> Result<Option<BTreeMap<St
 /// (metadata: its labels). A Node the cache lacks is read again each time.
 async fn node_zones(
     ctx: &Context,
-    pods: &[Pod],
+    pods: &[&Pod],
     known: &Zones,
 ) -> Result<BTreeMap<String, NodeInfo>> {
     let mut names: Vec<&str> = pods

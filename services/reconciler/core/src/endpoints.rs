@@ -14,7 +14,10 @@
 //!  the Endpoints written only when its subsets, labels or capacity annotation differ
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    borrow::Borrow,
+    collections::{BTreeMap, BTreeSet},
+};
 
 use k8s_openapi::{
     api::core::v1::{
@@ -112,7 +115,7 @@ fn address(service: &Service, pod: &Pod) -> Option<EndpointAddress> {
 }
 
 /// The subsets the Pods give the Service, repacked.
-pub fn subsets(service: &Service, pods: &[Pod]) -> Vec<EndpointSubset> {
+pub fn subsets(service: &Service, pods: &[impl Borrow<Pod>]) -> Vec<EndpointSubset> {
     let publish = publishes_not_ready(service);
     let ports = service
         .spec
@@ -121,6 +124,7 @@ pub fn subsets(service: &Service, pods: &[Pod]) -> Vec<EndpointSubset> {
         .unwrap_or_default();
     let mut raw: Vec<EndpointSubset> = Vec::new();
     for pod in pods {
+        let pod = pod.borrow();
         if !belongs(pod, publish) {
             continue;
         }
@@ -366,7 +370,7 @@ pub fn truncate(subsets: &mut [EndpointSubset]) -> bool {
 /// selector matches, its Endpoints as cached, and the trigger time to write.
 pub fn sync(
     service: Option<&Service>,
-    pods: &[Pod],
+    pods: &[impl Borrow<Pod>],
     current: Option<&Endpoints>,
     trigger_time: Option<Timestamp>,
 ) -> Decision {
@@ -449,7 +453,7 @@ pub fn sync(
 /// written with one, then the earliest Ready change of a Pod newer than the one written.
 pub fn trigger_time(
     service: &Service,
-    pods: &[Pod],
+    pods: &[impl Borrow<Pod>],
     current: Option<&Endpoints>,
 ) -> Option<Timestamp> {
     crate::endpointslice::trigger_time_after(

@@ -244,23 +244,32 @@ fn a_deleted_services_endpoints_go_unless_they_hold_a_leader_record() {
         None,
         None,
     )));
-    assert_eq!(sync(None, &[], Some(&e), None), Decision::Delete);
-    assert_eq!(sync(None, &[], None, None), Decision::Nothing);
+    assert_eq!(sync(None, &[] as &[Pod], Some(&e), None), Decision::Delete);
+    assert_eq!(sync(None, &[] as &[Pod], None, None), Decision::Nothing);
     let mut leader = e.clone();
     leader
         .metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)
         .insert(LEADER_ANNOTATION.into(), "{}".into());
-    assert_eq!(sync(None, &[], Some(&leader), None), Decision::Nothing);
+    assert_eq!(
+        sync(None, &[] as &[Pod], Some(&leader), None),
+        Decision::Nothing
+    );
 }
 
 #[test]
 fn selectorless_and_external_name_services_are_not_this_controllers() {
     let manual = service(json!({"selector": null}));
-    assert_eq!(sync(Some(&manual), &[], None, None), Decision::Nothing);
+    assert_eq!(
+        sync(Some(&manual), &[] as &[Pod], None, None),
+        Decision::Nothing
+    );
     let external = service(json!({"type": "ExternalName", "externalName": "db.example"}));
-    assert_eq!(sync(Some(&external), &[], None, None), Decision::Nothing);
+    assert_eq!(
+        sync(Some(&external), &[] as &[Pod], None, None),
+        Decision::Nothing
+    );
 }
 
 #[test]

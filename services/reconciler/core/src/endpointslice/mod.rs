@@ -28,6 +28,7 @@
 //! picks in name order, so the same inputs give the same slices.
 
 use std::{
+    borrow::Borrow,
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
@@ -578,7 +579,7 @@ fn apply_hints(slice: &mut EndpointSlice, hints: Hints) {
 /// newest trigger time already written; `None` (the annotation removed) when there is none.
 pub fn trigger_time(
     service: &Service,
-    pods: &[Pod],
+    pods: &[impl Borrow<Pod>],
     slices: &[EndpointSlice],
 ) -> Option<Timestamp> {
     trigger_time_after(
@@ -597,7 +598,7 @@ pub fn trigger_time(
 /// creation when none was, then the earliest Ready change of a Pod newer than it.
 pub fn trigger_time_after<'a>(
     service: &Service,
-    pods: &[Pod],
+    pods: &[impl Borrow<Pod>],
     written: impl IntoIterator<Item = &'a String>,
 ) -> Option<Timestamp> {
     let created = service.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -609,7 +610,7 @@ pub fn trigger_time_after<'a>(
         return created;
     };
     pods.iter()
-        .filter_map(ready_transition)
+        .filter_map(|pod| ready_transition(pod.borrow()))
         .chain(created)
         .filter(|t| *t > last)
         .min()
@@ -635,7 +636,7 @@ fn ready_transition(pod: &Pod) -> Option<Timestamp> {
 pub struct Inputs<'a> {
     pub service: &'a Service,
     /// The Pods the Service's selector matches, in its namespace.
-    pub pods: &'a [Pod],
+    pub pods: &'a [&'a Pod],
     /// The slices labelled as this controller's for the Service (its name and
     /// [`MANAGED_BY_LABEL`] [`CONTROLLER_NAME`]),
     /// those being deleted left out.

@@ -55,7 +55,7 @@ fn zone_a(_: &str) -> NodeInfo {
 fn plan(svc: &Service, pods: &[Pod], slices: &[EndpointSlice]) -> Plan {
     reconcile(&Inputs {
         service: svc,
-        pods,
+        pods: &pods.iter().collect::<Vec<_>>(),
         slices,
         node: &zone_a,
         max_per_slice: DEFAULT_MAX_ENDPOINTS_PER_SLICE,
@@ -274,7 +274,7 @@ fn pods_without_ips_or_finished_are_left_out_and_terminating_ones_kept_not_ready
     let publish = service(json!({"publishNotReadyAddresses": true}));
     let p = super::reconcile(&Inputs {
         service: &publish,
-        pods: &[pod("slow", "10.1.0.4", false)],
+        pods: &[&pod("slow", "10.1.0.4", false)],
         slices: &[],
         node: &zone_a,
         max_per_slice: 100,
@@ -350,7 +350,7 @@ fn a_pod_on_an_unknown_node_is_skipped_unless_not_ready_addresses_are_published(
     let missing = |_: &str| NodeInfo::Missing;
     let p = super::reconcile(&Inputs {
         service: &svc,
-        pods: &[pod("a", "10.1.0.1", true)],
+        pods: &[&pod("a", "10.1.0.1", true)],
         slices: &[],
         node: &missing,
         max_per_slice: 100,
@@ -370,7 +370,7 @@ fn a_pod_on_an_unknown_node_is_skipped_unless_not_ready_addresses_are_published(
     let publish = service(json!({"publishNotReadyAddresses": true}));
     let p = super::reconcile(&Inputs {
         service: &publish,
-        pods: &[pod("a", "10.1.0.1", true)],
+        pods: &[&pod("a", "10.1.0.1", true)],
         slices: &[],
         node: &missing,
         max_per_slice: 100,
@@ -517,7 +517,7 @@ fn the_trigger_time_is_the_creation_first_then_the_earliest_newer_ready_change()
     assert_eq!(trigger_time(&svc, &pods(2), &[]), Some(created));
     let first = reconcile(&Inputs {
         service: &svc,
-        pods: &pods(2),
+        pods: &pods(2).iter().collect::<Vec<_>>(),
         slices: &[],
         node: &zone_a,
         max_per_slice: 100,
@@ -546,7 +546,7 @@ fn a_smaller_limit_packs_smaller_slices() {
     let svc = service(json!({}));
     let p = reconcile(&Inputs {
         service: &svc,
-        pods: &pods(25),
+        pods: &pods(25).iter().collect::<Vec<_>>(),
         slices: &[],
         node: &zone_a,
         max_per_slice: 10,
@@ -581,7 +581,7 @@ fn topology_mode_auto_allots_hints_by_zone_and_their_removal_is_told() {
     let run = |svc: &Service, slices: &[EndpointSlice], populated: bool| {
         reconcile(&Inputs {
             service: svc,
-            pods: &all,
+            pods: &all.iter().collect::<Vec<_>>(),
             slices,
             node: &zone,
             max_per_slice: 100,
