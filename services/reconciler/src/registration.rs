@@ -206,6 +206,7 @@ fn request(registrant: &str, declared: &[(String, Watches)]) -> RegisterRequest 
                 by_selector: watches.by_selector.iter().map(watch).collect(),
                 by_placement: watches.by_placement.iter().map(watch).collect(),
                 by_name: watches.by_name.iter().map(watch).collect(),
+                namespaces: watches.namespaces.clone(),
             })
             .collect(),
     }
@@ -269,10 +270,12 @@ mod tests {
             by_selector: vec![],
             by_placement: vec![],
             by_name: vec![],
+            namespaces: vec!["team-a".into()],
         };
         let request = request("w1", &[("apps/v1/Deployment".into(), watches)]);
         assert_eq!(request.registrant, "w1");
         let controller = &request.controllers[0];
+        assert_eq!(controller.namespaces, ["team-a"]);
         let reconciles = controller.reconciles.as_ref().unwrap();
         assert_eq!(reconciles.gvk.as_ref().unwrap().group, "apps");
         assert_eq!(

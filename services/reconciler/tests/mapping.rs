@@ -11,7 +11,9 @@
 //! managed fields name the controller as the annotation's manager. Its Secret watch has a
 //! label selector: a Secret labelled `example.com/quiet: yes` keys nothing. A second test applies a
 //! status with `Context::apply_status` and the `conditions` helpers: the condition's time
-//! moves only when its status turns, and another manager's condition stays.
+//! moves only when its status turns, and another manager's condition stays. A third scopes
+//! the controller to one namespace (`Builder::namespaces`): nothing of another keys it, not
+//! even the keys its mapping function returns there.
 
 #![allow(clippy::unwrap_used)]
 
@@ -244,6 +246,85 @@ async fn a_change_keys_the_objects_the_mapping_function_returns() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+
+    reconciler.stop().await;
+    watcher.stop().await;
+    queue.stop().await;
+}
+
+/// Waits a second, then asserts that `map` carries no annotation: it was never reconciled.
+async fn never_reconciled(maps: &Api<ConfigMap>, map: &str) {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let map = maps.get(map).await.unwrap();
+    assert_eq!(map.annotations().get(LISTED_BY), None, "{map:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_scoped_to_a_namespace_is_keyed_there_only() {
+    let plane = ControlPlane::shared().expect("control plane");
+    let client = plane.client().await.unwrap();
+    let inside = TestNamespace::create(plane, &client, "scoped")
+        .await
+        .unwrap();
+    let outside = TestNamespace::create(plane, &client, "unscoped")
+        .await
+        .unwrap();
+    let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
+    let config = format!(
+        "shardCount: {}\nnamespaces:\n  include: [{}, {}]\nregistrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n      - {{apiVersion: v1, kind: ConfigMap, objects: full}}\n      - {{apiVersion: v1, kind: Secret, objects: full}}\n",
+        support::SHARDS,
+        inside.name(),
+        outside.name()
+    );
+    let watcher = support::watcher(plane, &config, queue.grpc()).await;
+    watcher.wait_ready(Duration::from_secs(60)).await;
+    // The mapping names the ConfigMaps a Secret lists in both namespaces, whichever the
+    // Secret's: the keys of the other namespace are dropped all the same.
+    let both = [inside.name().to_owned(), outside.name().to_owned()];
+    let mut registry = Registry::default();
+    registry.register(
+        Builder::for_::<ConfigMap>()
+            .named(CONTROLLER)
+            .namespaces([inside.name()])
+            .watches::<Secret>(Map::with(move |secret: Arc<Secret>, _ctx| {
+                let refs = listed(&secret)
+                    .into_iter()
+                    .flat_map(|name| both.clone().map(|ns| ObjectRef::new(&name).within(&ns)))
+                    .collect();
+                async move { refs }
+            }))
+            .reconcile(reconcile),
+    );
+    let shards = format!("--shard-count={}", support::SHARDS);
+    let reconciler =
+        support::reconciler(plane, registry, queue.grpc(), watcher.grpc(), &[&shards]).await;
+
+    let maps_in: Api<ConfigMap> = Api::namespaced(client.clone(), inside.name());
+    let maps_out: Api<ConfigMap> = Api::namespaced(client.clone(), outside.name());
+    for maps in [&maps_out, &maps_in] {
+        let mut map = ConfigMap::default();
+        map.metadata.name = Some("a".to_owned());
+        maps.create(&PostParams::default(), &map).await.unwrap();
+    }
+    // Created in both, after the one outside: reconciled inside only.
+    await_listed(&maps_in, &[("a", "")]).await;
+    never_reconciled(&maps_out, "a").await;
+
+    // A Secret outside keys nothing, not even the ConfigMap inside its mapping names; one
+    // inside keys the ConfigMap inside only.
+    let secrets_out: Api<Secret> = Api::namespaced(client.clone(), outside.name());
+    let secrets_in: Api<Secret> = Api::namespaced(client.clone(), inside.name());
+    secrets_out
+        .create(&PostParams::default(), &secret("s1", "a"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    secrets_in
+        .create(&PostParams::default(), &secret("s2", "a"))
+        .await
+        .unwrap();
+    await_listed(&maps_in, &[("a", "s2")]).await;
+    never_reconciled(&maps_out, "a").await;
 
     reconciler.stop().await;
     watcher.stop().await;

@@ -112,6 +112,7 @@ fn registration(
             by_selector,
             by_placement,
             by_name,
+            namespaces,
         } = controller;
         let at = format!("controllers[{c}]");
         let list = |list: &str, watches: Vec<proto::Watch>| -> Result<Vec<Watch>, ApiError> {
@@ -132,6 +133,7 @@ fn registration(
             by_selector: list("by_selector", by_selector)?,
             by_placement: list("by_placement", by_placement)?,
             by_name: list("by_name", by_name)?,
+            namespaces,
         });
     }
     Registration::new(registrant, declared).map_err(|e| RegisterError::from(e).into())
@@ -252,6 +254,7 @@ mod tests {
             by_selector: vec![],
             by_placement: vec![],
             by_name: vec![],
+            namespaces: vec![],
         }
     }
 

@@ -208,6 +208,7 @@ fn granted_controller() -> impl Strategy<Value = ControllerWatches> {
             by_selector: Vec::new(),
             by_placement: Vec::new(),
             by_name: Vec::new(),
+            namespaces: vec![],
         })
 }
 
@@ -247,6 +248,7 @@ fn controller() -> impl Strategy<Value = ControllerWatches> {
                     by_selector,
                     by_placement,
                     by_name,
+                    namespaces: vec![],
                 }
             },
         )

@@ -57,6 +57,7 @@ fn config_maps() -> ControllerWatches {
         by_selector: vec![],
         by_placement: vec![],
         by_name: vec![],
+        namespaces: vec![],
     }
 }
 
@@ -456,6 +457,7 @@ controllers:
         by_selector: vec![],
         by_placement: vec![],
         by_name: vec![],
+        namespaces: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![nope])).await;
     assert_eq!(status.code(), Code::NotFound);
@@ -602,6 +604,7 @@ async fn a_kind_is_cached_whole_while_a_registration_needs_it_whole() {
         by_selector: vec![],
         by_placement: vec![],
         by_name: vec![],
+        namespaces: vec![],
     };
     let (lean_stream, _) = register(
         &mut watches_client(Role::Reconciler, watcher.grpc()).await,
@@ -675,6 +678,7 @@ async fn a_registrant_watches_and_reads_only_what_its_service_account_is_granted
         by_selector: vec![],
         by_placement: vec![],
         by_name: vec![],
+        namespaces: vec![],
     };
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;
     assert_eq!(status.code(), Code::PermissionDenied);
@@ -846,6 +850,7 @@ async fn a_kind_cached_for_one_service_account_is_not_served_to_another() {
         by_selector: vec![],
         by_placement: vec![],
         by_name: vec![],
+        namespaces: vec![],
     };
     let mut watches = watches_client(Role::Reconciler, watcher.grpc()).await;
     let status = refused(&mut watches, request("reconciler-0", vec![secrets])).await;

@@ -122,8 +122,12 @@ impl<V, K: Resource> fmt::Debug for Map<V, K> {
 /// of the builder) to become a controller of its own.
 struct PendingMapping {
     kind: String,
-    make: Box<dyn FnOnce(String, Arc<str>) -> Registered + Send + Sync>,
+    make: MakeMapping,
 }
+
+/// Makes a mapping controller from its name, its controller's, and the controller's
+/// namespaces.
+type MakeMapping = Box<dyn FnOnce(String, Arc<str>, Vec<String>) -> Registered + Send + Sync>;
 
 /// Declares a controller: the kind it reconciles, what else it watches, then its reconcile.
 pub struct Builder<K = ()> {
@@ -151,6 +155,7 @@ impl Builder {
                 by_selector: Vec::new(),
                 by_placement: Vec::new(),
                 by_name: Vec::new(),
+                namespaces: Vec::new(),
             },
             mappings: Vec::new(),
             kind: PhantomData,
@@ -162,6 +167,18 @@ impl<K: Object> Builder<K> {
     /// The name the controller's keys carry; by default `group/version/Kind` of `K`.
     pub fn named(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Works in these namespaces only (controller-runtime's `DefaultNamespaces`, a kube-rs
+    /// `Controller` over `Api::namespaced`): the watcher drops the keys of objects in any
+    /// other namespace, whichever watch made them, and so do [`Map::with`] mappings. A
+    /// cluster-scoped object still keys, except a Namespace outside them for a controller of
+    /// Namespaces. Reads through the cache are not narrowed. By default every namespace.
+    pub fn namespaces(mut self, namespaces: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.watches
+            .namespaces
+            .extend(namespaces.into_iter().map(Into::into));
         self
     }
 
@@ -206,11 +223,12 @@ impl<K: Object> Builder<K> {
             MapBy::Name => self.watches.by_name.push(watch),
             MapBy::With(map) => self.mappings.push(PendingMapping {
                 kind: default_name::<V>(),
-                make: Box::new(move |name, target| {
+                make: Box::new(move |name, target, namespaces| {
                     Registered::new(Mapping {
                         name,
                         target,
                         watch,
+                        namespaces,
                         map,
                         kinds: PhantomData,
                     })
@@ -256,7 +274,9 @@ impl<K: Object> Builder<K> {
             .mappings
             .into_iter()
             .zip(mappings)
-            .map(|(pending, mapping)| (pending.make)(mapping, target.clone()))
+            .map(|(pending, mapping)| {
+                (pending.make)(mapping, target.clone(), self.watches.namespaces.clone())
+            })
             .collect();
         Built {
             name,

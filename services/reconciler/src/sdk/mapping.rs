@@ -61,6 +61,8 @@ pub(super) struct Mapping<V, K: Resource> {
     /// The controller the returned keys are for.
     pub(super) target: Arc<str>,
     pub(super) watch: Watch,
+    /// The controller's namespaces: keys in others are dropped. Empty: every one.
+    pub(super) namespaces: Vec<String>,
     pub(super) map: MapFn<V, K>,
     pub(super) kinds: PhantomData<fn() -> (V, K)>,
 }
@@ -95,6 +97,7 @@ where
         let keys: Vec<WorkKey> = (self.map)(Arc::new(object), ctx.clone())
             .await
             .into_iter()
+            .filter(|target| in_scope(&self.namespaces, target.namespace.as_deref()))
             .map(|target| {
                 WorkKey::new(
                     self.target.clone(),
@@ -116,13 +119,32 @@ where
             by_selector: Vec::new(),
             by_placement: Vec::new(),
             by_name: Vec::new(),
+            namespaces: self.namespaces.clone(),
         })
+    }
+}
+
+/// Whether a key of `namespace` (`None`: a cluster-scoped object) is among `namespaces`
+/// (empty: every one), as the watcher scopes the keys it makes.
+fn in_scope(namespaces: &[String], namespace: Option<&str>) -> bool {
+    match namespace.filter(|n| !n.is_empty()) {
+        Some(namespace) => namespaces.is_empty() || namespaces.iter().any(|n| n == namespace),
+        None => true,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scoped_mapping_drops_keys_of_other_namespaces_and_keeps_cluster_scoped_ones() {
+        let scoped = ["a".to_owned()];
+        assert!(in_scope(&scoped, Some("a")));
+        assert!(!in_scope(&scoped, Some("b")));
+        assert!(in_scope(&scoped, None));
+        assert!(in_scope(&[], Some("b")));
+    }
 
     #[test]
     fn a_mapping_is_named_by_its_controller_and_kind() {

@@ -119,6 +119,9 @@ pub struct Watches {
     /// Kinds mapped by name: a change keys the object of the reconciled kind with the same
     /// namespace and name (a Service for its Endpoints).
     pub by_name: Vec<Watch>,
+    /// The namespaces the controller works in ([`super::Builder::namespaces`]); empty:
+    /// every one.
+    pub namespaces: Vec<String>,
 }
 
 /// The group, version and kind of `K`.

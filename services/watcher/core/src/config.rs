@@ -18,6 +18,7 @@
 //!       - {apiVersion: v1, kind: ConfigMap, label: example.com/replicaset}
 //!   - name: apps/v1/Deployment
 //!     for: {apiVersion: apps/v1, kind: Deployment}
+//!     namespaces: [team-a, team-b]  # keyed only in these (optional; default every one)
 //!     owns:
 //!       - {apiVersion: apps/v1, kind: ReplicaSet}
 //!       # a Pod's controller ReplicaSet, looked up in the cache, and that one's Deployment
@@ -328,6 +329,8 @@ struct RawController {
     map_by_placement: Vec<RawRule>,
     #[serde(default)]
     map_by_name: Vec<RawRule>,
+    #[serde(default)]
+    namespaces: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -428,6 +431,10 @@ pub struct Rule {
     /// after it: controller-runtime's `LabelSelectorPredicate`); the cache holds every object
     /// of the kind all the same. A label selector in kubectl's syntax, as validated.
     pub label_selector: Option<String>,
+    /// The namespaces the controller works in, sorted (its `namespaces`): a key in another
+    /// namespace is dropped (and for a controller of Namespaces, a key of another
+    /// Namespace). Empty: every namespace.
+    pub namespaces: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -571,7 +578,10 @@ impl Config {
                 map_by_selector,
                 map_by_placement,
                 map_by_name,
+                namespaces,
             } = controller;
+            let namespaces = checked_namespaces(&namespaces)
+                .map_err(|(i, problem)| invalid(format!("{field}.namespaces[{i}]"), problem))?;
             if name.trim().is_empty() {
                 return Err(invalid(format!("{field}.name"), "must not be empty"));
             }
@@ -607,6 +617,7 @@ impl Config {
             rules.push(Rule {
                 resource: index_of(&owner),
                 controller: name.clone(),
+                namespaces: namespaces.clone(),
                 kind: RuleKind::For,
                 predicates: for_.predicates,
                 label_selector: label_selector(&format!("{field}.for"), for_.label_selector)?,
@@ -644,6 +655,7 @@ impl Config {
                 rules.push(Rule {
                     resource: index_of(&gvk),
                     controller: name.clone(),
+                    namespaces: namespaces.clone(),
                     kind: RuleKind::Owns {
                         owner: owner.clone(),
                         through,
@@ -666,6 +678,7 @@ impl Config {
                 rules.push(Rule {
                     resource: index_of(&gvk),
                     controller: name.clone(),
+                    namespaces: namespaces.clone(),
                     kind: RuleKind::ByLabel { label: rule.label },
                     predicates: rule.predicates,
                     label_selector: label_selector(&at, rule.label_selector)?,
@@ -693,6 +706,7 @@ impl Config {
                 rules.push(Rule {
                     resource: index_of(&gvk),
                     controller: name.clone(),
+                    namespaces: namespaces.clone(),
                     kind: RuleKind::ByNamespace,
                     predicates: rule.predicates,
                     label_selector: label_selector(&at, rule.label_selector)?,
@@ -712,6 +726,7 @@ impl Config {
                 rules.push(Rule {
                     resource: index_of(&gvk),
                     controller: name.clone(),
+                    namespaces: namespaces.clone(),
                     kind: RuleKind::ByName,
                     predicates: rule.predicates,
                     label_selector: label_selector(&at, rule.label_selector)?,
@@ -757,6 +772,7 @@ impl Config {
                 rules.push(Rule {
                     resource: index_of(&gvk),
                     controller: name.clone(),
+                    namespaces: namespaces.clone(),
                     kind,
                     predicates: rule.predicates,
                     label_selector: label_selector(&at, rule.label_selector)?,
@@ -952,6 +968,35 @@ fn validate_collector(
     })
 }
 
+/// The most namespaces one controller may be scoped to.
+pub const MAX_CONTROLLER_NAMESPACES: usize = 256;
+
+/// A controller's `namespaces`, sorted and each once; otherwise which one is wrong (its
+/// index; the list's length when there are too many) and why.
+pub fn checked_namespaces(names: &[String]) -> std::result::Result<Vec<String>, (usize, String)> {
+    if names.len() > MAX_CONTROLLER_NAMESPACES {
+        return Err((
+            names.len(),
+            format!(
+                "{} namespaces given; at most {MAX_CONTROLLER_NAMESPACES}",
+                names.len()
+            ),
+        ));
+    }
+    for (i, name) in names.iter().enumerate() {
+        if !switchyard_selector::names::is_dns_label(name) {
+            return Err((
+                i,
+                format!("{name:?} is not a namespace name (a DNS label of at most 63 characters)"),
+            ));
+        }
+    }
+    let mut names = names.to_vec();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
 fn validate_namespaces(raw: RawNamespaces) -> Result<Namespaces> {
     let RawNamespaces { include, exclude } = raw;
     if !include.is_empty() && !exclude.is_empty() {
@@ -1138,6 +1183,36 @@ controllers:
             checked_label_selector(&long)
                 .unwrap_err()
                 .contains("at most 4096")
+        );
+    }
+
+    #[test]
+    fn a_controllers_namespaces_are_names_sorted_once_and_on_every_rule() {
+        let config = Config::from_yaml(
+            "controllers:\n  - name: w\n    for: {apiVersion: v1, kind: ConfigMap}\n    namespaces: [b, a, b]\n    owns:\n      - {apiVersion: v1, kind: Pod}\n",
+        )
+        .unwrap();
+        for rule in &config.rules {
+            assert_eq!(rule.namespaces, ["a", "b"]);
+        }
+        let error = Config::from_yaml(
+            "controllers:\n  - name: w\n    for: {apiVersion: v1, kind: ConfigMap}\n    namespaces: [a, Team_B]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("controllers[0].namespaces[1]"), "{error}");
+        assert!(
+            error.contains("\"Team_B\" is not a namespace name"),
+            "{error}"
+        );
+        let many: Vec<String> = (0..=MAX_CONTROLLER_NAMESPACES)
+            .map(|i| format!("n{i}"))
+            .collect();
+        assert!(
+            checked_namespaces(&many)
+                .unwrap_err()
+                .1
+                .contains("at most 256")
         );
     }
 

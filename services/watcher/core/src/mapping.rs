@@ -166,6 +166,36 @@ struct Rule {
     batch_status_only: bool,
     /// Only objects it matches key through the rule (the object after an update).
     selector: Option<Selector>,
+    /// The namespaces its keys may be in.
+    scope: Scope,
+}
+
+/// The namespaces a controller works in.
+#[derive(Debug)]
+struct Scope {
+    /// Sorted; empty: every namespace.
+    namespaces: Vec<String>,
+    /// The controller reconciles v1 Namespace: a key's name is the namespace scoped.
+    of_namespaces: bool,
+}
+
+impl Scope {
+    /// Whether the key (`namespace`, `name`) is in scope: any key when no namespace is
+    /// named, one of a cluster-scoped object too, except a Namespace's for a controller of
+    /// Namespaces.
+    fn admits(&self, namespace: &str, name: &str) -> bool {
+        if self.namespaces.is_empty() {
+            return true;
+        }
+        let scoped = match (namespace.is_empty(), self.of_namespaces) {
+            (false, _) => namespace,
+            (true, true) => name,
+            (true, false) => return true,
+        };
+        self.namespaces
+            .binary_search_by(|n| n.as_str().cmp(scoped))
+            .is_ok()
+    }
 }
 
 #[derive(Debug)]
@@ -265,6 +295,10 @@ impl Mapper {
                     .label_selector
                     .as_deref()
                     .and_then(|s| Selector::parse(s).ok()),
+                scope: Scope {
+                    namespaces: rule.namespaces.clone(),
+                    of_namespaces: reconciles_namespaces(config, &rule.controller),
+                },
             });
         }
         Self {
@@ -358,6 +392,7 @@ impl Mapper {
                 let meta = &owner["metadata"];
                 if let (Some(namespace), Some(name)) =
                     (meta["namespace"].as_str(), meta["name"].as_str())
+                    && rule.scope.admits(namespace, name)
                 {
                     out.key(
                         WorkKey {
@@ -406,6 +441,9 @@ impl Mapper {
                 _ => rule.batch_period,
             };
             let mut push = |namespace: &Arc<str>, name: &str| {
+                if !rule.scope.admits(namespace, name) {
+                    return;
+                }
                 let key = WorkKey {
                     controller: rule.controller.clone(),
                     namespace: namespace.clone(),
@@ -499,6 +537,17 @@ impl Mapper {
             }
         }
     }
+}
+
+/// Whether `controller` reconciles v1 Namespace (its `for` rule's kind).
+fn reconciles_namespaces(config: &Config, controller: &str) -> bool {
+    config.rules.iter().any(|rule| {
+        let gvk = &config.resources[rule.resource].gvk;
+        rule.controller == controller
+            && rule.kind == RuleKind::For
+            && gvk.group.is_empty()
+            && gvk.kind == "Namespace"
+    })
 }
 
 /// The index of the resource `gvk` names, in any version.
@@ -652,6 +701,89 @@ controllers:
             ["example.com/v1/Widget ns/w"]
         );
         assert!(keys_of(&config, pod, EventKind::Deleted, None, &unmanaged).is_empty());
+    }
+
+    #[test]
+    fn a_controller_scoped_to_namespaces_is_keyed_in_them_only() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: example.com/v1/Widget
+    for: {apiVersion: example.com/v1, kind: Widget}
+    namespaces: [team-b, ns]
+    owns:
+      - {apiVersion: v1, kind: Pod}
+  - name: v1/Namespace
+    for: {apiVersion: v1, kind: Namespace}
+    namespaces: [ns]
+    mapByNamespace:
+      - {apiVersion: v1, kind: Secret}
+"#,
+        )
+        .unwrap();
+        let (widget, pod, namespace, secret) = (0, 1, 2, 3);
+        let elsewhere =
+            |name: &str, owner| Summary::new("team-a", name, "1", Some(1), [], [], owner);
+        let owner = owned_by("Widget", "example.com/v1", "w");
+        assert_eq!(
+            keys_of(
+                &config,
+                widget,
+                EventKind::Added,
+                None,
+                &mk("w", 1, &[], None)
+            ),
+            ["example.com/v1/Widget ns/w"]
+        );
+        assert_eq!(
+            keys_of(
+                &config,
+                pod,
+                EventKind::Deleted,
+                None,
+                &mk("p", 0, &[], owner.clone())
+            ),
+            ["example.com/v1/Widget ns/w"]
+        );
+        assert!(
+            keys_of(
+                &config,
+                widget,
+                EventKind::Sync,
+                None,
+                &elsewhere("w", None)
+            )
+            .is_empty()
+        );
+        assert!(keys_of(&config, pod, EventKind::Added, None, &elsewhere("p", owner)).is_empty());
+        // A controller of Namespaces: only the Namespaces named, by their own key or by
+        // what lives in them.
+        let ns = |name: &str| Summary::new("", name, "1", None, [], [], None);
+        assert_eq!(
+            keys_of(&config, namespace, EventKind::Added, None, &ns("ns")),
+            ["v1/Namespace /ns"]
+        );
+        assert!(keys_of(&config, namespace, EventKind::Added, None, &ns("team-a")).is_empty());
+        assert_eq!(
+            keys_of(
+                &config,
+                secret,
+                EventKind::Deleted,
+                None,
+                &mk("s", 0, &[], None)
+            ),
+            ["v1/Namespace /ns"]
+        );
+        assert!(
+            keys_of(
+                &config,
+                secret,
+                EventKind::Deleted,
+                None,
+                &elsewhere("s", None)
+            )
+            .is_empty()
+        );
     }
 
     #[test]

@@ -78,6 +78,7 @@ impl Watches {
                     gvk,
                     mapping,
                     selector,
+                    namespaces: rule.namespaces.clone(),
                 },
                 keying,
             );
@@ -280,6 +281,7 @@ impl Watches {
                     batch_period: keying.batch_period,
                     batch_status_only: keying.batch_status_only,
                     label_selector: target.selector,
+                    namespaces: target.namespaces,
                 });
             }
         }

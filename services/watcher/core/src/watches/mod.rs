@@ -76,6 +76,8 @@ pub struct ControllerWatches {
     pub by_selector: Vec<Watch>,
     pub by_placement: Vec<Watch>,
     pub by_name: Vec<Watch>,
+    /// The namespaces it works in; empty: every one.
+    pub namespaces: Vec<String>,
 }
 
 /// One declared watch (the proto's `Watch`).
@@ -113,6 +115,8 @@ struct Target {
     mapping: Mapping,
     /// Only objects this label selector matches key through the rule.
     selector: Option<String>,
+    /// The controller's namespaces, sorted; empty: every one.
+    namespaces: Vec<String>,
 }
 
 /// Which updates a rule keys.
@@ -213,6 +217,9 @@ impl fmt::Display for Described<'_> {
         }
         if let Some(selector) = &target.selector {
             write!(f, " selecting {selector:?}")?;
+        }
+        if !target.namespaces.is_empty() {
+            write!(f, " in namespaces {:?}", target.namespaces)?;
         }
         if let Filter::AnyOf(predicates) = filter {
             write!(f, " {:?}", predicates.iter().collect::<Vec<_>>())?;

@@ -50,6 +50,7 @@ fn widgets() -> ControllerWatches {
         by_selector: vec![],
         by_placement: vec![],
         by_name: vec![],
+        namespaces: vec![],
     }
 }
 
@@ -545,6 +546,11 @@ fn malformed_registrations_name_the_field() {
          in must be in parentheses, as in \"key in (a,b)\""
     );
     assert_eq!(
+        with(|c| c.namespaces = vec!["team-a".into(), "".into()]),
+        "controllers[0].namespaces[1]: \"\" is not a namespace name (a DNS label of at most 63 \
+         characters)"
+    );
+    assert_eq!(
         with(|c| c.by_namespace.push(watch("v1", "ConfigMap"))),
         "controllers[0].by_namespace[0]: maps to the object's Namespace, so the reconciled kind \
          must be v1/Namespace, not example.com/v1/Widget"
@@ -562,6 +568,7 @@ fn a_namespace_mapping_keys_the_namespace_of_the_changed_object() {
         by_selector: vec![],
         by_placement: vec![],
         by_name: vec![],
+        namespaces: vec![],
     };
     let mut watches = watches();
     watches.register(registration("r", vec![accounts])).unwrap();
@@ -650,6 +657,7 @@ fn a_registration_needs_every_kind_it_names_granted_to_its_account() {
         by_selector: vec![],
         by_placement: vec![],
         by_name: vec![],
+        namespaces: vec![],
     };
     assert_eq!(
         check(
@@ -690,4 +698,34 @@ fn watches_of_one_kind_with_other_label_selectors_are_rules_of_their_own() {
         .map(|r| r.label_selector.as_deref())
         .collect();
     assert_eq!(owns, [Some("tier=api"), Some("tier=web")]);
+}
+
+#[test]
+fn registrations_of_one_controller_in_other_namespaces_add_up() {
+    let mut watches = watches();
+    let scoped = |namespaces: &[&str]| ControllerWatches {
+        namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+        ..widgets()
+    };
+    watches
+        .register(registration("a", vec![scoped(&["team-b", "team-a"])]))
+        .unwrap();
+    watches
+        .register(registration(
+            "b",
+            vec![scoped(&["team-a", "team-b", "team-a"])],
+        ))
+        .unwrap();
+    watches
+        .register(registration("c", vec![scoped(&["team-c"])]))
+        .unwrap();
+    let mut fors: Vec<Vec<String>> = watches
+        .effective()
+        .rules
+        .iter()
+        .filter(|r| r.controller == WIDGET && r.kind == RuleKind::For)
+        .map(|r| r.namespaces.clone())
+        .collect();
+    fors.sort();
+    assert_eq!(fors, [vec!["team-a", "team-b"], vec!["team-c"]]);
 }

@@ -69,9 +69,12 @@ impl Registration {
             by_selector,
             by_placement,
             by_name,
+            namespaces,
         } = declared;
         let at = format!("controllers[{c}]");
         check_name(&format!("{at}.name"), &name)?;
+        let namespaces = crate::config::checked_namespaces(&namespaces)
+            .map_err(|(i, problem)| invalid(format!("{at}.namespaces[{i}]"), problem))?;
         let lists = [
             ("owns", &owns),
             ("by_label", &by_label),
@@ -109,6 +112,7 @@ impl Registration {
                 gvk: owner.clone(),
                 mapping: Mapping::For,
                 selector: selector(&field, &reconciles)?,
+                namespaces: namespaces.clone(),
             },
             Keying::of(
                 &reconciles.predicates,
@@ -156,6 +160,7 @@ impl Registration {
                         through,
                     },
                     selector: selector(&field, watch)?,
+                    namespaces: namespaces.clone(),
                 },
                 Keying::of(
                     &watch.predicates,
@@ -192,6 +197,7 @@ impl Registration {
                         label: label.to_owned(),
                     },
                     selector: selector(&field, watch)?,
+                    namespaces: namespaces.clone(),
                 },
                 Keying::of(
                     &watch.predicates,
@@ -219,6 +225,7 @@ impl Registration {
                     gvk,
                     mapping: Mapping::ByNamespace,
                     selector: selector(&field, watch)?,
+                    namespaces: namespaces.clone(),
                 },
                 Keying::of(
                     &watch.predicates,
@@ -238,6 +245,7 @@ impl Registration {
                     gvk,
                     mapping: Mapping::ByName,
                     selector: selector(&field, watch)?,
+                    namespaces: namespaces.clone(),
                 },
                 Keying::of(
                     &watch.predicates,
@@ -286,6 +294,7 @@ impl Registration {
                     gvk,
                     mapping,
                     selector: selector(&field, watch)?,
+                    namespaces: namespaces.clone(),
                 },
                 Keying::of(
                     &watch.predicates,
