@@ -224,11 +224,21 @@ fn watch(watch: &Watch) -> ProtoWatch {
             .options
             .predicates
             .iter()
-            .map(|p| match p {
-                Predicate::GenerationChanged => ProtoPredicate::GenerationChanged,
-                Predicate::LabelsChanged => ProtoPredicate::LabelsChanged,
-                Predicate::AnnotationsChanged => ProtoPredicate::AnnotationsChanged,
-            } as i32)
+            .filter_map(|p| match p {
+                Predicate::GenerationChanged => Some(ProtoPredicate::GenerationChanged as i32),
+                Predicate::LabelsChanged => Some(ProtoPredicate::LabelsChanged as i32),
+                Predicate::AnnotationsChanged => Some(ProtoPredicate::AnnotationsChanged as i32),
+                Predicate::FieldChanged(_) => None,
+            })
+            .collect(),
+        fields_changed: watch
+            .options
+            .predicates
+            .iter()
+            .filter_map(|p| match p {
+                Predicate::FieldChanged(pointer) => Some(pointer.clone()),
+                _ => None,
+            })
             .collect(),
         metadata_only: watch.options.metadata_only,
         through: watch.through.as_ref().map(gvk),

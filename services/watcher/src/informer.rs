@@ -392,6 +392,16 @@ impl Informer {
         if !self.caches.namespaces.admits(&summary.namespace) {
             return None;
         }
+        // The values `fieldChanged` predicates compare, from the JSON as cached.
+        let summary = match now.index_of(&self.cache).map(|i| now.mapper.fields(i)) {
+            Some(pointers) if !pointers.is_empty() => {
+                match serde_json::from_slice::<serde_json::Value>(&json) {
+                    Ok(object) => summary.with_fields(pointers, &object),
+                    Err(_) => summary,
+                }
+            }
+            _ => summary,
+        };
         let new = summary.clone();
         // A kind mapped by placement (Nodes) is weighed from its JSON before and after.
         let placed = now

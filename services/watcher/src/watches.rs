@@ -17,7 +17,9 @@ use switchyard_proto::{
     watcher::v1::{self as proto, RegisterRequest, RegisterResponse, watches_server},
 };
 use switchyard_runtime::{Drain, authz::Caller};
-use switchyard_watcher_core::{Config, ControllerWatches, Gvk, Predicate, Registration, Watch};
+use switchyard_watcher_core::{
+    Config, ControllerWatches, Gvk, MAX_FIELD_PREDICATES, Predicate, Registration, Watch,
+};
 use tonic::{Request, Response, Status};
 use tracing::warn;
 
@@ -149,6 +151,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         batch_period,
         batch_status_updates_only,
         label_selector,
+        fields_changed,
     } = watch;
     let batch_period = batch_period
         .map(|period| {
@@ -157,7 +160,27 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         })
         .transpose()?
         .filter(|period| !period.is_zero());
-    let predicates = predicates
+    if fields_changed.len() > MAX_FIELD_PREDICATES {
+        return Err(invalid(
+            format!("{field}.fields_changed"),
+            format!(
+                "{} given; at most {MAX_FIELD_PREDICATES}",
+                fields_changed.len()
+            ),
+        ));
+    }
+    let fields = fields_changed
+        .into_iter()
+        .enumerate()
+        .map(|(i, pointer)| {
+            let predicate = Predicate::FieldChanged(pointer);
+            match predicate.problem() {
+                Some(problem) => Err(invalid(format!("{field}.fields_changed[{i}]"), problem)),
+                None => Ok(predicate),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let predicates: Vec<Predicate> = predicates
         .into_iter()
         .enumerate()
         .map(|(p, value)| match proto::Predicate::try_from(value) {
@@ -171,6 +194,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
                 ),
             )),
         })
+        .chain(fields.into_iter().map(Ok))
         .collect::<Result<_, _>>()?;
     Ok(Watch {
         gvk: gvk
@@ -290,6 +314,25 @@ mod tests {
         assert_eq!(
             refused(vec![bad]).message(),
             "controllers[0].reconciles.gvk.kind: 70000 bytes, at most 63"
+        );
+    }
+
+    #[test]
+    fn field_predicates_are_json_pointers_named_by_their_field_when_wrong() {
+        let mut fields = widgets();
+        fields.owns[0].fields_changed = vec!["/status/phase".into()];
+        let registration = registration("r".into(), vec![fields.clone()]).unwrap();
+        assert_eq!(registration.registrant(), "r");
+        fields.owns[0].fields_changed.push("status".into());
+        assert_eq!(
+            refused(vec![fields.clone()]).message(),
+            "controllers[0].owns[0].fields_changed[1]: fieldChanged \"status\" is not a JSON \
+             pointer: it starts with '/', as \"/status/phase\""
+        );
+        fields.owns[0].fields_changed = vec!["/a".into(); MAX_FIELD_PREDICATES + 1];
+        assert_eq!(
+            refused(vec![fields]).message(),
+            "controllers[0].owns[0].fields_changed: 17 given; at most 16"
         );
     }
 

@@ -136,6 +136,7 @@ fn watch() -> impl Strategy<Value = Watch> {
         duration(),
         any::<bool>(),
         text(),
+        collection::vec(text(), 0..3),
     )
         .prop_map(
             |(
@@ -147,6 +148,7 @@ fn watch() -> impl Strategy<Value = Watch> {
                 batch_period,
                 status_only,
                 selector,
+                fields_changed,
             )| {
                 Watch {
                     gvk,
@@ -157,6 +159,7 @@ fn watch() -> impl Strategy<Value = Watch> {
                     batch_period,
                     batch_status_updates_only: status_only,
                     label_selector: selector,
+                    fields_changed,
                 }
             },
         )

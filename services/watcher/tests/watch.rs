@@ -207,6 +207,68 @@ async fn owned_changes_within_the_batch_period_are_one_delayed_key() {
     queue.stop().await;
 }
 
+#[tokio::test]
+async fn a_field_predicate_keys_only_updates_that_change_its_field() {
+    let plane = ControlPlane::shared().unwrap();
+    let client = plane.client().await.unwrap();
+    let ns = TestNamespace::create(plane, &client, "watch-field")
+        .await
+        .unwrap();
+    let ns = ns.name().to_owned();
+    let queue = queue(&[RS], &[]).await;
+    let mut worker = Worker::start(queue.grpc()).await;
+    let config = rs_config(&ns, false).replace(
+        "predicates: [generationChanged, labelsChanged]",
+        "predicates: [{fieldChanged: /metadata/annotations/example.com~1phase}]",
+    );
+    assert!(config.contains("fieldChanged"), "{config}");
+    let watcher = watcher(plane, &config, &format!("--queue-addr={}", queue.grpc())).await;
+    watcher.wait_ready(WITHIN).await;
+
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), &ns);
+    sets.create(&PostParams::default(), &replica_set("web", 0))
+        .await
+        .unwrap();
+    let web = key(RS, &ns, "web");
+    worker.expect(&web, WITHIN).await;
+    let annotate =
+        |name: &str, value: &str| serde_json::json!({"metadata": {"annotations": {name: value}}});
+    // Another annotation, then the spec: neither is the field.
+    sets.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(annotate("example.com/other", "x")),
+    )
+    .await
+    .unwrap();
+    sets.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 1}})),
+    )
+    .await
+    .unwrap();
+    let leased = worker.leased_during(Duration::from_secs(1)).await;
+    assert!(
+        leased.is_empty(),
+        "keyed without the field changing: {leased:?}"
+    );
+    // The field set, then changed: keyed each time.
+    for phase in ["a", "b"] {
+        sets.patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(annotate("example.com/phase", phase)),
+        )
+        .await
+        .unwrap();
+        worker.expect(&web, WITHIN).await;
+    }
+
+    watcher.stop().await;
+    queue.stop().await;
+}
+
 fn widget_crd() -> CustomResourceDefinition {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "apiextensions.k8s.io/v1",

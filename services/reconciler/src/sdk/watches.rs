@@ -10,12 +10,16 @@ use switchyard_k8s::kube::{Resource, api::GroupVersionKind};
 /// When an update keys the controller: any one of the listed predicates holding is enough
 /// (controller-runtime's `predicate.Or`); none listed means every update. Creations,
 /// deletions and resyncs always key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Predicate {
     /// `metadata.generation` changed: a spec change, for kinds with a status subresource.
     GenerationChanged,
     LabelsChanged,
     AnnotationsChanged,
+    /// The value at this JSON pointer (`/spec/replicas`, `/status/phase`) changed, appeared
+    /// or went: a custom predicate over one field of the old and new object, evaluated by the
+    /// watcher (it keeps a hash of the value per cached object of the kind).
+    FieldChanged(String),
 }
 
 /// How one kind is watched.

@@ -153,12 +153,106 @@ pub(crate) fn is_kind(kind: &str) -> bool {
 
 /// When an update passes a rule: any one of the listed predicates holding is enough
 /// (controller-runtime's `predicate.Or`). Creations, deletions and resyncs always pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(try_from = "RawPredicate")]
 pub enum Predicate {
     GenerationChanged,
     LabelsChanged,
     AnnotationsChanged,
+    /// The value at this JSON pointer (RFC 6901: `/spec/replicas`, `/status/phase`,
+    /// `/metadata/labels/app`) changed, appeared or went: the custom predicates of
+    /// controller-runtime that compare one field of the old and new object. The watcher keeps
+    /// a hash of the value per cached object, taken as the object comes.
+    FieldChanged(String),
+}
+
+/// A predicate as the file writes it: a name (`generationChanged`), or a map of one key
+/// (`{fieldChanged: /status/phase}`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawPredicate {
+    Name(String),
+    Field {
+        #[serde(rename = "fieldChanged")]
+        field_changed: String,
+    },
+}
+
+impl TryFrom<RawPredicate> for Predicate {
+    type Error = String;
+
+    fn try_from(raw: RawPredicate) -> std::result::Result<Self, String> {
+        match raw {
+            RawPredicate::Name(name) => match name.as_str() {
+                "generationChanged" => Ok(Self::GenerationChanged),
+                "labelsChanged" => Ok(Self::LabelsChanged),
+                "annotationsChanged" => Ok(Self::AnnotationsChanged),
+                _ => Err(format!(
+                    "unknown predicate {name:?}: expected generationChanged, labelsChanged, \
+                     annotationsChanged or {{fieldChanged: /json/pointer}}"
+                )),
+            },
+            RawPredicate::Field { field_changed } => Ok(Self::FieldChanged(field_changed)),
+        }
+    }
+}
+
+/// The longest JSON pointer a `fieldChanged` predicate may name.
+pub const MAX_FIELD_POINTER: usize = 256;
+
+/// The most `fieldChanged` predicates one rule may have.
+pub const MAX_FIELD_PREDICATES: usize = 16;
+
+impl Predicate {
+    /// What is wrong with it, if anything.
+    pub fn problem(&self) -> Option<String> {
+        let Self::FieldChanged(pointer) = self else {
+            return None;
+        };
+        if !pointer.starts_with('/') {
+            return Some(format!(
+                "fieldChanged {pointer:?} is not a JSON pointer: it starts with '/', as \"/status/phase\""
+            ));
+        }
+        if pointer.len() > MAX_FIELD_POINTER {
+            return Some(format!(
+                "fieldChanged is {} characters; at most {MAX_FIELD_POINTER}",
+                pointer.len()
+            ));
+        }
+        None
+    }
+}
+
+/// `predicates`, checked: each [`Predicate::problem`] named by its index, and at most
+/// [`MAX_FIELD_PREDICATES`] `fieldChanged`.
+pub fn checked_predicates(
+    predicates: Vec<Predicate>,
+) -> std::result::Result<Vec<Predicate>, (Option<usize>, String)> {
+    for (i, predicate) in predicates.iter().enumerate() {
+        if let Some(problem) = predicate.problem() {
+            return Err((Some(i), problem));
+        }
+    }
+    let fields = predicates
+        .iter()
+        .filter(|p| matches!(p, Predicate::FieldChanged(_)))
+        .count();
+    if fields > MAX_FIELD_PREDICATES {
+        return Err((
+            None,
+            format!("{fields} fieldChanged predicates; at most {MAX_FIELD_PREDICATES}"),
+        ));
+    }
+    Ok(predicates)
+}
+
+/// [`checked_predicates`] for the rule at `rule` of the file.
+fn predicates_of(rule: &str, predicates: Vec<Predicate>) -> Result<Vec<Predicate>> {
+    checked_predicates(predicates).map_err(|(i, problem)| match i {
+        Some(i) => invalid(format!("{rule}.predicates[{i}]"), problem),
+        None => invalid(format!("{rule}.predicates"), problem),
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -619,7 +713,7 @@ impl Config {
                 controller: name.clone(),
                 namespaces: namespaces.clone(),
                 kind: RuleKind::For,
-                predicates: for_.predicates,
+                predicates: predicates_of(&format!("{field}.for"), for_.predicates)?,
                 label_selector: label_selector(&format!("{field}.for"), for_.label_selector)?,
                 batch_period: batch_period(format!("{field}.for"), for_.batch_period)?,
                 batch_status_only: for_.batch_status_updates_only,
@@ -660,7 +754,7 @@ impl Config {
                         owner: owner.clone(),
                         through,
                     },
-                    predicates: rule.predicates,
+                    predicates: predicates_of(&format!("{field}.owns[{i}]"), rule.predicates)?,
                     label_selector: label_selector(
                         &format!("{field}.owns[{i}]"),
                         rule.label_selector,
@@ -680,7 +774,7 @@ impl Config {
                     controller: name.clone(),
                     namespaces: namespaces.clone(),
                     kind: RuleKind::ByLabel { label: rule.label },
-                    predicates: rule.predicates,
+                    predicates: predicates_of(&at, rule.predicates)?,
                     label_selector: label_selector(&at, rule.label_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
@@ -708,7 +802,7 @@ impl Config {
                     controller: name.clone(),
                     namespaces: namespaces.clone(),
                     kind: RuleKind::ByNamespace,
-                    predicates: rule.predicates,
+                    predicates: predicates_of(&at, rule.predicates)?,
                     label_selector: label_selector(&at, rule.label_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
@@ -728,7 +822,7 @@ impl Config {
                     controller: name.clone(),
                     namespaces: namespaces.clone(),
                     kind: RuleKind::ByName,
-                    predicates: rule.predicates,
+                    predicates: predicates_of(&at, rule.predicates)?,
                     label_selector: label_selector(&at, rule.label_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
@@ -774,7 +868,7 @@ impl Config {
                     controller: name.clone(),
                     namespaces: namespaces.clone(),
                     kind,
-                    predicates: rule.predicates,
+                    predicates: predicates_of(&at, rule.predicates)?,
                     label_selector: label_selector(&at, rule.label_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,

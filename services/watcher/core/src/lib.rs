@@ -19,8 +19,8 @@ pub mod store;
 pub mod watches;
 
 pub use config::{
-    CollectorConfig, Config, ConfigError, Grants, GroupResource, Gvk, Objects, Predicate,
-    ResourceConfig,
+    CollectorConfig, Config, ConfigError, Grants, GroupResource, Gvk, MAX_FIELD_PREDICATES,
+    Objects, Predicate, ResourceConfig,
 };
 pub use mapping::{EventKind, KeySink, Mapper, NoOwners, Owners, WorkKey};
 pub use store::{ControllerRef, Store, Summary};

@@ -235,6 +235,8 @@ struct Through {
 #[derive(Debug)]
 pub struct Mapper {
     by_resource: Vec<Vec<Rule>>,
+    /// Per resource, the JSON pointers its rules' `fieldChanged` predicates name.
+    fields: Vec<Vec<Arc<str>>>,
     /// The namespace of a cluster-scoped key (`mapByNamespace` keys a Namespace), made once.
     cluster: Arc<str>,
 }
@@ -301,10 +303,33 @@ impl Mapper {
                 },
             });
         }
+        let fields = by_resource
+            .iter()
+            .map(|rules| {
+                let mut pointers: Vec<Arc<str>> = rules
+                    .iter()
+                    .flat_map(|rule| &rule.predicates)
+                    .filter_map(|p| match p {
+                        Predicate::FieldChanged(pointer) => Some(Arc::from(pointer.as_str())),
+                        _ => None,
+                    })
+                    .collect();
+                pointers.sort();
+                pointers.dedup();
+                pointers
+            })
+            .collect();
         Self {
             by_resource,
+            fields,
             cluster: Arc::from(""),
         }
+    }
+
+    /// The JSON pointers whose values a summary of `resource` carries
+    /// ([`Summary::with_fields`]): those its rules' `fieldChanged` predicates name.
+    pub fn fields(&self, resource: usize) -> &[Arc<str>] {
+        &self.fields[resource]
     }
 
     /// Whether any rule maps events of `resource` (a cache-only resource has none).
@@ -565,6 +590,11 @@ fn passes(predicates: &[Predicate], old: &Summary, new: &Summary) -> bool {
             Predicate::GenerationChanged => old.generation != new.generation,
             Predicate::LabelsChanged => old.labels != new.labels,
             Predicate::AnnotationsChanged => old.annotations_hash != new.annotations_hash,
+            // A hash not taken (the object cached before the rule came) counts as changed.
+            Predicate::FieldChanged(pointer) => match (old.field(pointer), new.field(pointer)) {
+                (Some(before), Some(after)) => before != after,
+                _ => true,
+            },
         })
 }
 
@@ -701,6 +731,68 @@ controllers:
             ["example.com/v1/Widget ns/w"]
         );
         assert!(keys_of(&config, pod, EventKind::Deleted, None, &unmanaged).is_empty());
+    }
+
+    #[test]
+    fn a_field_predicate_keys_when_the_value_at_its_pointer_changes() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: example.com/v1/Widget
+    for:
+      apiVersion: example.com/v1
+      kind: Widget
+      predicates: [labelsChanged, {fieldChanged: /status/phase}]
+"#,
+        )
+        .unwrap();
+        let mapper = Mapper::new(&config);
+        assert_eq!(mapper.fields(0), [Arc::from("/status/phase")]);
+        let with = |labels: &[(&str, &str)], object: serde_json::Value| {
+            mk("w", 1, labels, None).with_fields(mapper.fields(0), &object)
+        };
+        let pending = with(
+            &[],
+            serde_json::json!({"status": {"phase": "Pending", "n": 1}}),
+        );
+        let key = ["example.com/v1/Widget ns/w"];
+        let update =
+            |old: &Summary, new: &Summary| keys_of(&config, 0, EventKind::Modified, Some(old), new);
+        let running = with(
+            &[],
+            serde_json::json!({"status": {"phase": "Running", "n": 1}}),
+        );
+        assert_eq!(update(&pending, &running), key);
+        // Another field of the status: nothing.
+        let counted = with(
+            &[],
+            serde_json::json!({"status": {"phase": "Pending", "n": 2}}),
+        );
+        assert!(update(&pending, &counted).is_empty());
+        // The value gone, or come: keyed.
+        let gone = with(&[], serde_json::json!({"status": {}}));
+        assert_eq!(update(&pending, &gone), key);
+        assert_eq!(update(&gone, &pending), key);
+        // The other predicate still keys alone.
+        let labelled = with(
+            &[("a", "b")],
+            serde_json::json!({"status": {"phase": "Pending"}}),
+        );
+        assert_eq!(update(&pending, &labelled), key);
+        // An object cached before the rule came carries no hash: keyed.
+        assert_eq!(update(&mk("w", 1, &[], None), &pending), key);
+
+        let error = Config::from_yaml(
+            "controllers: [{name: w, for: {apiVersion: v1, kind: Pod, predicates: [{fieldChanged: status}]}}]",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains(
+                "controllers[0].for.predicates[0]: fieldChanged \"status\" is not a JSON pointer"
+            ),
+            "{error}"
+        );
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub struct Summary {
     pub labels: Box<[(Box<str>, Box<str>)]>,
     pub annotations_hash: u64,
     pub controller: Option<Box<ControllerRef>>,
+    /// For `fieldChanged` predicates: per JSON pointer a rule of the kind names, a hash of
+    /// the value there (`None`: absent), taken as the object came ([`Summary::with_fields`]).
+    pub fields: Box<[(Arc<str>, Option<u64>)]>,
 }
 
 impl Summary {
@@ -81,7 +84,33 @@ impl Summary {
             labels: labels.into(),
             annotations_hash: hasher.finish(),
             controller: controller.map(Box::new),
+            fields: Box::new([]),
         }
+    }
+
+    /// The same summary, with a hash of the value at each of `pointers` in `object` (the
+    /// object's JSON, parsed).
+    pub fn with_fields(mut self, pointers: &[Arc<str>], object: &serde_json::Value) -> Self {
+        self.fields = pointers
+            .iter()
+            .map(|pointer| {
+                let hash = object.pointer(pointer).map(|value| {
+                    let mut hasher = DefaultHasher::new();
+                    hash_value(value, &mut hasher);
+                    hasher.finish()
+                });
+                (pointer.clone(), hash)
+            })
+            .collect();
+        self
+    }
+
+    /// The hash of the value at `pointer`, if it was taken: `Some(None)` for a value absent.
+    pub fn field(&self, pointer: &str) -> Option<Option<u64>> {
+        self.fields
+            .iter()
+            .find(|(p, _)| &**p == pointer)
+            .map(|(_, hash)| *hash)
     }
 
     pub fn label(&self, key: &str) -> Option<&str> {
@@ -89,6 +118,32 @@ impl Summary {
             .binary_search_by(|(k, _)| (**k).cmp(key))
             .ok()
             .map(|i| &*self.labels[i].1)
+    }
+}
+
+/// Hashes a JSON value by its structure (object keys in order, so a reordering is no change).
+fn hash_value(value: &serde_json::Value, hasher: &mut impl Hasher) {
+    use serde_json::Value;
+    match value {
+        Value::Null => 0u8.hash(hasher),
+        Value::Bool(b) => (1u8, b).hash(hasher),
+        Value::Number(n) => (2u8, n.to_string()).hash(hasher),
+        Value::String(text) => (3u8, text).hash(hasher),
+        Value::Array(items) => {
+            (4u8, items.len()).hash(hasher);
+            for item in items {
+                hash_value(item, hasher);
+            }
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            (5u8, entries.len()).hash(hasher);
+            for (key, value) in entries {
+                key.hash(hasher);
+                hash_value(value, hasher);
+            }
+        }
     }
 }
 

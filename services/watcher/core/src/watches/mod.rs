@@ -130,7 +130,7 @@ impl Filter {
     fn of(predicates: &[Predicate]) -> Self {
         match predicates {
             [] => Self::Every,
-            some => Self::AnyOf(some.iter().copied().collect()),
+            some => Self::AnyOf(some.iter().cloned().collect()),
         }
     }
 
@@ -138,14 +138,14 @@ impl Filter {
         match (&mut *self, other) {
             (Self::Every, _) => {}
             (_, Self::Every) => *self = Self::Every,
-            (Self::AnyOf(mine), Self::AnyOf(theirs)) => mine.extend(theirs),
+            (Self::AnyOf(mine), Self::AnyOf(theirs)) => mine.extend(theirs.iter().cloned()),
         }
     }
 
     fn predicates(&self) -> Vec<Predicate> {
         match self {
             Self::Every => Vec::new(),
-            Self::AnyOf(some) => some.iter().copied().collect(),
+            Self::AnyOf(some) => some.iter().cloned().collect(),
         }
     }
 }
