@@ -37,6 +37,11 @@
 //!   figure's `_requested` twin counts the sizes asked for, as the figures did before. Each
 //!   side stores the Pods once per round, which side goes first alternating
 //!   (`SWITCHYARD_BENCH_ROUNDS`, 2 by default); each figure is the median of its rounds;
+//! - `watcher.field_predicate_us_per_pod` (µs): what a `fieldChanged` predicate adds to each
+//!   event of its kind, over the same Pods: the object's JSON parsed and one value
+//!   (`/status/phase`) hashed; beside it `watcher.summary_us_per_pod` (µs), what every event
+//!   costs already (the summary and the JSON the cache keeps). Medians of the rounds; no
+//!   peer figure (controller-runtime runs its predicates on objects already decoded);
 //! - `watcher.list_50k` (s): from starting a watcher until its initial list of 50,000 Pods is
 //!   cached (readiness).
 //!
@@ -747,6 +752,41 @@ async fn memory(plane: &ControlPlane, client: &Client) {
             figures.entry(name).or_default().push(heap);
         }
     }
+
+    // What a fieldChanged predicate costs the watcher per event of its kind: the object's
+    // JSON parsed and the named value hashed, beside what every event costs already (the
+    // summary and the JSON the cache keeps).
+    let listed: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &switchyard_k8s::kube::api::ApiResource::erase::<Pod>(&()),
+    );
+    let objects = listed.list(&ListParams::default()).await.unwrap().items;
+    let pointers: Vec<Arc<str>> = vec![Arc::from("/status/phase")];
+    let (mut summarizing, mut hashing) = (Vec::new(), Vec::new());
+    for _ in 0..switchyard_testenv::bench_rounds() {
+        let copies = objects.clone();
+        let start = Instant::now();
+        let summarized: Vec<_> = copies.into_iter().map(summarize).collect();
+        summarizing.push(start.elapsed().as_secs_f64() * 1e6 / objects.len() as f64);
+        let start = Instant::now();
+        for (summary, json) in summarized {
+            let object: serde_json::Value = serde_json::from_slice(&json).unwrap();
+            std::hint::black_box(summary.with_fields(&pointers, &object));
+        }
+        hashing.push(start.elapsed().as_secs_f64() * 1e6 / objects.len() as f64);
+    }
+    eprintln!("memory: µs per Pod: summary {summarizing:?}, field predicate {hashing:?}");
+    figure(
+        "summary_us_per_pod",
+        switchyard_testenv::median(summarizing).expect("a round"),
+        "us",
+    );
+    figure(
+        "field_predicate_us_per_pod",
+        switchyard_testenv::median(hashing).expect("a round"),
+        "us",
+    );
 
     eprintln!("memory: {count} Running kwok Pods");
     for (name, heaps) in figures {
