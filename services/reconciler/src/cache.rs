@@ -556,7 +556,12 @@ impl CacheClient {
         K: Resource<DynamicType = ()> + DeserializeOwned + Send + Sync + 'static,
     {
         self.list_as::<K, Arc<K>>(namespace, filter, |jsons| {
-            self.decoded.decode_all(jsons, decode::<K>)
+            let (objects, kept) = self.decoded.decode_all(jsons, decode::<K>)?;
+            if let Some(metrics) = &self.metrics {
+                let decoded_as = std::any::type_name::<K>().rsplit("::").next();
+                metrics.decoded(kind_key::<K>(), decoded_as.unwrap_or_default(), kept);
+            }
+            Ok(objects)
         })
         .await
     }

@@ -167,12 +167,24 @@ pub struct CacheCallLabels {
 #[derive(Clone, Debug)]
 pub struct CacheMetrics {
     latency: Family<CacheCallLabels, Histogram, fn() -> Histogram>,
+    decoded: Family<DecodedLabels, Gauge>,
+}
+
+/// The decoded objects `list_shared` keeps of one kind, decoded as one type.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecodedLabels {
+    /// `group/version/Kind` (`v1/Pod`).
+    pub kind: String,
+    /// The type decoded into, unqualified (`Pod`, or a narrower view such as
+    /// `NodePlacement`).
+    pub decoded_as: String,
 }
 
 impl CacheMetrics {
     pub fn register(metrics: &Metrics) -> Self {
         let this = Self {
             latency: Family::new_with_constructor(duration_histogram),
+            decoded: Family::default(),
         };
         metrics.register_with_unit(
             "switchyard_cache_request_duration",
@@ -181,7 +193,23 @@ impl CacheMetrics {
             Unit::Seconds,
             this.latency.clone(),
         );
+        metrics.register(
+            "switchyard_cache_decoded_objects",
+            "Decoded objects this process keeps for shared lists (list_shared), by kind and the \
+             type decoded into, as of the kind's last shared list",
+            this.decoded.clone(),
+        );
         this
+    }
+
+    /// `kept` objects of `kind` are kept decoded as `decoded_as`.
+    pub fn decoded(&self, kind: String, decoded_as: &str, kept: usize) {
+        self.decoded
+            .get_or_create(&DecodedLabels {
+                kind,
+                decoded_as: decoded_as.to_owned(),
+            })
+            .set(i64::try_from(kept).unwrap_or(i64::MAX));
     }
 
     pub fn observe(&self, call: &'static str, code: Option<tonic::Code>, took: Duration) {

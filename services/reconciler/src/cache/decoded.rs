@@ -100,16 +100,17 @@ impl<K> Shelf<K> {
 
 impl Decoded {
     /// `jsons` decoded by `decode`, in order: each found kept is shared, the others decoded
-    /// (outside the lock) and kept.
+    /// (outside the lock) and kept. With them, how many objects of `K` are kept now.
     pub fn decode_all<K, E>(
         &self,
         jsons: Vec<Vec<u8>>,
         decode: impl Fn(&[u8]) -> Result<K, E>,
-    ) -> Result<Vec<Arc<K>>, E>
+    ) -> Result<(Vec<Arc<K>>, usize), E>
     where
         K: Send + Sync + 'static,
     {
-        self.decode_all_at(jsons, decode, Instant::now())
+        let objects = self.decode_all_at(jsons, decode, Instant::now())?;
+        Ok((objects, self.kept::<K>()))
     }
 
     fn decode_all_at<K, E>(
@@ -157,7 +158,6 @@ impl Decoded {
     }
 
     /// Objects kept of the decoded type `K`.
-    #[cfg(test)]
     fn kept<K: Send + Sync + 'static>(&self) -> usize {
         shelf::<K>(&mut self.lock(), Instant::now()).len
     }
@@ -232,11 +232,12 @@ mod tests {
         }
         let decoded = Decoded::default();
         decoded.decode_all(vec![json("a", 1)], decode).unwrap();
-        let names = decoded
+        let (names, kept) = decoded
             .decode_all(vec![json("a", 1)], |json| {
                 serde_json::from_slice::<NameOnly>(json)
             })
             .unwrap();
+        assert_eq!(kept, 1);
         assert_eq!(names[0].name, "a");
         assert_eq!(decoded.kept::<Named>(), 1);
         assert_eq!(decoded.kept::<NameOnly>(), 1);
