@@ -8,10 +8,9 @@
 #![allow(clippy::unwrap_used)]
 
 mod scenario;
-#[path = "../../../services/reconciler/tests/support/mod.rs"]
-mod support;
 
 use std::time::Duration;
+use switchyard_sdk_test as support;
 
 use switchyard_example_greeting::Greeting;
 use switchyard_reconciler::sdk::{Registry, default_name};

@@ -4,10 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "../../../services/reconciler/tests/support/mod.rs"]
-mod support;
-
 use std::{net::SocketAddr, sync::Arc, time::Duration};
+use switchyard_sdk_test as support;
 
 use clap::Parser;
 use kube::CustomResource;

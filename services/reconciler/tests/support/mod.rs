@@ -5,7 +5,6 @@
 
 use std::{io::Write, net::SocketAddr, time::Duration};
 
-use clap::Parser;
 use serde_json::json;
 use switchyard_k8s::{Api, ListParams, Pod, ReplicaSet, await_condition};
 use switchyard_proto::{
@@ -23,8 +22,11 @@ use switchyard_testenv::{ControlPlane, Pki, manifests};
 pub const RS: &str = "apps/v1/ReplicaSet";
 pub const DEPLOY: &str = "apps/v1/Deployment";
 pub const NS: &str = switchyard_reconciler::namespace::NAME;
-pub const SHARDS: u32 = 16;
-pub const WITHIN: Duration = Duration::from_secs(30);
+#[allow(unused_imports)]
+pub use switchyard_sdk_test::{
+    SHARDS, WITHIN, queue, reconciler, reconciler_routed, watcher, watcher_on, watcher_reaching,
+    watcher_routed,
+};
 
 /// The ReplicaSet controller alone, for tests whose queue serves only its keys.
 pub fn replica_set_controller() -> Registry {
@@ -34,18 +36,6 @@ pub fn replica_set_controller() -> Registry {
 /// The namespace controller alone.
 pub fn namespace_controller() -> Registry {
     builtins(&[NS])
-}
-
-/// A queue serving every shard (static mode) for `controllers`.
-pub async fn queue(controllers: &[&str], extra: &[&str]) -> InProcess {
-    let flags = ["--drain-grace=1s".to_owned()]
-        .into_iter()
-        .chain(extra.iter().map(|a| (*a).to_owned()))
-        .chain(Pki::shared().flags(Role::Queue));
-    let (rt, grpc) = switchyard_queue::Args::start_local(SHARDS, controllers, flags)
-        .await
-        .unwrap();
-    InProcess::spawn(rt, Some(grpc))
 }
 
 /// A client of the queue at `address`, as `role` (a watcher enqueues, an observer reads
@@ -71,97 +61,6 @@ pub async fn elector_client(
             .channel(Role::Observer, Role::Elector, address)
             .await?,
     ))
-}
-
-/// A watcher with `config` (YAML) against `plane`'s apiserver, sending keys to `queue`.
-pub async fn watcher(plane: &ControlPlane, config: &str, queue: SocketAddr) -> InProcess {
-    watcher_routed(plane, config, &format!("--queue-addr={queue}")).await
-}
-
-/// A watcher routing keys by `route` (`--queue-addr=...` or `--elector-addr=...`).
-pub async fn watcher_routed(plane: &ControlPlane, config: &str, route: &str) -> InProcess {
-    watcher_on(plane, config, route, "127.0.0.1:0").await
-}
-
-/// A watcher routing keys by `route`, serving gRPC on `grpc` (`host:port`; port 0 for any).
-pub async fn watcher_on(plane: &ControlPlane, config: &str, route: &str, grpc: &str) -> InProcess {
-    watcher_reaching(plane.kubeconfig(), config, route, grpc).await
-}
-
-/// A watcher reaching the apiserver by `kubeconfig`, routing keys by `route`, serving gRPC on
-/// `grpc`.
-pub async fn watcher_reaching(
-    kubeconfig: &std::path::Path,
-    config: &str,
-    route: &str,
-    grpc: &str,
-) -> InProcess {
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    file.write_all(config.as_bytes()).unwrap();
-    let path = file.into_temp_path().keep().unwrap();
-    let mut args = vec![
-        "switchyard-watcher".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        format!("--grpc-addr={grpc}"),
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--config={}", path.display()),
-        route.to_owned(),
-    ];
-    args.extend(Pki::shared().flags(Role::Watcher));
-    let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
-    InProcess::spawn(rt, Some(grpc))
-}
-
-/// A reconciler with `registry`'s controllers, leasing from `queue` and reading `watcher`.
-pub async fn reconciler(
-    plane: &ControlPlane,
-    registry: Registry,
-    queue: SocketAddr,
-    watcher: SocketAddr,
-    extra: &[&str],
-) -> InProcess {
-    reconciler_routed(
-        plane,
-        registry,
-        &format!("--queue-addr={queue}"),
-        watcher,
-        extra,
-    )
-    .await
-}
-
-/// A reconciler finding its queues by `route` (`--queue-addr=...` or `--elector-addr=...`).
-pub async fn reconciler_routed(
-    plane: &ControlPlane,
-    registry: Registry,
-    route: &str,
-    watcher: SocketAddr,
-    extra: &[&str],
-) -> InProcess {
-    let mut args = vec![
-        "switchyard-reconciler".to_owned(),
-        "--admin-addr=127.0.0.1:0".into(),
-        "--grpc-addr=127.0.0.1:0".into(),
-        format!("--kubeconfig={}", plane.kubeconfig().display()),
-        route.to_owned(),
-        format!("--watcher-addr={watcher}"),
-    ];
-    // The queue's shard count, for the keys the reconciler enqueues itself.
-    if !extra.iter().any(|a| a.starts_with("--shard-count")) {
-        args.push(format!("--shard-count={SHARDS}"));
-    }
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
-    args.extend(Pki::shared().flags(Role::Reconciler));
-    let rt = switchyard_reconciler::Args::try_parse_from(args)
-        .unwrap()
-        .start(registry)
-        .await
-        .unwrap();
-    InProcess::spawn(rt, None)
 }
 
 /// A test's watcher configuration: the shard count, the namespaces watched (none: every
