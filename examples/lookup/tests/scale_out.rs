@@ -38,11 +38,7 @@ use axum::{
 use clap::Parser;
 use serde_json::Value;
 use switchyard_example_lookup::Lookup;
-use switchyard_k8s::{
-    Api, Client, PostParams,
-    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    kube::{CustomResourceExt, api::ListParams},
-};
+use switchyard_k8s::{Api, Client, PostParams, kube::api::ListParams};
 use switchyard_runtime::Role;
 use switchyard_testenv::{
     Collector, ControlPlane, ExportedSpan, InProcess, Pki, ServiceProcess, TestNamespace,
@@ -211,18 +207,7 @@ async fn replica(
 }
 
 async fn install_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.create(&PostParams::default(), &Lookup::crd()).await {
-        Ok(_) => {}
-        Err(switchyard_k8s::kube::Error::Api(status)) if status.code == 409 => {}
-        Err(error) => panic!("creating the CRD: {error}"),
-    }
-    let lookups: Api<Lookup> = Api::all(client.clone());
-    let deadline = Instant::now() + WITHIN;
-    while lookups.list(&ListParams::default().limit(1)).await.is_err() {
-        assert!(Instant::now() < deadline, "the Lookup CRD is not served");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    switchyard_sdk_test::install_crd::<Lookup>(client).await;
 }
 
 /// The Lookup controller's backlog as the HPA reads it: the queue's external metric.

@@ -32,6 +32,12 @@
 use std::{io::Write, net::SocketAddr, path::Path, time::Duration};
 
 use clap::Parser;
+use serde::de::DeserializeOwned;
+use switchyard_k8s::{
+    Api, Client, PostParams,
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    kube::{CustomResourceExt, Resource, api::ListParams},
+};
 use switchyard_reconciler::sdk::Registry;
 use switchyard_runtime::Role;
 use switchyard_testenv::Pki;
@@ -163,4 +169,51 @@ pub async fn reconciler_routed(
         .await
         .expect("the reconciler starts");
     InProcess::spawn(rt, None)
+}
+
+/// Creates the CustomResourceDefinition of `K` (one already there is kept) and waits until
+/// the apiserver serves `K`, for at most [`WITHIN`].
+///
+/// # Panics
+///
+/// If the apiserver refuses the definition, or does not serve the kind in time.
+pub async fn install_crd<K>(client: &Client)
+where
+    K: CustomResourceExt + Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.create(&PostParams::default(), &K::crd()).await {
+        Ok(_) => {}
+        Err(switchyard_k8s::kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => panic!("creating the CRD of {}: {error}", K::kind(&())),
+    }
+    let served: Api<K> = Api::all(client.clone());
+    let what = format!("the {} CRD is served", K::kind(&()));
+    eventually(&what, || async {
+        served.list(&ListParams::default().limit(1)).await.ok()
+    })
+    .await;
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, for at most [`WITHIN`].
+///
+/// # Panics
+///
+/// If it has not by then, saying `what` was awaited.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within {WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -3,56 +3,21 @@
 
 #![allow(clippy::unwrap_used, dead_code)]
 
-use std::time::Duration;
-
 use serde_json::json;
 use switchyard_example_greeting::{FINALIZER, Greeting};
 use switchyard_k8s::{
     Api, Client, DeleteParams, PostParams,
-    k8s_openapi::{
-        api::{core::v1::ConfigMap, events::v1::Event},
-        apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    },
+    k8s_openapi::api::{core::v1::ConfigMap, events::v1::Event},
     kube::{
-        CustomResourceExt, ResourceExt,
+        ResourceExt,
         api::{ListParams, Patch, PatchParams},
     },
 };
-
-const WITHIN: Duration = Duration::from_secs(30);
+use switchyard_sdk_test::eventually;
 
 /// Installs the Greeting CRD (generated from the type) and waits until it is served.
 pub async fn install_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.create(&PostParams::default(), &Greeting::crd()).await {
-        Ok(_) => {}
-        Err(switchyard_k8s::kube::Error::Api(status)) if status.code == 409 => {}
-        Err(error) => panic!("creating the CRD: {error}"),
-    }
-    let greetings: Api<Greeting> = Api::all(client.clone());
-    eventually("the Greeting CRD is served", || async {
-        greetings.list(&ListParams::default().limit(1)).await.ok()
-    })
-    .await;
-}
-
-/// Polls `check` until it returns `Some`, for at most [`WITHIN`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what} within {WITHIN:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    switchyard_sdk_test::install_crd::<Greeting>(client).await;
 }
 
 /// A Greeting gets its ConfigMap, an event (reported by `reporting_controller`) and its
