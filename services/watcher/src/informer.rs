@@ -368,7 +368,8 @@ impl Informer {
         // The handover check, for kinds a controller reconciles (only they have a status
         // that is a controller's own), and for the objects a controller here writes instead.
         let now = self.caches.current();
-        if let Some(index) = now.index_of(&self.cache) {
+        let index = now.index_of(&self.cache);
+        if let Some(index) = index {
             let mut controllers = now.config.reconciled_by(index).peekable();
             if controllers.peek().is_some() {
                 self.caches.peers.observe(
@@ -393,7 +394,7 @@ impl Informer {
             return None;
         }
         // The values `fieldChanged` predicates compare, from the JSON as cached.
-        let summary = match now.index_of(&self.cache).map(|i| now.mapper.fields(i)) {
+        let summary = match index.map(|i| now.mapper.fields(i)) {
             Some(pointers) if !pointers.is_empty() => {
                 match serde_json::from_slice::<serde_json::Value>(&json) {
                     Ok(object) => summary.with_fields(pointers, &object),
@@ -404,8 +405,7 @@ impl Informer {
         };
         let new = summary.clone();
         // A kind mapped by placement (Nodes) is weighed from its JSON before and after.
-        let placed = now
-            .index_of(&self.cache)
+        let placed = index
             .filter(|index| now.mapper.places(*index))
             .map(|index| {
                 let old = self

@@ -109,8 +109,7 @@ impl Decoded {
     where
         K: Send + Sync + 'static,
     {
-        let objects = self.decode_all_at(jsons, decode, Instant::now())?;
-        Ok((objects, self.kept::<K>()))
+        self.decode_all_at(jsons, decode, Instant::now())
     }
 
     fn decode_all_at<K, E>(
@@ -118,7 +117,7 @@ impl Decoded {
         jsons: Vec<Vec<u8>>,
         decode: impl Fn(&[u8]) -> Result<K, E>,
         now: Instant,
-    ) -> Result<Vec<Arc<K>>, E>
+    ) -> Result<(Vec<Arc<K>>, usize), E>
     where
         K: Send + Sync + 'static,
     {
@@ -126,14 +125,15 @@ impl Decoded {
             .iter()
             .map(|json| self.hasher.hash_one(json))
             .collect();
-        let mut found: Vec<Option<Arc<K>>> = {
+        let (mut found, mut kept): (Vec<Option<Arc<K>>>, usize) = {
             let mut shelves = self.lock();
             let shelf = shelf::<K>(&mut shelves, now);
-            hashes
+            let found = hashes
                 .iter()
                 .zip(&jsons)
                 .map(|(&hash, json)| shelf.find(hash, json, now))
-                .collect()
+                .collect();
+            (found, shelf.len)
         };
         let mut decoded = Vec::new();
         for (i, json) in jsons.iter().enumerate() {
@@ -153,11 +153,13 @@ impl Decoded {
                 }
             }
             shelf.sweep(now);
+            kept = shelf.len;
         }
-        Ok(found.into_iter().flatten().collect())
+        Ok((found.into_iter().flatten().collect(), kept))
     }
 
     /// Objects kept of the decoded type `K`.
+    #[cfg(test)]
     fn kept<K: Send + Sync + 'static>(&self) -> usize {
         shelf::<K>(&mut self.lock(), Instant::now()).len
     }
@@ -206,10 +208,10 @@ mod tests {
     fn an_unchanged_object_is_shared_and_a_changed_one_decoded_afresh() {
         let decoded = Decoded::default();
         let now = Instant::now();
-        let first = decoded
+        let (first, _) = decoded
             .decode_all_at(vec![json("a", 1), json("b", 1)], decode, now)
             .unwrap();
-        let second = decoded
+        let (second, _) = decoded
             .decode_all_at(vec![json("b", 1), json("a", 2)], decode, now)
             .unwrap();
         assert!(Arc::ptr_eq(&first[1], &second[0]), "b unchanged: shared");

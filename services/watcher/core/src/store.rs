@@ -127,7 +127,7 @@ fn hash_value(value: &serde_json::Value, hasher: &mut impl Hasher) {
     match value {
         Value::Null => 0u8.hash(hasher),
         Value::Bool(b) => (1u8, b).hash(hasher),
-        Value::Number(n) => (2u8, n.to_string()).hash(hasher),
+        Value::Number(n) => (2u8, n).hash(hasher),
         Value::String(text) => (3u8, text).hash(hasher),
         Value::Array(items) => {
             (4u8, items.len()).hash(hasher);
