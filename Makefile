@@ -9,7 +9,7 @@ DEV := target/debug/switchyard-dev
 # The control-plane binaries, built from Go modules and cached outside the repo.
 TESTENV_BIN = $(shell scripts/testenv.sh bin-dir)
 
-.PHONY: help deps run test test-long soak e2e-specs lint deny testenv testenv-test build cluster-up cluster-down bench dev-tool bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity bench-batch bench-stateful bench-network images test-images
+.PHONY: help deps run test test-long soak e2e-specs lint deny testenv testenv-test build cluster-up cluster-down bench dev-tool bench-queue bench-elector bench-watcher bench-e2e bench-gc bench-capacity bench-batch bench-stateful bench-network images test-images package-sdk
 
 help:
 	@echo "make run           start a local control plane and every service against it"
@@ -22,6 +22,7 @@ help:
 	@echo "make images        OCI image archives of the services and the plugin, from the release build,"
 	@echo "                   in target/images with their SBOMs and the release overlay (docs/deploy.md)"
 	@echo "make test-images   make images, then test the archives: a registry, each entrypoint, an upgrade"
+	@echo "make package-sdk   cargo package the SDK (switchyard-sdk) and the crates it is built from, each verified"
 	@echo "make cluster-up    start a control plane in the background and print its kubeconfig"
 	@echo "make cluster-down  stop it"
 	@echo "make testenv       build the control-plane binaries (cached; also done by the above)"
@@ -74,6 +75,13 @@ RELEASE_PACKAGES := -p switchyard-watcher -p switchyard-queue -p switchyard-reco
 images: testenv dev-tool
 	$(CARGO) build --locked --release $(RELEASE_PACKAGES) --bins
 	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) images
+
+# The SDK and the crates it is built from, packaged as crates.io would take them, each one
+# verified by building it from its .crate against the others (docs/sdk.md). The list is the
+# SDK's path dependencies, followed through; tests/boundaries.rs checks it is whole.
+SDK_PACKAGES := switchyard-sdk switchyard-proto switchyard-k8s switchyard-runtime switchyard-shards switchyard-queue-client switchyard-reconciler-core switchyard-work switchyard-ownership switchyard-selector
+package-sdk:
+	$(CARGO) package --locked $(addprefix -p ,$(SDK_PACKAGES))
 
 # The images' tests (tests/images.rs): each archive loads into a registry and its entrypoint
 # runs from its root filesystem; the release overlay pins them; an upgrade moves every

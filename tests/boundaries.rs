@@ -172,6 +172,50 @@ fn pure_crates_pull_in_no_io() {
     assert!(found.is_empty(), "pure crates depending on I/O: {found:#?}");
 }
 
+/// `make package-sdk` packages the SDK with every workspace crate it is built from (its
+/// normal dependencies, followed through), and each of them can be packaged: none is kept
+/// from publishing, and each workspace dependency names its version.
+#[test]
+fn the_sdk_is_packaged_with_every_crate_it_is_built_from() {
+    let makefile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Makefile")).unwrap();
+    let listed: std::collections::BTreeSet<&str> = makefile
+        .lines()
+        .find_map(|line| line.strip_prefix("SDK_PACKAGES := "))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let metadata = cargo_metadata(true);
+    let packages = metadata["packages"].as_array().unwrap();
+    let package = |name: &str| packages.iter().find(|p| p["name"] == name).unwrap();
+    let mut closure = std::collections::BTreeSet::new();
+    let mut stack = vec!["switchyard-sdk".to_owned()];
+    while let Some(name) = stack.pop() {
+        if !closure.insert(name.clone()) {
+            continue;
+        }
+        let package = package(&name);
+        assert!(
+            package["publish"].is_null(),
+            "{name} is kept from publishing: {}",
+            package["publish"]
+        );
+        for dependency in package["dependencies"].as_array().unwrap() {
+            if !dependency["kind"].is_null() || dependency["path"].is_null() {
+                continue;
+            }
+            let dep = dependency["name"].as_str().unwrap();
+            assert_ne!(
+                dependency["req"], "*",
+                "{name}'s dependency {dep} names no version"
+            );
+            stack.push(dep.to_owned());
+        }
+    }
+    let closure: std::collections::BTreeSet<&str> = closure.iter().map(String::as_str).collect();
+    assert_eq!(listed, closure, "SDK_PACKAGES in the Makefile");
+}
+
 /// Every method of every Switchyard service in the contracts has a row in the authorization
 /// table (a method without one is refused to everyone at run time), and every Switchyard row
 /// of the table names a method or a service of the contracts (a row for a removed method

@@ -382,7 +382,7 @@ async fn every_rpc_family_refuses_callers_without_the_right_identity_and_changes
     watcher.wait_ready().await.unwrap();
     // The Deployment controller's watches, registered as a reconciler registers them.
     let (_shutdown, drain) = switchyard_runtime::drain_channel();
-    let _watching = switchyard_reconciler::registration::Registration::new(
+    let _watching = switchyard_sdk::registration::Registration::new(
         &Pki::shared().dialer(Role::Reconciler),
         &watcher.grpc_addr().to_string(),
         "zero-trust",

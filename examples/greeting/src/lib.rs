@@ -25,9 +25,9 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use switchyard_reconciler::{
+use switchyard_sdk::{
+    Action, Builder, Context, Controller, EventType, Refusal, Result,
     finalizer::{Step, finalize},
-    sdk::{Action, Builder, Context, Controller, EventType, Refusal, Result},
 };
 
 mod greeting;

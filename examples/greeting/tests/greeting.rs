@@ -13,7 +13,7 @@ use std::time::Duration;
 use switchyard_sdk_test as support;
 
 use switchyard_example_greeting::Greeting;
-use switchyard_reconciler::sdk::{Registry, default_name};
+use switchyard_sdk::{Registry, default_name};
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,7 +27,7 @@ async fn a_greeting_gets_its_config_map_and_the_finalizer_cleans_it_up() {
 
     let name = default_name::<Greeting>();
     assert_eq!(name, "example.switchyard.io/v1/Greeting");
-    let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
+    let queue = support::queue(&[], &[]).await;
     // The watcher configuration deploy/kustomize/overlays/sdk-only ships for this controller
     // (no garbage collector; its kinds granted to the reconciler's identity), with the test's
     // shard count and confined to the test's namespace.

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use switchyard_k8s::{
     Api, ObjectMeta, PostParams, k8s_openapi::api::core::v1::ConfigMap, kube::ResourceExt,
 };
-use switchyard_reconciler::sdk::{Action, Builder, Context, Registry};
 use switchyard_runtime::Role;
+use switchyard_sdk::{Action, Builder, Context, Registry};
 use switchyard_testenv::{ControlPlane, InProcess, Pki, TestNamespace};
 use tokio::sync::mpsc;
 
@@ -74,7 +74,7 @@ async fn a_kind_the_apiserver_does_not_serve_fails_the_start_naming_it() {
     ]
     .into_iter()
     .chain(Pki::shared().flags(Role::Reconciler));
-    let error = switchyard_reconciler::Args::try_parse_from(args)
+    let error = switchyard_sdk::Args::try_parse_from(args)
         .unwrap()
         .start(registry)
         .await

@@ -25,9 +25,7 @@ use kube::{
     api::{Patch, PatchParams},
 };
 use serde_json::json;
-use switchyard_reconciler::sdk::{
-    Action, Builder, Context, Controller, Error, Options, Predicate, Result,
-};
+use switchyard_sdk::{Action, Builder, Context, Controller, Error, Options, Predicate, Result};
 use tracing::Instrument;
 
 mod lookup;

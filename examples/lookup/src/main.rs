@@ -1,6 +1,6 @@
 use clap::Parser;
 use switchyard_example_lookup::{Service, controller};
-use switchyard_reconciler::sdk::Registry;
+use switchyard_sdk::Registry;
 
 /// The reconciler's flags, and where the lookup service is.
 #[derive(Debug, Parser)]
@@ -10,7 +10,7 @@ struct Flags {
     #[arg(long, env = "LOOKUP_URL")]
     lookup_url: String,
     #[command(flatten)]
-    reconciler: switchyard_reconciler::Args,
+    reconciler: switchyard_sdk::Args,
 }
 
 #[tokio::main]

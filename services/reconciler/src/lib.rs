@@ -1,18 +1,22 @@
-//! Switchyard reconciler: stateless workers that lease keys from the queue, reconcile them
-//! with the controllers registered by name, and report each outcome.
+//! Switchyard reconciler: the built-in controllers (kube-controller-manager's workload,
+//! batch, networking and garbage collection controllers), written with the controller SDK
+//! (`switchyard-sdk`) and run by its reconciler.
 //!
 //! ```text
-//!  queue ─ Work stream ─► worker ([`worker`]) ─► Controller::reconcile ([`sdk`])
-//!                                                   ├─ reads:  watcher Cache API ([`cache`])
-//!                                                   └─ writes: apiserver, behind a QPS/burst limit ([`ratelimit`])
+//!  queue ─ Work stream ─► worker (switchyard-sdk) ─► Controller::reconcile
+//!                                                     ├─ reads:  watcher Cache API
+//!                                                     └─ writes: apiserver, behind a QPS/burst limit
 //! ```
 //!
 //! Built-in controllers: ReplicaSet ([`replicaset`]), Deployment ([`deployment`]), the garbage
-//! collector ([`gc`]), Namespace ([`namespace`]) and the service account controller
-//! ([`serviceaccount`]).
+//! collector ([`gc`]), Namespace ([`namespace`]), the service account controller
+//! ([`serviceaccount`]), Job ([`job`]), CronJob ([`cronjob`]), TTL-after-finished
+//! ([`ttlafterfinished`]), the pod garbage collector ([`podgc`]), ReplicationController
+//! ([`replicationcontroller`]), StatefulSet ([`statefulset`]), the disruption controller
+//! ([`disruption`]), DaemonSet ([`daemonset`]), EndpointSlice ([`endpointslice`]), Endpoints
+//! ([`endpoints`]) and EndpointSlice mirroring ([`mirroring`]).
 
 pub mod builtin;
-pub mod cache;
 pub mod claim;
 pub mod cronjob;
 pub mod daemonset;
@@ -20,122 +24,49 @@ pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
-pub mod finalizer;
 pub mod gc;
 pub mod job;
-pub mod metrics;
 pub mod mirroring;
 pub mod namespace;
 pub mod podgc;
-pub mod ratelimit;
-pub mod registration;
 pub mod replicaset;
 pub mod replicationcontroller;
-pub mod sdk;
 pub mod serviceaccount;
 pub mod statefulset;
 pub mod ttlafterfinished;
-pub mod worker;
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
-pub use switchyard_shards::Route;
+use std::time::Duration;
 
-use switchyard_k8s::{KubeArgs, await_apiserver, kube};
-use switchyard_queue_client::{Enqueuer, NoMetrics};
-use switchyard_runtime::{
-    GrpcServer, InstanceScope, Runtime, RuntimeArgs,
-    apiserver::{ApiserverLayer, ApiserverMetrics},
-    instance_id,
-};
-use tracing::info;
+/// The SDK the built-in controllers are written with, under the name they use.
+pub use switchyard_sdk as sdk;
+use switchyard_sdk::{Registry, ServiceError, cache};
 
 pub use crate::builtin::{Builtin, Permission, RECORD_EVENTS, Tuning};
-use crate::{
-    cache::{CacheClient, CacheError},
-    ratelimit::RateLimitLayer,
-    registration::{Registration, RegistrationError},
-    sdk::{Context, Events, Registry},
-    worker::{Settings, Worker},
-};
 
-pub const SERVICE: &str = "switchyard-reconciler";
-/// Reconciles at once: the credits one Work message may grant (the queue's limit).
-const MAX_CONCURRENCY: u32 = switchyard_queue_client::MAX_CREDIT;
+pub use switchyard_sdk::SERVICE;
 /// The longest batch period the watcher accepts for a rule.
-const MAX_BATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
-/// Keys that mapping functions returned and no queue has taken yet, at most: a reconcile
-/// that maps more waits for room. Far more than a burst of mappings returns; the watcher
-/// holds a million, for every kind it watches.
-const MAX_MAPPED_KEYS: usize = 100_000;
+const MAX_BATCH_PERIOD: Duration = Duration::from_secs(60);
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Runtime(#[from] switchyard_runtime::Error),
-    #[error(transparent)]
-    Kube(#[from] switchyard_k8s::KubeError),
-    #[error(transparent)]
-    Cache(#[from] CacheError),
-    #[error(transparent)]
-    Registration(#[from] RegistrationError),
-    #[error("invalid flags: {0}")]
-    Args(String),
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
+/// The built-in reconciler's command line: the SDK's reconciler flags and the built-in
+/// controllers' own.
 #[derive(Debug, clap::Parser)]
 #[command(name = SERVICE, version, about)]
+// No argument group of its own: the SDK's flattened `Args` has the name.
+#[group(skip)]
 pub struct Args {
     #[command(flatten)]
-    pub runtime: RuntimeArgs,
+    pub service: switchyard_sdk::Args,
     #[command(flatten)]
-    pub kube: KubeArgs,
-    #[command(flatten)]
-    pub reconciler: ReconcilerArgs,
+    pub builtin: BuiltinArgs,
 }
 
+/// The flags of the built-in controllers (kube-controller-manager's of the same names).
 #[derive(Clone, Debug, clap::Args)]
-pub struct ReconcilerArgs {
-    /// gRPC address (host:port) of the one queue replica to lease keys from, when no elector
-    /// assigns shards
-    #[arg(long, env = "SWITCHYARD_QUEUE_ADDR", conflicts_with = "elector_addr")]
-    pub queue_addr: Option<String>,
-    /// gRPC address (host:port) of an elector: lease keys from every queue replica of its
-    /// shard map, following it as replicas come and go
-    #[arg(long, env = "SWITCHYARD_ELECTOR_ADDR")]
-    pub elector_addr: Option<String>,
-    /// Number of virtual shards; must match the elector's and the queue's --shard-count
-    #[arg(long, env = "SWITCHYARD_SHARD_COUNT", default_value_t = 256)]
-    pub shard_count: u32,
-    /// gRPC address (host:port) of the watcher whose Cache API the controllers read
-    #[arg(long, env = "SWITCHYARD_WATCHER_ADDR")]
-    pub watcher_addr: String,
-    /// The controllers this worker runs (names the keys carry); all built-in ones by default
-    #[arg(long, env = "SWITCHYARD_CONTROLLERS", value_delimiter = ',')]
-    pub controllers: Vec<String>,
-    /// Reconciles run at once (credits granted to the queue), 1 to 10000
-    #[arg(long, env = "SWITCHYARD_CONCURRENCY", default_value_t = 10)]
-    pub concurrency: u32,
-    /// A reconcile that takes longer is abandoned and reported failed (retried with backoff)
-    #[arg(long, env = "SWITCHYARD_RECONCILE_TIMEOUT", default_value = "60s")]
-    pub reconcile_timeout: humantime::Duration,
-    /// Apiserver requests per second, for each controller (each has a client of its own)
-    #[arg(long, env = "SWITCHYARD_KUBE_API_QPS", default_value_t = 50.0)]
-    pub kube_api_qps: f64,
-    /// Apiserver requests allowed at once above the QPS, for each controller
-    #[arg(long, env = "SWITCHYARD_KUBE_API_BURST", default_value_t = 100)]
-    pub kube_api_burst: u32,
-    /// This worker's identity in the queue's logs; default: the host name and process id
-    #[arg(long, env = "SWITCHYARD_WORKER_ID")]
-    pub worker_id: Option<String>,
-    /// Added to every reconcile, as if each called a slow external system (for benchmarks)
-    #[arg(long, env = "SWITCHYARD_SIMULATED_LATENCY", default_value = "0s")]
-    pub simulated_latency: humantime::Duration,
+pub struct BuiltinArgs {
     /// Make each built-in controller's apiserver requests as its own service account in
     /// this namespace (impersonated: `switchyard-deployment-controller`, ...), as
     /// kube-controller-manager's --use-service-account-credentials does; unset, every request
-    /// is the reconciler's own. Controllers of the SDK always use the reconciler's identity
+    /// is the reconciler's own
     #[arg(long, env = "SWITCHYARD_CONTROLLER_SERVICE_ACCOUNTS")]
     pub controller_service_accounts: Option<String>,
     /// Terminated Pods the pod garbage collector keeps before it deletes the oldest (as
@@ -169,70 +100,38 @@ pub struct ReconcilerArgs {
     pub mirroring_max_endpoints_per_subset: usize,
 }
 
-/// The reconciler's flags, checked, and the controllers they select.
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub route: Route,
-    pub shard_count: u32,
-    pub watcher_addr: String,
-    /// The controllers to run: those `--controllers` names (all given, by default), each
-    /// slowed by `--simulated-latency`.
-    pub registry: Registry,
-    pub concurrency: u32,
-    pub reconcile_timeout: Duration,
-    pub kube_api_qps: f64,
-    pub kube_api_burst: u32,
-    /// `--worker-id`, else the host name and process id.
-    pub worker_id: String,
-    /// `--controller-service-accounts`: the namespace of the built-in controllers' service
-    /// accounts, when they act as their own.
-    pub controller_service_accounts: Option<String>,
-}
-
-impl ReconcilerArgs {
-    /// What these flags tune in the built-in controllers.
-    pub fn tuning(&self) -> Tuning {
-        Tuning {
-            terminated_pod_gc_threshold: self.terminated_pod_gc_threshold,
-            max_endpoints_per_slice: self.max_endpoints_per_slice,
-            endpoint_updates_batch_period: *self.endpointslice_updates_batch_period,
-            endpoints_batch_period: *self.endpoint_updates_batch_period,
-            mirroring_max_endpoints_per_subset: self.mirroring_max_endpoints_per_subset,
+impl BuiltinArgs {
+    /// The built-in controllers, tuned by these flags and acting as their own service
+    /// accounts under `--controller-service-accounts`, or an error naming the bad flag.
+    pub fn registry(&self) -> Result<Registry, ServiceError> {
+        let mut registry = builtin_controllers_with(&self.tuning()?);
+        if let Some(namespace) = &self.controller_service_accounts {
+            check_namespace(namespace).map_err(|problem| {
+                ServiceError::Args(format!(
+                    "--controller-service-accounts: {namespace:?} is not a namespace name: {problem}"
+                ))
+            })?;
+            for name in registry.names() {
+                if let Some(user) = controller_user(&name, namespace) {
+                    registry.act_as(&name, user);
+                }
+            }
         }
+        Ok(registry)
     }
 
-    /// The checked configuration with the controllers of `registry` that `--controllers`
-    /// selects, or an error naming the bad flag.
-    pub fn config(&self, mut registry: Registry) -> Result<Config> {
-        let Self {
-            queue_addr,
-            elector_addr,
-            shard_count,
-            watcher_addr,
-            controllers,
-            concurrency,
-            reconcile_timeout,
-            kube_api_qps,
-            kube_api_burst,
-            worker_id,
-            simulated_latency,
-            controller_service_accounts,
-            terminated_pod_gc_threshold: _,
-            max_endpoints_per_slice,
-            endpointslice_updates_batch_period,
-            endpoint_updates_batch_period,
-            mirroring_max_endpoints_per_subset,
-        } = self;
+    /// What these flags tune in the built-in controllers, or an error naming the bad flag.
+    pub fn tuning(&self) -> Result<Tuning, ServiceError> {
         let limit = switchyard_reconciler_core::endpointslice::MAX_ENDPOINTS_PER_SLICE_LIMIT;
         for (flag, value) in [
-            ("--max-endpoints-per-slice", max_endpoints_per_slice),
+            ("--max-endpoints-per-slice", self.max_endpoints_per_slice),
             (
                 "--mirroring-max-endpoints-per-subset",
-                mirroring_max_endpoints_per_subset,
+                self.mirroring_max_endpoints_per_subset,
             ),
         ] {
-            if !(1..=limit).contains(value) {
-                return Err(Error::Args(format!(
+            if !(1..=limit).contains(&value) {
+                return Err(ServiceError::Args(format!(
                     "{flag}: {value} is not between 1 and {limit}"
                 )));
             }
@@ -240,73 +139,26 @@ impl ReconcilerArgs {
         for (flag, period) in [
             (
                 "--endpointslice-updates-batch-period",
-                endpointslice_updates_batch_period,
+                self.endpointslice_updates_batch_period,
             ),
             (
                 "--endpoint-updates-batch-period",
-                endpoint_updates_batch_period,
+                self.endpoint_updates_batch_period,
             ),
         ] {
-            if **period > MAX_BATCH_PERIOD {
-                return Err(Error::Args(format!(
+            if *period > MAX_BATCH_PERIOD {
+                return Err(ServiceError::Args(format!(
                     "{flag}: {period} is longer than {}",
                     humantime::format_duration(MAX_BATCH_PERIOD)
                 )));
             }
         }
-        if let Some(namespace) = controller_service_accounts {
-            check_namespace(namespace).map_err(|problem| {
-                Error::Args(format!(
-                    "--controller-service-accounts: {namespace:?} is not a namespace name: {problem}"
-                ))
-            })?;
-        }
-        let route = Route::from_flags(queue_addr.as_deref(), elector_addr.as_deref())
-            .map_err(|e| Error::Args(e.to_string()))?;
-        if *shard_count == 0 {
-            return Err(Error::Args("--shard-count: must be at least 1".into()));
-        }
-        if !(1..=MAX_CONCURRENCY).contains(concurrency) {
-            return Err(Error::Args(format!(
-                "--concurrency: {concurrency} is out of range 1 to {MAX_CONCURRENCY}"
-            )));
-        }
-        if !(kube_api_qps.is_finite() && *kube_api_qps > 0.0) {
-            return Err(Error::Args(
-                "--kube-api-qps: must be a positive number".into(),
-            ));
-        }
-        if *kube_api_burst == 0 {
-            return Err(Error::Args("--kube-api-burst: must be at least 1".into()));
-        }
-        if !controllers.is_empty() {
-            registry.retain(controllers).map_err(|unknown| {
-                Error::Args(format!(
-                    "--controllers: unknown controller {unknown:?} (known: {})",
-                    registry.names().join(", ")
-                ))
-            })?;
-        }
-        if registry.names().is_empty() {
-            return Err(Error::Args(
-                "--controllers: no controllers to run (the registry is empty)".into(),
-            ));
-        }
-        let simulated_latency: Duration = (*simulated_latency).into();
-        if !simulated_latency.is_zero() {
-            registry.add_latency(simulated_latency);
-        }
-        Ok(Config {
-            route,
-            shard_count: *shard_count,
-            watcher_addr: watcher_addr.clone(),
-            registry,
-            concurrency: *concurrency,
-            reconcile_timeout: (*reconcile_timeout).into(),
-            kube_api_qps: *kube_api_qps,
-            kube_api_burst: *kube_api_burst,
-            worker_id: instance_id(worker_id.clone(), "reconciler", InstanceScope::Process),
-            controller_service_accounts: controller_service_accounts.clone(),
+        Ok(Tuning {
+            terminated_pod_gc_threshold: self.terminated_pod_gc_threshold,
+            max_endpoints_per_slice: self.max_endpoints_per_slice,
+            endpoint_updates_batch_period: *self.endpointslice_updates_batch_period,
+            endpoints_batch_period: *self.endpoint_updates_batch_period,
+            mirroring_max_endpoints_per_subset: self.mirroring_max_endpoints_per_subset,
         })
     }
 }
@@ -383,173 +235,11 @@ pub fn builtin_controllers_with(tuning: &Tuning) -> Registry {
 }
 
 impl Args {
-    pub async fn run(self) -> Result<()> {
-        let tuning = self.reconciler.tuning();
-        let rt = self.start(builtin_controllers_with(&tuning)).await?;
-        rt.run().await?;
+    /// Runs the reconciler with the built-in controllers until shutdown.
+    pub async fn run(self) -> Result<(), ServiceError> {
+        let registry = self.builtin.registry()?;
+        self.service.start(registry).await?.run().await?;
         Ok(())
-    }
-
-    /// Starts the service with `registry`'s controllers and returns its runtime (not yet
-    /// running). A user's own reconciler binary registers its controllers and calls this.
-    pub async fn start(self, registry: Registry) -> Result<Runtime> {
-        let Self {
-            runtime,
-            kube: kube_args,
-            reconciler,
-        } = self;
-        let Config {
-            route,
-            shard_count,
-            watcher_addr,
-            registry,
-            concurrency,
-            reconcile_timeout,
-            kube_api_qps,
-            kube_api_burst,
-            worker_id,
-            controller_service_accounts,
-        } = reconciler.config(registry)?;
-        let drain_timeout: Duration = runtime.drain_timeout.into();
-
-        let rt = Runtime::start(SERVICE, runtime).await?;
-        let config = kube_args.config().await?;
-        // Outermost: the client's buffer task calls it in the span of the reconcile that made
-        // the request; latency starts once the rate limit has let the request through.
-        let apiserver = ApiserverLayer::new(ApiserverMetrics::register(rt.metrics()), true);
-        // Each controller gets a client, and so a QPS/burst limit, of its own, as each of
-        // kube-controller-manager's controllers does: one busy controller does not hold
-        // back the others.
-        let rate_limits = metrics::RateLimitMetrics::register(rt.metrics());
-        // With --controller-service-accounts, a built-in controller's client (and its Events'
-        // client) impersonates the controller's own service account.
-        let limited_client = |name: &str, controller: &str| -> Result<kube::Client> {
-            let limit = RateLimitLayer::new(kube_api_qps, kube_api_burst, rate_limits.client(name));
-            let mut config = config.clone();
-            if let Some(user) = controller_service_accounts
-                .as_deref()
-                .and_then(|namespace| controller_user(controller, namespace))
-            {
-                config.auth_info.impersonate = Some(user);
-            }
-            Ok(kube::client::ClientBuilder::try_from(config)
-                .map_err(switchyard_k8s::KubeError::from)?
-                .with_layer(&limit)
-                .with_layer(&apiserver)
-                .build())
-        };
-        let client = limited_client("default", "")?;
-        let gate = rt.readiness().gate("apiserver");
-        rt.spawn("apiserver-check", {
-            let client = client.clone();
-            move |drain| await_apiserver(client, gate, drain)
-        });
-        let cache = CacheClient::new(&rt.dialer(), &watcher_addr)?
-            .with_metrics(metrics::CacheMetrics::register(rt.metrics()));
-        // Watches declared in code are registered, and their informers listed, before any
-        // key is leased (controller-runtime's cache sync); a refused registration (a kind the
-        // apiserver does not serve) fails the start, naming it.
-        let declared = registry.watches();
-        if !declared.is_empty() {
-            let registration =
-                Registration::new(&rt.dialer(), &watcher_addr, &worker_id, &declared)?;
-            let held = registration.register(&rt.drain()).await?;
-            rt.spawn_essential("watch-registration", move |drain| {
-                registration.hold(held, drain)
-            });
-        }
-        // The keys mapping functions return go to the queue replica owning their shard,
-        // found as the watcher finds it.
-        let view = match &route {
-            Route::Queue(queue) => {
-                let single = switchyard_shards::ShardView::single(queue, shard_count);
-                let (source, view) = tokio::sync::watch::channel(Some(Arc::new(single)));
-                // The map never changes; its source lives as long as the service (a closed
-                // map reads as shutdown).
-                rt.spawn("static-shard-map", move |drain| async move {
-                    drain.signaled().await;
-                    drop(source);
-                });
-                view
-            }
-            Route::Elector(elector) => {
-                let (view, follow) = switchyard_shards::follow_elector(
-                    rt.dialer(),
-                    elector.clone(),
-                    shard_count,
-                    rt.drain(),
-                );
-                rt.spawn_essential("shard-map", |_| follow);
-                view
-            }
-        };
-        let enqueuer = Arc::new(Enqueuer::new(
-            MAX_MAPPED_KEYS,
-            shard_count,
-            NoMetrics,
-            rt.dialer(),
-        ));
-        rt.spawn_restarting("enqueuer", {
-            let enqueuer = enqueuer.clone();
-            let view = view.clone();
-            move |drain| enqueuer.clone().run(view.clone(), drain)
-        });
-        let ctx = Context::new(client, cache.clone(), &worker_id).enqueueing_to(enqueuer.clone());
-        let mut contexts = BTreeMap::new();
-        for name in registry.names() {
-            // Events are written in the background through a client and limit of their own:
-            // a burst of them (one per Pod created) never holds back the controller's writes
-            // to the objects it reconciles.
-            let ctx = Context::of(
-                limited_client(&name, &name)?,
-                cache.clone(),
-                Events::new(
-                    limited_client(&format!("{name}/events"), &name)?,
-                    &worker_id,
-                ),
-            )
-            .enqueueing_to(enqueuer.clone())
-            .managed_as(&name);
-            contexts.insert(name, ctx);
-        }
-        let settings = Settings {
-            worker_id,
-            concurrency,
-            reconcile_timeout,
-            drain_timeout,
-            dialer: rt.dialer(),
-        };
-        info!(
-            controllers = ?registry.names(),
-            ?route,
-            watcher = %watcher_addr,
-            concurrency,
-            controller_service_accounts = controller_service_accounts.as_deref().unwrap_or("none: the reconciler's own identity"),
-            "configured"
-        );
-        let worker = Worker::new(
-            registry,
-            ctx,
-            settings,
-            rt.readiness().gate("queue"),
-            metrics::ReconcilerMetrics::register(rt.metrics()),
-        )
-        .per_controller(contexts);
-        match route {
-            Route::Queue(queue) => {
-                let queue: std::sync::Arc<str> = queue.into();
-                rt.spawn_restarting("worker", move |drain| {
-                    worker.clone().serve(queue.clone(), drain)
-                });
-            }
-            Route::Elector(_) => {
-                rt.spawn_restarting("worker", move |drain| {
-                    worker.clone().follow(view.clone(), drain)
-                });
-            }
-        }
-        rt.serve_grpc(GrpcServer::new()).await?;
-        Ok(rt)
     }
 }
 
@@ -559,21 +249,20 @@ mod tests {
 
     use super::*;
 
-    /// The TLS flags every service requires; these tests only parse them (no file is read).
-    const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
+    /// The flags every reconciler requires; these tests only parse them (no file is read).
+    const REQUIRED: [&str; 6] = [
+        "switchyard-reconciler",
+        "--watcher-addr=127.0.0.1:1",
+        "--queue-addr=127.0.0.1:2",
+        "--tls-cert=tls.crt",
+        "--tls-key=tls.key",
+        "--tls-ca=ca.crt",
+    ];
 
-    fn args(flags: &[&str]) -> ReconcilerArgs {
-        let required = ["switchyard-reconciler", "--watcher-addr=127.0.0.1:1"];
-        Args::try_parse_from(required.iter().chain(&TLS).chain(flags))
+    fn args(flags: &[&str]) -> BuiltinArgs {
+        Args::try_parse_from(REQUIRED.iter().chain(flags))
             .unwrap()
-            .reconciler
-    }
-
-    fn config_error(flags: &[&str], registry: Registry) -> String {
-        match args(flags).config(registry) {
-            Err(Error::Args(message)) => message,
-            other => panic!("{flags:?}: expected a flag error, got {other:?}"),
-        }
+            .builtin
     }
 
     #[test]
@@ -607,52 +296,50 @@ mod tests {
     }
 
     #[test]
-    fn bad_flags_are_named() {
-        let queue = "--queue-addr=127.0.0.1:2";
+    fn bad_built_in_flags_are_named() {
         for (flags, named) in [
-            (&[][..], "--queue-addr or --elector-addr"),
-            (&[queue, "--shard-count=0"], "--shard-count"),
-            (&[queue, "--concurrency=0"], "--concurrency"),
-            (&[queue, "--concurrency=10001"], "--concurrency"),
-            (&[queue, "--kube-api-qps=0"], "--kube-api-qps"),
-            (&[queue, "--kube-api-qps=NaN"], "--kube-api-qps"),
-            (&[queue, "--kube-api-burst=0"], "--kube-api-burst"),
-            (&[queue, "--controllers=apps/v1/Nothing"], "--controllers"),
             (
-                &[queue, "--controller-service-accounts=Switchyard"],
+                &["--controller-service-accounts=Switchyard"][..],
                 "--controller-service-accounts",
             ),
             (
-                &[queue, "--controller-service-accounts="],
+                &["--controller-service-accounts="],
                 "--controller-service-accounts",
+            ),
+            (
+                &["--max-endpoints-per-slice=0"],
+                "--max-endpoints-per-slice",
+            ),
+            (
+                &["--mirroring-max-endpoints-per-subset=1001"],
+                "--mirroring-max-endpoints-per-subset",
+            ),
+            (
+                &["--endpoint-updates-batch-period=61s"],
+                "--endpoint-updates-batch-period",
             ),
         ] {
-            let message = config_error(flags, builtin_controllers());
-            assert!(message.starts_with(named), "{flags:?}: {message}");
+            match args(flags).registry() {
+                Err(ServiceError::Args(message)) => {
+                    assert!(message.starts_with(named), "{flags:?}: {message}")
+                }
+                other => panic!("{flags:?}: expected a flag error, got {other:?}"),
+            }
         }
-        let message = config_error(&[queue], Registry::default());
-        assert!(message.starts_with("--controllers"), "{message}");
     }
 
     #[test]
-    fn good_flags_select_the_controllers() {
-        let config = args(&[
-            "--elector-addr=127.0.0.1:2",
-            "--controllers=apps/v1/ReplicaSet",
-            "--worker-id=w1",
-            "--concurrency=10000",
-        ])
-        .config(builtin_controllers())
-        .unwrap();
-        assert_eq!(config.route, Route::Elector("127.0.0.1:2".into()));
-        assert_eq!(config.registry.names(), ["apps/v1/ReplicaSet"]);
-        assert_eq!(
-            (config.worker_id.as_str(), config.concurrency),
-            ("w1", 10_000)
-        );
-        let all = args(&["--queue-addr=127.0.0.1:2"])
-            .config(builtin_controllers())
+    fn each_built_in_controller_acts_as_its_service_account_when_asked() {
+        let registry = args(&["--controller-service-accounts=switchyard"])
+            .registry()
             .unwrap();
-        assert_eq!(all.registry.names(), builtin_controllers().names());
+        for name in BUILTIN {
+            assert_eq!(
+                registry.user(name),
+                controller_user(name, "switchyard").as_deref(),
+                "{name}"
+            );
+        }
+        assert!(args(&[]).registry().unwrap().users().is_empty());
     }
 }

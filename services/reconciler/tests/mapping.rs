@@ -37,14 +37,12 @@ use switchyard_k8s::{
     },
 };
 use switchyard_proto::queue::v1::StatsRequest;
-use switchyard_reconciler::{
-    cache::{CacheClient, ListFilter},
-    sdk::{
-        Action, Builder, Context, Events, Map, ObjectRef, Options, Registry, Result,
-        conditions::{self, NewCondition, Status},
-    },
-};
 use switchyard_runtime::{Dialer, Role};
+use switchyard_sdk::{
+    Action, Builder, Context, Events, Map, ObjectRef, Options, Registry, Result,
+    cache::{CacheClient, ListFilter},
+    conditions::{self, NewCondition, Status},
+};
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
 const CONTROLLER: &str = "example.com/v1/SecretsOfConfigMap";

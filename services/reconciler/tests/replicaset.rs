@@ -336,10 +336,7 @@ async fn replica_set_adopts_matching_orphans_and_releases_pods_that_stop_matchin
 /// own writes), and the second creates none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
-    use switchyard_reconciler::{
-        cache::CacheClient,
-        sdk::{Action, Context, Controller, Request},
-    };
+    use switchyard_sdk::{Action, Context, Controller, Request, cache::CacheClient};
 
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
@@ -420,7 +417,7 @@ async fn a_reconcile_counts_its_own_writes_and_the_next_one_adds_nothing() {
 /// adopting. One recreated under the same name (another UID) or being deleted adopts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adoption_rereads_the_owner_and_refuses_one_gone_or_being_deleted() {
-    use switchyard_reconciler::{cache::CacheClient, sdk::Context};
+    use switchyard_sdk::{Context, cache::CacheClient};
 
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();
@@ -498,11 +495,8 @@ async fn adoption_rereads_the_owner_and_refuses_one_gone_or_being_deleted() {
 /// nothing. Not told, the same reconcile creates two more Pods, which the check prevents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_shard_move_pods_missing_from_the_cache_are_confirmed_before_creating() {
-    use switchyard_reconciler::{
-        cache::CacheClient,
-        sdk::{Context, Controller, Request},
-    };
     use switchyard_reconciler_core::replicaset::{Spec, pod_from_template};
+    use switchyard_sdk::{Context, Controller, Request, cache::CacheClient};
 
     let plane = ControlPlane::shared().expect("control plane");
     let client = plane.client().await.unwrap();

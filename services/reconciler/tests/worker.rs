@@ -17,8 +17,8 @@ use switchyard_proto::{
     common::v1::WorkKey,
     queue::v1::{EnqueueItem, EnqueueRequest, Priority},
 };
-use switchyard_reconciler::sdk::{Action, Context, Controller, Registry, Request, Result};
 use switchyard_runtime::Role;
+use switchyard_sdk::{Action, Context, Controller, Registry, Request, Result};
 use switchyard_testenv::ControlPlane;
 use tokio::sync::mpsc;
 
@@ -51,11 +51,11 @@ impl Controller for Scripted {
                     Action::Done
                 }
                 "fails" | "terminal" if first => {
-                    return Err(switchyard_reconciler::sdk::Error::Other(name.into()));
+                    return Err(switchyard_sdk::Error::Other(name.into()));
                 }
                 // Requeued by the error policy, it comes back as a first attempt: fail once.
                 "retry-later" if !Self::once(&RETRIED) => {
-                    return Err(switchyard_reconciler::sdk::Error::Other(name.into()));
+                    return Err(switchyard_sdk::Error::Other(name.into()));
                 }
                 n if n.starts_with("slow") => {
                     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -88,7 +88,7 @@ impl Controller for Scripted {
         }
     }
 
-    fn error_policy(&self, error: &switchyard_reconciler::sdk::Error, _: &Request) -> Action {
+    fn error_policy(&self, error: &switchyard_sdk::Error, _: &Request) -> Action {
         Self::policy(error)
     }
 }
@@ -96,7 +96,7 @@ impl Controller for Scripted {
 impl Scripted {
     /// The error policy: "terminal" is forgotten, "retry-later" looks again after a fixed
     /// delay, any other failure backs off.
-    fn policy(error: &switchyard_reconciler::sdk::Error) -> Action {
+    fn policy(error: &switchyard_sdk::Error) -> Action {
         match error.to_string().as_str() {
             "terminal" => Action::forget(),
             "retry-later" => Action::requeue(Duration::from_millis(300)),

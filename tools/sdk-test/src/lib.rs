@@ -4,7 +4,7 @@
 //! and kwok, built from their Go modules), over mutual TLS as when deployed.
 //!
 //! ```no_run
-//! use switchyard_reconciler::sdk::Registry;
+//! use switchyard_sdk::Registry;
 //! use switchyard_sdk_test::{ControlPlane, queue, reconciler, watcher};
 //!
 //! # async fn example(controllers: Registry) {
@@ -38,8 +38,8 @@ use switchyard_k8s::{
     k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     kube::{CustomResourceExt, Resource, api::ListParams},
 };
-use switchyard_reconciler::sdk::Registry;
 use switchyard_runtime::Role;
+use switchyard_sdk::Registry;
 use switchyard_testenv::Pki;
 pub use switchyard_testenv::{ControlPlane, InProcess, TestNamespace};
 
@@ -163,7 +163,7 @@ pub async fn reconciler_routed(
     }
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     args.extend(Pki::shared().flags(Role::Reconciler));
-    let rt = switchyard_reconciler::Args::try_parse_from(args)
+    let rt = switchyard_sdk::Args::try_parse_from(args)
         .expect("the reconciler's flags")
         .start(registry)
         .await

@@ -10,12 +10,12 @@ use switchyard_k8s::{Api, ListParams, Pod, ReplicaSet, await_condition};
 use switchyard_proto::{
     elector::v1::elector_client::ElectorClient, queue::v1::queue_client::QueueClient,
 };
-use switchyard_reconciler::sdk::Registry;
 use switchyard_reconciler_core::{
     job::has_tracking_finalizer,
     replicaset::{controller_of, is_active},
 };
 use switchyard_runtime::Role;
+use switchyard_sdk::Registry;
 pub use switchyard_testenv::InProcess;
 use switchyard_testenv::{ControlPlane, Pki, manifests};
 
@@ -339,9 +339,9 @@ async fn relay(
 pub async fn register(
     watcher: SocketAddr,
     registry: &Registry,
-) -> Vec<switchyard_reconciler::registration::Held> {
+) -> Vec<switchyard_sdk::registration::Held> {
     let (_shutdown, drain) = switchyard_runtime::drain_channel();
-    switchyard_reconciler::registration::Registration::new(
+    switchyard_sdk::registration::Registration::new(
         &Pki::shared().dialer(Role::Reconciler),
         &watcher.to_string(),
         "test",

@@ -14,7 +14,9 @@ use switchyard_k8s::kube::{Resource, api::GroupVersionKind};
 pub enum Predicate {
     /// `metadata.generation` changed: a spec change, for kinds with a status subresource.
     GenerationChanged,
+    /// `metadata.labels` changed.
     LabelsChanged,
+    /// `metadata.annotations` changed.
     AnnotationsChanged,
     /// The value at this JSON pointer (`/spec/replicas`, `/status/phase`) changed, appeared
     /// or went: a custom predicate over one field of the old and new object, evaluated by the
@@ -25,6 +27,8 @@ pub enum Predicate {
 /// How one kind is watched.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Options {
+    /// Keys only the changes that pass any of these (none: every change); creations, deletions and
+    /// resyncs always key.
     pub predicates: Vec<Predicate>,
     /// Cache only the objects' metadata (the metadata API), for a kind the controller reads
     /// only the metadata of. An informer shared with a controller that needs the kind in
@@ -49,6 +53,8 @@ impl Options {
         self
     }
 
+    /// Caches only the objects' metadata: the controller reads them with
+    /// [`crate::cache::CacheClient::get_metadata`].
     pub fn metadata_only(mut self) -> Self {
         self.metadata_only = true;
         self
@@ -83,7 +89,9 @@ impl Options {
 /// One watched kind and how its changes become keys.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Watch {
+    /// The watched kind.
     pub gvk: GroupVersionKind,
+    /// How it is watched.
     pub options: Options,
     /// `owns` only: the kind between the object and the owner.
     pub through: Option<GroupVersionKind>,
@@ -92,6 +100,7 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// The watch of `K` with these options.
     pub fn of<K: Resource<DynamicType = ()>>(options: Options) -> Self {
         Self {
             gvk: gvk_of::<K>(),

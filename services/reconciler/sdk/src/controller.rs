@@ -20,6 +20,8 @@ pub trait Controller: Send + Sync + 'static {
     /// The name the keys carry, for example `apps/v1/ReplicaSet`.
     fn name(&self) -> &str;
 
+    /// Reconciles the object the request names, reading fresh state: what to do next, or an error
+    /// (retried with backoff unless [`Controller::error_policy`] says otherwise).
     fn reconcile(&self, ctx: &Context, request: &Request) -> impl Future<Output = Result> + Send;
 
     /// What a failed reconcile asks for (kube-rs's `error_policy`): by default a retry with
@@ -77,18 +79,22 @@ impl Registered {
         Self(Arc::new(controller))
     }
 
+    /// The name its keys carry.
     pub fn name(&self) -> &str {
         self.0.name()
     }
 
+    /// Runs one reconcile.
     pub async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
         self.0.reconcile(ctx, request).await
     }
 
+    /// What a failed reconcile asks for.
     pub fn error_policy(&self, error: &Error, request: &Request) -> Action {
         self.0.error_policy(error, request)
     }
 
+    /// The watches it declares in code.
     pub fn watches(&self) -> Option<Watches> {
         self.0.watches()
     }
@@ -107,6 +113,8 @@ pub struct Registry {
     controllers: BTreeMap<String, Registered>,
     /// Each mapping controller's name, and the name of the controller it maps for.
     mapping_for: BTreeMap<String, String>,
+    /// The user each controller's requests impersonate, where it acts as one of its own.
+    users: BTreeMap<String, String>,
 }
 
 impl fmt::Debug for Registry {
@@ -131,6 +139,28 @@ impl Registry {
         self
     }
 
+    /// Makes the apiserver requests of the controller `name` (its Events' included)
+    /// impersonate `user` (`system:serviceaccount:<namespace>:<name>`), as
+    /// kube-controller-manager's `--use-service-account-credentials` makes each of its
+    /// controllers act as its own service account; the reconciler's identity must be allowed
+    /// to impersonate it.
+    pub fn act_as(&mut self, name: &str, user: impl Into<String>) -> &mut Self {
+        self.users.insert(name.to_owned(), user.into());
+        self
+    }
+
+    /// The user the controller `name` acts as ([`Registry::act_as`]); `None`: the
+    /// reconciler's own identity.
+    pub fn user(&self, name: &str) -> Option<&str> {
+        self.users.get(name).map(String::as_str)
+    }
+
+    /// Every controller that acts as a user of its own, with that user.
+    pub fn users(&self) -> &BTreeMap<String, String> {
+        &self.users
+    }
+
+    /// The controller registered as `name`.
     pub fn get(&self, name: &str) -> Option<Registered> {
         self.controllers.get(name).cloned()
     }
@@ -177,6 +207,7 @@ impl Registry {
         });
         let kept = &self.controllers;
         self.mapping_for.retain(|name, _| kept.contains_key(name));
+        self.users.retain(|name, _| kept.contains_key(name));
         Ok(())
     }
 }

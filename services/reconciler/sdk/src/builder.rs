@@ -187,6 +187,7 @@ impl<K: Object> Builder<K> {
         self.owns_with::<U>(Options::default())
     }
 
+    /// Also keys the owner of each `U` this controller controls, with these watch options.
     pub fn owns_with<U: Resource<DynamicType = ()>>(mut self, options: Options) -> Self {
         self.watches.owns.push(Watch::of::<U>(options));
         self
@@ -210,6 +211,7 @@ impl<K: Object> Builder<K> {
         self.watches_with::<V>(map, Options::default())
     }
 
+    /// [`Builder::watches`] with these watch options.
     pub fn watches_with<V: Object>(mut self, map: Map<V, K>, options: Options) -> Self {
         let mut watch = Watch::of::<V>(options);
         match map.0 {
@@ -389,7 +391,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::sdk::Predicate;
+    use crate::Predicate;
 
     async fn noop(_: Arc<Deployment>, _: Context) -> Result {
         Ok(Action::await_change())
@@ -428,7 +430,7 @@ mod tests {
 
     #[test]
     fn mapping_functions_become_controllers_of_their_own_named_after_the_controller() {
-        use crate::sdk::{ObjectRef, Registry};
+        use crate::{ObjectRef, Registry};
 
         let refs = |_: Arc<ConfigMap>, _: Context| async { Vec::<ObjectRef<Deployment>>::new() };
         let built = Builder::for_::<Deployment>()

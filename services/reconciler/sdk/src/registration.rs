@@ -1,4 +1,4 @@
-//! The watches the controllers declare in code ([`crate::sdk::Builder`]), registered with
+//! The watches the controllers declare in code ([`crate::Builder`]), registered with
 //! every watcher replica the reconciler reads from (`switchyard.watcher.v1.Watches/Register`).
 //!
 //! ```text
@@ -23,22 +23,29 @@ use switchyard_runtime::{Backoff, Dialer, Drain, Role};
 use tonic::{Code, Streaming, transport::Channel};
 use tracing::{info, warn};
 
-use crate::sdk::{Predicate, Watch, Watches};
+use crate::{Predicate, Watch, Watches};
 
 /// First and last pause between registration attempts: a watcher that restarts is back in
 /// seconds, and a reconciler should follow it about as fast.
 const RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(10));
 
+/// Why the controllers' watches could not be registered with the watcher.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrationError {
+    /// `--watcher-addr` is not a `host:port` list.
     #[error("--watcher-addr: {0:?} is not a host:port list")]
     Address(String),
+    /// The watcher refused them (unknown kind, malformed, in conflict with its file).
     #[error("the watcher at {address} refused the controllers' watches ({code:?}): {message}")]
     Refused {
+        /// The watcher replica that refused them.
         address: String,
+        /// Its gRPC code.
         code: Code,
+        /// Its message, which names the kind or field.
         message: String,
     },
+    /// Shutdown began first.
     #[error("shutdown began before the watches were registered")]
     Shutdown,
 }
@@ -260,7 +267,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::sdk::{Options, gvk_of};
+    use crate::{Options, gvk_of};
 
     #[test]
     fn declared_watches_become_the_registration() {

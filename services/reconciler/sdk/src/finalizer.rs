@@ -27,7 +27,7 @@ use switchyard_k8s::{
     },
 };
 
-use crate::sdk::{Action, Result};
+use crate::{Action, Result};
 
 /// What the reconcile is asked to do.
 #[derive(Debug)]

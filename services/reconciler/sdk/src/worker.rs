@@ -37,9 +37,8 @@ use tokio::{
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
-    cache,
+    Action, Context, Registry, Request, cache,
     metrics::{ControllerLabels, Ended, ReconcilerMetrics},
-    sdk::{Action, Context, Registry, Request},
 };
 
 /// First and last delay between attempts to reach the queue.
@@ -398,7 +397,7 @@ impl Session {
 }
 
 /// The outcome an action asks for; `error` when it is the error policy's answer to one.
-fn outcome(action: Action, error: Option<crate::sdk::Error>) -> (Ended, Outcome) {
+fn outcome(action: Action, error: Option<crate::Error>) -> (Ended, Outcome) {
     let ended = |ok| if error.is_some() { Ended::Failed } else { ok };
     match action {
         Action::Done => (ended(Ended::Done), Outcome::Done),

@@ -75,19 +75,28 @@ pub fn moved_lately(shard_held_for: Option<Duration>) -> bool {
     shard_held_for.is_none_or(|held| held < MOVED_SHARD_WINDOW)
 }
 
+/// Why a read from the watcher's cache failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
+    /// `--watcher-addr` is not a `host:port` list.
     #[error("invalid watcher address {0:?} (expected host:port[,host:port...])")]
     Address(String),
+    /// The watcher refused the call; `refusal` says how (unknown kind, unavailable, ...).
     #[error("cache {call} refused ({refusal:?}): {message}")]
     Call {
+        /// The call: `get`, `list`, `get_metadata`, ...
         call: &'static str,
+        /// How the watcher refused it.
         refusal: Refusal,
+        /// The watcher's message.
         message: String,
     },
+    /// The watcher returned an object that does not decode as the type asked for.
     #[error("cache returned an undecodable {kind}: {source}")]
     Decode {
+        /// The kind asked for.
         kind: String,
+        /// Why it does not decode.
         source: serde_json::Error,
     },
     /// A full read of a kind the cache holds as metadata only (a watch with
@@ -96,7 +105,10 @@ pub enum CacheError {
         "the cache holds {kind} as metadata only (a watch with metadata_only()): read it with \
          get_metadata"
     )]
-    MetadataOnly { kind: String },
+    MetadataOnly {
+        /// The kind asked for.
+        kind: String,
+    },
 }
 
 /// Why the watcher did not answer a read, from its gRPC code (the watcher's `ApiError`).
@@ -137,7 +149,9 @@ impl CacheError {
 /// A filter for [`CacheClient::list`].
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter<'a> {
+    /// Only objects whose labels this selector (`app=web,tier!=db`) matches; empty: all.
     pub label_selector: &'a str,
+    /// Only objects with a controller owner reference to this UID; empty: any owner.
     pub controller_uid: &'a str,
     /// Read at least this resourceVersion of the kind (a write of this reconcile).
     pub min_resource_version: Option<&'a str>,
@@ -469,6 +483,9 @@ impl CacheClient {
         })))
     }
 
+    /// The object `namespace/name` of `K` as the cache has it (`None`: not there), from a
+    /// cache at least at `min_resource_version` (a write of this reconcile) and never older
+    /// than what this client has read of the kind before.
     pub async fn get<K: Resource<DynamicType = ()> + DeserializeOwned>(
         &self,
         namespace: &str,
@@ -531,6 +548,8 @@ impl CacheClient {
         Ok(object)
     }
 
+    /// The `K` objects of `namespace` (every namespace when empty) that `filter` selects,
+    /// decoded.
     pub async fn list<K: Resource<DynamicType = ()> + DeserializeOwned>(
         &self,
         namespace: &str,

@@ -41,7 +41,7 @@ fn duration_histogram() -> Histogram {
 pub enum Ended {
     Done,
     RequeueAfter,
-    /// Dropped without a retry ([`crate::sdk::Action::Forget`]).
+    /// Dropped without a retry ([`crate::Action::Forget`]).
     Forgotten,
     Failed,
     Panicked,

@@ -19,8 +19,11 @@ use switchyard_k8s::k8s_openapi::{
 /// A condition's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
+    /// The condition holds.
     True,
+    /// The condition does not hold.
     False,
+    /// It cannot be told whether the condition holds.
     Unknown,
 }
 
@@ -38,10 +41,15 @@ impl fmt::Display for Status {
 /// message, and the generation of the object it was worked out from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewCondition<'a> {
+    /// The condition's type, `Ready`, `Available`, ...
     pub type_: &'a str,
+    /// Whether it holds.
     pub status: Status,
+    /// Why, in one CamelCase word.
     pub reason: &'a str,
+    /// Why, for a human.
     pub message: &'a str,
+    /// The `metadata.generation` the condition was worked out from.
     pub observed_generation: Option<i64>,
 }
 

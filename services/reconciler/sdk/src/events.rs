@@ -118,10 +118,15 @@ struct Series {
 /// One `publish` call: an Event about `regarding`, before correlation.
 #[derive(Debug, Clone)]
 pub struct Occurrence {
+    /// The object the Event is about.
     pub regarding: ObjectReference,
+    /// `Normal` or `Warning`.
     pub type_: EventType,
+    /// Why, in one CamelCase word.
     pub reason: String,
+    /// What was done (or failed), in one CamelCase word.
     pub action: String,
+    /// The human-readable note.
     pub note: String,
 }
 
@@ -131,12 +136,18 @@ pub enum Decision {
     /// The object had too many Events lately.
     Drop,
     /// A new Event with this note.
-    Create { note: String },
+    Create {
+        /// The note it carries.
+        note: String,
+    },
     /// The Event `name` occurred again: its series count becomes `count`. `note` is the
     /// occurrence's own (combined or not).
     Repeat {
+        /// The repeated Event's name.
         name: String,
+        /// The note it carries.
         note: String,
+        /// Its series count.
         count: i32,
     },
 }

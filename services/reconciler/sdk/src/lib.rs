@@ -1,4 +1,7 @@
-//! The controller SDK: what a controller implements and what it is given.
+//! Switchyard's controller SDK: write a controller as a reconcile function over one kind,
+//! declare what it watches, and run it in a reconciler of its own that leases keys from
+//! Switchyard's sharded queue and reads objects from the watcher's cache. The built-in
+//! controllers of `switchyard-reconciler` are written with it.
 //!
 //! ```text
 //!  queue ─ leased key (controller, namespace, name) ─► worker ─► Controller::reconcile(ctx, request)
@@ -14,27 +17,81 @@
 //! in the watcher's configuration file (the built-in controllers). A reconcile reads fresh
 //! state (a key is not a snapshot), may be run on any worker, is never run twice at once for
 //! one key, and is bounded by the worker's reconcile timeout.
+//!
+//! The crate re-exports the [`kube`] and [`k8s_openapi`] it was built with: a controller
+//! crate that names them through it never has to match their versions by hand.
+//!
+//! # Example
+//!
+//! A controller that labels every ConfigMap it is given, and the binary that runs it:
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use switchyard_sdk::{
+//!     Action, Builder, Context, Registry, Result,
+//!     k8s_openapi::api::core::v1::ConfigMap,
+//!     kube::{Api, ResourceExt, api::{Patch, PatchParams}},
+//! };
+//!
+//! async fn reconcile(map: Arc<ConfigMap>, ctx: Context) -> Result {
+//!     if map.labels().contains_key("example.com/seen") {
+//!         return Ok(Action::Done);
+//!     }
+//!     let maps: Api<ConfigMap> = ctx.api(&map.namespace().unwrap_or_default());
+//!     let patch = serde_json::json!({"metadata": {"labels": {"example.com/seen": "true"}}});
+//!     maps.patch(&map.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+//!         .await?;
+//!     Ok(Action::Done)
+//! }
+//!
+//! let mut controllers = Registry::default();
+//! controllers.register(
+//!     Builder::for_::<ConfigMap>()
+//!         .named("example.com/v1/SeenConfigMap")
+//!         .reconcile(reconcile),
+//! );
+//! assert_eq!(controllers.names(), ["example.com/v1/SeenConfigMap"]);
+//!
+//! // The binary's `main` (under `#[tokio::main]`): the reconciler's flags (`--queue-addr`,
+//! // `--watcher-addr`, TLS) and its service, until SIGTERM.
+//! async fn main(controllers: Registry) -> Result<(), switchyard_sdk::ServiceError> {
+//!     switchyard_sdk::run(controllers).await
+//! }
+//! ```
+//!
+//! `switchyard-sdk-test` runs a queue, a watcher and a reconciler in a test's process, so
+//! that a controller's tests exercise it against a real apiserver.
+
+#![deny(missing_docs)]
 
 mod adoption;
 mod apply;
 mod builder;
+pub mod cache;
 pub mod conditions;
 mod controller;
 pub mod events;
+pub mod finalizer;
 mod mapping;
+mod metrics;
+mod ratelimit;
 mod refusal;
+pub mod registration;
+mod service;
 mod watches;
+mod worker;
 
 use std::{fmt, sync::Arc, time::Duration};
 
 use serde::de::DeserializeOwned;
 /// What a mapping function returns ([`Map::with`]): kube-rs's reference to an object.
 pub use switchyard_k8s::kube::runtime::reflector::ObjectRef;
-use switchyard_k8s::{
-    Client,
-    kube::{self, Resource},
-};
+use switchyard_k8s::{Client, kube::Resource};
 use switchyard_queue_client::{Add, Enqueuer, Priority};
+/// The clients' runtime: what [`Args::start`] returns, run until shutdown.
+pub use switchyard_runtime::Runtime;
+pub use {k8s_openapi, kube};
 
 pub use self::events::EventType;
 use self::events::Recorder;
@@ -43,6 +100,7 @@ pub use self::{
     builder::{Builder, Built, Map, Policy, backoff},
     controller::{Controller, Registered, Registry},
     refusal::Refusal,
+    service::{Args, Config, ReconcilerArgs, SERVICE, ServiceError, run},
     watches::{Options, Predicate, Watch, Watches, default_name, gvk_of},
 };
 use crate::cache::{CacheClient, CacheError};
@@ -101,8 +159,10 @@ pub enum Error {
     /// it, not a loop in the reconcile.
     #[error("apiserver: {}", kube_message(.0))]
     Kube(#[from] switchyard_k8s::kube::Error),
+    /// The watcher's cache could not be read.
     #[error(transparent)]
     Cache(#[from] CacheError),
+    /// Anything else, with its message.
     #[error("{0}")]
     Other(String),
 }
@@ -160,6 +220,7 @@ pub fn is_namespace_terminating(error: &switchyard_k8s::kube::Error) -> bool {
     }))
 }
 
+/// A reconcile's result: the [`Action`] it asks for, or the [`Error`] it failed with.
 pub type Result<T = Action, E = Error> = std::result::Result<T, E>;
 
 /// The key being reconciled.
@@ -167,6 +228,7 @@ pub type Result<T = Action, E = Error> = std::result::Result<T, E>;
 pub struct Request {
     /// Empty for a cluster-scoped object.
     pub namespace: String,
+    /// Its name.
     pub name: String,
     /// 1 for the first attempt since the key's failures were last forgotten.
     pub attempt: u32,
@@ -203,7 +265,7 @@ impl Context {
             cache,
             events,
             queue: None,
-            field_manager: crate::SERVICE.into(),
+            field_manager: SERVICE.into(),
         }
     }
 
@@ -223,10 +285,7 @@ impl Context {
     /// waiting keeps the earlier time), each carrying the current span's trace context;
     /// returns once they wait in the reconciler's pending set (from where they are sent, and
     /// resent until a queue takes them), which is bounded: a slow queue makes this wait.
-    pub(crate) async fn enqueue(
-        &self,
-        keys: impl IntoIterator<Item = impl Into<Add>>,
-    ) -> Result<()> {
+    pub async fn enqueue(&self, keys: impl IntoIterator<Item = impl Into<Add>>) -> Result<()> {
         let keys: Vec<Add> = keys.into_iter().map(Into::into).collect();
         if keys.is_empty() {
             return Ok(());
@@ -250,8 +309,9 @@ impl Context {
 pub struct Events(Recorder);
 
 impl Events {
+    /// Events reported by this reconciler, with `instance` (the worker) as the reporting instance.
     pub fn new(client: Client, instance: &str) -> Self {
-        Self(Recorder::new(client, crate::SERVICE, instance))
+        Self(Recorder::new(client, SERVICE, instance))
     }
 
     /// Records `reason` (PascalCase, at most 128 characters) for the `action` taken on
