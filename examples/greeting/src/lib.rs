@@ -31,6 +31,7 @@ use switchyard_sdk::{
 };
 
 mod greeting;
+pub mod webhooks;
 pub use greeting::{FINALIZER, Greeting, GreetingSpec, GreetingStatus, config_map_name};
 
 /// The controller: Greetings, and the ConfigMaps they control.

@@ -50,6 +50,41 @@ impl std::fmt::Debug for Handshakes {
     }
 }
 
+/// The handshaken connections of [`accept`], as an HTTP server's listener (`axum::serve`):
+/// an HTTPS server whose handshakes run on their own tasks.
+#[derive(Debug)]
+pub struct HttpsListener {
+    addr: SocketAddr,
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+}
+
+impl HttpsListener {
+    /// Starts accepting on `listener`, bound at `addr`; it closes when this is dropped.
+    pub fn new(addr: SocketAddr, listener: TcpListener, handshakes: Handshakes) -> Self {
+        Self {
+            addr,
+            rx: accept(listener, handshakes),
+        }
+    }
+}
+
+impl axum::serve::Listener for HttpsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(accepted) => accepted,
+            // The accept task has stopped: nothing more will arrive.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+}
+
 /// Accepts on `listener` until the returned receiver is dropped; then the listener closes.
 pub fn accept(
     listener: TcpListener,

@@ -41,7 +41,7 @@ use rustls::{
 };
 use tracing::{info, warn};
 
-pub use accept::{Handshakes, accept};
+pub use accept::{Handshakes, HttpsListener, accept};
 pub use identity::{Identity, IdentityError, Role};
 
 use crate::{Drain, Metrics};

@@ -21,12 +21,12 @@ use rustls::{
         danger::{ClientCertVerified, ClientCertVerifier},
     },
 };
-use switchyard_runtime::{ServingKey, tls::Handshakes};
-use tokio::{
-    net::{TcpListener, TcpStream},
-    sync::mpsc,
+use switchyard_runtime::{
+    ServingKey,
+    tls::{Handshakes, HttpsListener},
 };
-use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -209,8 +209,9 @@ pub(crate) fn listen(
     addr: SocketAddr,
     listener: TcpListener,
     acceptor: TlsAcceptor,
-) -> TlsListener {
-    let rx = switchyard_runtime::tls::accept(
+) -> HttpsListener {
+    HttpsListener::new(
+        addr,
         listener,
         Handshakes {
             acceptor,
@@ -218,31 +219,7 @@ pub(crate) fn listen(
             what: "external metrics API",
             nodelay: false,
         },
-    );
-    TlsListener { addr, rx }
-}
-
-/// The handshaken connections, as the HTTP server's listener.
-pub(crate) struct TlsListener {
-    addr: SocketAddr,
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(accepted) => accepted,
-            // The accept task has stopped: nothing more will arrive.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.addr)
-    }
+    )
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, fmt, future::Future, sync::Arc, time::Duration}
 
 use futures::future::BoxFuture;
 
-use super::{Action, Context, Error, Request, Result, Watches};
+use super::{Action, Context, Error, Request, Result, Watches, webhook::Webhooks};
 
 /// A controller: a name its keys carry and a reconcile. Implement it with `async fn`:
 ///
@@ -115,6 +115,8 @@ pub struct Registry {
     mapping_for: BTreeMap<String, String>,
     /// The user each controller's requests impersonate, where it acts as one of its own.
     users: BTreeMap<String, String>,
+    /// The admission and conversion webhooks the binary serves beside its controllers.
+    pub(crate) webhooks: Webhooks,
 }
 
 impl fmt::Debug for Registry {
@@ -158,6 +160,17 @@ impl Registry {
     /// Every controller that acts as a user of its own, with that user.
     pub fn users(&self) -> &BTreeMap<String, String> {
         &self.users
+    }
+
+    /// Adds admission and conversion webhooks for the reconciler to serve over HTTPS
+    /// (`--webhook-addr`) beside its controllers.
+    ///
+    /// # Panics
+    ///
+    /// If a path already has a webhook.
+    pub fn webhooks(&mut self, webhooks: Webhooks) -> &mut Self {
+        self.webhooks.merge(webhooks);
+        self
     }
 
     /// The controller registered as `name`.

@@ -80,6 +80,7 @@ mod refusal;
 pub mod registration;
 mod service;
 mod watches;
+pub mod webhook;
 mod worker;
 
 use std::{fmt, sync::Arc, time::Duration};
@@ -100,8 +101,9 @@ pub use self::{
     builder::{Builder, Built, Map, Policy, backoff},
     controller::{Controller, Registered, Registry},
     refusal::Refusal,
-    service::{Args, Config, ReconcilerArgs, SERVICE, ServiceError, run},
+    service::{Args, Config, ReconcilerArgs, SERVICE, ServiceError, WebhookServing, run},
     watches::{Options, Predicate, Watch, Watches, default_name, gvk_of},
+    webhook::{Verdict, Webhooks},
 };
 use crate::cache::{CacheClient, CacheError};
 

@@ -277,3 +277,59 @@ impl RateLimitMetrics {
         }
     }
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    /// A registered webhook's path (never one a caller made up: those are answered 404).
+    pub path: String,
+    /// `allowed`, `denied`, `patched`, `converted`, `failed` or `malformed`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookPathLabels {
+    pub path: String,
+}
+
+/// The webhook server's requests, controller-runtime's `controller_runtime_webhook_*`.
+#[derive(Clone, Debug)]
+pub struct WebhookMetrics {
+    requests: Family<WebhookLabels, Counter>,
+    time: Family<WebhookPathLabels, Histogram, fn() -> Histogram>,
+}
+
+impl WebhookMetrics {
+    pub fn register(metrics: &Metrics) -> Self {
+        let this = Self {
+            requests: Family::default(),
+            time: Family::new_with_constructor(duration_histogram),
+        };
+        metrics.register(
+            "switchyard_webhook_requests",
+            "Webhook requests answered, by path and result (allowed, denied, patched, converted, failed, malformed)",
+            this.requests.clone(),
+        );
+        metrics.register_with_unit(
+            "switchyard_webhook_latency",
+            "How long webhook requests took to answer, by path",
+            Unit::Seconds,
+            this.time.clone(),
+        );
+        this
+    }
+
+    /// Counts a request to a registered `path`.
+    pub fn observe(&self, path: &str, result: &'static str, took: Duration) {
+        self.requests
+            .get_or_create(&WebhookLabels {
+                path: path.to_owned(),
+                result,
+            })
+            .inc();
+        self.time
+            .get_or_create(&WebhookPathLabels {
+                path: path.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+    }
+}

@@ -14,7 +14,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use switchyard_k8s::{KubeArgs, await_apiserver, kube};
 use switchyard_queue_client::{Enqueuer, NoMetrics};
 use switchyard_runtime::{
-    GrpcServer, InstanceScope, Runtime, RuntimeArgs,
+    GrpcServer, InstanceScope, Runtime, RuntimeArgs, TlsArgs,
     apiserver::{ApiserverLayer, ApiserverMetrics},
     instance_id,
 };
@@ -55,6 +55,9 @@ pub enum ServiceError {
     /// The watcher refused the watches the controllers declare.
     #[error(transparent)]
     Registration(#[from] RegistrationError),
+    /// The webhooks' certificate could not be read.
+    #[error("the webhooks' certificate: {0}")]
+    WebhookCertificate(#[from] switchyard_runtime::TlsError),
     /// A flag was wrong; the message names it.
     #[error("invalid flags: {0}")]
     Args(String),
@@ -119,6 +122,26 @@ pub struct ReconcilerArgs {
     /// Added to every reconcile, as if each called a slow external system (for benchmarks)
     #[arg(long, env = "SWITCHYARD_SIMULATED_LATENCY", default_value = "0s")]
     pub simulated_latency: humantime::Duration,
+    /// Address of the HTTPS server of the admission and conversion webhooks the binary
+    /// registers; unused by a binary that registers none
+    #[arg(long, env = "SWITCHYARD_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: std::net::SocketAddr,
+    /// PEM certificate chain the webhook server presents, reloaded when it changes; its names
+    /// must be the ones the apiserver dials (the webhook Service's DNS names, or the URL's
+    /// host). Default: the service's own --tls-cert, whose names are its Service's
+    #[arg(
+        long,
+        env = "SWITCHYARD_WEBHOOK_TLS_CERT",
+        requires = "webhook_tls_key"
+    )]
+    pub webhook_tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --webhook-tls-cert
+    #[arg(
+        long,
+        env = "SWITCHYARD_WEBHOOK_TLS_KEY",
+        requires = "webhook_tls_cert"
+    )]
+    pub webhook_tls_key: Option<std::path::PathBuf>,
 }
 
 /// The reconciler's flags, checked, and the controllers they select.
@@ -143,12 +166,27 @@ pub struct Config {
     pub kube_api_burst: u32,
     /// `--worker-id`, else the host name and process id.
     pub worker_id: String,
+    /// Where the webhooks are served, and the certificate and key they present: `None` when
+    /// the registry has no webhook.
+    pub webhooks: Option<WebhookServing>,
+}
+
+/// The webhook server's address and certificate files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookServing {
+    /// `--webhook-addr`.
+    pub addr: std::net::SocketAddr,
+    /// `--webhook-tls-cert`, else `--tls-cert`.
+    pub cert: std::path::PathBuf,
+    /// `--webhook-tls-key`, else `--tls-key`.
+    pub key: std::path::PathBuf,
 }
 
 impl ReconcilerArgs {
     /// The checked configuration with the controllers of `registry` that `--controllers`
-    /// selects, or an error naming the bad flag.
-    pub fn config(&self, mut registry: Registry) -> Result<Config, ServiceError> {
+    /// selects, or an error naming the bad flag; `tls` names the service's own certificate,
+    /// which the webhooks present unless given theirs.
+    pub fn config(&self, mut registry: Registry, tls: &TlsArgs) -> Result<Config, ServiceError> {
         let Self {
             queue_addr,
             elector_addr,
@@ -161,7 +199,34 @@ impl ReconcilerArgs {
             kube_api_burst,
             worker_id,
             simulated_latency,
+            webhook_addr,
+            webhook_tls_cert,
+            webhook_tls_key,
         } = self;
+        let webhooks = if registry.webhooks.is_empty() {
+            None
+        } else {
+            let (cert, key) = match (
+                webhook_tls_cert,
+                webhook_tls_key,
+                &tls.tls_cert,
+                &tls.tls_key,
+            ) {
+                (Some(cert), Some(key), _, _) | (None, None, Some(cert), Some(key)) => {
+                    (cert.clone(), key.clone())
+                }
+                _ => {
+                    return Err(ServiceError::Args(
+                        "--webhook-tls-cert: the webhooks need a certificate, and the service has none of its own (--insecure-plaintext)".into(),
+                    ));
+                }
+            };
+            Some(WebhookServing {
+                addr: *webhook_addr,
+                cert,
+                key,
+            })
+        };
         let route = Route::from_flags(queue_addr.as_deref(), elector_addr.as_deref())
             .map_err(|e| ServiceError::Args(e.to_string()))?;
         if *shard_count == 0 {
@@ -211,6 +276,7 @@ impl ReconcilerArgs {
             kube_api_qps: *kube_api_qps,
             kube_api_burst: *kube_api_burst,
             worker_id: instance_id(worker_id.clone(), "reconciler", InstanceScope::Process),
+            webhooks,
         })
     }
 }
@@ -247,7 +313,8 @@ impl Args {
             kube_api_qps,
             kube_api_burst,
             worker_id,
-        } = reconciler.config(registry)?;
+            webhooks,
+        } = reconciler.config(registry, &runtime.tls)?;
         let drain_timeout: Duration = runtime.drain_timeout.into();
 
         let rt = Runtime::start(SERVICE, runtime).await?;
@@ -362,6 +429,7 @@ impl Args {
             impersonating = ?registry.users(),
             "configured"
         );
+        let webhook_routes = registry.webhooks.clone();
         let worker = Worker::new(
             registry,
             ctx,
@@ -383,9 +451,52 @@ impl Args {
                 });
             }
         }
+        if let Some(serving) = webhooks {
+            serve_webhooks(&rt, serving, webhook_routes).await?;
+        }
         rt.serve_grpc(GrpcServer::new()).await?;
         Ok(rt)
     }
+}
+
+/// Binds the webhook server and serves `webhooks` with the certificate `serving` names
+/// (reloaded as the service's own is) until shutdown.
+async fn serve_webhooks(
+    rt: &Runtime,
+    serving: WebhookServing,
+    webhooks: crate::Webhooks,
+) -> Result<(), ServiceError> {
+    let key = rt.serving_key("webhook", &serving.cert, &serving.key)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServiceError::Args(format!("--webhook-tls-cert: {e}")))?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(key));
+    // The server speaks HTTP/1.1, as the apiserver's webhook client does by default.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let listener = tokio::net::TcpListener::bind(serving.addr)
+        .await
+        .map_err(|e| ServiceError::Args(format!("--webhook-addr {}: {e}", serving.addr)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServiceError::Args(format!("--webhook-addr {}: {e}", serving.addr)))?;
+    let listener = switchyard_runtime::tls::HttpsListener::new(
+        addr,
+        listener,
+        switchyard_runtime::tls::Handshakes {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            failures: Default::default(),
+            what: "webhook server",
+            nodelay: true,
+        },
+    );
+    let metrics = metrics::WebhookMetrics::register(rt.metrics());
+    info!(%addr, paths = ?webhooks.paths(), "serving webhooks");
+    rt.spawn("webhooks", move |drain| {
+        crate::webhook::serve(webhooks, listener, metrics, drain)
+    });
+    Ok(())
 }
 
 #[cfg(test)]
@@ -398,11 +509,16 @@ mod tests {
     /// The TLS flags every service requires; these tests only parse them (no file is read).
     const TLS: [&str; 3] = ["--tls-cert=tls.crt", "--tls-key=tls.key", "--tls-ca=ca.crt"];
 
-    fn args(flags: &[&str]) -> ReconcilerArgs {
+    /// The flags, checked against `registry`.
+    fn config(flags: &[&str], registry: Registry) -> Result<Config, ServiceError> {
         let required = ["switchyard-reconciler", "--watcher-addr=127.0.0.1:1"];
-        Args::try_parse_from(required.iter().chain(&TLS).chain(flags))
-            .unwrap()
-            .reconciler
+        let tls = if flags.contains(&"--insecure-plaintext") {
+            &[][..]
+        } else {
+            &TLS[..]
+        };
+        let args = Args::try_parse_from(required.iter().chain(tls).chain(flags)).unwrap();
+        args.reconciler.config(registry, &args.runtime.tls)
     }
 
     /// Two controllers of ConfigMaps that do nothing.
@@ -419,7 +535,7 @@ mod tests {
     }
 
     fn config_error(flags: &[&str], registry: Registry) -> String {
-        match args(flags).config(registry) {
+        match config(flags, registry) {
             Err(ServiceError::Args(message)) => message,
             other => panic!("{flags:?}: expected a flag error, got {other:?}"),
         }
@@ -447,13 +563,15 @@ mod tests {
 
     #[test]
     fn good_flags_select_the_controllers() {
-        let config = args(&[
-            "--elector-addr=127.0.0.1:2",
-            "--controllers=example.com/v1/Two",
-            "--worker-id=w1",
-            "--concurrency=10000",
-        ])
-        .config(registry())
+        let config = config(
+            &[
+                "--elector-addr=127.0.0.1:2",
+                "--controllers=example.com/v1/Two",
+                "--worker-id=w1",
+                "--concurrency=10000",
+            ],
+            registry(),
+        )
         .unwrap();
         assert_eq!(config.route, Route::Elector("127.0.0.1:2".into()));
         assert_eq!(config.registry.names(), ["example.com/v1/Two"]);
@@ -461,9 +579,52 @@ mod tests {
             (config.worker_id.as_str(), config.concurrency),
             ("w1", 10_000)
         );
-        let all = args(&["--queue-addr=127.0.0.1:2"])
-            .config(registry())
-            .unwrap();
+        let all = super_config(&["--queue-addr=127.0.0.1:2"], registry());
         assert_eq!(all.registry.names(), registry().names());
+        assert_eq!(all.webhooks, None, "no webhook, no server");
+    }
+
+    fn super_config(flags: &[&str], registry: Registry) -> Config {
+        config(flags, registry).unwrap()
+    }
+
+    #[test]
+    fn webhooks_present_the_service_s_certificate_unless_given_theirs() {
+        let with_webhooks = || {
+            let mut registry = registry();
+            registry.webhooks(crate::Webhooks::default().convert("/convert", |o, _| Ok(o)));
+            registry
+        };
+        let queue = "--queue-addr=127.0.0.1:2";
+        let own = super_config(&[queue], with_webhooks()).webhooks.unwrap();
+        assert_eq!(
+            (
+                own.addr.to_string().as_str(),
+                own.cert.to_str(),
+                own.key.to_str()
+            ),
+            ("0.0.0.0:9443", Some("tls.crt"), Some("tls.key"))
+        );
+        let theirs = super_config(
+            &[
+                queue,
+                "--webhook-addr=127.0.0.1:8443",
+                "--webhook-tls-cert=hook.crt",
+                "--webhook-tls-key=hook.key",
+            ],
+            with_webhooks(),
+        )
+        .webhooks
+        .unwrap();
+        assert_eq!(
+            (
+                theirs.addr.port(),
+                theirs.cert.to_str(),
+                theirs.key.to_str()
+            ),
+            (8443, Some("hook.crt"), Some("hook.key"))
+        );
+        let message = config_error(&[queue, "--insecure-plaintext"], with_webhooks());
+        assert!(message.starts_with("--webhook-tls-cert"), "{message}");
     }
 }
