@@ -1340,3 +1340,128 @@ async fn the_sdk_only_overlay_grants_only_what_the_registered_controller_needs()
         );
     }
 }
+
+/// components/webhooks on overlays/sdk-only points the apiserver at the example's two
+/// webhooks: through a Service of the reconciler's pods whose port reaches the binary's
+/// default webhook port, a name the reconciler's Certificate carries, with that
+/// Certificate's CA injected; a NetworkPolicy admits the port; the apiserver takes it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhooks_component_points_the_apiserver_at_the_reconciler_s_certified_service() {
+    use switchyard_example_greeting::webhooks::{DEFAULT_PATH, VALIDATE_PATH};
+
+    let _one_at_a_time = APPLYING.lock().await;
+    let plane = ControlPlane::shared().expect("control plane");
+    install_cert_manager_crds(plane).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
+            support::relative_to(dir.path(), &overlay_dir("sdk-only")).display(),
+            support::relative_to(dir.path(), &component_dir("webhooks")).display(),
+        ),
+    )
+    .unwrap();
+    let manifests = kustomize_build(plane, dir.path()).await;
+    let objects = parsed(&manifests);
+    let find = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| kind_and_name(o) == (kind.to_owned(), name.to_owned()))
+            .unwrap_or_else(|| panic!("{kind}/{name} missing"))
+    };
+
+    let service = find("Service", "switchyard-reconciler");
+    assert_eq!(
+        service["spec"]["selector"]["app.kubernetes.io/name"],
+        "switchyard-reconciler"
+    );
+    let port = &service["spec"]["ports"][0];
+    let container =
+        &find("Deployment", "switchyard-reconciler")["spec"]["template"]["spec"]["containers"][0];
+    let target = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port["targetPort"])
+        .unwrap_or_else(|| panic!("no container port {}", port["targetPort"]));
+    let default = switchyard_sdk::Args::try_parse_from([
+        "controller",
+        "--watcher-addr=w:1",
+        "--queue-addr=q:1",
+        "--insecure-plaintext",
+    ])
+    .unwrap()
+    .reconciler
+    .webhook_addr;
+    assert_eq!(target["containerPort"], default.port());
+    let dns = find("Certificate", "switchyard-reconciler")["spec"]["dnsNames"].clone();
+    assert!(
+        strings(&dns).contains(&"switchyard-reconciler.switchyard.svc".to_owned()),
+        "the reconciler's certificate names the Service: {dns}"
+    );
+    for (kind, path) in [
+        ("MutatingWebhookConfiguration", DEFAULT_PATH),
+        ("ValidatingWebhookConfiguration", VALIDATE_PATH),
+    ] {
+        let config = find(kind, "switchyard-greeting");
+        assert_eq!(
+            config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "switchyard/switchyard-reconciler",
+            "{kind}"
+        );
+        let dialed = &config["webhooks"][0]["clientConfig"]["service"];
+        assert_eq!(
+            (
+                &dialed["namespace"],
+                &dialed["name"],
+                &dialed["port"],
+                &dialed["path"]
+            ),
+            (
+                &serde_json::json!(NAMESPACE),
+                &service["metadata"]["name"],
+                &port["port"],
+                &serde_json::json!(path)
+            ),
+            "{kind}"
+        );
+    }
+    let policy = find("NetworkPolicy", "switchyard-reconciler-webhooks");
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], "webhooks");
+
+    // The apiserver takes every object as written (a dry run: nothing is left registered
+    // that would send Greetings to a reconciler no test runs).
+    let namespace = kubectl(
+        plane,
+        &[
+            "create",
+            "namespace",
+            NAMESPACE,
+            "--dry-run=client",
+            "-o",
+            "yaml",
+        ],
+        None,
+    )
+    .await;
+    apply_cleanly(plane, "the switchyard namespace", &namespace.stdout).await;
+    let out = kubectl(
+        plane,
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            &format!("--field-manager={FIELD_MANAGER}"),
+            "-f",
+            "-",
+        ],
+        Some(&manifests),
+    )
+    .await;
+    assert!(
+        out.success && out.stderr.trim().is_empty(),
+        "the overlay with components/webhooks: {out:?}"
+    );
+}
