@@ -13,8 +13,6 @@
 
 mod scenario;
 
-use std::time::Duration;
-
 use serde_json::json;
 use switchyard_example_greeting::{
     Greeting,
@@ -37,8 +35,8 @@ use switchyard_k8s::{
     },
 };
 use switchyard_sdk::{Action, Builder, Registry, Webhooks};
-use switchyard_sdk_test::{self as support, eventually};
-use switchyard_testenv::{ControlPlane, Pki, TestNamespace};
+use switchyard_sdk_test::{Env, EnvOptions, eventually};
+use switchyard_testenv::Pki;
 
 /// The test CRD's group: `Size` objects, `spec.size` in v1 (stored) and `spec.replicas` in v2.
 const SIZES_GROUP: &str = "sizes.switchyard.io";
@@ -227,23 +225,8 @@ fn convert_sizes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_apiserver_calls_the_binary_s_admission_and_conversion_webhooks() {
-    let plane = ControlPlane::shared().expect("control plane");
-    let client = plane.client().await.unwrap();
-    scenario::install_crd(&client).await;
-    let ns = TestNamespace::create(plane, &client, "webhooks")
-        .await
-        .unwrap();
     let port = free_port();
-
     // The reconciler: a controller (it must run one) and the webhooks.
-    let queue = support::queue(&[], &[]).await;
-    let config = format!(
-        "shardCount: {}\nnamespaces:\n  include: [{}]\nregistrations:\n  - serviceAccount: switchyard-reconciler\n    kinds:\n      - {{apiVersion: v1, kind: ConfigMap, objects: full}}\n",
-        support::SHARDS,
-        ns.name()
-    );
-    let watcher = support::watcher(plane, &config, queue.grpc()).await;
-    watcher.wait_ready(Duration::from_secs(60)).await;
     let mut registry = Registry::default();
     registry
         .register(
@@ -253,19 +236,22 @@ async fn the_apiserver_calls_the_binary_s_admission_and_conversion_webhooks() {
         )
         .webhooks(webhooks())
         .webhooks(Webhooks::default().convert(CONVERT_PATH, convert_sizes));
-    let reconciler = support::reconciler(
-        plane,
+    let env = Env::start_with(
+        "webhooks",
         registry,
-        queue.grpc(),
-        watcher.grpc(),
-        &[&format!("--webhook-addr=127.0.0.1:{port}")],
+        EnvOptions {
+            reconciler_flags: vec![format!("--webhook-addr=127.0.0.1:{port}")],
+            ..EnvOptions::default()
+        },
     )
     .await;
+    let (client, namespace) = (env.client(), env.namespace());
+    scenario::install_crd(&client).await;
 
     // Admission: the apiserver's webhook configuration informer takes a moment to see the
     // new configurations; a dry-run creation says when the defaulting one is called.
-    register_greeting_webhooks(&client, ns.name(), port).await;
-    let greetings: Api<Greeting> = Api::namespaced(client.clone(), ns.name());
+    register_greeting_webhooks(&client, namespace, port).await;
+    let greetings: Api<Greeting> = Api::namespaced(client.clone(), namespace);
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -316,7 +302,7 @@ async fn the_apiserver_calls_the_binary_s_admission_and_conversion_webhooks() {
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("does not shout"), "{refused}");
-    unregister_greeting_webhooks(&client, ns.name()).await;
+    unregister_greeting_webhooks(&client, namespace).await;
 
     // Conversion: an object written as v1 reads as v2 and the other way round.
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -335,7 +321,7 @@ async fn the_apiserver_calls_the_binary_s_admission_and_conversion_webhooks() {
         .unwrap();
     let sizes = |version: &str| {
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(SIZES_GROUP, version, "Size"));
-        Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &resource)
+        Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
     };
     let (v1, v2) = (sizes("v1"), sizes("v2"));
     eventually("both versions are served", || async {
@@ -370,7 +356,7 @@ async fn the_apiserver_calls_the_binary_s_admission_and_conversion_webhooks() {
         .unwrap();
 
     // What the webhook server answered, by path and result.
-    let (_, metrics) = reconciler.admin_get("/metrics").await;
+    let (_, metrics) = env.reconciler().admin_get("/metrics").await;
     for line in [
         "path=\"/mutate-greeting\",result=\"patched\"",
         "path=\"/validate-greeting\",result=\"denied\"",
@@ -378,7 +364,5 @@ async fn the_apiserver_calls_the_binary_s_admission_and_conversion_webhooks() {
     ] {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
-    reconciler.stop().await;
-    watcher.stop().await;
-    queue.stop().await;
+    env.stop().await;
 }

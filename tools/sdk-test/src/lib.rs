@@ -24,10 +24,24 @@
 //! # }
 //! ```
 //!
-//! Each service runs on a Tokio runtime of its own, as in a process of its own, and stops
-//! when its handle's `stop` is awaited (or, dropped, when the test ends).
+//! Each service stops when its handle's `stop` is awaited (or, dropped, when the test ends).
+//!
+//! [`Env`] does all of it in one call, granting the watcher what the controllers watch, in a
+//! namespace of the test's own, and tears it all down when dropped:
+//!
+//! ```no_run
+//! # async fn example(controllers: switchyard_sdk::Registry) {
+//! let env = switchyard_sdk_test::Env::start("greeting", controllers).await;
+//! // ... create objects in env.namespace() with env.client() ...
+//! env.stop().await; // or let it drop
+//! # }
+//! ```
 
 #![deny(missing_docs)]
+
+mod env;
+
+pub use env::{Env, EnvOptions};
 
 use std::{io::Write, net::SocketAddr, path::Path, time::Duration};
 
