@@ -13,7 +13,8 @@
 //! status with `Context::apply_status` and the `conditions` helpers: the condition's time
 //! moves only when its status turns, and another manager's condition stays. A third scopes
 //! the controller to one namespace (`Builder::namespaces`): nothing of another keys it, not
-//! even the keys its mapping function returns there.
+//! even the keys its mapping function returns there. A fourth holds reconciles back with a
+//! predicate the watcher cannot run (`Builder::when`, in the reconciler).
 
 #![allow(clippy::unwrap_used)]
 
@@ -464,4 +465,66 @@ fn healthy(
         now,
     );
     conditions
+}
+
+/// A predicate over the object as last reconciled and as it is now, which the watcher
+/// cannot evaluate (it compares ConfigMaps' data, and any change keys them): a label's
+/// change is leased and reported done without a reconcile; a data change reconciles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciler_predicate_holds_back_reconciles_of_unchanged_data() {
+    let reconciles = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut registry = Registry::default();
+    registry.register(
+        Builder::for_::<ConfigMap>()
+            .named("example.com/v1/DataWatcher")
+            .when(|old, new| old.is_none_or(|old| old.data != new.data))
+            .reconcile({
+                let reconciles = reconciles.clone();
+                move |_, _| {
+                    reconciles.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    async { Ok(Action::Done) }
+                }
+            }),
+    );
+    let env = switchyard_sdk_test::Env::start("when", registry).await;
+    let maps: Api<ConfigMap> = Api::namespaced(env.client(), env.namespace());
+    let done = || async {
+        env.reconciler()
+            .metric(
+                "switchyard_reconcile_total{controller=\"example.com/v1/DataWatcher\",result=\"success\"}",
+            )
+            .await
+    };
+    let count = || reconciles.load(std::sync::atomic::Ordering::SeqCst);
+    let map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "settings"},
+        "data": {"size": "1"},
+    }))
+    .unwrap();
+    maps.create(&PostParams::default(), &map).await.unwrap();
+    switchyard_sdk_test::eventually("the creation is reconciled", || async {
+        (done().await >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(count(), 1);
+
+    let label = json!({"metadata": {"labels": {"touched": "yes"}}});
+    maps.patch("settings", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    switchyard_sdk_test::eventually("the label's change is leased and done", || async {
+        (done().await >= 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(count(), 1, "no reconcile for a change of labels only");
+
+    let data = json!({"data": {"size": "2"}});
+    maps.patch("settings", &PatchParams::default(), &Patch::Merge(&data))
+        .await
+        .unwrap();
+    switchyard_sdk_test::eventually("the data's change is reconciled", || async {
+        (count() == 2).then_some(())
+    })
+    .await;
+    env.stop().await;
 }

@@ -214,19 +214,32 @@ where
 /// # Panics
 ///
 /// If it has not by then, saying `what` was awaited.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WITHIN;
+    eventually_within(what, WITHIN, check).await
+}
+
+/// [`eventually`] for at most `within`.
+///
+/// # Panics
+///
+/// If `check` has not returned `Some` by then, saying `what` was awaited.
+pub async fn eventually_within<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
     loop {
         if let Some(value) = check().await {
             return value;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{what} within {WITHIN:?}"
+            "{what} within {within:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

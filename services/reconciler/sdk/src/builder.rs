@@ -134,7 +134,54 @@ pub struct Builder<K = ()> {
     name: Option<String>,
     watches: Watches,
     mappings: Vec<PendingMapping>,
+    when: Option<Arc<When<K>>>,
     kind: PhantomData<fn() -> K>,
+}
+
+/// Objects a [`Builder::when`] predicate remembers per controller, at most: past it, it
+/// forgets them all, and the next key of each reconciles (fails open).
+pub const MAX_REMEMBERED: usize = 10_000;
+
+/// Whether an object changed enough to be reconciled: `(as last reconciled, as it is now)`.
+type Changed<K> = Box<dyn Fn(Option<&K>, &K) -> bool + Send + Sync>;
+
+/// A predicate over the object as this reconciler last reconciled it and as it is now, run
+/// in the reconciler ([`Builder::when`]).
+struct When<K> {
+    changed: Changed<K>,
+    /// The object at each key's last reconcile that asked for nothing more, by namespace and
+    /// name.
+    last: std::sync::Mutex<std::collections::HashMap<(String, String), Arc<K>>>,
+}
+
+impl<K> When<K> {
+    fn last(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), Arc<K>>> {
+        self.last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `object` at `key` is to be reconciled.
+    fn passes(&self, key: &(String, String), object: &K) -> bool {
+        let last = self.last().get(key).cloned();
+        (self.changed)(last.as_deref(), object)
+    }
+
+    /// Keeps `object` as reconciled when the reconcile asked for nothing more; forgets the
+    /// key otherwise, so that a retry or a requeue reconciles whatever the predicate says.
+    fn settle(&self, key: (String, String), object: Arc<K>, result: &Result) {
+        let mut last = self.last();
+        if matches!(result, Ok(Action::Done)) {
+            if last.len() >= MAX_REMEMBERED && !last.contains_key(&key) {
+                last.clear();
+            }
+            last.insert(key, object);
+        } else {
+            last.remove(&key);
+        }
+    }
 }
 
 impl Builder {
@@ -158,6 +205,7 @@ impl Builder {
                 namespaces: Vec::new(),
             },
             mappings: Vec::new(),
+            when: None,
             kind: PhantomData,
         }
     }
@@ -179,6 +227,30 @@ impl<K: Object> Builder<K> {
         self.watches
             .namespaces
             .extend(namespaces.into_iter().map(Into::into));
+        self
+    }
+
+    /// Reconciles a key only when `changed(old, new)` holds, `old` being the object as this
+    /// reconciler last reconciled it (`None`: never, or forgotten) and `new` as the cache has
+    /// it now: controller-runtime's `predicate.Funcs{UpdateFunc}`, kube-rs's
+    /// `predicate_filter`, for a predicate the watcher cannot evaluate (it runs no user code;
+    /// prefer [`crate::Predicate`]s, which it evaluates before anything is queued).
+    ///
+    /// It runs in the reconciler, after the key's lease and the cache read, before the
+    /// reconcile function: a key it refuses costs a lease and a read, never the reconcile,
+    /// and is reported done. A reconcile that fails or asks to be requeued makes the key
+    /// forgotten, so a retry or a requeue always passes `None` as `old`. Another replica
+    /// has not seen what this one reconciled, so a key it leases passes `None` too: the
+    /// predicate may let a reconcile through, never hold one back for good. At most
+    /// [`MAX_REMEMBERED`] objects are kept per controller.
+    pub fn when<F>(mut self, changed: F) -> Self
+    where
+        F: Fn(Option<&K>, &K) -> bool + Send + Sync + 'static,
+    {
+        self.when = Some(Arc::new(When {
+            changed: Box::new(changed),
+            last: std::sync::Mutex::default(),
+        }));
         self
     }
 
@@ -286,6 +358,7 @@ impl<K: Object> Builder<K> {
             mappings,
             reconcile,
             error_policy: backoff,
+            when: self.when,
             kind: PhantomData,
         }
     }
@@ -317,6 +390,7 @@ pub struct Built<K, F, P> {
     mappings: Vec<Registered>,
     reconcile: F,
     error_policy: P,
+    when: Option<Arc<When<K>>>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -334,6 +408,7 @@ impl<K, F, P> Built<K, F, P> {
             mappings: self.mappings,
             reconcile: self.reconcile,
             error_policy,
+            when: self.when,
             kind: PhantomData,
         }
     }
@@ -360,14 +435,29 @@ where
     }
 
     async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
-        match ctx
+        let object = ctx
             .cache
             .get::<K>(&request.namespace, &request.name, None)
-            .await?
-        {
-            Some(object) => (self.reconcile)(Arc::new(object), ctx.clone()).await,
-            None => Ok(Action::Done),
+            .await?;
+        let Some(when) = &self.when else {
+            return match object {
+                Some(object) => (self.reconcile)(Arc::new(object), ctx.clone()).await,
+                None => Ok(Action::Done),
+            };
+        };
+        let key = (request.namespace.clone(), request.name.clone());
+        let Some(object) = object else {
+            when.last().remove(&key);
+            return Ok(Action::Done);
+        };
+        if !when.passes(&key, &object) {
+            tracing::debug!(namespace = %key.0, name = %key.1, "the predicate holds the reconcile back");
+            return Ok(Action::Done);
         }
+        let object = Arc::new(object);
+        let result = (self.reconcile)(object.clone(), ctx.clone()).await;
+        when.settle(key, object, &result);
+        result
     }
 
     fn error_policy(&self, error: &Error, request: &Request) -> Action {
@@ -514,5 +604,50 @@ mod tests {
             Controller::error_policy(&default, &error, &request),
             Action::Backoff
         );
+    }
+
+    #[test]
+    fn a_when_predicate_sees_the_object_as_last_reconciled_and_forgets_it_after_a_retry() {
+        let map = |value: &str| {
+            ConfigMap {
+                data: Some([("v".to_owned(), value.to_owned())].into()),
+                ..ConfigMap::default()
+            }
+        };
+        let when = When::<ConfigMap> {
+            changed: Box::new(|old, new| old.is_none_or(|old| old.data != new.data)),
+            last: std::sync::Mutex::default(),
+        };
+        let key = ("team".to_owned(), "web".to_owned());
+        // Never reconciled: passes; reconciled (done): the same object no longer does.
+        assert!(when.passes(&key, &map("1")));
+        when.settle(key.clone(), Arc::new(map("1")), &Ok(Action::Done));
+        assert!(!when.passes(&key, &map("1")));
+        assert!(when.passes(&key, &map("2")));
+        // A requeue or a failure is forgotten: the next lease reconciles.
+        when.settle(
+            key.clone(),
+            Arc::new(map("1")),
+            &Ok(Action::requeue(std::time::Duration::from_secs(1))),
+        );
+        assert!(when.passes(&key, &map("1")));
+        when.settle(key.clone(), Arc::new(map("1")), &Ok(Action::Done));
+        when.settle(
+            key.clone(),
+            Arc::new(map("1")),
+            &Err(Error::Other("boom".into())),
+        );
+        assert!(when.passes(&key, &map("1")));
+        // Past the bound, everything is forgotten (and reconciles again).
+        when.settle(key.clone(), Arc::new(map("1")), &Ok(Action::Done));
+        for i in 0..MAX_REMEMBERED {
+            when.settle(
+                ("team".into(), format!("n{i}")),
+                Arc::new(map("1")),
+                &Ok(Action::Done),
+            );
+        }
+        assert!(when.passes(&key, &map("1")));
+        assert!(when.last().len() <= MAX_REMEMBERED);
     }
 }

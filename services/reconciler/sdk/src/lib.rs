@@ -98,7 +98,7 @@ pub use self::events::EventType;
 use self::events::Recorder;
 pub use self::{
     adoption::{can_adopt, newest_version, owner_references, set_controller_ref},
-    builder::{Builder, Built, Map, Policy, backoff},
+    builder::{Builder, Built, MAX_REMEMBERED, Map, Policy, backoff},
     controller::{Controller, Registered, Registry},
     refusal::Refusal,
     service::{Args, Config, ReconcilerArgs, SERVICE, ServiceError, WebhookServing, run},
