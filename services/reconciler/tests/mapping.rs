@@ -528,3 +528,58 @@ async fn a_reconciler_predicate_holds_back_reconciles_of_unchanged_data() {
     .await;
     env.stop().await;
 }
+
+/// A field selector per watch (`Options::field_selector`), evaluated by the watcher: only the
+/// ConfigMaps whose fields match key the controller, on creation and on a change that makes
+/// them match.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_selector_keys_only_the_objects_whose_fields_match() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut registry = Registry::default();
+    registry.register(
+        Builder::for_with::<ConfigMap>(
+            Options::default().field_selector("data.tier=gold, metadata.name!=skipped"),
+        )
+        .named("example.com/v1/GoldOnly")
+        .reconcile({
+            let seen = seen.clone();
+            move |map: Arc<ConfigMap>, _| {
+                seen.lock().unwrap().push(map.name_any());
+                async { Ok(Action::Done) }
+            }
+        }),
+    );
+    let env = switchyard_sdk_test::Env::start("fields", registry).await;
+    let maps: Api<ConfigMap> = Api::namespaced(env.client(), env.namespace());
+    for (name, tier) in [("silver", "silver"), ("skipped", "gold"), ("gold", "gold")] {
+        let map: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "data": {"tier": tier},
+        }))
+        .unwrap();
+        maps.create(&PostParams::default(), &map).await.unwrap();
+    }
+    switchyard_sdk_test::eventually("the gold ConfigMap is reconciled", || async {
+        seen.lock()
+            .unwrap()
+            .contains(&"gold".to_owned())
+            .then_some(())
+    })
+    .await;
+    // Created before it: the others were never keyed.
+    assert_eq!(*seen.lock().unwrap(), ["gold"]);
+    // Changed so that it matches: keyed.
+    let upgrade = json!({"data": {"tier": "gold"}});
+    maps.patch("silver", &PatchParams::default(), &Patch::Merge(&upgrade))
+        .await
+        .unwrap();
+    switchyard_sdk_test::eventually("the upgraded ConfigMap is reconciled", || async {
+        seen.lock()
+            .unwrap()
+            .contains(&"silver".to_owned())
+            .then_some(())
+    })
+    .await;
+    assert!(!seen.lock().unwrap().contains(&"skipped".to_owned()));
+    env.stop().await;
+}

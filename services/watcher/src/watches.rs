@@ -152,6 +152,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         batch_status_updates_only,
         label_selector,
         fields_changed,
+        field_selector,
     } = watch;
     let batch_period = batch_period
         .map(|period| {
@@ -209,6 +210,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         batch_period,
         batch_status_only: batch_status_updates_only,
         label_selector,
+        field_selector,
     })
 }
 
@@ -333,6 +335,19 @@ mod tests {
         assert_eq!(
             refused(vec![fields]).message(),
             "controllers[0].owns[0].fields_changed: 17 given; at most 16"
+        );
+    }
+
+    #[test]
+    fn a_field_selector_is_checked_and_named_by_its_field_when_wrong() {
+        let mut fields = widgets();
+        fields.owns[0].field_selector = "spec.nodeName=node-1,status.phase!=Running".into();
+        assert!(registration("r".into(), vec![fields.clone()]).is_ok());
+        fields.owns[0].field_selector = "spec.nodeName".into();
+        assert_eq!(
+            refused(vec![fields]).message(),
+            "controllers[0].owns[0].field_selector: \"spec.nodeName\" is no requirement: a \
+             field, '=', '==' or '!=', and a value"
         );
     }
 

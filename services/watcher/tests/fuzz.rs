@@ -137,6 +137,7 @@ fn watch() -> impl Strategy<Value = Watch> {
         any::<bool>(),
         text(),
         collection::vec(text(), 0..3),
+        text(),
     )
         .prop_map(
             |(
@@ -149,6 +150,7 @@ fn watch() -> impl Strategy<Value = Watch> {
                 status_only,
                 selector,
                 fields_changed,
+                field_selector,
             )| {
                 Watch {
                     gvk,
@@ -160,6 +162,7 @@ fn watch() -> impl Strategy<Value = Watch> {
                     batch_status_updates_only: status_only,
                     label_selector: selector,
                     fields_changed,
+                    field_selector,
                 }
             },
         )

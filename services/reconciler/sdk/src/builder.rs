@@ -608,11 +608,9 @@ mod tests {
 
     #[test]
     fn a_when_predicate_sees_the_object_as_last_reconciled_and_forgets_it_after_a_retry() {
-        let map = |value: &str| {
-            ConfigMap {
-                data: Some([("v".to_owned(), value.to_owned())].into()),
-                ..ConfigMap::default()
-            }
+        let map = |value: &str| ConfigMap {
+            data: Some([("v".to_owned(), value.to_owned())].into()),
+            ..ConfigMap::default()
         };
         let when = When::<ConfigMap> {
             changed: Box::new(|old, new| old.is_none_or(|old| old.data != new.data)),

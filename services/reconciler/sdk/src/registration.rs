@@ -256,6 +256,7 @@ fn watch(watch: &Watch) -> ProtoWatch {
             .and_then(|period| prost_types::Duration::try_from(period).ok()),
         batch_status_updates_only: watch.options.batch_status_updates_only,
         label_selector: watch.options.label_selector.clone().unwrap_or_default(),
+        field_selector: watch.options.field_selector.clone().unwrap_or_default(),
     }
 }
 

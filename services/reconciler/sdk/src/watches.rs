@@ -44,6 +44,10 @@ pub struct Options {
     /// syntax; for an update, the object after it). The watcher checks it when the
     /// controller registers, and runs it: no event it filters out reaches the reconciler.
     pub label_selector: Option<String>,
+    /// Only objects whose fields match key the controller through this watch (the
+    /// apiserver's syntax, `"spec.nodeName=node-1,status.phase!=Running"`; for an update,
+    /// the object after it). Checked and run by the watcher, as the label selector is.
+    pub field_selector: Option<String>,
 }
 
 impl Options {
@@ -72,6 +76,16 @@ impl Options {
     /// object of the kind.
     pub fn label_selector(mut self, selector: impl Into<String>) -> Self {
         self.label_selector = Some(selector.into());
+        self
+    }
+
+    /// Key only the objects whose fields `selector` matches (`"spec.nodeName=node-1"`,
+    /// `"status.phase!=Succeeded"`; `=`, `==`, `!=`, requirements joined by commas), as a
+    /// field selector narrows a controller-runtime or kube-rs watch: a field absent or null
+    /// reads as `""`, a number or boolean matches its JSON text. The watcher's cache still
+    /// holds every object of the kind (it is shared), and the watcher evaluates it.
+    pub fn field_selector(mut self, selector: impl Into<String>) -> Self {
+        self.field_selector = Some(selector.into());
         self
     }
 

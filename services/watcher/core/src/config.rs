@@ -444,6 +444,8 @@ struct RawRule {
     batch_status_updates_only: bool,
     #[serde(default)]
     label_selector: Option<String>,
+    #[serde(default)]
+    field_selector: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -467,6 +469,8 @@ struct RawLabelRule {
     batch_status_updates_only: bool,
     #[serde(default)]
     label_selector: Option<String>,
+    #[serde(default)]
+    field_selector: Option<String>,
 }
 
 /// One watched resource.
@@ -525,6 +529,9 @@ pub struct Rule {
     /// after it: controller-runtime's `LabelSelectorPredicate`); the cache holds every object
     /// of the kind all the same. A label selector in kubectl's syntax, as validated.
     pub label_selector: Option<String>,
+    /// Only objects whose fields match key through this rule (the apiserver's syntax,
+    /// `spec.nodeName=node-1`, as validated; evaluated by the watcher: [`crate::fields`]).
+    pub field_selector: Option<String>,
     /// The namespaces the controller works in, sorted (its `namespaces`): a key in another
     /// namespace is dropped (and for a controller of Namespaces, a key of another
     /// Namespace). Empty: every namespace.
@@ -715,6 +722,7 @@ impl Config {
                 kind: RuleKind::For,
                 predicates: predicates_of(&format!("{field}.for"), for_.predicates)?,
                 label_selector: label_selector(&format!("{field}.for"), for_.label_selector)?,
+                field_selector: field_selector(&format!("{field}.for"), for_.field_selector)?,
                 batch_period: batch_period(format!("{field}.for"), for_.batch_period)?,
                 batch_status_only: for_.batch_status_updates_only,
             });
@@ -759,6 +767,10 @@ impl Config {
                         &format!("{field}.owns[{i}]"),
                         rule.label_selector,
                     )?,
+                    field_selector: field_selector(
+                        &format!("{field}.owns[{i}]"),
+                        rule.field_selector,
+                    )?,
                     batch_period: batch_period(format!("{field}.owns[{i}]"), rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -776,6 +788,7 @@ impl Config {
                     kind: RuleKind::ByLabel { label: rule.label },
                     predicates: predicates_of(&at, rule.predicates)?,
                     label_selector: label_selector(&at, rule.label_selector)?,
+                    field_selector: field_selector(&at, rule.field_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -804,6 +817,7 @@ impl Config {
                     kind: RuleKind::ByNamespace,
                     predicates: predicates_of(&at, rule.predicates)?,
                     label_selector: label_selector(&at, rule.label_selector)?,
+                    field_selector: field_selector(&at, rule.field_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -824,6 +838,7 @@ impl Config {
                     kind: RuleKind::ByName,
                     predicates: predicates_of(&at, rule.predicates)?,
                     label_selector: label_selector(&at, rule.label_selector)?,
+                    field_selector: field_selector(&at, rule.field_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -870,6 +885,7 @@ impl Config {
                     kind,
                     predicates: predicates_of(&at, rule.predicates)?,
                     label_selector: label_selector(&at, rule.label_selector)?,
+                    field_selector: field_selector(&at, rule.field_selector)?,
                     batch_period: batch_period(at, rule.batch_period)?,
                     batch_status_only: rule.batch_status_updates_only,
                 });
@@ -971,6 +987,12 @@ fn duration(field: &str, text: &str) -> Result<Duration> {
 fn label_selector(rule: &str, text: Option<String>) -> Result<Option<String>> {
     checked_label_selector(text.as_deref().unwrap_or_default())
         .map_err(|problem| invalid(format!("{rule}.labelSelector"), problem))
+}
+
+/// A rule's `fieldSelector`, checked: `None` when unset or empty.
+fn field_selector(rule: &str, text: Option<String>) -> Result<Option<String>> {
+    crate::fields::checked_field_selector(text.as_deref().unwrap_or_default())
+        .map_err(|problem| invalid(format!("{rule}.fieldSelector"), problem))
 }
 
 /// A watch's label selector (kubectl's syntax), trimmed: `None` when empty; otherwise what
@@ -1248,6 +1270,27 @@ controllers:
         assert!(
             error("controllers: [{name: d, for: {apiVersion: apps/v1, kind: Deployment, through: {apiVersion: apps/v1, kind: ReplicaSet}}}]")
                 .contains("controllers[0].for.through: only an owns entry")
+        );
+    }
+
+    #[test]
+    fn a_field_selector_is_checked_and_named_by_its_field_when_wrong() {
+        let config = Config::from_yaml(
+            "controllers: [{name: c, for: {apiVersion: v1, kind: Pod, fieldSelector: ' spec.nodeName=n1 '}}]",
+        )
+        .unwrap();
+        assert_eq!(
+            config.rules[0].field_selector.as_deref(),
+            Some("spec.nodeName=n1")
+        );
+        let error = Config::from_yaml(
+            "controllers: [{name: c, for: {apiVersion: v1, kind: Pod, fieldSelector: 'spec..nodeName=n1'}}]",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("controllers[0].for.fieldSelector: \"spec..nodeName\" is no field"),
+            "{error}"
         );
     }
 

@@ -12,6 +12,7 @@
 //! ```
 
 pub mod config;
+pub mod fields;
 pub mod graph;
 pub mod mapping;
 pub mod peer;

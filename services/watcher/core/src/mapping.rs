@@ -32,6 +32,7 @@ use std::{sync::Arc, time::Duration};
 
 pub use switchyard_work::WorkKey;
 
+use crate::fields::FieldSelector;
 use switchyard_selector::{
     Expression, Selector,
     placement::{Fit, Node, Placement},
@@ -166,8 +167,19 @@ struct Rule {
     batch_status_only: bool,
     /// Only objects it matches key through the rule (the object after an update).
     selector: Option<Selector>,
+    /// Only objects whose fields it matches key through the rule (the object after an
+    /// update).
+    fields: Option<FieldSelector>,
     /// The namespaces its keys may be in.
     scope: Scope,
+}
+
+impl Rule {
+    /// Whether `object` (after an update) is one the rule's selectors admit.
+    fn selects(&self, object: &Summary) -> bool {
+        self.selector.as_ref().is_none_or(|s| s.matches(object))
+            && self.fields.as_ref().is_none_or(|f| f.matches(object))
+    }
 }
 
 /// The namespaces a controller works in.
@@ -297,6 +309,10 @@ impl Mapper {
                     .label_selector
                     .as_deref()
                     .and_then(|s| Selector::parse(s).ok()),
+                fields: rule
+                    .field_selector
+                    .as_deref()
+                    .and_then(|s| FieldSelector::parse(s).ok()),
                 scope: Scope {
                     namespaces: rule.namespaces.clone(),
                     of_namespaces: reconciles_namespaces(config, &rule.controller),
@@ -313,6 +329,12 @@ impl Mapper {
                         Predicate::FieldChanged(pointer) => Some(Arc::from(pointer.as_str())),
                         _ => None,
                     })
+                    .chain(
+                        rules
+                            .iter()
+                            .filter_map(|rule| rule.fields.as_ref())
+                            .flat_map(|f| f.pointers().cloned()),
+                    )
                     .collect();
                 pointers.sort();
                 pointers.dedup();
@@ -327,7 +349,8 @@ impl Mapper {
     }
 
     /// The JSON pointers whose values a summary of `resource` carries
-    /// ([`Summary::with_fields`]): those its rules' `fieldChanged` predicates name.
+    /// ([`Summary::with_fields`]): those its rules' `fieldChanged` predicates and field
+    /// selectors name.
     pub fn fields(&self, resource: usize) -> &[Arc<str>] {
         &self.fields[resource]
     }
@@ -370,7 +393,10 @@ impl Mapper {
                 .ok()
                 .map(|v| Node::from_json(&v))
         };
-        let Some(new) = parse(new) else { return };
+        let Ok(new_object) = serde_json::from_slice::<serde_json::Value>(new) else {
+            return;
+        };
+        let new = Node::from_json(&new_object);
         let old = match event {
             EventKind::Modified => match old.and_then(parse) {
                 Some(old) if old.same_placement(&new) => return,
@@ -397,6 +423,10 @@ impl Mapper {
                 .selector
                 .as_ref()
                 .is_some_and(|s| !s.matches(&new.labels))
+                || rule
+                    .fields
+                    .as_ref()
+                    .is_some_and(|f| !f.matches_object(&new_object))
             {
                 continue;
             }
@@ -451,7 +481,7 @@ impl Mapper {
             {
                 continue;
             }
-            if rule.selector.as_ref().is_some_and(|s| !s.matches(new)) {
+            if !rule.selects(new) {
                 continue;
             }
             let old = if event == EventKind::Modified {

@@ -94,11 +94,7 @@ impl Summary {
         self.fields = pointers
             .iter()
             .map(|pointer| {
-                let hash = object.pointer(pointer).map(|value| {
-                    let mut hasher = DefaultHasher::new();
-                    hash_value(value, &mut hasher);
-                    hasher.finish()
-                });
+                let hash = object.pointer(pointer).map(value_hash);
                 (pointer.clone(), hash)
             })
             .collect();
@@ -119,6 +115,13 @@ impl Summary {
             .ok()
             .map(|i| &*self.labels[i].1)
     }
+}
+
+/// The hash [`Summary::with_fields`] keeps of `value`.
+pub fn value_hash(value: &serde_json::Value) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    hash_value(value, &mut hasher);
+    hasher.finish()
 }
 
 /// Hashes a JSON value by its structure (object keys in order, so a reordering is no change).

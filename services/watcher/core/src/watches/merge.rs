@@ -78,6 +78,7 @@ impl Watches {
                     gvk,
                     mapping,
                     selector,
+                    fields: rule.field_selector.clone(),
                     namespaces: rule.namespaces.clone(),
                 },
                 keying,
@@ -281,6 +282,7 @@ impl Watches {
                     batch_period: keying.batch_period,
                     batch_status_only: keying.batch_status_only,
                     label_selector: target.selector,
+                    field_selector: target.fields,
                     namespaces: target.namespaces,
                 });
             }

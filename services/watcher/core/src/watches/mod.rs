@@ -94,6 +94,9 @@ pub struct Watch {
     pub batch_status_only: bool,
     /// Only objects whose labels match key through it (`labelSelector`); empty: every one.
     pub label_selector: String,
+    /// Only objects whose fields match key through it (`fieldSelector`, the apiserver's
+    /// syntax); empty: every one.
+    pub field_selector: String,
 }
 
 /// How a change of one kind becomes one controller's key.
@@ -115,6 +118,8 @@ struct Target {
     mapping: Mapping,
     /// Only objects this label selector matches key through the rule.
     selector: Option<String>,
+    /// Only objects this field selector matches key through the rule.
+    fields: Option<String>,
     /// The controller's namespaces, sorted; empty: every one.
     namespaces: Vec<String>,
 }
@@ -217,6 +222,9 @@ impl fmt::Display for Described<'_> {
         }
         if let Some(selector) = &target.selector {
             write!(f, " selecting {selector:?}")?;
+        }
+        if let Some(fields) = &target.fields {
+            write!(f, " with fields {fields:?}")?;
         }
         if !target.namespaces.is_empty() {
             write!(f, " in namespaces {:?}", target.namespaces)?;

@@ -112,6 +112,7 @@ impl Registration {
                 gvk: owner.clone(),
                 mapping: Mapping::For,
                 selector: selector(&field, &reconciles)?,
+                fields: fields(&field, &reconciles)?,
                 namespaces: namespaces.clone(),
             },
             Keying::of(
@@ -160,6 +161,7 @@ impl Registration {
                         through,
                     },
                     selector: selector(&field, watch)?,
+                    fields: fields(&field, watch)?,
                     namespaces: namespaces.clone(),
                 },
                 Keying::of(
@@ -197,6 +199,7 @@ impl Registration {
                         label: label.to_owned(),
                     },
                     selector: selector(&field, watch)?,
+                    fields: fields(&field, watch)?,
                     namespaces: namespaces.clone(),
                 },
                 Keying::of(
@@ -225,6 +228,7 @@ impl Registration {
                     gvk,
                     mapping: Mapping::ByNamespace,
                     selector: selector(&field, watch)?,
+                    fields: fields(&field, watch)?,
                     namespaces: namespaces.clone(),
                 },
                 Keying::of(
@@ -245,6 +249,7 @@ impl Registration {
                     gvk,
                     mapping: Mapping::ByName,
                     selector: selector(&field, watch)?,
+                    fields: fields(&field, watch)?,
                     namespaces: namespaces.clone(),
                 },
                 Keying::of(
@@ -294,6 +299,7 @@ impl Registration {
                     gvk,
                     mapping,
                     selector: selector(&field, watch)?,
+                    fields: fields(&field, watch)?,
                     namespaces: namespaces.clone(),
                 },
                 Keying::of(
@@ -397,6 +403,12 @@ fn check_name(field: &str, name: &str) -> Result<()> {
 fn selector(field: &str, watch: &Watch) -> Result<Option<String>> {
     crate::config::checked_label_selector(&watch.label_selector)
         .map_err(|problem| invalid(format!("{field}.label_selector"), problem))
+}
+
+/// A watch's field selector, checked: `None` when empty.
+fn fields(field: &str, watch: &Watch) -> Result<Option<String>> {
+    crate::fields::checked_field_selector(&watch.field_selector)
+        .map_err(|problem| invalid(format!("{field}.field_selector"), problem))
 }
 
 fn only_in(field: &str, watch: &Watch, through: bool, label: bool) -> Result<()> {
