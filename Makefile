@@ -81,7 +81,13 @@ images: testenv dev-tool
 # SDK's path dependencies, followed through; tests/boundaries.rs checks it is whole.
 SDK_PACKAGES := switchyard-sdk switchyard-proto switchyard-k8s switchyard-runtime switchyard-shards switchyard-queue-client switchyard-reconciler-core switchyard-work switchyard-ownership switchyard-selector
 package-sdk:
-	$(CARGO) package --locked $(addprefix -p ,$(SDK_PACKAGES))
+	@# cargo unpacks the packages it verifies against into its registry's sources by name and
+	@# version, and builds them as packages from a registry, which never change: one changed
+	@# since under the same version would be verified against the earlier build. So each run
+	@# drops our unpacked packages and verifies in a target directory of its own, from
+	@# scratch (about 5 minutes here); the .crate files land in target/package-sdk/package.
+	rm -rf target/package-sdk $(foreach p,$(SDK_PACKAGES),$${CARGO_HOME:-$$HOME/.cargo}/registry/src/*/$(p)-[0-9]*)
+	CARGO_TARGET_DIR=target/package-sdk $(CARGO) package --locked $(addprefix -p ,$(SDK_PACKAGES))
 
 # The images' tests (tests/images.rs): each archive loads into a registry and its entrypoint
 # runs from its root filesystem; the release overlay pins them; an upgrade moves every

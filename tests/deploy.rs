@@ -1465,3 +1465,172 @@ async fn the_webhooks_component_points_the_apiserver_at_the_reconciler_s_certifi
         "the overlay with components/webhooks: {out:?}"
     );
 }
+
+/// components/controller deploys a user's controller (as shipped, examples/greeting) beside
+/// the built-in reconciler as an identity of its own: the watcher grants that identity
+/// exactly the kinds the controller's watches name, and lists and watches them; the
+/// identity writes what the controller writes and reads nothing through the apiserver; its
+/// pods reach the services as a reconciler's do; the apiserver takes it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_component_runs_a_user_s_controller_as_an_identity_of_its_own() {
+    let _one_at_a_time = APPLYING.lock().await;
+    let plane = ControlPlane::shared().expect("control plane");
+    install_cert_manager_crds(plane).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
+            support::relative_to(dir.path(), &overlay_dir("dev")).display(),
+            support::relative_to(dir.path(), &component_dir("controller")).display(),
+        ),
+    )
+    .unwrap();
+    let manifests = kustomize_build(plane, dir.path()).await;
+    let objects = parsed(&manifests);
+    let find = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| {
+                let (k, n) = kind_and_name(o);
+                k == kind && n.starts_with(name)
+            })
+            .unwrap_or_else(|| panic!("{kind}/{name} missing"))
+    };
+    const ACCOUNT: &str = "greeting-switchyard-reconciler";
+
+    // The watcher's grants, as it reads them: its file and the one beside it.
+    let data = &find("ConfigMap", "switchyard-watcher")["data"];
+    let config = switchyard_watcher_core::Config::from_yaml_with_grants(
+        data["watcher.yaml"].as_str().unwrap(),
+        &[(
+            "greeting.registrations.yaml".into(),
+            data["greeting.registrations.yaml"].as_str().unwrap().into(),
+        )],
+    )
+    .unwrap();
+    let mut registry = switchyard_sdk::Registry::default();
+    registry.register(switchyard_example_greeting::controller());
+    let mut watched: Vec<String> = Vec::new();
+    for (_, watches) in registry.watches() {
+        for watch in std::iter::once(&watches.reconciles).chain(&watches.owns) {
+            let gvk =
+                switchyard_watcher_core::Gvk::parse(&watch.gvk.api_version(), &watch.gvk.kind)
+                    .unwrap();
+            assert_eq!(
+                config.grants.granted(ACCOUNT, &gvk),
+                Some(switchyard_watcher_core::Objects::Full),
+                "{gvk} granted in full"
+            );
+            watched.push(watch.gvk.kind.clone());
+        }
+    }
+    assert_eq!(watched, ["Greeting", "ConfigMap"]);
+    let role = find("ClusterRole", "switchyard-watcher")["rules"].to_string();
+    assert!(
+        role.contains("\"greetings\"") && role.contains("\"watch\""),
+        "the watcher watches greetings: {role}"
+    );
+
+    // The identity and its pods.
+    let deployment = find("Deployment", "greeting-controller");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], ACCOUNT);
+    assert_eq!(
+        pod["containers"][0]["image"],
+        "registry.example/switchyard-greeting"
+    );
+    let certificate = find("Certificate", ACCOUNT);
+    assert_eq!(
+        certificate["spec"]["uris"][0],
+        format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/{ACCOUNT}")
+    );
+    assert_eq!(
+        certificate["spec"]["secretName"],
+        pod["volumes"][0]["secret"]["secretName"]
+    );
+    let identity =
+        switchyard_runtime::Identity::parse(certificate["spec"]["uris"][0].as_str().unwrap())
+            .unwrap();
+    let queue = switchyard_runtime::Identity::parse(&format!(
+        "spiffe://cluster.local/ns/{NAMESPACE}/sa/switchyard-queue"
+    ))
+    .unwrap();
+    assert_eq!(
+        identity.role_among(&queue),
+        Some(switchyard_runtime::Role::Reconciler),
+        "the queue and the watcher take it for a reconciler"
+    );
+    for policy in [
+        "switchyard-watcher",
+        "switchyard-queue",
+        "switchyard-elector",
+    ] {
+        let from = find("NetworkPolicy", policy)["spec"]["ingress"][0]["from"].to_string();
+        assert!(from.contains("greeting-controller"), "{policy}: {from}");
+    }
+
+    // Applied, the identity may write what the controller writes and read nothing else (the
+    // apiserver answers for Greetings once it serves them).
+    let client = plane.client().await.unwrap();
+    switchyard_sdk_test::install_crd::<switchyard_example_greeting::Greeting>(&client).await;
+    apply_cleanly(plane, "the controller's identity", &rbac_only(&manifests)).await;
+    let can = |verb: &'static str, resource: &'static str| async move {
+        let account = format!("--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}");
+        let (resource, sub) = match resource.split_once('/') {
+            Some((r, s)) => (r, Some(format!("--subresource={s}"))),
+            None => (resource, None),
+        };
+        let mut args = vec![
+            "auth",
+            "can-i",
+            verb,
+            resource,
+            &account,
+            "--namespace=default",
+        ];
+        if let Some(sub) = &sub {
+            args.push(sub);
+        }
+        let out = kubectl(plane, &args, None).await;
+        (out.stdout.trim() == "yes", format!("{args:?}: {out:?}"))
+    };
+    for (verb, resource) in [
+        ("patch", "greetings.example.switchyard.io"),
+        ("patch", "greetings.example.switchyard.io/status"),
+        ("create", "configmaps"),
+        ("delete", "configmaps"),
+        ("create", "events.events.k8s.io"),
+    ] {
+        let (yes, asked) = can(verb, resource).await;
+        assert!(yes, "{ACCOUNT} may {verb} {resource}: {asked}");
+    }
+    for (verb, resource) in [
+        ("list", "greetings.example.switchyard.io"),
+        ("watch", "configmaps"),
+        ("get", "secrets"),
+        ("create", "pods"),
+    ] {
+        let (yes, asked) = can(verb, resource).await;
+        assert!(!yes, "{ACCOUNT} may not {verb} {resource}: {asked}");
+    }
+    // The rest as written (a dry run: no controller Deployment is left behind).
+    let out = kubectl(
+        plane,
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            &format!("--field-manager={FIELD_MANAGER}"),
+            "-f",
+            "-",
+        ],
+        Some(&manifests),
+    )
+    .await;
+    assert!(
+        out.success && out.stderr.trim().is_empty(),
+        "the dev overlay with components/controller: {out:?}"
+    );
+}

@@ -140,6 +140,29 @@ pub struct Config {
     pub peer_write_window: std::time::Duration,
 }
 
+/// The files of grants beside the configuration file, `*.registrations.yaml` in its
+/// directory, by name: what a controller's installation adds (a kustomize component merging
+/// a key into the watcher's ConfigMap, mounted as one directory).
+fn grant_files(config: &std::path::Path) -> Result<Vec<(String, String)>> {
+    let dir = match config.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    let read_error = |path: PathBuf| move |source| Error::ReadConfig { path, source };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read_error(dir.to_owned()))? {
+        let entry = entry.map_err(read_error(dir.to_owned()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // A ConfigMap's mount holds each key twice (the file and `..data/`): the files only.
+        if name.ends_with(".registrations.yaml") && !name.starts_with('.') {
+            let text = std::fs::read_to_string(entry.path()).map_err(read_error(entry.path()))?;
+            files.push((name, text));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
 impl WatcherArgs {
     /// The checked configuration, or an error naming the bad flag (or the configuration
     /// file and the bad field in it).
@@ -167,11 +190,13 @@ impl WatcherArgs {
             path: config.clone(),
             source,
         })?;
-        let file =
-            switchyard_watcher_core::Config::from_yaml(&text).map_err(|source| Error::Config {
+        let grants = grant_files(config)?;
+        let file = switchyard_watcher_core::Config::from_yaml_with_grants(&text, &grants).map_err(
+            |source| Error::Config {
                 path: config.clone(),
                 source,
-            })?;
+            },
+        )?;
         Ok(Config {
             file,
             path: config.clone(),

@@ -115,6 +115,23 @@ pub async fn watcher_reaching(
         .into_temp_path()
         .keep()
         .expect("the configuration kept");
+    watcher_of_file(kubeconfig, &path, route, grpc).await
+}
+
+/// A watcher whose configuration is the file at `config` (and the `*.registrations.yaml`
+/// beside it: docs/watcher.md), reaching the apiserver by `kubeconfig`, routing keys by
+/// `route`, serving gRPC on `grpc`.
+///
+/// # Panics
+///
+/// If it does not start.
+pub async fn watcher_of_file(
+    kubeconfig: &Path,
+    config: &Path,
+    route: &str,
+    grpc: &str,
+) -> InProcess {
+    let path = config;
     let mut args = vec![
         "switchyard-watcher".to_owned(),
         "--admin-addr=127.0.0.1:0".into(),
@@ -176,7 +193,10 @@ pub async fn reconciler_routed(
         args.push(format!("--shard-count={SHARDS}"));
     }
     args.extend(extra.iter().map(|a| (*a).to_owned()));
-    args.extend(Pki::shared().flags(Role::Reconciler));
+    // The reconciler's certificate, unless `extra` gives an identity of its own.
+    if !extra.iter().any(|a| a.starts_with("--tls-cert")) {
+        args.extend(Pki::shared().flags(Role::Reconciler));
+    }
     let rt = switchyard_sdk::Args::try_parse_from(args)
         .expect("the reconciler's flags")
         .start(registry)

@@ -274,6 +274,13 @@ struct RawConfig {
     registrations: Vec<RawGrant>,
 }
 
+/// A file of grants beside the configuration ([`Config::from_yaml_with_grants`]).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawGrantsFile {
+    registrations: Vec<RawGrant>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawGrant {
@@ -589,7 +596,20 @@ impl Config {
 
     /// Parses and validates a YAML document.
     pub fn from_yaml(text: &str) -> Result<Self> {
-        let raw: RawConfig = serde_norway::from_str(text)?;
+        Self::from_yaml_with_grants(text, &[])
+    }
+
+    /// The configuration of `text`, with the `registrations` of each `(name, text)` in `more`
+    /// after its own: the grants a controller's installation adds in a file of its own (a
+    /// kustomize component merging a key into the watcher's ConfigMap), which may hold
+    /// `registrations` and nothing else. An error in one names it.
+    pub fn from_yaml_with_grants(text: &str, more: &[(String, String)]) -> Result<Self> {
+        let mut raw: RawConfig = serde_norway::from_str(text)?;
+        for (name, text) in more {
+            let file: RawGrantsFile = serde_norway::from_str(text)
+                .map_err(|e| invalid(name, format!("not a file of registrations only: {e}")))?;
+            raw.registrations.extend(file.registrations);
+        }
         Self::validate(raw)
     }
 
@@ -1408,6 +1428,50 @@ controllers:
         assert_eq!(config.access("someone-else", &pod), None);
         let secret = Gvk::parse("v1", "Secret").unwrap();
         assert_eq!(config.access("switchyard-reconciler", &secret), None);
+    }
+
+    #[test]
+    fn grants_in_files_of_their_own_add_to_the_file_s_and_are_checked_alike() {
+        let file = "registrations:\n  - serviceAccount: switchyard-reconciler\n    kinds: [{apiVersion: v1, kind: ConfigMap, objects: full}]\n";
+        let greeting = "registrations:\n  - serviceAccount: greeting-switchyard-reconciler\n    kinds: [{apiVersion: example.switchyard.io/v1, kind: Greeting, objects: full}]\n";
+        let config = Config::from_yaml_with_grants(
+            file,
+            &[("greeting.registrations.yaml".into(), greeting.into())],
+        )
+        .unwrap();
+        let greetings = Gvk::parse("example.switchyard.io/v1", "Greeting").unwrap();
+        assert_eq!(
+            config
+                .grants
+                .granted("greeting-switchyard-reconciler", &greetings),
+            Some(Objects::Full)
+        );
+        assert_eq!(
+            config.grants.granted("switchyard-reconciler", &greetings),
+            None
+        );
+        // Anything but registrations, named by the file.
+        let error = Config::from_yaml_with_grants(
+            file,
+            &[("bad.registrations.yaml".into(), "shardCount: 4\n".into())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with("bad.registrations.yaml: not a file of registrations only"),
+            "{error}"
+        );
+        // An account granted twice, across files, is refused as within one.
+        let error = Config::from_yaml_with_grants(
+            file,
+            &[("again.registrations.yaml".into(), file.into())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("\"switchyard-reconciler\" is already listed"),
+            "{error}"
+        );
     }
 
     #[test]
