@@ -1341,6 +1341,60 @@ async fn the_sdk_only_overlay_grants_only_what_the_registered_controller_needs()
     }
 }
 
+/// `kustomize build` of `overlay` with `component` added.
+async fn build_with_component(plane: &ControlPlane, overlay: &str, component: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
+            support::relative_to(dir.path(), &overlay_dir(overlay)).display(),
+            support::relative_to(dir.path(), &component_dir(component)).display(),
+        ),
+    )
+    .unwrap();
+    kustomize_build(plane, dir.path()).await
+}
+
+/// The object of `kind` whose name is `name` or starts with it (a generated ConfigMap's
+/// hash follows it).
+fn find_object<'a>(
+    objects: &'a [serde_json::Value],
+    kind: &str,
+    name: &str,
+) -> &'a serde_json::Value {
+    objects
+        .iter()
+        .find(|o| {
+            let (k, n) = kind_and_name(o);
+            k == kind && n.starts_with(name)
+        })
+        .unwrap_or_else(|| panic!("{kind}/{name} missing"))
+}
+
+/// A server-side dry run of `manifests`: the apiserver takes every object, with no warning,
+/// and keeps none.
+async fn dry_run_cleanly(plane: &ControlPlane, what: &str, manifests: &str) {
+    let out = kubectl(
+        plane,
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            &format!("--field-manager={FIELD_MANAGER}"),
+            "-f",
+            "-",
+        ],
+        Some(manifests),
+    )
+    .await;
+    assert!(
+        out.success && out.stderr.trim().is_empty(),
+        "{what}: {out:?}"
+    );
+}
+
 /// components/webhooks on overlays/sdk-only points the apiserver at the example's two
 /// webhooks: through a Service of the reconciler's pods whose port reaches the binary's
 /// default webhook port, a name the reconciler's Certificate carries, with that
@@ -1352,24 +1406,9 @@ async fn the_webhooks_component_points_the_apiserver_at_the_reconciler_s_certifi
     let _one_at_a_time = APPLYING.lock().await;
     let plane = ControlPlane::shared().expect("control plane");
     install_cert_manager_crds(plane).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
-            support::relative_to(dir.path(), &overlay_dir("sdk-only")).display(),
-            support::relative_to(dir.path(), &component_dir("webhooks")).display(),
-        ),
-    )
-    .unwrap();
-    let manifests = kustomize_build(plane, dir.path()).await;
+    let manifests = build_with_component(plane, "sdk-only", "webhooks").await;
     let objects = parsed(&manifests);
-    let find = |kind: &str, name: &str| {
-        objects
-            .iter()
-            .find(|o| kind_and_name(o) == (kind.to_owned(), name.to_owned()))
-            .unwrap_or_else(|| panic!("{kind}/{name} missing"))
-    };
+    let find = |kind: &str, name: &str| find_object(&objects, kind, name);
 
     let service = find("Service", "switchyard-reconciler");
     assert_eq!(
@@ -1446,24 +1485,7 @@ async fn the_webhooks_component_points_the_apiserver_at_the_reconciler_s_certifi
     )
     .await;
     apply_cleanly(plane, "the switchyard namespace", &namespace.stdout).await;
-    let out = kubectl(
-        plane,
-        &[
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "--validate=strict",
-            &format!("--field-manager={FIELD_MANAGER}"),
-            "-f",
-            "-",
-        ],
-        Some(&manifests),
-    )
-    .await;
-    assert!(
-        out.success && out.stderr.trim().is_empty(),
-        "the overlay with components/webhooks: {out:?}"
-    );
+    dry_run_cleanly(plane, "sdk-only with components/webhooks", &manifests).await;
 }
 
 /// components/controller deploys a user's controller (as shipped, examples/greeting) beside
@@ -1476,27 +1498,9 @@ async fn the_controller_component_runs_a_user_s_controller_as_an_identity_of_its
     let _one_at_a_time = APPLYING.lock().await;
     let plane = ControlPlane::shared().expect("control plane");
     install_cert_manager_crds(plane).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
-            support::relative_to(dir.path(), &overlay_dir("dev")).display(),
-            support::relative_to(dir.path(), &component_dir("controller")).display(),
-        ),
-    )
-    .unwrap();
-    let manifests = kustomize_build(plane, dir.path()).await;
+    let manifests = build_with_component(plane, "dev", "controller").await;
     let objects = parsed(&manifests);
-    let find = |kind: &str, name: &str| {
-        objects
-            .iter()
-            .find(|o| {
-                let (k, n) = kind_and_name(o);
-                k == kind && n.starts_with(name)
-            })
-            .unwrap_or_else(|| panic!("{kind}/{name} missing"))
-    };
+    let find = |kind: &str, name: &str| find_object(&objects, kind, name);
     const ACCOUNT: &str = "greeting-switchyard-reconciler";
 
     // The watcher's grants, as it reads them: its file and the one beside it.
@@ -1615,22 +1619,5 @@ async fn the_controller_component_runs_a_user_s_controller_as_an_identity_of_its
         assert!(!yes, "{ACCOUNT} may not {verb} {resource}: {asked}");
     }
     // The rest as written (a dry run: no controller Deployment is left behind).
-    let out = kubectl(
-        plane,
-        &[
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "--validate=strict",
-            &format!("--field-manager={FIELD_MANAGER}"),
-            "-f",
-            "-",
-        ],
-        Some(&manifests),
-    )
-    .await;
-    assert!(
-        out.success && out.stderr.trim().is_empty(),
-        "the dev overlay with components/controller: {out:?}"
-    );
+    dry_run_cleanly(plane, "dev with components/controller", &manifests).await;
 }
