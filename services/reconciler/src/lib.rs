@@ -111,11 +111,7 @@ impl BuiltinArgs {
                     "--controller-service-accounts: {namespace:?} is not a namespace name: {problem}"
                 ))
             })?;
-            for name in registry.names() {
-                if let Some(user) = controller_user(&name, namespace) {
-                    registry.act_as(&name, user);
-                }
-            }
+            acting_as_service_accounts(&mut registry, namespace);
         }
         Ok(registry)
     }
@@ -219,6 +215,16 @@ pub fn controller_user(controller: &str, namespace: &str) -> Option<String> {
 /// reconciler's defaults must serve (the queue's own default `--controllers`, from the same
 /// list, `switchyard_work::builtin`).
 pub const BUILTIN: &[&str] = switchyard_work::builtin::ALL;
+
+/// Makes each built-in controller of `registry` act as its own service account in
+/// `namespace` (`--controller-service-accounts`).
+pub fn acting_as_service_accounts(registry: &mut Registry, namespace: &str) {
+    for name in registry.names() {
+        if let Some(user) = controller_user(&name, namespace) {
+            registry.act_as(&name, user);
+        }
+    }
+}
 
 /// The controllers built into the reconciler, tuned as by default.
 pub fn builtin_controllers() -> Registry {

@@ -109,8 +109,8 @@ async fn each_built_in_controller_writes_as_its_own_account_with_only_its_role()
     }
     // The reconciler's own identity (the admin's here) could do anything: only the
     // controllers' accounts stand between it and the apiserver.
-    let flag = format!("--controller-service-accounts={}", ns.name());
-    let stack = Stack::start_with(plane, &[ns.name()], &[&flag]).await;
+    // (`--controller-service-accounts`, as the built-in flags set it.)
+    let stack = Stack::start_with(plane, &[ns.name()], Some(ns.name())).await;
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns.name());
     let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns.name());

@@ -107,11 +107,17 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start(plane: &ControlPlane, namespaces: &[&str]) -> Self {
-        Self::start_with(plane, namespaces, &[]).await
+        Self::start_with(plane, namespaces, None).await
     }
 
     /// As [`Stack::start`], the reconciler with these flags besides.
-    pub async fn start_with(plane: &ControlPlane, namespaces: &[&str], flags: &[&str]) -> Self {
+    /// [`Stack::start`], each controller acting as its own service account in
+    /// `service_accounts` when given (`--controller-service-accounts`).
+    pub async fn start_with(
+        plane: &ControlPlane,
+        namespaces: &[&str],
+        service_accounts: Option<&str>,
+    ) -> Self {
         let queue = support::queue(switchyard_reconciler::BUILTIN, &[]).await;
         let config = support::watcher_config(namespaces, "garbageCollector: {}\n");
         let watcher = support::watcher(plane, &config, queue.grpc()).await;
@@ -121,23 +127,25 @@ impl Stack {
             watcher,
             reconciler: None,
         };
-        stack.start_reconciler_with(plane, flags).await;
+        stack.start_reconciler_with(plane, service_accounts).await;
         stack
     }
 
     pub async fn start_reconciler(&mut self, plane: &ControlPlane) {
-        self.start_reconciler_with(plane, &[]).await;
+        self.start_reconciler_with(plane, None).await;
     }
 
-    async fn start_reconciler_with(&mut self, plane: &ControlPlane, flags: &[&str]) {
-        let reconciler = support::reconciler(
-            plane,
-            support::builtins(&[RS, DEPLOY, switchyard_reconciler::gc::NAME]),
-            self.queue.grpc(),
-            self.watcher.grpc(),
-            flags,
-        )
-        .await;
+    async fn start_reconciler_with(
+        &mut self,
+        plane: &ControlPlane,
+        service_accounts: Option<&str>,
+    ) {
+        let mut registry = support::builtins(&[RS, DEPLOY, switchyard_reconciler::gc::NAME]);
+        if let Some(namespace) = service_accounts {
+            switchyard_reconciler::acting_as_service_accounts(&mut registry, namespace);
+        }
+        let reconciler =
+            support::reconciler(plane, registry, self.queue.grpc(), self.watcher.grpc(), &[]).await;
         reconciler.wait_ready(WITHIN).await;
         self.reconciler = Some(reconciler);
     }
