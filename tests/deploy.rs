@@ -1574,6 +1574,14 @@ async fn the_controller_component_runs_a_user_s_controller_as_an_identity_of_its
         assert!(from.contains("greeting-controller"), "{policy}: {from}");
     }
 
+    // Its role is what the controller declares it writes, derived from the code.
+    let declared = serde_json::to_value(registry.rbac_rules()).unwrap();
+    assert_eq!(
+        find("ClusterRole", ACCOUNT)["rules"],
+        declared,
+        "the identity's role is the controller's declared writes"
+    );
+
     // Applied, the identity may write what the controller writes and read nothing else (the
     // apiserver answers for Greetings once it serves them).
     let client = plane.client().await.unwrap();

@@ -34,10 +34,13 @@ mod greeting;
 pub mod webhooks;
 pub use greeting::{FINALIZER, Greeting, GreetingSpec, GreetingStatus, config_map_name};
 
-/// The controller: Greetings, and the ConfigMaps they control.
+/// The controller: Greetings, and the ConfigMaps they control; what it writes (its RBAC).
 pub fn controller() -> impl Controller {
     Builder::for_::<Greeting>()
         .owns::<ConfigMap>()
+        .writes::<Greeting>(&["patch"])
+        .writes_subresource::<Greeting>("status", &["patch"])
+        .writes::<ConfigMap>(&["create", "patch", "delete"])
         .reconcile(reconcile)
 }
 

@@ -213,13 +213,15 @@ async fn scenario(plane: &ControlPlane, client: &Client, namespace: &str) -> Out
         .await
         .unwrap()
         .unwrap();
-    support::kubectl(plane, &["uncordon", &node]).await;
+    // Checked while the node is still cordoned: uncordoned first, a replacement not yet
+    // scheduled could land on it again.
     let drained = drained.status.success() && {
         ready_pods(&pods, web_labels, 3)
             .await
             .iter()
             .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str()))
     };
+    support::kubectl(plane, &["uncordon", &node]).await;
 
     // DisruptionTarget conditions left behind: stale on solo, fresh on half.
     for (name, ago) in [("half", 0), ("solo", 180)] {

@@ -25,6 +25,7 @@ use super::{
     Action, Context, Controller, Error, Object, Registered, Request, Result,
     mapping::{MapFn, Mapping, erase, mapping_name},
     watches::{Options, Watch, Watches, default_name},
+    writes::Write,
 };
 
 /// How a change of a watched kind `V` maps to keys of the reconciled kind `K`
@@ -135,6 +136,7 @@ pub struct Builder<K = ()> {
     watches: Watches,
     mappings: Vec<PendingMapping>,
     when: Option<Arc<When<K>>>,
+    writes: Vec<Write>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -206,6 +208,7 @@ impl Builder {
             },
             mappings: Vec::new(),
             when: None,
+            writes: Vec::new(),
             kind: PhantomData,
         }
     }
@@ -251,6 +254,26 @@ impl<K: Object> Builder<K> {
             changed: Box::new(changed),
             last: std::sync::Mutex::default(),
         }));
+        self
+    }
+
+    /// Declares that the controller writes the objects of `U` with `verbs` (`create`,
+    /// `patch`, `update`, `delete`): what its identity's RBAC must grant
+    /// ([`crate::Registry::rbac_rules`]). Reads need no declaration: they go through the
+    /// watcher.
+    pub fn writes<U: Resource<DynamicType = ()>>(mut self, verbs: &[&str]) -> Self {
+        self.writes.push(Write::of::<U>(verbs));
+        self
+    }
+
+    /// [`Builder::writes`] for a subresource of `U` (`status`, `scale`).
+    pub fn writes_subresource<U: Resource<DynamicType = ()>>(
+        mut self,
+        subresource: &str,
+        verbs: &[&str],
+    ) -> Self {
+        self.writes
+            .push(Write::subresource_of::<U>(subresource, verbs));
         self
     }
 
@@ -359,6 +382,7 @@ impl<K: Object> Builder<K> {
             reconcile,
             error_policy: backoff,
             when: self.when,
+            writes: self.writes,
             kind: PhantomData,
         }
     }
@@ -391,6 +415,7 @@ pub struct Built<K, F, P> {
     reconcile: F,
     error_policy: P,
     when: Option<Arc<When<K>>>,
+    writes: Vec<Write>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -409,6 +434,7 @@ impl<K, F, P> Built<K, F, P> {
             reconcile: self.reconcile,
             error_policy,
             when: self.when,
+            writes: self.writes,
             kind: PhantomData,
         }
     }
@@ -470,6 +496,10 @@ where
 
     fn mappings(&self) -> Vec<Registered> {
         self.mappings.clone()
+    }
+
+    fn writes(&self) -> Vec<Write> {
+        self.writes.clone()
     }
 }
 

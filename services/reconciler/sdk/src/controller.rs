@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, fmt, future::Future, sync::Arc, time::Duration}
 
 use futures::future::BoxFuture;
 
-use super::{Action, Context, Error, Request, Result, Watches, webhook::Webhooks};
+use super::{Action, Context, Error, Request, Result, Watches, webhook::Webhooks, writes::Write};
 
 /// A controller: a name its keys carry and a reconcile. Implement it with `async fn`:
 ///
@@ -42,6 +42,12 @@ pub trait Controller: Send + Sync + 'static {
     fn mappings(&self) -> Vec<Registered> {
         Vec::new()
     }
+
+    /// What this controller writes to the apiserver ([`crate::Builder::writes`]): what its
+    /// identity's RBAC must grant.
+    fn writes(&self) -> Vec<Write> {
+        Vec::new()
+    }
 }
 
 /// [`Controller`] behind a pointer: what the registry holds.
@@ -50,6 +56,7 @@ pub(crate) trait DynController: Send + Sync + 'static {
     fn reconcile<'a>(&'a self, ctx: &'a Context, request: &'a Request) -> BoxFuture<'a, Result>;
     fn error_policy(&self, error: &Error, request: &Request) -> Action;
     fn watches(&self) -> Option<Watches>;
+    fn writes(&self) -> Vec<Write>;
 }
 
 impl<C: Controller> DynController for C {
@@ -67,6 +74,10 @@ impl<C: Controller> DynController for C {
 
     fn watches(&self) -> Option<Watches> {
         Controller::watches(self)
+    }
+
+    fn writes(&self) -> Vec<Write> {
+        Controller::writes(self)
     }
 }
 
@@ -97,6 +108,11 @@ impl Registered {
     /// The watches it declares in code.
     pub fn watches(&self) -> Option<Watches> {
         self.0.watches()
+    }
+
+    /// What it declares it writes.
+    pub fn writes(&self) -> Vec<Write> {
+        self.0.writes()
     }
 }
 
@@ -183,6 +199,19 @@ impl Registry {
         self.controllers.keys().cloned().collect()
     }
 
+    /// The ClusterRole rules the controllers' identity needs for what they declare they
+    /// write ([`crate::Builder::writes`]), with the Events every controller writes: one rule
+    /// per group and resource, verbs merged and sorted. What a deployment grants the
+    /// identity, derived from the code (`tests/deploy.rs` holds the shipped component to it).
+    pub fn rbac_rules(&self) -> Vec<switchyard_k8s::k8s_openapi::api::rbac::v1::PolicyRule> {
+        let writes: Vec<Write> = self
+            .controllers
+            .values()
+            .flat_map(Registered::writes)
+            .collect();
+        crate::writes::rules(&writes)
+    }
+
     /// The watches the controllers declare in code, by controller name.
     pub fn watches(&self) -> Vec<(String, Watches)> {
         self.controllers
@@ -247,5 +276,9 @@ impl Controller for WithLatency {
 
     fn watches(&self) -> Option<Watches> {
         self.inner.watches()
+    }
+
+    fn writes(&self) -> Vec<Write> {
+        self.inner.writes()
     }
 }

@@ -82,6 +82,7 @@ mod service;
 mod watches;
 pub mod webhook;
 mod worker;
+pub mod writes;
 
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -104,6 +105,7 @@ pub use self::{
     service::{Args, Config, ReconcilerArgs, SERVICE, ServiceError, WebhookServing, run},
     watches::{Options, Predicate, Watch, Watches, default_name, gvk_of},
     webhook::{Verdict, Webhooks},
+    writes::Write,
 };
 use crate::cache::{CacheClient, CacheError};
 
