@@ -343,14 +343,7 @@ fn every_built_in_controller_s_role_grants_what_it_declares_and_nothing_more() {
     // (group, version, kind) -> whether a built-in caches it in full.
     let mut kinds = BTreeMap::new();
     for (_, watches) in switchyard_reconciler::builtin_controllers().watches() {
-        let all = std::iter::once(&watches.reconciles)
-            .chain(&watches.owns)
-            .chain(&watches.by_label)
-            .chain(&watches.by_namespace)
-            .chain(&watches.by_selector)
-            .chain(&watches.by_placement)
-            .chain(&watches.by_name);
-        for watch in all {
+        for watch in watches.all() {
             let full = !watch.options.metadata_only;
             let gvk = &watch.gvk;
             let kind = (gvk.group.clone(), gvk.version.clone(), gvk.kind.clone());

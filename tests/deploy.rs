@@ -1091,20 +1091,7 @@ async fn each_certificate_request_policy_allows_one_identity_exactly() {
         "approver-policy CRD established: {}",
         out.stderr
     );
-    let namespace = kubectl(
-        plane,
-        &[
-            "create",
-            "namespace",
-            NAMESPACE,
-            "--dry-run=client",
-            "-o",
-            "yaml",
-        ],
-        None,
-    )
-    .await;
-    apply_cleanly(plane, "the switchyard namespace", &namespace.stdout).await;
+    support::create_namespace(plane).await;
     let manifests = kustomize_build_component(plane, &component_dir("approver-policy")).await;
     assert_eq!(
         manifests.matches("kind: CertificateRequestPolicy").count(),
@@ -1372,29 +1359,6 @@ fn find_object<'a>(
         .unwrap_or_else(|| panic!("{kind}/{name} missing"))
 }
 
-/// A server-side dry run of `manifests`: the apiserver takes every object, with no warning,
-/// and keeps none.
-async fn dry_run_cleanly(plane: &ControlPlane, what: &str, manifests: &str) {
-    let out = kubectl(
-        plane,
-        &[
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "--validate=strict",
-            &format!("--field-manager={FIELD_MANAGER}"),
-            "-f",
-            "-",
-        ],
-        Some(manifests),
-    )
-    .await;
-    assert!(
-        out.success && out.stderr.trim().is_empty(),
-        "{what}: {out:?}"
-    );
-}
-
 /// components/webhooks on overlays/sdk-only points the apiserver at the example's two
 /// webhooks: through a Service of the reconciler's pods whose port reaches the binary's
 /// default webhook port, a name the reconciler's Certificate carries, with that
@@ -1471,21 +1435,8 @@ async fn the_webhooks_component_points_the_apiserver_at_the_reconciler_s_certifi
 
     // The apiserver takes every object as written (a dry run: nothing is left registered
     // that would send Greetings to a reconciler no test runs).
-    let namespace = kubectl(
-        plane,
-        &[
-            "create",
-            "namespace",
-            NAMESPACE,
-            "--dry-run=client",
-            "-o",
-            "yaml",
-        ],
-        None,
-    )
-    .await;
-    apply_cleanly(plane, "the switchyard namespace", &namespace.stdout).await;
-    dry_run_cleanly(plane, "sdk-only with components/webhooks", &manifests).await;
+    support::create_namespace(plane).await;
+    support::dry_run_cleanly(plane, "sdk-only with components/webhooks", &manifests).await;
 }
 
 /// components/controller deploys a user's controller (as shipped, examples/greeting) beside
@@ -1517,7 +1468,7 @@ async fn the_controller_component_runs_a_user_s_controller_as_an_identity_of_its
     registry.register(switchyard_example_greeting::controller());
     let mut watched: Vec<String> = Vec::new();
     for (_, watches) in registry.watches() {
-        for watch in std::iter::once(&watches.reconciles).chain(&watches.owns) {
+        for watch in watches.all() {
             let gvk =
                 switchyard_watcher_core::Gvk::parse(&watch.gvk.api_version(), &watch.gvk.kind)
                     .unwrap();
@@ -1627,5 +1578,5 @@ async fn the_controller_component_runs_a_user_s_controller_as_an_identity_of_its
         assert!(!yes, "{ACCOUNT} may not {verb} {resource}: {asked}");
     }
     // The rest as written (a dry run: no controller Deployment is left behind).
-    dry_run_cleanly(plane, "dev with components/controller", &manifests).await;
+    support::dry_run_cleanly(plane, "dev with components/controller", &manifests).await;
 }

@@ -193,20 +193,32 @@ pub async fn kubectl(plane: &ControlPlane, args: &[&str], stdin: Option<&str>) -
 /// `kubectl apply --server-side` of `manifests`; panics unless it succeeds with nothing on
 /// stderr (kubectl prints the apiserver's warnings there).
 pub async fn apply_cleanly(plane: &ControlPlane, what: &str, manifests: &str) -> String {
-    let out = kubectl(
-        plane,
-        &[
-            "apply",
-            "--server-side",
-            // Unknown or malformed fields are errors, for built-in kinds and CRDs alike.
-            "--validate=strict",
-            &format!("--field-manager={FIELD_MANAGER}"),
-            "-f",
-            "-",
-        ],
-        Some(manifests),
-    )
-    .await;
+    server_side_apply(plane, what, manifests, &[]).await
+}
+
+/// [`apply_cleanly`] as a dry run (`--dry-run=server`): the apiserver takes every object,
+/// with no warning, and keeps none.
+pub async fn dry_run_cleanly(plane: &ControlPlane, what: &str, manifests: &str) -> String {
+    server_side_apply(plane, what, manifests, &["--dry-run=server"]).await
+}
+
+async fn server_side_apply(
+    plane: &ControlPlane,
+    what: &str,
+    manifests: &str,
+    more: &[&str],
+) -> String {
+    let field_manager = format!("--field-manager={FIELD_MANAGER}");
+    let mut args = vec![
+        "apply",
+        "--server-side",
+        // Unknown or malformed fields are errors, for built-in kinds and CRDs alike.
+        "--validate=strict",
+        &field_manager,
+    ];
+    args.extend(more);
+    args.extend(["-f", "-"]);
+    let out = kubectl(plane, &args, Some(manifests)).await;
     assert!(
         out.success && out.stderr.trim().is_empty(),
         "{what}: server-side apply must succeed with no warning\nstdout:\n{}\nstderr:\n{}",
@@ -214,6 +226,24 @@ pub async fn apply_cleanly(plane: &ControlPlane, what: &str, manifests: &str) ->
         out.stderr
     );
     out.stdout
+}
+
+/// Creates the installation's namespace (applied, so one already there is kept).
+pub async fn create_namespace(plane: &ControlPlane) {
+    let namespace = kubectl(
+        plane,
+        &[
+            "create",
+            "namespace",
+            NAMESPACE,
+            "--dry-run=client",
+            "-o",
+            "yaml",
+        ],
+        None,
+    )
+    .await;
+    apply_cleanly(plane, "the switchyard namespace", &namespace.stdout).await;
 }
 
 /// Installs cert-manager's CRDs (from the harness's cache) once per test process, and waits

@@ -139,14 +139,7 @@ pub(crate) fn watcher_config(
         *kinds.entry((api_version, kind)).or_default() |= full;
     };
     for (_, watches) in controllers.watches() {
-        let all = std::iter::once(&watches.reconciles)
-            .chain(&watches.owns)
-            .chain(&watches.by_label)
-            .chain(&watches.by_namespace)
-            .chain(&watches.by_selector)
-            .chain(&watches.by_placement)
-            .chain(&watches.by_name);
-        for watch in all {
+        for watch in watches.all() {
             let Watch {
                 gvk,
                 options,

@@ -151,6 +151,19 @@ pub struct Watches {
     pub namespaces: Vec<String>,
 }
 
+impl Watches {
+    /// Every watch: the reconciled kind's, then each mapping's.
+    pub fn all(&self) -> impl Iterator<Item = &Watch> {
+        std::iter::once(&self.reconciles)
+            .chain(&self.owns)
+            .chain(&self.by_label)
+            .chain(&self.by_namespace)
+            .chain(&self.by_selector)
+            .chain(&self.by_placement)
+            .chain(&self.by_name)
+    }
+}
+
 /// The group, version and kind of `K`.
 pub fn gvk_of<K: Resource<DynamicType = ()>>() -> GroupVersionKind {
     GroupVersionKind::gvk(&K::group(&()), &K::version(&()), &K::kind(&()))
