@@ -64,7 +64,7 @@ test: lint deny testenv-test
 	@# builds a binary beside the tests only for its own package's tests, so build them all first.
 	$(CARGO) build --locked --workspace --bins
 	@# What `cargo test --workspace` runs, with several test binaries at a time (docs/testing.md).
-	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) CARGO=$(CARGO) $(DEV) test $(if $(RECORD),--record $(RECORD))
+	SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) CARGO=$(CARGO) $(DEV) test --seed docs/testing.md $(if $(RECORD),--record $(RECORD))
 	@# The smoke run uses its own control plane, never the cluster KUBECONFIG may name.
 	env -u KUBECONFIG SWITCHYARD_TESTENV_BIN=$(TESTENV_BIN) $(DEV) run --exit-when-ready
 	scripts/check-no-orphans.sh

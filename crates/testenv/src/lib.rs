@@ -48,7 +48,8 @@ pub use otelcol::{Collector, ExportedSpan};
 pub use prometheus::{Prometheus, Sample, promtool};
 pub use serve_log::serve_intervals;
 pub use service::{
-    ServiceProcess, assert_service_lifecycle, cpu_seconds, list_services, resident_bytes,
+    ServiceProcess, assert_service_lifecycle, children_of, cpu_seconds, list_services,
+    resident_bytes,
 };
 /// The OpenMetrics reader, the runtime's ([`switchyard_runtime::exposition`]).
 pub use switchyard_runtime::exposition;

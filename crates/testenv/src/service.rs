@@ -286,6 +286,34 @@ pub fn resident_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The processes whose parent is `pid` now, from /proc.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| parent_of(&stat))
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// The parent pid in a `/proc/<pid>/stat` line: the second field after the command name,
+/// which is in parentheses and may hold spaces and parentheses of its own.
+fn parent_of(stat: &str) -> Option<u32> {
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// The CPU time process `pid` has used so far (user and system, every thread), in seconds.
 #[allow(unsafe_code)]
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
@@ -374,5 +402,16 @@ pub async fn list_services(channel: tonic::transport::Channel) -> Vec<String> {
             list.service.into_iter().map(|s| s.name).collect()
         }
         other => panic!("unexpected reflection response {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parent_is_read_past_a_command_with_parentheses() {
+        assert_eq!(parent_of("4242 (a (b) c) S 17 4242 17 0"), Some(17));
+        assert_eq!(parent_of("garbage"), None);
     }
 }

@@ -7,6 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use switchyard_testenv::children_of;
+
 const DEV: &str = env!("CARGO_BIN_EXE_switchyard-dev");
 
 fn dev(args: &[&str], dir: &Path) -> std::process::Output {
@@ -16,28 +18,6 @@ fn dev(args: &[&str], dir: &Path) -> std::process::Output {
         .arg(dir)
         .output()
         .expect("run switchyard-dev")
-}
-
-/// PIDs of the processes whose parent is `pid`, from /proc.
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // Fields after the parenthesised command: state, ppid, ...
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            children.push(child);
-        }
-    }
-    children
 }
 
 fn alive(pid: u32) -> bool {
@@ -160,4 +140,33 @@ fn killing_the_harness_kills_every_process_it_started() {
         Vec::<u32>::new(),
         "no orphan survives the harness"
     );
+}
+
+#[test]
+fn reap_counts_the_cpu_of_what_a_binary_left_behind_and_passes_its_exit_code_on() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cpu = dir.path().join("cpu");
+    // The shell starts a busy grandchild in the background and exits at once: the
+    // grandchild is orphaned, reparented to the reaper, waited for and counted.
+    let script =
+        "sh -c 'end=$(($(date +%s) + 2)); while [ $(date +%s) -lt $end ]; do :; done' & exit 3";
+    let begun = Instant::now();
+    let status = Command::new(DEV)
+        .arg("reap")
+        .arg("--cpu")
+        .arg(&cpu)
+        .args(["--", "sh", "-c", script])
+        .status()
+        .expect("run switchyard-dev reap");
+    assert_eq!(status.code(), Some(3));
+    assert!(
+        begun.elapsed() >= Duration::from_secs(1),
+        "the reaper waited for the grandchild"
+    );
+    let seconds: f64 = std::fs::read_to_string(&cpu)
+        .expect("the CPU file")
+        .trim()
+        .parse()
+        .expect("a number of seconds");
+    assert!(seconds >= 0.5, "counted {seconds} CPU seconds");
 }

@@ -27,6 +27,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 mod bench;
 mod images;
+mod reap;
 mod run;
 mod test;
 
@@ -94,6 +95,14 @@ enum Cmd {
         /// Test binaries run at once (0 counts as 1)
         #[arg(long, env = "SWITCHYARD_TEST_JOBS", default_value_t = DEFAULT_TEST_JOBS)]
         jobs: usize,
+        /// More binaries at once beside those, of the light ones: those whose whole process
+        /// tree used under a quarter of a core on average in their last run
+        #[arg(long, env = "SWITCHYARD_TEST_LIGHT_JOBS", default_value_t = DEFAULT_LIGHT_JOBS)]
+        light_jobs: usize,
+        /// Without timings of an earlier run in target/, schedule by those recorded in this
+        /// document (docs/testing.md)
+        #[arg(long, value_name = "DOCUMENT")]
+        seed: Option<PathBuf>,
         /// Write each binary's time into this document, between its
         /// `<!-- switchyard-dev test --record: begin -->` and `end` lines (docs/testing.md)
         #[arg(long, value_name = "DOCUMENT")]
@@ -101,6 +110,17 @@ enum Cmd {
         /// Arguments for every test binary (a test name filter, --nocapture)
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Run one command as `test` runs each test binary: wait for it and everything it left
+    /// running, write their CPU seconds to a file, exit with its code
+    #[command(hide = true)]
+    Reap {
+        /// Where the CPU seconds are written
+        #[arg(long)]
+        cpu: PathBuf,
+        /// The command
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
     },
     /// Run a benchmark command, append the `bench <area>.<figure> <value> <unit>` lines it
     /// prints to docs/bench-results.tsv (with the date, commit, machine and load) and
@@ -144,6 +164,8 @@ enum Cmd {
 /// than a minute sooner, and slowed the tests that bound a time (a status repaired within
 /// 2 s) past their bounds.
 const DEFAULT_TEST_JOBS: usize = 2;
+/// One light binary beside those two (`test::LIGHT_CORES`).
+const DEFAULT_LIGHT_JOBS: usize = 1;
 
 fn default_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
@@ -199,7 +221,23 @@ async fn run() -> anyhow::Result<()> {
             };
             run::run(services_dir, exit_when_ready, own, &crd).await
         }
-        Cmd::Test { jobs, record, args } => test::test(jobs, args, record).await,
+        Cmd::Test {
+            jobs,
+            light_jobs,
+            record,
+            seed,
+            args,
+        } => {
+            let lanes = test::Lanes {
+                jobs,
+                light: light_jobs,
+            };
+            test::test(lanes, args, record, seed).await
+        }
+        Cmd::Reap { cpu, command } => {
+            let code = reap::reap(&cpu, &command[0], &command[1..])?;
+            std::process::exit(code)
+        }
         Cmd::Bench { area, command } => bench::bench(&std::env::current_dir()?, &area, &command),
         Cmd::BenchTable { check } => bench::write_table(&std::env::current_dir()?, check),
         Cmd::Images {

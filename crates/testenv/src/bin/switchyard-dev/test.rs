@@ -7,10 +7,13 @@
 //! its output goes to a log file and is printed in one piece when it fails.
 //!
 //! The binaries that took longest last time start first, so that the longest one does not
-//! start last; their times are kept in `target/switchyard-test/durations`.
+//! start last; their times are kept in `target/switchyard-test/durations`, and a clone
+//! without them (CI's) takes those of the run recorded in docs/testing.md (`--seed`). Each
+//! binary runs under `switchyard-dev reap`, which counts the CPU time of everything it
+//! started (its control planes and services too).
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     path::{Path, PathBuf},
     process::{ExitStatus, Stdio},
     time::{Duration, Instant},
@@ -108,32 +111,81 @@ fn package_name(id: &str) -> Option<&str> {
     }
 }
 
+/// One binary's last run: wall seconds, and the CPU seconds of its whole process tree.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Timing {
+    pub(crate) wall: f64,
+    pub(crate) cpu: Option<f64>,
+}
+
 /// Longest first by the durations of the last run; binaries not timed yet go before all the
 /// others, since nothing says they are short.
-pub(crate) fn longest_first(binaries: &mut [TestBinary], durations: &HashMap<String, f64>) {
+pub(crate) fn longest_first(binaries: &mut [TestBinary], durations: &HashMap<String, Timing>) {
     binaries.sort_by(|a, b| {
-        let a = durations.get(&a.key).copied().unwrap_or(f64::INFINITY);
-        let b = durations.get(&b.key).copied().unwrap_or(f64::INFINITY);
-        b.total_cmp(&a)
+        let wall = |key| {
+            durations
+                .get(key)
+                .map_or(f64::INFINITY, |t: &Timing| t.wall)
+        };
+        wall(&b.key).total_cmp(&wall(&a.key))
     });
 }
 
-pub(crate) fn parse_durations(text: &str) -> HashMap<String, f64> {
+/// `wall cpu key` lines (`-` for a CPU time not measured); `wall key` lines, as earlier
+/// versions wrote them, too.
+pub(crate) fn parse_durations(text: &str) -> HashMap<String, Timing> {
     text.lines()
         .filter_map(|line| {
-            let (seconds, key) = line.split_once(' ')?;
-            Some((key.to_owned(), seconds.parse().ok()?))
+            let (wall, rest) = line.split_once(' ')?;
+            let wall = wall.parse().ok()?;
+            let (cpu, key) = match rest.split_once(' ') {
+                Some(("-", key)) => (None, key),
+                Some((cpu, key)) if cpu.parse::<f64>().is_ok() => (cpu.parse().ok(), key),
+                _ => (None, rest),
+            };
+            Some((key.to_owned(), Timing { wall, cpu }))
         })
         .collect()
 }
 
-fn format_durations(durations: &HashMap<String, f64>) -> String {
+fn format_durations(durations: &HashMap<String, Timing>) -> String {
     let mut lines: Vec<_> = durations
         .iter()
-        .map(|(key, seconds)| format!("{seconds:.1} {key}\n"))
+        .map(|(key, t)| format!("{:.1} {} {key}\n", t.wall, format_cpu(t.cpu)))
         .collect();
     lines.sort();
     lines.concat()
+}
+
+fn format_cpu(cpu: Option<f64>) -> String {
+    cpu.map_or("-".to_owned(), |c| format!("{c:.1}"))
+}
+
+/// The timings in a document's recorded table (`--record`), by binary: what a clone
+/// without timings of its own schedules by.
+pub(crate) fn recorded_durations(document: &str) -> HashMap<String, Timing> {
+    let Some(from) = document.find(RECORD_BEGIN) else {
+        return HashMap::new();
+    };
+    let table = &document[from..];
+    let table = &table[..table.find(RECORD_END).unwrap_or(table.len())];
+    table
+        .lines()
+        .filter_map(|row| {
+            let cells: Vec<&str> = row
+                .trim()
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
+            let key = cells
+                .iter()
+                .find_map(|c| c.strip_prefix('`')?.strip_suffix('`'))?;
+            let wall = cells.first()?.parse().ok()?;
+            let cpu = cells.get(1).and_then(|c| c.parse().ok());
+            Some((key.to_owned(), Timing { wall, cpu }))
+        })
+        .collect()
 }
 
 /// The counts in the libtest summary lines of one binary's output
@@ -177,6 +229,8 @@ struct Finished {
     status: Result<ExitStatus, String>,
     counts: Counts,
     took: Duration,
+    /// CPU seconds of the binary and everything it started, when `reap` could count them.
+    cpu: Option<f64>,
 }
 
 impl Finished {
@@ -185,10 +239,73 @@ impl Finished {
     }
 }
 
-/// Runs one binary; a binary that cannot be started counts as failed, with the reason, and
-/// the others still run.
+/// How many test binaries run at once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Lanes {
+    /// Binaries at once, of any kind.
+    pub(crate) jobs: usize,
+    /// More binaries beside those, if they are light: each used under [`LIGHT_CORES`] of
+    /// CPU on average in its last run (it waits on timers: a CronJob's minute, a collector's
+    /// quarantine), so it slows the others little.
+    pub(crate) light: usize,
+}
+
+/// The average CPU use (cores) below which a binary is light: a tenth of what two binaries
+/// at a time use together on the 2-core machine.
+pub(crate) const LIGHT_CORES: f64 = 0.25;
+
+/// A binary waiting to run.
+struct Pending {
+    key: String,
+    log: PathBuf,
+    command: Command,
+    light: bool,
+}
+
+impl Pending {
+    fn new(
+        key: String,
+        log: PathBuf,
+        command: Command,
+        durations: &HashMap<String, Timing>,
+    ) -> Self {
+        let light = durations.get(&key).is_some_and(Timing::is_light);
+        Self {
+            key,
+            log,
+            command,
+            light,
+        }
+    }
+}
+
+impl Timing {
+    /// Used under [`LIGHT_CORES`] on average; unmeasured is not light.
+    pub(crate) fn is_light(&self) -> bool {
+        self.cpu
+            .is_some_and(|cpu| self.wall > 0.0 && cpu / self.wall < LIGHT_CORES)
+    }
+}
+
+/// Which pending binary (in their order, longest first) may start now, with `heavy` binaries
+/// that are not light and `running` in all running: the first one that keeps the binaries
+/// that are not light within `jobs` and all of them within `jobs + light`.
+fn admissible(pending: &[Pending], heavy: usize, running: usize, lanes: Lanes) -> Option<usize> {
+    let jobs = lanes.jobs.max(1);
+    if running >= jobs + lanes.light {
+        return None;
+    }
+    pending
+        .iter()
+        .position(|p| heavy + usize::from(!p.light) <= jobs)
+}
+
+/// Runs one binary under `switchyard-dev reap`; a binary that cannot be started counts as
+/// failed, with the reason, and the others still run.
 async fn run_one(key: String, log: PathBuf, mut command: Command) -> Finished {
     let begun = Instant::now();
+    let cpu_file = log.with_extension("cpu");
+    let _ = std::fs::remove_file(&cpu_file);
     let status = async {
         let file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -217,13 +334,30 @@ async fn run_one(key: String, log: PathBuf, mut command: Command) -> Finished {
     // A test may print bytes that are not UTF-8 (a child process's log); they are shown
     // replaced, never a reason to stop.
     let output = read_log(&log);
+    let cpu = std::fs::read_to_string(&cpu_file)
+        .ok()
+        .and_then(|c| c.trim().parse().ok());
     Finished {
         key,
         log,
         status,
         counts: counts(&output),
         took: begun.elapsed(),
+        cpu,
     }
+}
+
+/// `program`, run by `switchyard-dev reap` (this executable), which writes the CPU seconds
+/// of its tree beside `log`.
+fn reaped(program: &Path, log: &Path) -> anyhow::Result<Command> {
+    let mut command = Command::new(std::env::current_exe().context("this executable")?);
+    command
+        .arg("reap")
+        .arg("--cpu")
+        .arg(log.with_extension("cpu"))
+        .arg("--")
+        .arg(program);
+    Ok(command)
 }
 
 fn read_log(log: &Path) -> String {
@@ -244,23 +378,24 @@ pub(crate) struct Run {
     pub(crate) jobs: usize,
     pub(crate) wall: Duration,
     pub(crate) counts: Counts,
-    /// `(key, seconds, passed)`, in any order.
-    pub(crate) binaries: Vec<(String, f64, bool)>,
+    /// `(key, timing, passed)`, in any order.
+    pub(crate) binaries: Vec<(String, Timing, bool)>,
 }
 
 /// The Markdown block `--record` puts between the markers: the run, then every binary,
 /// longest first.
 pub(crate) fn report(run: &Run) -> String {
     let mut binaries = run.binaries.clone();
-    binaries.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let sum: f64 = binaries.iter().map(|b| b.1).sum();
+    binaries.sort_by(|a, b| b.1.wall.total_cmp(&a.1.wall).then_with(|| a.0.cmp(&b.0)));
+    let sum: f64 = binaries.iter().map(|b| b.1.wall).sum();
+    let cpu: f64 = binaries.iter().filter_map(|b| b.1.cpu).sum();
     let mut out = format!(
         "{RECORD_BEGIN}\n\
          Recorded by `switchyard-dev test --record docs/testing.md` on {}, at {}, on {}: \
          {} passed, {} failed, {} ignored; {} test binaries and the doc tests, {} at a time, \
-         in {:.0} s of wall time ({:.0} s summed).\n\n\
-         | seconds | test binary (package directory, kind, target) | result |\n\
-         |--:|---|---|\n",
+         in {:.0} s of wall time ({:.0} s summed, {:.0} CPU seconds).\n\n\
+         | seconds | CPU seconds | test binary (package directory, kind, target) | result |\n\
+         |--:|--:|---|---|\n",
         run.date,
         run.commit,
         run.machine,
@@ -271,10 +406,15 @@ pub(crate) fn report(run: &Run) -> String {
         run.jobs,
         run.wall.as_secs_f64(),
         sum,
+        cpu,
     );
-    for (key, seconds, passed) in &binaries {
+    for (key, timing, passed) in &binaries {
         let mark = if *passed { "ok" } else { "failed" };
-        out.push_str(&format!("| {seconds:.1} | `{key}` | {mark} |\n"));
+        out.push_str(&format!(
+            "| {:.1} | {} | `{key}` | {mark} |\n",
+            timing.wall,
+            format_cpu(timing.cpu)
+        ));
     }
     out.push_str(RECORD_END);
     out
@@ -342,10 +482,12 @@ pub(crate) fn machine() -> String {
 /// and fails if any of them failed. `args` go to every test binary (a filter, `--nocapture`).
 /// With `record`, the times of every binary replace the recorded table in that document.
 pub(crate) async fn test(
-    jobs: usize,
+    lanes: Lanes,
     args: Vec<String>,
     record: Option<PathBuf>,
+    seed: Option<PathBuf>,
 ) -> anyhow::Result<()> {
+    let jobs = lanes.jobs.max(1);
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let workspace = std::env::current_dir()?;
     let state = workspace.join("target/switchyard-test");
@@ -389,51 +531,71 @@ pub(crate) async fn test(
     }
     let mut binaries = test_binaries(&messages, &workspace)?;
     let durations_path = state.join("durations");
-    let mut durations =
-        parse_durations(&std::fs::read_to_string(&durations_path).unwrap_or_default());
+    let mut durations = match std::fs::read_to_string(&durations_path) {
+        Ok(text) => parse_durations(&text),
+        Err(_) => seed
+            .as_ref()
+            .and_then(|document| std::fs::read_to_string(document).ok())
+            .map(|document| recorded_durations(&document))
+            .unwrap_or_default(),
+    };
     longest_first(&mut binaries, &durations);
     println!(
-        "running {} test binaries and the doc tests, {jobs} at a time; logs in {}",
+        "running {} test binaries and the doc tests, {jobs} at a time and {} more of those \
+         that mostly wait; logs in {}",
         binaries.len(),
+        lanes.light,
         logs.display()
     );
 
-    let mut pending = VecDeque::new();
+    let mut pending = Vec::new();
     for binary in &binaries {
-        let mut command = Command::new(&binary.executable);
+        let log = logs.join(format!("{}.log", binary.key.replace(['/', ' '], "_")));
+        let mut command = reaped(&binary.executable, &log)?;
         command
             .args(&args)
             .current_dir(&binary.dir)
             .env("CARGO_MANIFEST_DIR", &binary.dir)
             .env("CARGO_PKG_NAME", &binary.package);
-        let log = logs.join(format!("{}.log", binary.key.replace(['/', ' '], "_")));
-        pending.push_back((binary.key.clone(), log, command));
+        pending.push(Pending::new(binary.key.clone(), log, command, &durations));
     }
     // The doc tests are quick: they start once the longest binaries have.
-    let mut doc = Command::new(&cargo);
+    let log = logs.join("doc-tests.log");
+    let mut doc = reaped(Path::new(&cargo), &log)?;
     doc.args(["test", "--locked", "--workspace", "--doc"])
         .current_dir(&workspace);
     pending.insert(
         jobs.min(pending.len()),
-        ("doc tests".to_owned(), logs.join("doc-tests.log"), doc),
+        Pending::new("doc tests".to_owned(), log, doc, &durations),
     );
 
     let started = Instant::now();
     let mut running = JoinSet::new();
+    // Whether each running binary counts as light, by key.
+    let mut light_running: HashMap<String, bool> = HashMap::new();
     let mut total = Counts::default();
     let mut failed = Vec::new();
     let mut times = Vec::new();
     loop {
-        while running.len() < jobs.max(1) {
-            let Some((key, log, command)) = pending.pop_front() else {
+        loop {
+            let heavy = light_running.values().filter(|light| !**light).count();
+            let Some(next) = admissible(&pending, heavy, light_running.len(), lanes) else {
                 break;
             };
+            let Pending {
+                key,
+                log,
+                command,
+                light,
+            } = pending.remove(next);
+            light_running.insert(key.clone(), light);
             running.spawn(run_one(key, log, command));
         }
         let Some(joined) = running.join_next().await else {
             break;
         };
         let finished = joined.context("a test binary's task")?;
+        light_running.remove(&finished.key);
         total.passed += finished.counts.passed;
         total.failed += finished.counts.failed;
         total.ignored += finished.counts.ignored;
@@ -457,8 +619,12 @@ pub(crate) async fn test(
             println!("{log}");
             failed.push((finished.key.clone(), panics(&log)));
         }
-        times.push((finished.key.clone(), seconds, finished.passed()));
-        durations.insert(finished.key, seconds);
+        let timing = Timing {
+            wall: seconds,
+            cpu: finished.cpu,
+        };
+        times.push((finished.key.clone(), timing, finished.passed()));
+        durations.insert(finished.key, timing);
     }
     let wall = started.elapsed();
     std::fs::write(&durations_path, format_durations(&durations))?;
@@ -619,13 +785,120 @@ mod tests {
             package: String::new(),
         };
         let mut binaries = vec![binary("short"), binary("new"), binary("long")];
+        let timing = |wall, cpu| Timing { wall, cpu };
         let durations = parse_durations(&format_durations(&HashMap::from([
-            ("short".to_owned(), 1.5),
-            ("long".to_owned(), 300.0),
+            ("short".to_owned(), timing(1.5, None)),
+            ("long".to_owned(), timing(300.0, Some(20.0))),
         ])));
+        assert_eq!(durations["long"], timing(300.0, Some(20.0)));
         longest_first(&mut binaries, &durations);
         let keys: Vec<_> = binaries.iter().map(|b| b.key.as_str()).collect();
         assert_eq!(keys, ["new", "long", "short"]);
+        // Earlier versions wrote `wall key`.
+        assert_eq!(
+            parse_durations("12.5 tests test soak\n")["tests test soak"],
+            timing(12.5, None)
+        );
+    }
+
+    #[test]
+    fn a_clone_without_timings_takes_those_of_the_recorded_run() {
+        let run = Run {
+            date: "2026-11-30".to_owned(),
+            commit: "abc1234".to_owned(),
+            machine: "2 cores, 24 GiB".to_owned(),
+            jobs: 2,
+            wall: Duration::from_secs(100),
+            counts: Counts::default(),
+            binaries: vec![
+                (
+                    "tests test soak".to_owned(),
+                    Timing {
+                        wall: 72.1,
+                        cpu: Some(60.0),
+                    },
+                    true,
+                ),
+                (
+                    "doc tests".to_owned(),
+                    Timing {
+                        wall: 4.0,
+                        cpu: None,
+                    },
+                    true,
+                ),
+            ],
+        };
+        let document = format!("# Testing\n\n{}\n", report(&run));
+        let seeded = recorded_durations(&document);
+        assert_eq!(seeded.len(), 2, "{seeded:?}");
+        assert_eq!(seeded["tests test soak"].cpu, Some(60.0));
+        assert_eq!(seeded["doc tests"].wall, 4.0);
+        // The table before CPU seconds were counted: wall seconds only.
+        let old = format!(
+            "{RECORD_BEGIN}\n| seconds | test binary | result |\n|--:|---|---|\n| 91.2 | `services/reconciler test podgc` | ok |\n{RECORD_END}\n"
+        );
+        assert_eq!(
+            recorded_durations(&old)["services/reconciler test podgc"],
+            Timing {
+                wall: 91.2,
+                cpu: None
+            }
+        );
+        assert!(recorded_durations("no table").is_empty());
+    }
+
+    #[test]
+    fn light_binaries_run_beside_the_others_and_never_in_their_place() {
+        let pending = |light: &[bool]| -> Vec<Pending> {
+            light
+                .iter()
+                .enumerate()
+                .map(|(i, light)| Pending {
+                    key: i.to_string(),
+                    log: PathBuf::new(),
+                    command: Command::new("true"),
+                    light: *light,
+                })
+                .collect()
+        };
+        let lanes = Lanes { jobs: 2, light: 1 };
+        // Two lanes free: the longest, whatever it is.
+        assert_eq!(admissible(&pending(&[false, true]), 0, 0, lanes), Some(0));
+        // Two heavy ones running: only a light one, past the heavy ones ahead of it.
+        assert_eq!(admissible(&pending(&[false, true]), 2, 2, lanes), Some(1));
+        assert_eq!(admissible(&pending(&[false, false]), 2, 2, lanes), None);
+        // Three running: nothing more.
+        assert_eq!(admissible(&pending(&[true]), 2, 3, lanes), None);
+        // Light ones never keep a heavy one from its lane.
+        assert_eq!(admissible(&pending(&[false]), 0, 2, lanes), Some(0));
+        assert_eq!(admissible(&pending(&[false]), 1, 2, lanes), Some(0));
+        // Without light lanes, as before: `jobs` at a time.
+        let two = Lanes { jobs: 2, light: 0 };
+        assert_eq!(admissible(&pending(&[true]), 2, 2, two), None);
+        assert_eq!(admissible(&pending(&[true]), 1, 1, two), Some(0));
+        // A light binary is one that used under a quarter of a core.
+        assert!(
+            Timing {
+                wall: 100.0,
+                cpu: Some(20.0)
+            }
+            .is_light()
+        );
+        assert!(
+            !Timing {
+                wall: 100.0,
+                cpu: Some(30.0)
+            }
+            .is_light()
+        );
+        assert!(
+            !Timing {
+                wall: 100.0,
+                cpu: None
+            }
+            .is_light()
+        );
     }
 
     #[test]
@@ -658,22 +931,43 @@ mod tests {
                 ignored: 0,
             },
             binaries: vec![
-                ("doc tests".to_owned(), 20.0, true),
-                ("tests test soak".to_owned(), 120.04, true),
-                ("services/queue test fuzz".to_owned(), 3.0, false),
+                (
+                    "doc tests".to_owned(),
+                    Timing {
+                        wall: 20.0,
+                        cpu: Some(31.0),
+                    },
+                    true,
+                ),
+                (
+                    "tests test soak".to_owned(),
+                    Timing {
+                        wall: 120.04,
+                        cpu: Some(80.26),
+                    },
+                    true,
+                ),
+                (
+                    "services/queue test fuzz".to_owned(),
+                    Timing {
+                        wall: 3.0,
+                        cpu: None,
+                    },
+                    false,
+                ),
             ],
         };
         let block = report(&run);
         let lines: Vec<_> = block.lines().collect();
         assert!(lines[1].contains("on 2026-11-28, at abc1234, on 2 cores, 24 GiB"));
         assert!(lines[1].contains("5 passed, 1 failed, 0 ignored; 2 test binaries"));
-        assert!(lines[1].contains("in 600 s of wall time (143 s summed)"));
+        assert!(lines[1].contains("in 600 s of wall time (143 s summed, 111 CPU seconds)"));
         assert_eq!(
             &lines[5..8],
             [
-                "| 120.0 | `tests test soak` | ok |",
-                "| 20.0 | `doc tests` | ok |",
-                "| 3.0 | `services/queue test fuzz` | failed |",
+                "| 120.0 | 80.3 | `tests test soak` | ok |",
+                "| 20.0 | 31.0 | `doc tests` | ok |",
+                "| 3.0 | - | `services/queue test fuzz` | failed |",
             ]
         );
 
