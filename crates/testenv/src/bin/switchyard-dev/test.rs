@@ -347,17 +347,17 @@ async fn run_one(key: String, log: PathBuf, mut command: Command) -> Finished {
     }
 }
 
-/// `program`, run by `switchyard-dev reap` (this executable), which writes the CPU seconds
-/// of its tree beside `log`.
-fn reaped(program: &Path, log: &Path) -> anyhow::Result<Command> {
-    let mut command = Command::new(std::env::current_exe().context("this executable")?);
+/// `program`, run by `switchyard-dev reap` (`dev`, this executable's path), which writes the
+/// CPU seconds of its tree beside `log`.
+fn reaped(dev: &Path, program: &Path, log: &Path) -> Command {
+    let mut command = Command::new(dev);
     command
         .arg("reap")
         .arg("--cpu")
         .arg(log.with_extension("cpu"))
         .arg("--")
         .arg(program);
-    Ok(command)
+    command
 }
 
 fn read_log(log: &Path) -> String {
@@ -488,6 +488,9 @@ pub(crate) async fn test(
     seed: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let jobs = lanes.jobs.max(1);
+    // Read before the build, which may link this executable again at the same path (linux
+    // then names the running one `… (deleted)`).
+    let dev = std::env::current_exe().context("this executable")?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let workspace = std::env::current_dir()?;
     let state = workspace.join("target/switchyard-test");
@@ -551,7 +554,7 @@ pub(crate) async fn test(
     let mut pending = Vec::new();
     for binary in &binaries {
         let log = logs.join(format!("{}.log", binary.key.replace(['/', ' '], "_")));
-        let mut command = reaped(&binary.executable, &log)?;
+        let mut command = reaped(&dev, &binary.executable, &log);
         command
             .args(&args)
             .current_dir(&binary.dir)
@@ -561,7 +564,7 @@ pub(crate) async fn test(
     }
     // The doc tests are quick: they start once the longest binaries have.
     let log = logs.join("doc-tests.log");
-    let mut doc = reaped(Path::new(&cargo), &log)?;
+    let mut doc = reaped(&dev, Path::new(&cargo), &log);
     doc.args(["test", "--locked", "--workspace", "--doc"])
         .current_dir(&workspace);
     pending.insert(
