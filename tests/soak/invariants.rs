@@ -11,6 +11,7 @@ use std::{
 use futures::StreamExt;
 use switchyard_k8s::{
     Api, Deployment, Pod, ReplicaSet,
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     kube::{
         Client,
         runtime::{WatchStreamExt, watcher},
@@ -32,6 +33,12 @@ pub(crate) struct Tracked {
     /// Whether the Deployment settled at its size since the last scale (a scale-down in
     /// flight may take a Deployment scaled up again below the bound: that is no rollout).
     pub(crate) armed: bool,
+    /// When the allowance last dropped as the Deployment settled: the resourceVersion of
+    /// the Deployment that showed it, and the allowance before. A view of the ReplicaSets
+    /// older than that version is held to the allowance before: this test's watches are
+    /// separate streams, and its ReplicaSet watch may be seconds behind its Deployment
+    /// watch (relisting after the apiserver restarted).
+    pub(crate) settled_at: Option<(u64, i32)>,
 }
 
 #[derive(Clone, Debug)]
@@ -51,6 +58,10 @@ pub(crate) struct Invariants {
     /// `spec.replicas` of every ReplicaSet, by uid, with its Deployment's name.
     pub(crate) sets: HashMap<String, (String, i32)>,
     pub(crate) sets_relist: Option<HashMap<String, (String, i32)>>,
+    /// The newest resourceVersion of the ReplicaSet view in `sets` (and of the one being
+    /// listed into `sets_relist`).
+    pub(crate) sets_at: u64,
+    pub(crate) sets_relist_at: u64,
     pub(crate) samples: u64,
     /// ReplicaSets of one Deployment sized above its replicas + maxSurge together: what the
     /// Deployment controller promises (kube-controller-manager sizes them so).
@@ -80,6 +91,7 @@ impl Invariants {
             replicas,
             allowance: replicas,
             armed: false,
+            settled_at: None,
         });
         tracked.armed = false;
         tracked.allowance = tracked.allowance.max(replicas);
@@ -133,6 +145,13 @@ impl Invariants {
             && status.replicas == want
         {
             tracked.armed = true;
+            if tracked.allowance > tracked.replicas {
+                let rv = version(&deployment.metadata);
+                tracked.settled_at = Some(match tracked.settled_at {
+                    Some((at, before)) => (at.max(rv), before.max(tracked.allowance)),
+                    None => (rv, tracked.allowance),
+                });
+            }
             tracked.allowance = tracked.replicas;
         }
     }
@@ -153,8 +172,15 @@ impl Invariants {
             .filter(|(owner, _)| owner == app)
             .map(|(_, replicas)| replicas)
             .sum();
+        let sets_allowance = match tracked.settled_at {
+            Some((at, before)) if self.sets_at < at => tracked.allowance.max(before),
+            _ => {
+                tracked.settled_at = None;
+                tracked.allowance
+            }
+        };
         let mut violation = None;
-        if sized > tracked.allowance + MAX_SURGE {
+        if sized > sets_allowance + MAX_SURGE {
             self.surge_violations += 1;
             violation = Some("surge");
         }
@@ -184,6 +210,11 @@ impl Invariants {
     pub(crate) fn replica_set(&mut self, rs: &ReplicaSet) {
         let owner = controller_name(&rs.metadata).unwrap_or_default();
         let replicas = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let rv = version(&rs.metadata);
+        match self.sets_relist {
+            Some(_) => self.sets_relist_at = self.sets_relist_at.max(rv),
+            None => self.sets_at = self.sets_at.max(rv),
+        }
         let sets = self.sets_relist.as_mut().unwrap_or(&mut self.sets);
         sets.insert(
             rs.metadata.uid.clone().unwrap_or_default(),
@@ -202,6 +233,15 @@ impl Invariants {
     }
 }
 
+/// An object's resourceVersion as a number (etcd's revision, which the apiserver gives out
+/// in order across kinds); 0 if it has none.
+fn version(meta: &ObjectMeta) -> u64 {
+    meta.resource_version
+        .as_deref()
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0)
+}
+
 pub(crate) fn watch_invariants(
     client: Client,
     namespace: &str,
@@ -214,6 +254,8 @@ pub(crate) fn watch_invariants(
         relist: None,
         sets: HashMap::new(),
         sets_relist: None,
+        sets_at: 0,
+        sets_relist_at: 0,
         samples: 0,
         surge_violations: 0,
         pod_surge_samples: 0,
@@ -246,19 +288,24 @@ pub(crate) fn watch_invariants(
                     seen.deployment(&d)
                 }
                 Seen::Deployment(_) => {}
-                Seen::ReplicaSet(watcher::Event::Init) => seen.sets_relist = Some(HashMap::new()),
+                Seen::ReplicaSet(watcher::Event::Init) => {
+                    seen.sets_relist = Some(HashMap::new());
+                    seen.sets_relist_at = 0;
+                }
                 Seen::ReplicaSet(watcher::Event::InitApply(rs) | watcher::Event::Apply(rs)) => {
                     seen.replica_set(&rs);
                 }
                 Seen::ReplicaSet(watcher::Event::InitDone) => {
                     if let Some(sets) = seen.sets_relist.take() {
                         seen.sets = sets;
+                        seen.sets_at = seen.sets_at.max(seen.sets_relist_at);
                     }
                     seen.check_all();
                 }
                 Seen::ReplicaSet(watcher::Event::Delete(rs)) => {
                     seen.sets
                         .remove(&rs.metadata.uid.clone().unwrap_or_default());
+                    seen.sets_at = seen.sets_at.max(version(&rs.metadata));
                 }
                 Seen::Pod(watcher::Event::Init) => seen.relist = Some(HashMap::new()),
                 Seen::Pod(watcher::Event::InitApply(pod)) => seen.apply(&pod),
@@ -291,4 +338,79 @@ pub(crate) enum Seen {
     Pod(watcher::Event<Pod>),
     Deployment(watcher::Event<Deployment>),
     ReplicaSet(watcher::Event<ReplicaSet>),
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn invariants() -> Invariants {
+        Invariants {
+            begin: Instant::now(),
+            deployments: HashMap::new(),
+            pods: HashMap::new(),
+            relist: None,
+            sets: HashMap::new(),
+            sets_relist: None,
+            sets_at: 0,
+            sets_relist_at: 0,
+            samples: 0,
+            surge_violations: 0,
+            pod_surge_samples: 0,
+            unavailable_violations: 0,
+            first_violations: Vec::new(),
+            history: HashMap::new(),
+        }
+    }
+
+    fn replica_set(name: &str, replicas: i32, rv: u64) -> ReplicaSet {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "uid": name, "resourceVersion": rv.to_string(),
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "d",
+                    "uid": "d-uid", "controller": true}]},
+            "spec": {"replicas": replicas, "selector": {}},
+        }))
+        .unwrap()
+    }
+
+    /// The Deployment at `replicas`, done, its status written at `rv`.
+    fn settled(replicas: i32, rv: u64) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "d", "generation": 3, "resourceVersion": rv.to_string()},
+            "spec": {"replicas": replicas, "selector": {}, "template": {}},
+            "status": {"observedGeneration": 3, "replicas": replicas,
+                "updatedReplicas": replicas, "availableReplicas": replicas},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn replica_sets_seen_before_a_deployment_settled_are_held_to_the_bound_before_it() {
+        let mut seen = invariants();
+        seen.scaling("d", 3);
+        seen.replica_set(&replica_set("old", 2, 100));
+        seen.replica_set(&replica_set("new", 2, 110));
+        assert_eq!(seen.surge_violations, 0);
+        // Scaled to 1: the controller sizes the sets down to 1 in all (RVs 120, 130) and the
+        // Deployment settles (RV 140). This test's ReplicaSet watch is behind (a relist after
+        // the apiserver restarted): its view is still that of RV 110 when the Deployment
+        // watch shows the Deployment done, and a Pod event checks the sets.
+        seen.scaling("d", 1);
+        seen.deployment(&settled(1, 140));
+        seen.check("d");
+        assert_eq!(
+            seen.surge_violations, 0,
+            "a view of the sets older than the settled Deployment: {:?}",
+            seen.first_violations
+        );
+        // The watch catches up.
+        seen.replica_set(&replica_set("old", 0, 120));
+        seen.replica_set(&replica_set("new", 1, 130));
+        assert_eq!(seen.surge_violations, 0, "{:?}", seen.first_violations);
+        // A set sized up after the Deployment settled is a violation.
+        seen.replica_set(&replica_set("new", 3, 150));
+        assert_eq!(seen.surge_violations, 1);
+    }
 }

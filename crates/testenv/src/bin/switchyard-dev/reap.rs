@@ -47,9 +47,10 @@ pub(crate) fn reap(cpu: &Path, program: &OsString, args: &[OsString]) -> anyhow:
             Ok(())
         });
     }
-    let status = command
-        .status()
+    let child = command
+        .spawn()
         .with_context(|| format!("starting {}", program.to_string_lossy()))?;
+    let status = wait_reaping(child.id() as libc::pid_t)?;
     let left = reap_descendants();
     if left > 0 {
         eprintln!(
@@ -62,6 +63,26 @@ pub(crate) fn reap(cpu: &Path, program: &OsString, args: &[OsString]) -> anyhow:
     Ok(status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+/// Waits for the child `main`, reaping every other child meanwhile: an orphan reparented
+/// here that exits is gone at once, as it would be under init (a harness that waits for a
+/// daemon it detached to exit sees it exit).
+fn wait_reaping(main: libc::pid_t) -> anyhow::Result<std::process::ExitStatus> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status into a local.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid == main {
+            return Ok(std::process::ExitStatus::from_raw(status));
+        }
+        if pid == -1 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::Interrupted {
+                bail!("waiting for the binary: {error}");
+            }
+        }
+    }
 }
 
 /// Waits for every child (the binary's orphans, reparented here); those still running after
