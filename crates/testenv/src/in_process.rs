@@ -37,6 +37,56 @@ impl InProcess {
         }
     }
 
+    /// Starts a service with `start` on a tokio runtime of its own, on threads of its own, as
+    /// a process of its own would run it: the caller's tasks never wait behind the service's
+    /// (a benchmark that times what its own watch sees must not time the watcher's work
+    /// as well). `start` returns the started service and its gRPC address.
+    pub async fn start_on_own_runtime<F, Fut, E>(name: &str, start: F) -> Result<Self, E>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(Runtime, SocketAddr), E>>,
+        E: Send + 'static,
+    {
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let (stopped_tx, stopped) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a tokio runtime for the service");
+                runtime.block_on(async move {
+                    let rt = match start().await {
+                        Ok((rt, grpc)) => {
+                            let parts = (grpc, rt.admin_addr(), rt.shutdown_handle());
+                            let _ = started_tx.send(Ok(parts));
+                            rt
+                        }
+                        Err(error) => {
+                            let _ = started_tx.send(Err(error));
+                            return;
+                        }
+                    };
+                    let _ = stopped_tx.send(rt.run().await.is_ok());
+                });
+            })
+            .expect("a thread for the service");
+        let (grpc, admin, shutdown) = started.await.expect("the service's thread started it")?;
+        let running = tokio::spawn(async move {
+            assert!(
+                stopped.await.expect("the service's thread ran it"),
+                "the service stops cleanly"
+            );
+        });
+        Ok(Self {
+            grpc: Some(grpc),
+            admin,
+            shutdown,
+            running,
+        })
+    }
+
     /// The gRPC address given to [`InProcess::spawn`].
     pub fn grpc(&self) -> SocketAddr {
         self.grpc

@@ -636,14 +636,16 @@ impl Controllers {
 }
 
 async fn in_process_queue(mtls: bool) -> InProcess {
-    let flags = ["--log-level=warn".to_owned()]
+    let flags: Vec<String> = ["--log-level=warn".to_owned()]
         .into_iter()
-        .chain(security(mtls, Role::Queue));
-    let controllers: Vec<&str> = CONTROLLERS.split(',').collect();
-    let (rt, grpc) = switchyard_queue::Args::start_local(256, &controllers, flags)
-        .await
-        .unwrap();
-    InProcess::spawn(rt, Some(grpc))
+        .chain(security(mtls, Role::Queue))
+        .collect();
+    InProcess::start_on_own_runtime("queue", move || async move {
+        let controllers: Vec<&str> = CONTROLLERS.split(',').collect();
+        switchyard_queue::Args::start_local(256, &controllers, flags).await
+    })
+    .await
+    .unwrap()
 }
 
 async fn in_process_watcher(
@@ -669,12 +671,10 @@ async fn in_process_watcher(
     ]
     .into_iter()
     .chain(security(mtls, Role::Watcher));
-    let (rt, grpc) = switchyard_watcher::Args::try_parse_from(args)
-        .unwrap()
-        .start()
+    let args = switchyard_watcher::Args::try_parse_from(args).unwrap();
+    InProcess::start_on_own_runtime("watcher", move || args.start())
         .await
-        .unwrap();
-    InProcess::spawn(rt, Some(grpc))
+        .unwrap()
 }
 
 /// A histogram's cumulative counts by upper bound (`le`), smallest bound first.
