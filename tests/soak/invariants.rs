@@ -77,6 +77,25 @@ pub(crate) struct Invariants {
 }
 
 impl Invariants {
+    pub(crate) fn new(begin: Instant) -> Self {
+        Invariants {
+            begin,
+            deployments: HashMap::new(),
+            pods: HashMap::new(),
+            relist: None,
+            sets: HashMap::new(),
+            sets_relist: None,
+            sets_at: 0,
+            sets_relist_at: 0,
+            samples: 0,
+            surge_violations: 0,
+            pod_surge_samples: 0,
+            unavailable_violations: 0,
+            first_violations: Vec::new(),
+            history: HashMap::new(),
+        }
+    }
+
     pub(crate) fn note(&mut self, name: &str, what: &str) {
         let at = self.begin.elapsed().as_secs_f64();
         self.history
@@ -247,22 +266,7 @@ pub(crate) fn watch_invariants(
     namespace: &str,
     begin: Instant,
 ) -> Arc<Mutex<Invariants>> {
-    let invariants = Arc::new(Mutex::new(Invariants {
-        begin,
-        deployments: HashMap::new(),
-        pods: HashMap::new(),
-        relist: None,
-        sets: HashMap::new(),
-        sets_relist: None,
-        sets_at: 0,
-        sets_relist_at: 0,
-        samples: 0,
-        surge_violations: 0,
-        pod_surge_samples: 0,
-        unavailable_violations: 0,
-        first_violations: Vec::new(),
-        history: HashMap::new(),
-    }));
+    let invariants = Arc::new(Mutex::new(Invariants::new(begin)));
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), namespace);
     let deployments: Api<Deployment> = Api::namespaced(client, namespace);
@@ -346,25 +350,6 @@ mod tests {
 
     use super::*;
 
-    fn invariants() -> Invariants {
-        Invariants {
-            begin: Instant::now(),
-            deployments: HashMap::new(),
-            pods: HashMap::new(),
-            relist: None,
-            sets: HashMap::new(),
-            sets_relist: None,
-            sets_at: 0,
-            sets_relist_at: 0,
-            samples: 0,
-            surge_violations: 0,
-            pod_surge_samples: 0,
-            unavailable_violations: 0,
-            first_violations: Vec::new(),
-            history: HashMap::new(),
-        }
-    }
-
     fn replica_set(name: &str, replicas: i32, rv: u64) -> ReplicaSet {
         serde_json::from_value(json!({
             "metadata": {"name": name, "uid": name, "resourceVersion": rv.to_string(),
@@ -388,7 +373,7 @@ mod tests {
 
     #[test]
     fn replica_sets_seen_before_a_deployment_settled_are_held_to_the_bound_before_it() {
-        let mut seen = invariants();
+        let mut seen = Invariants::new(Instant::now());
         seen.scaling("d", 3);
         seen.replica_set(&replica_set("old", 2, 100));
         seen.replica_set(&replica_set("new", 2, 110));

@@ -41,6 +41,7 @@ pub mod builtin {
         REPLICATION_CONTROLLER = "v1/ReplicationController",
         STATEFULSET = "apps/v1/StatefulSet",
         DISRUPTION = "policy/v1/PodDisruptionBudget",
+        STALE_POD_DISRUPTION = "stale-pod-disruption",
         DAEMONSET = "apps/v1/DaemonSet",
         ENDPOINTSLICE = "endpointslice",
         ENDPOINTS = "endpoints",

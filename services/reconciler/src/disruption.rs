@@ -10,15 +10,16 @@
 //!        from the cache; any other kind's /scale from the apiserver
 //!     ─► status, written when it differs (409 on a stale read: failed, queue backoff);
 //!        a failure to work it out writes disruptionsAllowed 0 and SyncFailed instead
-//!     ─► a Pod's DisruptionTarget condition stale (True 2 min, the Pod still there):
-//!        set back to False (`replace status`)
-//!     ─► looked at again when the earliest recorded disruption expires, or the earliest
-//!        DisruptionTarget goes stale
+//!     ─► looked at again when the earliest recorded disruption expires
 //! ```
 //!
-//! kube-controller-manager resets a stale DisruptionTarget on any Pod, from a queue of Pods
-//! of its own; here the Pods a budget selects are looked at when the budget is (a Pod's
-//! change keys the budgets selecting it): a Pod no budget selects keeps the condition.
+//! Its other half, as kube-controller-manager's `stalePodDisruptionQueue`, is a controller
+//! of Pods of its own ([`StalePodDisruption`], `stale-pod-disruption`): any Pod, whether a
+//! budget selects it or not, whose DisruptionTarget condition has been True for 2 minutes
+//! while the Pod was neither deleted nor finished (an eviction whose delete failed) has it
+//! set back to False. The watcher keys it only for Pods that carry the condition True and
+//! are not being deleted (a field selector on the condition), so a readiness flip keys
+//! nothing.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -58,12 +59,11 @@ pub const BUILTIN: Builtin = Builtin {
 };
 
 /// What its account may do (`deploy/kustomize/base/rbac.yaml` grants exactly this): write a
-/// budget's status, set a Pod's stale DisruptionTarget condition back to False, read the
-/// scale of any kind's controller not cached here (a custom resource with a `/scale`
-/// subresource), record Events. Reads go through the watcher's cache.
+/// budget's status, read the scale of any kind's controller not cached here (a custom
+/// resource with a `/scale` subresource), record Events. Reads go through the watcher's
+/// cache.
 pub const PERMISSIONS: &[Permission] = &[
     Permission::new("policy", &["poddisruptionbudgets/status"], &["update"]),
-    Permission::new("", &["pods/status"], &["update"]),
     Permission::new("*", &["*/scale"], &["get"]),
     RECORD_EVENTS,
 ];
@@ -71,6 +71,74 @@ pub const PERMISSIONS: &[Permission] = &[
 /// kube-controller-manager's disruption controller.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DisruptionController;
+
+pub const STALE_NAME: &str = switchyard_work::builtin::STALE_POD_DISRUPTION;
+
+/// The stale-DisruptionTarget half of kube-controller-manager's disruption controller, as
+/// the reconciler's list of built-ins names it.
+pub const STALE_BUILTIN: Builtin = Builtin {
+    name: STALE_NAME,
+    service_account: "switchyard-stale-pod-disruption-controller",
+    permissions: STALE_PERMISSIONS,
+    register: |registry, _| {
+        registry.register(StalePodDisruption);
+    },
+};
+
+/// What its account may do: set a Pod's stale DisruptionTarget condition back to False.
+pub const STALE_PERMISSIONS: &[Permission] = &[Permission::new("", &["pods/status"], &["update"])];
+
+/// The Pods whose changes key [`StalePodDisruption`]: a DisruptionTarget condition True, no
+/// deletion under way.
+pub const STALE_SELECTOR: &str =
+    "status.conditions[type=DisruptionTarget].status=True,metadata.deletionTimestamp=";
+
+/// kube-controller-manager's `stalePodDisruptionQueue` and its worker: a Pod's
+/// DisruptionTarget condition set back to False once stale.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StalePodDisruption;
+
+/// The changes of Pods that carry a DisruptionTarget condition True and are not being
+/// deleted; no other Pod's.
+pub fn stale_watches() -> Watches {
+    Builder::for_with::<Pod>(Options::default().field_selector(STALE_SELECTOR)).into_watches()
+}
+
+impl Controller for StalePodDisruption {
+    fn name(&self) -> &str {
+        STALE_NAME
+    }
+
+    fn watches(&self) -> Option<Watches> {
+        Some(stale_watches())
+    }
+
+    async fn reconcile(&self, ctx: &Context, request: &Request) -> Result {
+        reconcile_stale(ctx, request).await
+    }
+}
+
+/// One reconcile of a Pod (`syncStalePodDisruption`): reset when stale, looked at again when
+/// it will be.
+pub async fn reconcile_stale(ctx: &Context, request: &Request) -> Result {
+    let Some(pod) = ctx
+        .cache
+        .get::<Pod>(&request.namespace, &request.name, None)
+        .await?
+    else {
+        debug!("pod gone");
+        return Ok(Action::Done);
+    };
+    let now = Timestamp::now();
+    match core::stale_disruption_in(&pod, now) {
+        None => Ok(Action::Done),
+        Some(left) if left.is_zero() => {
+            reset_disruption(ctx, &pod, now).await?;
+            Ok(Action::Done)
+        }
+        Some(left) => Ok(Action::RequeueAfter(left)),
+    }
+}
 
 /// Every change of a budget, and every change of a Pod a budget selects (before or after
 /// it), deletions included. ReplicaSets, Deployments, StatefulSets and
@@ -203,26 +271,12 @@ async fn sync(ctx: &Context, pdb: &PodDisruptionBudget, now: Timestamp) -> Resul
         "budget worked out"
     );
     write_status(ctx, pdb, status).await?;
-    let mut recheck =
-        recheck.map(|at| Duration::try_from(at.duration_since(now)).unwrap_or_default());
-    for pod in &pods {
-        match core::stale_disruption_in(pod, now) {
-            Some(left) if left.is_zero() => {
-                // Not the budget's failure: its status stands; the Pod is tried again.
-                if let Err(error) = reset_disruption(ctx, pod, now).await {
-                    warn!(%error, pod = pod.metadata.name.as_deref().unwrap_or_default(),
-                        "stale DisruptionTarget condition not reset");
-                    return Ok(Action::Backoff);
-                }
-            }
-            Some(left) => recheck = Some(recheck.map_or(left, |r| r.min(left))),
-            None => {}
-        }
-    }
-    Ok(match recheck {
-        Some(after) => Action::RequeueAfter(after),
-        None => Action::Done,
-    })
+    Ok(
+        match recheck.map(|at| Duration::try_from(at.duration_since(now)).unwrap_or_default()) {
+            Some(after) => Action::RequeueAfter(after),
+            None => Action::Done,
+        },
+    )
 }
 
 /// Sets the Pod's stale DisruptionTarget condition back to False, at the resourceVersion

@@ -191,6 +191,7 @@ pub const BUILTINS: &[Builtin] = &[
     replicationcontroller::BUILTIN,
     statefulset::BUILTIN,
     disruption::BUILTIN,
+    disruption::STALE_BUILTIN,
     daemonset::BUILTIN,
     endpointslice::BUILTIN,
     endpoints::BUILTIN,

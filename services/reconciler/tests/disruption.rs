@@ -11,7 +11,8 @@
 //! - `kubectl drain --pod-selector app=web` of a Node with `web` Pods completes, one Pod at
 //!   a time;
 //! - a `DisruptionTarget` condition left on the `solo` Pod three minutes ago (an eviction
-//!   whose delete failed) is set back to False; one left on `half` just now stays;
+//!   whose delete failed) is set back to False; one left on `half` just now stays; one left
+//!   three minutes ago on `loose`, a Pod no budget selects, is set back to False too;
 //! - the Events are the same.
 
 #![allow(clippy::unwrap_used)]
@@ -30,7 +31,7 @@ use switchyard_k8s::{
     k8s_openapi::jiff::{SignedDuration, Timestamp},
     kube::api::{EvictParams, Patch, PatchParams},
 };
-use switchyard_reconciler::disruption::NAME;
+use switchyard_reconciler::disruption::{NAME, STALE_NAME};
 use switchyard_reconciler_core::disruption::DISRUPTION_TARGET;
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
@@ -51,9 +52,9 @@ struct Outcome {
     evictions: (bool, Option<u16>),
     /// `kubectl drain` of a Node with `web` Pods completed.
     drained: bool,
-    /// `solo`'s stale DisruptionTarget once reset (status, reason, message), and `half`'s
-    /// fresh one's status then.
-    disruption_targets: (Option<ConditionSeen>, String),
+    /// `solo`'s stale DisruptionTarget once reset (status, reason, message), `half`'s
+    /// fresh one's status then, and `loose`'s stale one once reset.
+    disruption_targets: (Option<ConditionSeen>, String, Option<ConditionSeen>),
     /// The reasons of the Events on the budgets.
     reasons: BTreeSet<String>,
 }
@@ -136,6 +137,10 @@ async fn scenario(plane: &ControlPlane, client: &Client, namespace: &str) -> Out
     half.metadata.name = Some("half".into());
     half.metadata.labels = Some([("app".to_owned(), "half".to_owned())].into());
     pods.create(&PostParams::default(), &half).await.unwrap();
+    let mut loose = solo.clone();
+    loose.metadata.name = Some("loose".into());
+    loose.metadata.labels = Some([("app".to_owned(), "loose".to_owned())].into());
+    pods.create(&PostParams::default(), &loose).await.unwrap();
     let web_labels = "app=web";
     ready_pods(&pods, web_labels, 3).await;
     ready_pods(&pods, "app=solo", 1).await;
@@ -223,8 +228,8 @@ async fn scenario(plane: &ControlPlane, client: &Client, namespace: &str) -> Out
     };
     support::kubectl(plane, &["uncordon", &node]).await;
 
-    // DisruptionTarget conditions left behind: stale on solo, fresh on half.
-    for (name, ago) in [("half", 0), ("solo", 180)] {
+    // DisruptionTarget conditions left behind: stale on solo and loose, fresh on half.
+    for (name, ago) in [("half", 0), ("solo", 180), ("loose", 180)] {
         let since = Timestamp::now() - SignedDuration::from_secs(ago);
         pods.patch_status(
             name,
@@ -244,16 +249,22 @@ async fn scenario(plane: &ControlPlane, client: &Client, namespace: &str) -> Out
             .and_then(|c| c.iter().find(|c| c.type_ == DISRUPTION_TARGET).cloned())
     };
     let deadline = Instant::now() + WITHIN;
-    let reset = loop {
-        let found = condition(&pods.get("solo").await.unwrap());
-        if let Some(c) = found.filter(|c| c.status == "False") {
-            break Some((c.status, c.reason, c.message));
+    let reset = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            loop {
+                let found = condition(&pods.get(name).await.unwrap());
+                if let Some(c) = found.filter(|c| c.status == "False") {
+                    break Some((c.status, c.reason, c.message));
+                }
+                if Instant::now() >= deadline {
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
-        if Instant::now() >= deadline {
-            break None;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    let (solo_reset, loose_reset) = tokio::join!(reset("solo"), reset("loose"));
     let fresh = condition(&pods.get("half").await.unwrap())
         .map(|c| c.status)
         .unwrap_or_default();
@@ -272,7 +283,7 @@ async fn scenario(plane: &ControlPlane, client: &Client, namespace: &str) -> Out
         budgets: statuses,
         evictions: (first, second),
         drained,
-        disruption_targets: (reset, fresh),
+        disruption_targets: (solo_reset, fresh, loose_reset),
         reasons,
     }
 }
@@ -292,7 +303,7 @@ async fn budgets_end_as_under_kube_controller_manager_and_evictions_honour_them(
     let under_kcm = scenario(plane, &client, under_kcm_ns.name()).await;
     drop(kcm);
 
-    let switchyard = support::Builtins::start(plane, &[NAME, support::RS]).await;
+    let switchyard = support::Builtins::start(plane, &[NAME, STALE_NAME, support::RS]).await;
     let under_switchyard_ns = TestNamespace::create(plane, &client, "pdb-sy")
         .await
         .unwrap();
@@ -314,9 +325,10 @@ async fn budgets_end_as_under_kube_controller_manager_and_evictions_honour_them(
     );
     assert_eq!(under_kcm.evictions, (true, Some(429)));
     assert!(under_kcm.drained);
+    let reset = Some(("False".to_owned(), None, None));
     assert_eq!(
         under_kcm.disruption_targets,
-        (Some(("False".to_owned(), None, None)), "True".to_owned())
+        (reset.clone(), "True".to_owned(), reset)
     );
     assert_eq!(under_switchyard, under_kcm);
     // The statuses were this reconciler's: it is the only disruption controller running.

@@ -368,8 +368,9 @@ impl Informer {
         // The handover check, for kinds a controller reconciles (only they have a status
         // that is a controller's own), and for the objects a controller here writes instead.
         let now = self.caches.current();
+        let gvk = self.cache.gvk();
         let index = now.index_of(&self.cache);
-        if let Some(index) = index {
+        if let Some(index) = index.filter(|_| peer::status_is_owned(&gvk.group, &gvk.kind)) {
             let mut controllers = now.config.reconciled_by(index).peekable();
             if controllers.peek().is_some() {
                 self.caches.peers.observe(
@@ -380,7 +381,6 @@ impl Informer {
                 );
             }
         }
-        let gvk = self.cache.gvk();
         if let Some(controller) =
             peer::written_by(&gvk.group, &gvk.kind, object.meta().labels.as_ref())
             && now.config.runs(controller)

@@ -20,7 +20,9 @@ pub enum Predicate {
     AnnotationsChanged,
     /// The value at this JSON pointer (`/spec/replicas`, `/status/phase`) changed, appeared
     /// or went: a custom predicate over one field of the old and new object, evaluated by the
-    /// watcher (it keeps a hash of the value per cached object of the kind).
+    /// watcher (it keeps a hash of the value per cached object of the kind). A token may pick
+    /// a list's element by one of its fields: `/status/conditions[type=Ready]/status` is the
+    /// `Ready` condition's status.
     FieldChanged(String),
 }
 
@@ -82,8 +84,10 @@ impl Options {
     /// Key only the objects whose fields `selector` matches (`"spec.nodeName=node-1"`,
     /// `"status.phase!=Succeeded"`; `=`, `==`, `!=`, requirements joined by commas), as a
     /// field selector narrows a controller-runtime or kube-rs watch: a field absent or null
-    /// reads as `""`, a number or boolean matches its JSON text. The watcher's cache still
-    /// holds every object of the kind (it is shared), and the watcher evaluates it.
+    /// reads as `""`, a number or boolean matches its JSON text. A name may pick a list's
+    /// element by one of its fields, as `status.conditions[type=Ready].status=True` (the
+    /// apiserver has no such selector). The watcher's cache still holds every object of the
+    /// kind (it is shared), and the watcher evaluates it.
     pub fn field_selector(mut self, selector: impl Into<String>) -> Self {
         self.field_selector = Some(selector.into());
         self

@@ -161,8 +161,9 @@ pub enum Predicate {
     AnnotationsChanged,
     /// The value at this JSON pointer (RFC 6901: `/spec/replicas`, `/status/phase`,
     /// `/metadata/labels/app`) changed, appeared or went: the custom predicates of
-    /// controller-runtime that compare one field of the old and new object. The watcher keeps
-    /// a hash of the value per cached object, taken as the object comes.
+    /// controller-runtime that compare one field of the old and new object. A token may pick
+    /// a list's element by one of its fields (`/status/conditions[type=Ready]/status`). The
+    /// watcher keeps a hash of the value per cached object, taken as the object comes.
     FieldChanged(String),
 }
 

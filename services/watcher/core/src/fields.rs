@@ -6,10 +6,14 @@
 //!
 //! A field absent or null reads as the empty string, as the apiserver reads it; a number or
 //! a boolean matches its JSON text (`spec.replicas=3`, `spec.suspend=true`).
+//!
+//! Beyond the apiserver's fields, a segment may pick an element of a list keyed by one of
+//! its fields, as conditions are: `status.conditions[type=Ready].status=True` holds for an
+//! object whose `Ready` condition is `True`.
 
 use std::sync::Arc;
 
-use crate::store::{Summary, value_hash};
+use crate::store::{Summary, resolve, value_hash};
 
 /// The longest field selector a watch may have.
 pub const MAX_FIELD_SELECTOR: usize = 1024;
@@ -77,7 +81,7 @@ impl FieldSelector {
     /// Whether `object` (its JSON, parsed) matches.
     pub fn matches_object(&self, object: &serde_json::Value) -> bool {
         self.requirements.iter().all(|requirement| {
-            requirement.holds(object.pointer(&requirement.pointer).map(value_hash))
+            requirement.holds(resolve(object, &requirement.pointer).map(value_hash))
         })
     }
 }
@@ -96,28 +100,19 @@ impl Requirement {
     }
 
     fn parse(text: &str) -> Result<Self, String> {
-        let (field, equals, value) = if let Some((field, value)) = text.split_once("!=") {
-            (field, false, value)
-        } else if let Some((field, value)) = text.split_once("==") {
-            (field, true, value)
-        } else if let Some((field, value)) = text.split_once('=') {
-            (field, true, value)
-        } else {
+        let Some((field, equals, value)) = split_requirement(text) else {
             return Err(format!(
                 "{text:?} is no requirement: a field, '=', '==' or '!=', and a value"
             ));
         };
         let (field, value) = (field.trim(), value.trim());
-        let segment_ok = |s: &str| {
-            !s.is_empty()
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        };
-        if !field.split('.').all(segment_ok) {
-            return Err(format!(
-                "{field:?} is no field: names of letters, digits, '_' and '-' joined by '.', as spec.nodeName"
-            ));
-        }
+        let pointer = pointer_of(field).ok_or_else(|| {
+            format!(
+                "{field:?} is no field: names of letters, digits, '_' and '-' joined by '.', as \
+                 spec.nodeName, each name perhaps picking a list's element by one of its \
+                 fields, as status.conditions[type=Ready].status"
+            )
+        })?;
         if value.contains(['=', '!']) {
             return Err(format!("the value {value:?} may hold no '=' or '!'"));
         }
@@ -128,12 +123,78 @@ impl Requirement {
             matching.push(value_hash(&literal));
         }
         Ok(Self {
-            pointer: Arc::from(format!("/{}", field.replace('.', "/"))),
+            pointer: Arc::from(pointer),
             equals,
             matching,
             empty: value.is_empty(),
         })
     }
+}
+
+/// `field`, the operator (`true` for `=` and `==`) and the value of a requirement: the
+/// first operator outside brackets (a list's element is picked with `=` inside them).
+fn split_requirement(text: &str) -> Option<(&str, bool, &str)> {
+    let mut depth = 0usize;
+    for (i, c) in text.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            '!' if depth == 0 && text[i..].starts_with("!=") => {
+                return Some((&text[..i], false, &text[i + 2..]));
+            }
+            '=' if depth == 0 => {
+                let skip = if text[i..].starts_with("==") { 2 } else { 1 };
+                return Some((&text[..i], true, &text[i + skip..]));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The JSON pointer of a field in the selector's syntax (`spec.nodeName` is
+/// `/spec/nodeName`, `status.conditions[type=Ready].status` is
+/// `/status/conditions[type=Ready]/status`), if it is one.
+fn pointer_of(field: &str) -> Option<String> {
+    let name_ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    };
+    // A condition type may be a qualified name (`example.com/Ready`).
+    let value_ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+    };
+    if field.is_empty() {
+        return None;
+    }
+    let mut pointer = String::new();
+    let mut rest = field;
+    while !rest.is_empty() {
+        let end = rest.find(['.', '[']).unwrap_or(rest.len());
+        let name = &rest[..end];
+        if !name_ok(name) {
+            return None;
+        }
+        pointer.push('/');
+        pointer.push_str(name);
+        rest = &rest[end..];
+        if let Some(selection) = rest.strip_prefix('[') {
+            let (inside, after) = selection.split_once(']')?;
+            let (key, value) = inside.split_once('=')?;
+            if !name_ok(key) || !value_ok(value) {
+                return None;
+            }
+            pointer.push_str(&format!("[{key}={}]", value.replace('/', "~1")));
+            rest = after;
+        }
+        if !rest.is_empty() {
+            rest = rest.strip_prefix('.').filter(|r| !r.is_empty())?;
+        }
+    }
+    Some(pointer)
 }
 
 /// A watch's field selector, trimmed: `None` when empty; otherwise what is wrong with it.
@@ -198,12 +259,58 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_picks_a_list_element_by_one_of_its_fields() {
+        let selector = FieldSelector::parse(
+            "status.conditions[type=DisruptionTarget].status=True,metadata.deletionTimestamp=",
+        )
+        .unwrap();
+        let pod = |conditions: serde_json::Value| json!({"metadata": {}, "status": {"conditions": conditions}});
+        let target = |status: &str| {
+            pod(json!([
+                {"type": "Ready", "status": "True"},
+                {"type": "DisruptionTarget", "status": status},
+            ]))
+        };
+        for (object, matches) in [
+            (target("True"), true),
+            (target("False"), false),
+            (pod(json!([{"type": "Ready", "status": "True"}])), false),
+            (json!({"metadata": {}}), false),
+        ] {
+            assert_eq!(selector.matches_object(&object), matches, "{object}");
+            assert_eq!(
+                selector.matches(&summary(&selector, object.clone())),
+                matches,
+                "{object}"
+            );
+        }
+        let mut deleting = target("True");
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-11-30T00:00:00Z");
+        assert!(!selector.matches_object(&deleting));
+        // A qualified condition type, and `==` after brackets.
+        let custom =
+            FieldSelector::parse("status.conditions[type=example.com/Ready].status==True").unwrap();
+        assert!(custom.matches_object(&pod(
+            json!([{"type": "example.com/Ready", "status": "True"}])
+        )));
+        assert!(!custom.matches_object(&pod(
+            json!([{"type": "example.com/Other", "status": "True"}])
+        )));
+    }
+
+    #[test]
     fn a_malformed_selector_says_what_is_wrong() {
         for (text, says) in [
             ("spec.nodeName", "is no requirement"),
             ("spec..nodeName=a", "is no field"),
             ("spec/nodeName=a", "is no field"),
             ("a=b=c", "may hold no '='"),
+            ("=a", "is no field"),
+            ("spec.=a", "is no field"),
+            ("status.conditions[type].status=a", "is no field"),
+            ("status.conditions[type=].status=a", "is no field"),
+            ("status.conditions[type=Ready]status=a", "is no field"),
+            ("status.conditions[type=Ready=x].status=a", "is no field"),
             (&"a=b,".repeat(9), "is no requirement"),
         ] {
             let error = FieldSelector::parse(text).unwrap_err();

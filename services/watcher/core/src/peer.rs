@@ -61,6 +61,19 @@ pub const WRITES: &[Writes] = &[
     },
 ];
 
+/// Kinds whose status is no controller's own: the kubelet writes a Pod's and a Node's, and
+/// controllers only set conditions on them (kube-controller-manager's taint eviction and pod
+/// garbage collector among them, which Switchyard does not stand in for). A peer's write to
+/// one tells nothing of the controllers that reconcile the kind here (the stale
+/// DisruptionTarget reset reconciles Pods).
+pub const SHARED_STATUS: &[(&str, &str)] = &[("", "Pod"), ("", "Node")];
+
+/// Whether the status of objects of `group` and `kind` is the controller's that reconciles
+/// them: not for [`SHARED_STATUS`].
+pub fn status_is_owned(group: &str, kind: &str) -> bool {
+    !SHARED_STATUS.contains(&(group, kind))
+}
+
 /// The controller known by writing an object of `group` and `kind` with `labels`, if any.
 pub fn written_by(
     group: &str,
@@ -153,6 +166,14 @@ pub fn last_writer<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_controller_owns_the_status_of_pods_and_nodes() {
+        assert!(!status_is_owned("", "Pod"));
+        assert!(!status_is_owned("", "Node"));
+        assert!(status_is_owned("apps", "Deployment"));
+        assert!(status_is_owned("", "Namespace"));
+    }
 
     const WINDOW: Duration = Duration::from_secs(300);
     const START: i64 = 1_000;

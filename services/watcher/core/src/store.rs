@@ -94,7 +94,7 @@ impl Summary {
         self.fields = pointers
             .iter()
             .map(|pointer| {
-                let hash = object.pointer(pointer).map(value_hash);
+                let hash = resolve(object, pointer).map(value_hash);
                 (pointer.clone(), hash)
             })
             .collect();
@@ -114,6 +114,48 @@ impl Summary {
             .binary_search_by(|(k, _)| (**k).cmp(key))
             .ok()
             .map(|i| &*self.labels[i].1)
+    }
+}
+
+/// The value at `pointer` in `object`: a JSON pointer (RFC 6901), whose tokens may also pick
+/// an element of a list by the value of one of its fields, as Kubernetes' lists keyed by a
+/// field are (`/status/conditions[type=Ready]/status`: the `status` of the condition whose
+/// `type` is `Ready`). `None` when the path leads nowhere.
+pub fn resolve<'a>(object: &'a serde_json::Value, pointer: &str) -> Option<&'a serde_json::Value> {
+    if pointer.is_empty() {
+        return Some(object);
+    }
+    let mut value = object;
+    for token in pointer.strip_prefix('/')?.split('/') {
+        let (name, selected) = match token.strip_suffix(']').and_then(|t| t.split_once('[')) {
+            Some((name, selection)) => (name, Some(selection.split_once('=')?)),
+            None => (token, None),
+        };
+        let name = unescape(name);
+        if !name.is_empty() || selected.is_none() {
+            value = match value {
+                serde_json::Value::Object(fields) => fields.get(name.as_ref())?,
+                serde_json::Value::Array(items) => items.get(name.parse::<usize>().ok()?)?,
+                _ => return None,
+            };
+        }
+        if let Some((field, wanted)) = selected {
+            let (field, wanted) = (unescape(field), unescape(wanted));
+            value = value.as_array()?.iter().find(|item| {
+                item.get(field.as_ref()).and_then(serde_json::Value::as_str)
+                    == Some(wanted.as_ref())
+            })?;
+        }
+    }
+    Some(value)
+}
+
+/// A JSON pointer token's text: `~1` is `/`, `~0` is `~`.
+fn unescape(token: &str) -> std::borrow::Cow<'_, str> {
+    if token.contains('~') {
+        token.replace("~1", "/").replace("~0", "~").into()
+    } else {
+        token.into()
     }
 }
 
@@ -528,6 +570,37 @@ fn unindex_labels(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pointer_may_pick_a_list_element_by_one_of_its_fields() {
+        let pod = serde_json::json!({
+            "metadata": {"labels": {"a/b": "x", "c~d": "y"}},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "False"},
+                {"type": "example.com/Ready", "status": "True"},
+            ]},
+            "spec": {"containers": [{"name": "c"}]},
+        });
+        let at = |pointer| resolve(&pod, pointer).cloned();
+        assert_eq!(
+            at("/status/conditions[type=Ready]/status"),
+            Some("False".into())
+        );
+        assert_eq!(
+            at("/status/conditions[type=example.com~1Ready]/status"),
+            Some("True".into())
+        );
+        assert_eq!(at("/status/conditions[type=Other]/status"), None);
+        assert_eq!(at("/spec/containers[name=c]/name"), Some("c".into()));
+        // Plain RFC 6901 as before: indexes and escapes.
+        assert_eq!(at("/spec/containers/0/name"), Some("c".into()));
+        assert_eq!(at("/metadata/labels/a~1b"), Some("x".into()));
+        assert_eq!(at("/metadata/labels/c~0d"), Some("y".into()));
+        assert_eq!(at(""), Some(pod.clone()));
+        assert_eq!(at("no-slash"), None);
+        assert_eq!(at("/spec/containers[name]/name"), None);
+        assert_eq!(at("/metadata[name=x]"), None);
+    }
 
     fn mk_pod(
         ns: &str,
