@@ -50,6 +50,8 @@ const SERVICES: usize = 200;
 const PODS: usize = 5000;
 const FLIP_EVERY: Duration = Duration::from_millis(40);
 const SHOWN_WITHIN: Duration = Duration::from_secs(120);
+/// The slowest flips each run names on stderr, with when they began.
+const SLOWEST_SHOWN: usize = 12;
 const TIMEOUT: Duration = Duration::from_secs(900);
 const SLICES_OF: &str = "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io";
 
@@ -137,7 +139,10 @@ fn nodes_of(plane: &switchyard_testenv::ControlPlane) -> Vec<String> {
 type Pending = Arc<Mutex<HashMap<String, Instant>>>;
 
 /// Follows the namespace's slices: a flipped Pod listed not ready counts as shown.
-async fn follow(api: Api<EndpointSlice>, pending: Pending, shown: Arc<Mutex<Vec<f64>>>) {
+/// A flip shown: when it began, and its delay, in seconds; its Pod.
+type Shown = Arc<Mutex<Vec<(Instant, f64, String)>>>;
+
+async fn follow(api: Api<EndpointSlice>, pending: Pending, shown: Shown) {
     let version = api
         .list_metadata(&ListParams::default().limit(1))
         .await
@@ -165,10 +170,11 @@ async fn follow(api: Api<EndpointSlice>, pending: Pending, shown: Arc<Mutex<Vec<
                 if ready == Some(false)
                     && let Some(at) = pending.remove(name)
                 {
-                    shown
-                        .lock()
-                        .unwrap()
-                        .push(now.duration_since(at).as_secs_f64());
+                    shown.lock().unwrap().push((
+                        at,
+                        now.duration_since(at).as_secs_f64(),
+                        name.clone(),
+                    ));
                 }
             }
         }
@@ -203,8 +209,9 @@ async fn churn(name: &str, under: Under, flips: usize) -> f64 {
     );
 
     let pending: Pending = Arc::default();
-    let shown: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let shown: Shown = Arc::default();
     follow(slices.clone(), pending.clone(), shown.clone()).await;
+    let flipping = Instant::now();
     let before = apiserver_requests(&client).await;
     let mut tick = tokio::time::interval(FLIP_EVERY);
     let unready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
@@ -233,7 +240,17 @@ async fn churn(name: &str, under: Under, flips: usize) -> f64 {
     )
     .values()
     .sum();
-    let mut delays = shown.lock().unwrap().clone();
+    let mut slowest = shown.lock().unwrap().clone();
+    slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    // Where the tail is: the slowest flips, when they began.
+    for (at, delay, pod) in slowest.iter().take(SLOWEST_SHOWN) {
+        eprintln!(
+            "{name}: slow flip of {pod} {:.1} s in: {:.0} ms",
+            at.duration_since(flipping).as_secs_f64(),
+            delay * 1e3
+        );
+    }
+    let mut delays: Vec<f64> = slowest.iter().map(|s| s.1).collect();
     let missed = pending.lock().unwrap().len();
     // Never shown within the bound: counted at it.
     delays.extend(std::iter::repeat_n(SHOWN_WITHIN.as_secs_f64(), missed));
