@@ -126,8 +126,8 @@ impl PodGcController {
     async fn sweep(&self, ctx: &Context) -> Result {
         let all = ListFilter::default();
         let (pods, nodes) = futures::try_join!(
-            ctx.cache.list::<Pod>("", all.clone()),
-            ctx.cache.list::<Node>("", all),
+            ctx.cache.list_shared::<Pod>("", all.clone()),
+            ctx.cache.list_shared::<Node>("", all),
         )?;
         let due = self
             .quarantine

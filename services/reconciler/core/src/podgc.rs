@@ -19,6 +19,7 @@
 //! with a grace period of 0.
 
 use std::{
+    borrow::Borrow,
     cmp::Ordering,
     collections::{BTreeMap, BTreeSet},
     time::Duration,
@@ -162,14 +163,19 @@ impl Quarantine {
     /// Records the Nodes `pods` are bound to that are not among `nodes`, and returns those
     /// whose quarantine is over: to be read from the apiserver, and taken out of
     /// quarantine (a sweep that still misses one puts it back for another 40 s).
-    pub fn due(&mut self, pods: &[Pod], nodes: &[Node], now: Timestamp) -> Vec<String> {
+    pub fn due(
+        &mut self,
+        pods: &[impl Borrow<Pod>],
+        nodes: &[impl Borrow<Node>],
+        now: Timestamp,
+    ) -> Vec<String> {
         let existing: BTreeSet<&str> = nodes
             .iter()
-            .filter_map(|n| n.metadata.name.as_deref())
+            .filter_map(|n| n.borrow().metadata.name.as_deref())
             .collect();
         let missing: BTreeSet<&str> = pods
             .iter()
-            .map(node_name)
+            .map(|p| node_name(p.borrow()))
             .filter(|n| !n.is_empty() && !existing.contains(n))
             .collect();
         // A Node that came back, or that no Pod is bound to any more, needs no check.
@@ -204,15 +210,17 @@ impl Quarantine {
 /// their quarantine), unscheduled terminating Pods. A Pod is listed once, for the first
 /// reason that holds.
 pub fn sweep(
-    pods: &[Pod],
-    nodes: &[Node],
+    pods: &[impl Borrow<Pod>],
+    nodes: &[impl Borrow<Node>],
     threshold: u32,
     deleted_nodes: &BTreeSet<String>,
     now: Timestamp,
 ) -> Vec<Deletion> {
+    let pods: Vec<&Pod> = pods.iter().map(Borrow::borrow).collect();
+    let nodes: Vec<&Node> = nodes.iter().map(Borrow::borrow).collect();
     let mut chosen: Vec<(&Pod, Reason)> = Vec::new();
     if threshold > 0 {
-        let mut terminated: Vec<&Pod> = pods.iter().filter(|p| is_terminated(p)).collect();
+        let mut terminated: Vec<&Pod> = pods.iter().copied().filter(|p| is_terminated(p)).collect();
         let excess = terminated.len().saturating_sub(threshold as usize);
         if excess > 0 {
             terminated.sort_by(|a, b| eviction_then_age(a, b));
@@ -226,10 +234,11 @@ pub fn sweep(
     }
     let by_name: BTreeMap<&str, &Node> = nodes
         .iter()
-        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, *n)))
         .collect();
     let mut out_of_service: Vec<&Pod> = pods
         .iter()
+        .copied()
         .filter(|p| is_terminating(p))
         .filter(|p| by_name.get(node_name(p)).is_some_and(|n| out_of_service(n)))
         .collect();
@@ -241,11 +250,13 @@ pub fn sweep(
     );
     chosen.extend(
         pods.iter()
+            .copied()
             .filter(|p| deleted_nodes.contains(node_name(p)))
             .map(|p| (p, Reason::Orphaned)),
     );
     chosen.extend(
         pods.iter()
+            .copied()
             .filter(|p| is_terminating(p) && node_name(p).is_empty())
             .map(|p| (p, Reason::TerminatingUnscheduled)),
     );
@@ -442,7 +453,7 @@ mod tests {
             terminating(pod("both", "", "", 0)),
             pod("done", "Succeeded", "n", 5),
         ];
-        let out = sweep(&pods, &[], 1, &BTreeSet::new(), at(0));
+        let out = sweep(&pods, &[] as &[Node], 1, &BTreeSet::new(), at(0));
         assert_eq!(
             names(&out),
             [
@@ -460,7 +471,7 @@ mod tests {
         ];
         let nodes = [node("late", true, None)];
         let mut quarantine = Quarantine::default();
-        assert!(quarantine.due(&pods, &[], at(0)).is_empty());
+        assert!(quarantine.due(&pods, &[] as &[Node], at(0)).is_empty());
         assert_eq!(quarantine.len(), 2);
         // The late Node arrived in the cache: it needs no check.
         assert!(quarantine.due(&pods, &nodes, at(20)).is_empty());
