@@ -375,7 +375,7 @@ pub(crate) struct Run {
     pub(crate) date: String,
     pub(crate) commit: String,
     pub(crate) machine: String,
-    pub(crate) jobs: usize,
+    pub(crate) lanes: Lanes,
     pub(crate) wall: Duration,
     pub(crate) counts: Counts,
     /// `(key, timing, passed)`, in any order.
@@ -392,8 +392,8 @@ pub(crate) fn report(run: &Run) -> String {
     let mut out = format!(
         "{RECORD_BEGIN}\n\
          Recorded by `switchyard-dev test --record docs/testing.md` on {}, at {}, on {}: \
-         {} passed, {} failed, {} ignored; {} test binaries and the doc tests, {} at a time, \
-         in {:.0} s of wall time ({:.0} s summed, {:.0} CPU seconds).\n\n\
+         {} passed, {} failed, {} ignored; {} test binaries and the doc tests, {} at a time \
+         and {} more of the light ones, in {:.0} s of wall time ({:.0} s summed, {:.0} CPU seconds).\n\n\
          | seconds | CPU seconds | test binary (package directory, kind, target) | result |\n\
          |--:|--:|---|---|\n",
         run.date,
@@ -403,7 +403,8 @@ pub(crate) fn report(run: &Run) -> String {
         run.counts.failed,
         run.counts.ignored,
         binaries.len().saturating_sub(1),
-        run.jobs,
+        run.lanes.jobs,
+        run.lanes.light,
         run.wall.as_secs_f64(),
         sum,
         cpu,
@@ -645,7 +646,7 @@ pub(crate) async fn test(
             commit: output("git", &["rev-parse", "--short", "HEAD"])
                 .unwrap_or_else(|| "unknown".into()),
             machine: machine(),
-            jobs,
+            lanes,
             wall,
             counts: total,
             binaries: times,
@@ -810,7 +811,7 @@ mod tests {
             date: "2026-11-30".to_owned(),
             commit: "abc1234".to_owned(),
             machine: "2 cores, 24 GiB".to_owned(),
-            jobs: 2,
+            lanes: Lanes { jobs: 2, light: 1 },
             wall: Duration::from_secs(100),
             counts: Counts::default(),
             binaries: vec![
@@ -926,7 +927,7 @@ mod tests {
             date: "2026-11-28".to_owned(),
             commit: "abc1234".to_owned(),
             machine: "2 cores, 24 GiB".to_owned(),
-            jobs: 2,
+            lanes: Lanes { jobs: 2, light: 1 },
             wall: Duration::from_secs(600),
             counts: Counts {
                 passed: 5,
@@ -963,7 +964,9 @@ mod tests {
         let block = report(&run);
         let lines: Vec<_> = block.lines().collect();
         assert!(lines[1].contains("on 2026-11-28, at abc1234, on 2 cores, 24 GiB"));
-        assert!(lines[1].contains("5 passed, 1 failed, 0 ignored; 2 test binaries"));
+        assert!(lines[1].contains(
+            "5 passed, 1 failed, 0 ignored; 2 test binaries and the doc tests, 2 at a time and 1 more of the light ones,"
+        ));
         assert!(lines[1].contains("in 600 s of wall time (143 s summed, 111 CPU seconds)"));
         assert_eq!(
             &lines[5..8],
