@@ -304,7 +304,7 @@ fn admissible(pending: &[Pending], heavy: usize, running: usize, lanes: Lanes) -
 /// failed, with the reason, and the others still run.
 async fn run_one(key: String, log: PathBuf, mut command: Command) -> Finished {
     let begun = Instant::now();
-    let cpu_file = log.with_extension("cpu");
+    let cpu_file = cpu_file(&log);
     let _ = std::fs::remove_file(&cpu_file);
     let status = async {
         let file =
@@ -347,14 +347,19 @@ async fn run_one(key: String, log: PathBuf, mut command: Command) -> Finished {
     }
 }
 
+/// Where `switchyard-dev reap` writes the CPU seconds of the binary whose output is `log`.
+fn cpu_file(log: &Path) -> PathBuf {
+    log.with_extension("cpu")
+}
+
 /// `program`, run by `switchyard-dev reap` (`dev`, this executable's path), which writes the
-/// CPU seconds of its tree beside `log`.
+/// CPU seconds of its tree to [`cpu_file`] of `log`.
 fn reaped(dev: &Path, program: &Path, log: &Path) -> Command {
     let mut command = Command::new(dev);
     command
         .arg("reap")
         .arg("--cpu")
-        .arg(log.with_extension("cpu"))
+        .arg(cpu_file(log))
         .arg("--")
         .arg(program);
     command
