@@ -5,7 +5,8 @@
 //! ```text
 //!  keys: a Service's change; a change of a Pod its selector matches, before or after (the
 //!        watcher's mapBySelector, held `--endpointslice-updates-batch-period`); a change of
-//!        a slice labelled with its name (held 1 s, as kube-controller-manager's)
+//!        a slice labelled with its name that is not this controller's own write (held 1 s,
+//!        as kube-controller-manager's)
 //!  cache: the Service ─ gone, ExternalName, no selector ─► Done (slices left to the
 //!         garbage collector, or as they are)
 //!     ─► its Pods (by selector), its slices (by label, those being deleted left out), the
@@ -18,10 +19,12 @@
 //! ```
 //!
 //! kube-controller-manager keeps an `EndpointSliceTracker` so that a sync never acts on
-//! slices older than its own last write. Here each write raises the key's read floor
-//! ([`crate::cache::CacheClient::wrote`]): the next reconcile of the Service, in any
-//! reconciler, reads a cache that holds it, and an update made from an older read fails on
-//! its resourceVersion.
+//! slices older than its own last write, and so that its own writes key no sync. Here each
+//! write raises the key's read floor ([`crate::cache::CacheClient::wrote`]): the next
+//! reconcile of the Service, in any reconciler, reads a cache that holds it, and an update
+//! made from an older read fails on its resourceVersion. The slices are written under the
+//! controller's field manager, and the watcher keys no Service for a change that was that
+//! manager's write alone (`Predicate::NotWrittenBy`).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -45,8 +48,8 @@ use tracing::debug;
 use crate::builtin::{Builtin, Permission, RECORD_EVENTS, Tuning, publish};
 use crate::cache::ListFilter;
 use crate::sdk::{
-    Action, Builder, Context, Controller, Error, EventType, Map, Options, Refusal, Request, Result,
-    Watches, keep_first, status_message,
+    Action, Builder, Context, Controller, Error, EventType, Map, Options, Predicate, Refusal,
+    Request, Result, Watches, keep_first, status_message,
 };
 
 pub const NAME: &str = switchyard_work::builtin::ENDPOINTSLICE;
@@ -130,7 +133,10 @@ impl EndpointSliceController {
 }
 
 /// Every change of a Service; of a Pod its selector matches (before or after the change),
-/// held `batch_period`; of a slice labelled with its name, held a second. Nodes are cached
+/// held `batch_period`; of a slice labelled with its name, held a second, unless the change
+/// is this controller's own write (kube-controller-manager's `EndpointSliceTracker`, which
+/// keys a Service only for slices changed since its own last write: here the watcher reads
+/// who wrote from `managedFields`, and the slices are written as [`NAME`]). Nodes are cached
 /// for their zone, readiness and CPU; their changes key nothing.
 pub fn watches(batch_period: Duration) -> Watches {
     let pods = if batch_period.is_zero() {
@@ -143,7 +149,9 @@ pub fn watches(batch_period: Duration) -> Watches {
         .watches_with::<Pod>(Map::selector(), pods)
         .watches_with::<EndpointSlice>(
             Map::label(SERVICE_NAME_LABEL),
-            Options::default().batch_period(SLICE_CHANGE_DELAY),
+            Options::default()
+                .batch_period(SLICE_CHANGE_DELAY)
+                .predicates([Predicate::NotWrittenBy(NAME.to_owned())]),
         )
         .owns::<Node>()
         .into_watches()
@@ -341,8 +349,9 @@ async fn node_zones(
     Ok(zones)
 }
 
-/// Writes slices in kube-controller-manager's order (creations, updates, deletions),
-/// stopping at the first failure, which it returns; each write raises the key's read floor.
+/// Writes slices in kube-controller-manager's order (creations, updates, deletions) under
+/// the controller's field manager, stopping at the first failure, which it returns; each
+/// write raises the key's read floor.
 /// A creation refused because the namespace is being deleted ends the writes quietly. The
 /// mirroring controller writes its slices this way too.
 pub(crate) async fn write_slices(
@@ -359,8 +368,13 @@ pub(crate) async fn write_slices(
             status_message(error)
         ))
     };
+    // Written as the controller, so that the watcher tells its writes from others'.
+    let params = PostParams {
+        field_manager: Some(ctx.field_manager().to_owned()),
+        ..PostParams::default()
+    };
     for slice in create {
-        match api.create(&PostParams::default(), slice).await {
+        match api.create(&params, slice).await {
             Ok(created) => ctx.cache.wrote(&created),
             Err(error) if crate::sdk::is_namespace_terminating(&error) => return None,
             Err(error) => return Some(failed("create", &error)),
@@ -368,7 +382,7 @@ pub(crate) async fn write_slices(
     }
     for slice in update {
         let name = slice.metadata.name.as_deref().unwrap_or_default();
-        match api.replace(name, &PostParams::default(), slice).await {
+        match api.replace(name, &params, slice).await {
             Ok(updated) => ctx.cache.wrote(&updated),
             // A conflict: the read was stale; the queue's backoff retries with a newer one.
             Err(error) if error.is_conflict() => return Some(Error::Kube(error)),

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //!  keys: an Endpoints' change; a change of the Service of its name (the watcher's
-//!        mapByName); a change of a slice labelled with its name (held 1 s)
+//!        mapByName); a change of a slice labelled with its name (held 1 s): of a slice it
+//!        manages, unless its own write; of another, its creation, deletion or relabelling
 //!  cache: the Endpoints, the Service, the slices it mirrored (by label, being deleted left out)
 //!     ─ not to be mirrored (gone, a selector, skip-mirror, a leader record) ─► every
 //!       mirrored slice deleted
@@ -26,7 +27,8 @@ use crate::builtin::{Builtin, Permission, RECORD_EVENTS, Tuning};
 use crate::cache::ListFilter;
 use crate::endpointslice::{SLICE_CHANGE_DELAY, write_slices};
 use crate::sdk::{
-    Action, Builder, Context, Controller, EventType, Map, Options, Request, Result, Watches,
+    Action, Builder, Context, Controller, EventType, Map, Options, Predicate, Request, Result,
+    Watches,
 };
 
 pub const NAME: &str = switchyard_work::builtin::ENDPOINTSLICE_MIRRORING;
@@ -69,16 +71,40 @@ impl MirroringController {
 }
 
 /// Every change of Endpoints; of the Service of their name; of a slice labelled with their
-/// name, held a second.
+/// name, held a second, as kube-controller-manager's mirroring controller hears of slices:
+/// a slice it manages, unless the change is its own write (its `EndpointSliceTracker`; the
+/// watcher reads who wrote from `managedFields`, and the slices are written as [`NAME`]);
+/// any other slice only when created, deleted, or relabelled to another Service or manager.
 pub fn watches() -> Watches {
     Builder::for_::<Endpoints>()
         .named(NAME)
         .watches::<Service>(Map::name())
         .watches_with::<EndpointSlice>(
             Map::label(SERVICE_NAME_LABEL),
-            Options::default().batch_period(SLICE_CHANGE_DELAY),
+            Options::default()
+                .batch_period(SLICE_CHANGE_DELAY)
+                .label_selector(format!("{MANAGED_BY_LABEL}={CONTROLLER_NAME}"))
+                .predicates([Predicate::NotWrittenBy(NAME.to_owned())]),
+        )
+        .watches_with::<EndpointSlice>(
+            Map::label(SERVICE_NAME_LABEL),
+            Options::default()
+                .batch_period(SLICE_CHANGE_DELAY)
+                .label_selector(format!("{MANAGED_BY_LABEL}!={CONTROLLER_NAME}"))
+                .predicates([
+                    Predicate::FieldChanged(label_pointer(MANAGED_BY_LABEL)),
+                    Predicate::FieldChanged(label_pointer(SERVICE_NAME_LABEL)),
+                ]),
         )
         .into_watches()
+}
+
+/// The JSON pointer of the label `key` (RFC 6901: a `/` in it is `~1`).
+fn label_pointer(key: &str) -> String {
+    format!(
+        "/metadata/labels/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    )
 }
 
 impl Controller for MirroringController {

@@ -14,7 +14,8 @@
 //! moves only when its status turns, and another manager's condition stays. A third scopes
 //! the controller to one namespace (`Builder::namespaces`): nothing of another keys it, not
 //! even the keys its mapping function returns there. A fourth holds reconciles back with a
-//! predicate the watcher cannot run (`Builder::when`, in the reconciler).
+//! predicate the watcher cannot run (`Builder::when`, in the reconciler). A fifth keys a
+//! controller by every change but its own writes (`Predicate::NotWrittenBy`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -40,7 +41,7 @@ use switchyard_k8s::{
 use switchyard_proto::queue::v1::StatsRequest;
 use switchyard_runtime::{Dialer, Role};
 use switchyard_sdk::{
-    Action, Builder, Context, Events, Map, ObjectRef, Options, Registry, Result,
+    Action, Builder, Context, Events, Map, ObjectRef, Options, Predicate, Registry, Result,
     cache::{CacheClient, ListFilter},
     conditions::{self, NewCondition, Status},
 };
@@ -581,5 +582,98 @@ async fn a_field_selector_keys_only_the_objects_whose_fields_match() {
     })
     .await;
     assert!(!seen.lock().unwrap().contains(&"skipped".to_owned()));
+    env.stop().await;
+}
+
+/// `Predicate::NotWrittenBy`, evaluated by the watcher from `managedFields`: a controller that
+/// copies a ConfigMap's `data.source` into an annotation, by server-side apply under its own
+/// field manager, is keyed by everyone's changes but its own writes. Without the predicate,
+/// each of its writes would key it once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_is_not_keyed_by_its_own_writes() {
+    const COPIER: &str = "example.com/v1/Copier";
+    const COPIED: &str = "example.com/copied";
+    let reconciles = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut registry = Registry::default();
+    registry.register(
+        Builder::for_with::<ConfigMap>(
+            Options::default().predicates([Predicate::NotWrittenBy(COPIER.to_owned())]),
+        )
+        .named(COPIER)
+        .reconcile({
+            let reconciles = reconciles.clone();
+            move |map: Arc<ConfigMap>, ctx: Context| {
+                reconciles.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    let source = map
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get("source"))
+                        .cloned()
+                        .unwrap_or_default();
+                    if map.annotations().get(COPIED) != Some(&source) {
+                        let mut copy = ConfigMap::default();
+                        copy.metadata.name = Some(map.name_any());
+                        copy.metadata.namespace = map.namespace();
+                        copy.metadata.annotations = Some([(COPIED.to_owned(), source)].into());
+                        ctx.apply(&copy).await?;
+                    }
+                    Ok(Action::Done)
+                }
+            }
+        }),
+    );
+    let env = switchyard_sdk_test::Env::start("writers", registry).await;
+    let maps: Api<ConfigMap> = Api::namespaced(env.client(), env.namespace());
+    let count = || reconciles.load(std::sync::atomic::Ordering::SeqCst);
+    let copied = || async {
+        maps.get("settings")
+            .await
+            .unwrap()
+            .annotations()
+            .get(COPIED)
+            .cloned()
+    };
+    // Long enough for a key of the controller's own write to come through.
+    let quiet = || tokio::time::sleep(Duration::from_secs(3));
+
+    let map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "settings"},
+        "data": {"source": "a"},
+    }))
+    .unwrap();
+    maps.create(&PostParams::default(), &map).await.unwrap();
+    switchyard_sdk_test::eventually("the creation is copied", || async {
+        (copied().await.as_deref() == Some("a")).then_some(())
+    })
+    .await;
+    quiet().await;
+    assert_eq!(count(), 1, "the controller's own write keyed it");
+
+    // Another manager's change keys it; its write back again does not.
+    let tester = PatchParams {
+        field_manager: Some("tester".into()),
+        ..PatchParams::default()
+    };
+    let source = json!({"data": {"source": "b"}});
+    maps.patch("settings", &tester, &Patch::Merge(&source))
+        .await
+        .unwrap();
+    switchyard_sdk_test::eventually("the change is copied", || async {
+        (copied().await.as_deref() == Some("b")).then_some(())
+    })
+    .await;
+    quiet().await;
+    assert_eq!(count(), 2, "the controller's own write keyed it");
+
+    // A change to a field nobody else reads, by another manager: keyed all the same.
+    let other = json!({"data": {"other": "x"}});
+    maps.patch("settings", &tester, &Patch::Merge(&other))
+        .await
+        .unwrap();
+    switchyard_sdk_test::eventually("another manager's change is reconciled", || async {
+        (count() == 3).then_some(())
+    })
+    .await;
     env.stop().await;
 }

@@ -24,7 +24,15 @@
 //!   an IPv6 address: an IPv4 and an IPv6 slice; `v6`: IPv6 only over the same Pods: an IPv6
 //!   slice (the test apiserver serves both families);
 //! - then a `web` Pod turns unready (and an address of `ext`), another is deleted, and `web`
-//!   and `ext`'s Endpoints get labels of their own.
+//!   and `ext`'s Endpoints get labels of their own;
+//! - then another manager marks a ready `web` Pod not ready in its slice, and a ready
+//!   address of `ext` in its mirrored slice: both are listed ready again (the controllers
+//!   are keyed by others' writes to their slices, not by their own).
+//!
+//! Under Switchyard alone, `ext`'s mirrored slice is then relabelled as another manager's:
+//! it is mirrored into a new slice. kube-controller-manager's mirroring controller, keyed
+//! the same, stops there: its tracker still holds the relabelled slice, so every sync of
+//! `ext` finds its cache stale, until it restarts.
 //!
 //! The handover: kube-controller-manager's slices and Endpoints, read by Switchyard when it
 //! starts, are left as they are (no write), and throughout every `web` endpoint stays
@@ -517,6 +525,50 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
                 .all(|shape| shape.2.contains_key("team"))
     })
     .await;
+
+    // Another manager's hand: web-3 marked not ready in web's slice, and 192.0.2.1 in ext's
+    // mirrored slice. Each controller writes its slice back.
+    let by_hand = |service: &str, manager: &str, address: &str| {
+        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+        let selector = format!("{SERVICE_NAME_LABEL}={service},{MANAGED_BY_LABEL}={manager}");
+        let address = address.to_owned();
+        async move {
+            let named = |e: &switchyard_k8s::k8s_openapi::api::discovery::v1::Endpoint| {
+                e.target_ref.as_ref().and_then(|t| t.name.as_deref()) == Some(address.as_str())
+                    || e.addresses.contains(&address)
+            };
+            let mut edited = slices
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|slice| slice.endpoints.iter().any(named))
+                .unwrap();
+            for endpoint in edited.endpoints.iter_mut().filter(|e| named(e)) {
+                endpoint.conditions.get_or_insert_default().ready = Some(false);
+            }
+            let name = edited.metadata.name.clone().unwrap();
+            let params = PostParams {
+                field_manager: Some("by-hand".into()),
+                ..PostParams::default()
+            };
+            slices.replace(&name, &params, &edited).await.unwrap();
+        }
+    };
+    by_hand("web", "endpointslice-controller.k8s.io", "web-3").await;
+    by_hand(
+        "ext",
+        "endpointslicemirroring-controller.k8s.io",
+        "192.0.2.1",
+    )
+    .await;
+    let restored = settled(client, namespace, "written back", |s| {
+        ready_of(s, "web").contains(&("web-3".to_owned(), Some(true)))
+            && ready_of(s, MIRRORED).contains(&("192.0.2.1".to_owned(), Some(true)))
+    })
+    .await;
+
     let events: Api<Event> = Api::namespaced(client.clone(), namespace);
     let deadline = Instant::now() + Duration::from_secs(10);
     let hints_on = loop {
@@ -533,7 +585,7 @@ async fn scenario(client: &Client, namespace: &str) -> Outcome {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     Outcome {
-        steps: vec![first, unready, later],
+        steps: vec![first, unready, later, restored],
         hints_on,
     }
 }
@@ -669,6 +721,36 @@ async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_
         .await
         .unwrap();
     let under_switchyard = scenario(&client, under_switchyard_ns.name()).await;
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), under_switchyard_ns.name());
+    let mut taken = slices
+        .list(&ListParams::default().labels(&format!(
+            "{SERVICE_NAME_LABEL}=ext,{MANAGED_BY_LABEL}=endpointslicemirroring-controller.k8s.io"
+        )))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    taken
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(MANAGED_BY_LABEL.into(), "someone-else".into());
+    let name = taken.metadata.name.clone().unwrap();
+    slices
+        .replace(&name, &PostParams::default(), &taken)
+        .await
+        .unwrap();
+    let remirrored = settled(
+        &client,
+        under_switchyard_ns.name(),
+        "ext mirrored again",
+        |s| s.contains_key("someone-else: ext") && s.contains_key(MIRRORED),
+    )
+    .await;
+    assert_eq!(
+        remirrored[MIRRORED].endpoints,
+        under_switchyard.steps.last().unwrap()[MIRRORED].endpoints
+    );
     let created = switchyard.requests("create", &["201"]).await;
     switchyard.stop().await;
 
@@ -710,7 +792,7 @@ async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_
         let zones = |a: usize, b: usize| {
             BTreeMap::from([("zone-a".to_owned(), a), ("zone-b".to_owned(), b)])
         };
-        assert_eq!(hinted, [zones(4, 2), zones(3, 2), zones(2, 2)]);
+        assert_eq!(hinted, [zones(4, 2), zones(3, 2), zones(2, 2), zones(2, 2)]);
         assert!(outcome.hints_on);
     }
     // How many slices `big` took depends on how its Pods came in over the syncs; the rest

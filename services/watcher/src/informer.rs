@@ -389,10 +389,29 @@ impl Informer {
                 .peers
                 .observe(gvk, object.meta(), Part::Object, [controller]);
         }
+        // What `managedFields` say of the managers `notWrittenBy` predicates name, read
+        // before the cache drops them.
+        let writers = index
+            .map(|i| now.mapper.writers(i))
+            .filter(|managers| !managers.is_empty())
+            .map(|managers| {
+                let entries: Vec<serde_json::Value> = object
+                    .meta()
+                    .managed_fields
+                    .iter()
+                    .flatten()
+                    .filter_map(|entry| serde_json::to_value(entry).ok())
+                    .collect();
+                (managers, entries)
+            });
         let (summary, json) = summarize(object);
         if !self.caches.namespaces.admits(&summary.namespace) {
             return None;
         }
+        let summary = match writers {
+            Some((managers, entries)) => summary.with_writers(managers, &entries),
+            None => summary,
+        };
         // The values `fieldChanged` predicates compare, from the JSON as cached.
         let summary = match index.map(|i| now.mapper.fields(i)) {
             Some(pointers) if !pointers.is_empty() => {

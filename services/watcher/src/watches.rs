@@ -153,6 +153,7 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         label_selector,
         fields_changed,
         field_selector,
+        not_written_by,
     } = watch;
     let batch_period = batch_period
         .map(|period| {
@@ -197,6 +198,20 @@ fn watch(field: &str, watch: proto::Watch) -> Result<Watch, ApiError> {
         })
         .chain(fields.into_iter().map(Ok))
         .collect::<Result<_, _>>()?;
+    let mut predicates = predicates;
+    if not_written_by.len() > 1 {
+        return Err(invalid(
+            format!("{field}.not_written_by"),
+            format!("{} given; at most one", not_written_by.len()),
+        ));
+    }
+    if let Some(manager) = not_written_by.into_iter().next() {
+        let predicate = Predicate::NotWrittenBy(manager);
+        if let Some(problem) = predicate.problem() {
+            return Err(invalid(format!("{field}.not_written_by[0]"), problem));
+        }
+        predicates.push(predicate);
+    }
     Ok(Watch {
         gvk: gvk
             .map(|gvk| checked_gvk(&format!("{field}.gvk"), gvk))
@@ -335,6 +350,24 @@ mod tests {
         assert_eq!(
             refused(vec![fields]).message(),
             "controllers[0].owns[0].fields_changed: 17 given; at most 16"
+        );
+    }
+
+    #[test]
+    fn a_writer_predicate_names_a_field_manager_within_the_apiserver_limit() {
+        let mut writers = widgets();
+        writers.owns[0].not_written_by = vec!["widgets".into()];
+        assert!(registration("r".into(), vec![writers.clone()]).is_ok());
+        writers.owns[0].not_written_by = vec!["m".repeat(129)];
+        assert_eq!(
+            refused(vec![writers.clone()]).message(),
+            "controllers[0].owns[0].not_written_by[0]: notWrittenBy is 129 bytes; a field \
+             manager is at most 128"
+        );
+        writers.owns[0].not_written_by = vec!["a".into(), "b".into()];
+        assert_eq!(
+            refused(vec![writers]).message(),
+            "controllers[0].owns[0].not_written_by: 2 given; at most one"
         );
     }
 

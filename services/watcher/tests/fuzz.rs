@@ -163,6 +163,7 @@ fn watch() -> impl Strategy<Value = Watch> {
                     label_selector: selector,
                     fields_changed,
                     field_selector,
+                    not_written_by: Vec::new(),
                 }
             },
         )

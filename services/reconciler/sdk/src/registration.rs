@@ -235,7 +235,7 @@ fn watch(watch: &Watch) -> ProtoWatch {
                 Predicate::GenerationChanged => Some(ProtoPredicate::GenerationChanged as i32),
                 Predicate::LabelsChanged => Some(ProtoPredicate::LabelsChanged as i32),
                 Predicate::AnnotationsChanged => Some(ProtoPredicate::AnnotationsChanged as i32),
-                Predicate::FieldChanged(_) => None,
+                Predicate::FieldChanged(_) | Predicate::NotWrittenBy(_) => None,
             })
             .collect(),
         fields_changed: watch
@@ -244,6 +244,15 @@ fn watch(watch: &Watch) -> ProtoWatch {
             .iter()
             .filter_map(|p| match p {
                 Predicate::FieldChanged(pointer) => Some(pointer.clone()),
+                _ => None,
+            })
+            .collect(),
+        not_written_by: watch
+            .options
+            .predicates
+            .iter()
+            .filter_map(|p| match p {
+                Predicate::NotWrittenBy(manager) => Some(manager.clone()),
                 _ => None,
             })
             .collect(),

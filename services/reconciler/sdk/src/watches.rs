@@ -24,6 +24,14 @@ pub enum Predicate {
     /// a list's element by one of its fields: `/status/conditions[type=Ready]/status` is the
     /// `Ready` condition's status.
     FieldChanged(String),
+    /// The update was not this field manager's write: a controller that writes as this
+    /// manager is not keyed by its own writes, only by everyone else's
+    /// (kube-controller-manager's `EndpointSliceTracker.ShouldSync`). The watcher reads it
+    /// from `managedFields`: an update is the manager's own when its entry changed and no
+    /// other manager's did. Writes by [`crate::Context::apply`] carry the controller's
+    /// ([`crate::Context::field_manager`]); a `create` or `replace` names it in its
+    /// `PostParams::field_manager`. At most one per watch.
+    NotWrittenBy(String),
 }
 
 /// How one kind is watched.

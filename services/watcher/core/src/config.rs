@@ -165,6 +165,11 @@ pub enum Predicate {
     /// a list's element by one of its fields (`/status/conditions[type=Ready]/status`). The
     /// watcher keeps a hash of the value per cached object, taken as the object comes.
     FieldChanged(String),
+    /// The update was not this field manager's write: kube-controller-manager's
+    /// `EndpointSliceTracker.ShouldSync`, which spares a controller the reconcile its own
+    /// write would cause. Read from `managedFields`: an update is this manager's when its
+    /// entry changed and no other entry did ([`crate::store::Writers`]).
+    NotWrittenBy(String),
 }
 
 /// A predicate as the file writes it: a name (`generationChanged`), or a map of one key
@@ -176,6 +181,10 @@ enum RawPredicate {
     Field {
         #[serde(rename = "fieldChanged")]
         field_changed: String,
+    },
+    Writer {
+        #[serde(rename = "notWrittenBy")]
+        not_written_by: String,
     },
 }
 
@@ -190,10 +199,12 @@ impl TryFrom<RawPredicate> for Predicate {
                 "annotationsChanged" => Ok(Self::AnnotationsChanged),
                 _ => Err(format!(
                     "unknown predicate {name:?}: expected generationChanged, labelsChanged, \
-                     annotationsChanged or {{fieldChanged: /json/pointer}}"
+                     annotationsChanged, {{fieldChanged: /json/pointer}} or \
+                     {{notWrittenBy: field-manager}}"
                 )),
             },
             RawPredicate::Field { field_changed } => Ok(Self::FieldChanged(field_changed)),
+            RawPredicate::Writer { not_written_by } => Ok(Self::NotWrittenBy(not_written_by)),
         }
     }
 }
@@ -204,11 +215,24 @@ pub const MAX_FIELD_POINTER: usize = 256;
 /// The most `fieldChanged` predicates one rule may have.
 pub const MAX_FIELD_PREDICATES: usize = 16;
 
+/// The longest field manager the apiserver takes.
+pub const MAX_FIELD_MANAGER: usize = 128;
+
 impl Predicate {
     /// What is wrong with it, if anything.
     pub fn problem(&self) -> Option<String> {
-        let Self::FieldChanged(pointer) = self else {
-            return None;
+        let pointer = match self {
+            Self::FieldChanged(pointer) => pointer,
+            Self::NotWrittenBy(manager) if manager.is_empty() => {
+                return Some("notWrittenBy names no field manager".into());
+            }
+            Self::NotWrittenBy(manager) if manager.len() > MAX_FIELD_MANAGER => {
+                return Some(format!(
+                    "notWrittenBy is {} bytes; a field manager is at most {MAX_FIELD_MANAGER}",
+                    manager.len()
+                ));
+            }
+            _ => return None,
         };
         if !pointer.starts_with('/') {
             return Some(format!(
@@ -225,8 +249,8 @@ impl Predicate {
     }
 }
 
-/// `predicates`, checked: each [`Predicate::problem`] named by its index, and at most
-/// [`MAX_FIELD_PREDICATES`] `fieldChanged`.
+/// `predicates`, checked: each [`Predicate::problem`] named by its index, at most
+/// [`MAX_FIELD_PREDICATES`] `fieldChanged` and one `notWrittenBy`.
 pub fn checked_predicates(
     predicates: Vec<Predicate>,
 ) -> std::result::Result<Vec<Predicate>, (Option<usize>, String)> {
@@ -243,6 +267,16 @@ pub fn checked_predicates(
         return Err((
             None,
             format!("{fields} fieldChanged predicates; at most {MAX_FIELD_PREDICATES}"),
+        ));
+    }
+    let writers = predicates
+        .iter()
+        .filter(|p| matches!(p, Predicate::NotWrittenBy(_)))
+        .count();
+    if writers > 1 {
+        return Err((
+            None,
+            format!("{writers} notWrittenBy predicates; at most one"),
         ));
     }
     Ok(predicates)

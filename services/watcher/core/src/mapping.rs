@@ -28,7 +28,7 @@
 //! Predicates filter updates only; creations, deletions and resyncs always map. A rule's
 //! batch period goes with each key it maps ([`KeySink`]).
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 pub use switchyard_work::WorkKey;
 
@@ -249,6 +249,8 @@ pub struct Mapper {
     by_resource: Vec<Vec<Rule>>,
     /// Per resource, the JSON pointers its rules' `fieldChanged` predicates name.
     fields: Vec<Vec<Arc<str>>>,
+    /// Per resource, the field managers its rules' `notWrittenBy` predicates name.
+    writers: Vec<Vec<Arc<str>>>,
     /// The namespace of a cluster-scoped key (`mapByNamespace` keys a Namespace), made once.
     cluster: Arc<str>,
 }
@@ -322,30 +324,45 @@ impl Mapper {
         let fields = by_resource
             .iter()
             .map(|rules| {
-                let mut pointers: Vec<Arc<str>> = rules
-                    .iter()
-                    .flat_map(|rule| &rule.predicates)
-                    .filter_map(|p| match p {
-                        Predicate::FieldChanged(pointer) => Some(Arc::from(pointer.as_str())),
-                        _ => None,
-                    })
-                    .chain(
-                        rules
-                            .iter()
-                            .filter_map(|rule| rule.fields.as_ref())
-                            .flat_map(|f| f.pointers().cloned()),
-                    )
-                    .collect();
-                pointers.sort();
-                pointers.dedup();
-                pointers
+                named(rules, |p| match p {
+                    Predicate::FieldChanged(pointer) => Some(pointer),
+                    _ => None,
+                })
+                .chain(
+                    rules
+                        .iter()
+                        .filter_map(|rule| rule.fields.as_ref())
+                        .flat_map(|f| f.pointers().cloned()),
+                )
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+            })
+            .collect();
+        let writers = by_resource
+            .iter()
+            .map(|rules| {
+                named(rules, |p| match p {
+                    Predicate::NotWrittenBy(manager) => Some(manager),
+                    _ => None,
+                })
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
             })
             .collect();
         Self {
             by_resource,
             fields,
+            writers,
             cluster: Arc::from(""),
         }
+    }
+
+    /// The field managers a summary of `resource` reads `managedFields` for
+    /// ([`Summary::with_writers`]): those its rules' `notWrittenBy` predicates name.
+    pub fn writers(&self, resource: usize) -> &[Arc<str>] {
+        &self.writers[resource]
     }
 
     /// The JSON pointers whose values a summary of `resource` carries
@@ -594,6 +611,17 @@ impl Mapper {
     }
 }
 
+/// What `pick` takes from the predicates of `rules`.
+fn named<'r>(
+    rules: &'r [Rule],
+    pick: impl Fn(&'r Predicate) -> Option<&'r String> + 'r,
+) -> impl Iterator<Item = Arc<str>> + 'r {
+    rules
+        .iter()
+        .flat_map(|rule| &rule.predicates)
+        .filter_map(move |p| pick(p).map(|name| Arc::from(name.as_str())))
+}
+
 /// Whether `controller` reconciles v1 Namespace (its `for` rule's kind).
 fn reconciles_namespaces(config: &Config, controller: &str) -> bool {
     config.rules.iter().any(|rule| {
@@ -625,6 +653,13 @@ fn passes(predicates: &[Predicate], old: &Summary, new: &Summary) -> bool {
                 (Some(before), Some(after)) => before != after,
                 _ => true,
             },
+            // Not read (the object cached before the rule came): as another's write.
+            Predicate::NotWrittenBy(manager) => {
+                match (old.writers(manager), new.writers(manager)) {
+                    (Some(before), Some(after)) => !after.written_by_own(&before),
+                    _ => true,
+                }
+            }
         })
 }
 
@@ -821,6 +856,113 @@ controllers:
             error.contains(
                 "controllers[0].for.predicates[0]: fieldChanged \"status\" is not a JSON pointer"
             ),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_not_written_by_predicate_keys_every_update_but_the_manager_s_own_write() {
+        let config = Config::from_yaml(
+            r#"
+controllers:
+  - name: example.com/v1/Widget
+    for: {apiVersion: example.com/v1, kind: Widget}
+    mapByLabel:
+      - apiVersion: v1
+        kind: ConfigMap
+        label: example.com/widget
+        predicates: [{notWrittenBy: widgets}]
+"#,
+        )
+        .unwrap();
+        let mapper = Mapper::new(&config);
+        assert_eq!(mapper.writers(1), [Arc::from("widgets")]);
+        assert!(mapper.writers(0).is_empty());
+        let entry = |manager: &str, time: &str, fields: &[&str]| {
+            let fields: serde_json::Map<String, serde_json::Value> = fields
+                .iter()
+                .map(|f| (format!("f:{f}"), serde_json::json!({})))
+                .collect();
+            serde_json::json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+                               "time": time, "fieldsType": "FieldsV1", "fieldsV1": {"f:data": fields}})
+        };
+        let with = |entries: &[serde_json::Value]| {
+            mk("cm", 0, &[("example.com/widget", "w")], None)
+                .with_writers(mapper.writers(1), entries)
+        };
+        let key = ["example.com/v1/Widget ns/w"];
+        let update =
+            |old: &Summary, new: &Summary| keys_of(&config, 1, EventKind::Modified, Some(old), new);
+        let user = entry("kubectl-edit", "2026-11-30T10:00:00Z", &["a"]);
+        let before = with(&[
+            user.clone(),
+            entry("widgets", "2026-11-30T10:00:05Z", &["b"]),
+        ]);
+
+        // The manager's own write: its entry stamped anew, the others' as they were.
+        let own = with(&[
+            user.clone(),
+            entry("widgets", "2026-11-30T10:00:09Z", &["b", "c"]),
+        ]);
+        assert!(update(&before, &own).is_empty());
+
+        // Another manager's write: its entry changed (a new time, or fields taken).
+        let other = with(&[
+            entry("kubectl-edit", "2026-11-30T10:00:09Z", &["a"]),
+            entry("widgets", "2026-11-30T10:00:05Z", &["b"]),
+        ]);
+        assert_eq!(update(&before, &other), key);
+        // ... in the same second as its last, taking a field of the manager's.
+        let taken = with(&[
+            entry("kubectl-edit", "2026-11-30T10:00:00Z", &["a", "b"]),
+            entry("widgets", "2026-11-30T10:00:05Z", &[]),
+        ]);
+        assert_eq!(update(&before, &taken), key);
+        // ... taking every field of the manager's, so that its entry goes.
+        let all_taken = with(&[entry("kubectl-edit", "2026-11-30T10:00:09Z", &["a", "b"])]);
+        assert_eq!(update(&before, &all_taken), key);
+        // ... in the same second as its last, to fields it alone owned: no entry changed.
+        assert_eq!(update(&before, &before), key);
+        // A third manager come: keyed.
+        let third = with(&[
+            user.clone(),
+            entry("widgets", "2026-11-30T10:00:09Z", &["b"]),
+            entry("helm", "2026-11-30T10:00:09Z", &["c"]),
+        ]);
+        assert_eq!(update(&before, &third), key);
+        // An object cached before the rule came was not read: keyed.
+        assert_eq!(
+            update(&mk("cm", 0, &[("example.com/widget", "w")], None), &own),
+            key
+        );
+        // Creations always key.
+        assert_eq!(keys_of(&config, 1, EventKind::Added, None, &own), key);
+
+        for (predicate, problem) in [
+            ("{notWrittenBy: ''}", "notWrittenBy names no field manager"),
+            (
+                &format!("{{notWrittenBy: {}}}", "m".repeat(129)),
+                "notWrittenBy is 129 bytes; a field manager is at most 128",
+            ),
+        ] {
+            let error = Config::from_yaml(&format!(
+                "controllers: [{{name: w, for: {{apiVersion: v1, kind: Pod, predicates: [{predicate}]}}}}]"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.contains(&format!("controllers[0].for.predicates[0]: {problem}")),
+                "{error}"
+            );
+        }
+        let error = Config::from_yaml(
+            "controllers: [{name: w, for: {apiVersion: v1, kind: Pod, \
+             predicates: [{notWrittenBy: a}, {notWrittenBy: b}]}}]",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("controllers[0].for.predicates: 2 notWrittenBy predicates; at most one"),
             "{error}"
         );
     }

@@ -55,6 +55,48 @@ pub struct Summary {
     /// For `fieldChanged` predicates: per JSON pointer a rule of the kind names, a hash of
     /// the value there (`None`: absent), taken as the object came ([`Summary::with_fields`]).
     pub fields: Box<[(Arc<str>, Option<u64>)]>,
+    /// For `notWrittenBy` predicates: per field manager a rule of the kind names, what the
+    /// object's `managedFields` said of it as the object came ([`Summary::with_writers`]).
+    pub writers: Box<[(Arc<str>, Writers)]>,
+}
+
+/// What an object's `managedFields` say of one field manager: a hash of its entries and one
+/// of every other manager's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Writers {
+    /// Its own entries' (`None`: it has none).
+    pub own: Option<u64>,
+    /// Every other entry's, in any order.
+    pub others: u64,
+}
+
+impl Writers {
+    /// Reads `entries` (the object's `managedFields`, each entry as JSON) for `manager`.
+    pub fn of(manager: &str, entries: &[serde_json::Value]) -> Self {
+        let mut own: Option<u64> = None;
+        let mut others = 0u64;
+        for entry in entries {
+            let hash = value_hash(entry);
+            if entry.get("manager").and_then(serde_json::Value::as_str) == Some(manager) {
+                own = Some(own.unwrap_or(0).wrapping_add(hash));
+            } else {
+                others = others.wrapping_add(hash);
+            }
+        }
+        Self { own, others }
+    }
+
+    /// Whether the change from `before` to `self` was the manager's own write. The apiserver
+    /// gives the writer of a change the fields it set and stamps its entry with the time (in
+    /// whole seconds); the fields a writer takes leave their former manager's entry. So a
+    /// write by another manager changes that manager's entry, unless it sets again, within
+    /// the second of its last write, only fields it already owned alone; the manager's own
+    /// entry then stays as it was. Either way, not the manager's own write. A write of the
+    /// manager's within the second of its last that sets only fields it owns counts as not
+    /// its own: one reconcile too many, never one too few.
+    pub fn written_by_own(&self, before: &Self) -> bool {
+        self.own.is_some() && self.own != before.own && self.others == before.others
+    }
 }
 
 impl Summary {
@@ -85,7 +127,26 @@ impl Summary {
             annotations_hash: hasher.finish(),
             controller: controller.map(Box::new),
             fields: Box::new([]),
+            writers: Box::new([]),
         }
+    }
+
+    /// The same summary, with what `entries` (the object's `managedFields`, each entry as
+    /// JSON) say of each of `managers` ([`Writers`]).
+    pub fn with_writers(mut self, managers: &[Arc<str>], entries: &[serde_json::Value]) -> Self {
+        self.writers = managers
+            .iter()
+            .map(|manager| (manager.clone(), Writers::of(manager, entries)))
+            .collect();
+        self
+    }
+
+    /// What the object's `managedFields` said of `manager`, if it was read.
+    pub fn writers(&self, manager: &str) -> Option<Writers> {
+        self.writers
+            .iter()
+            .find(|(m, _)| &**m == manager)
+            .map(|(_, writers)| *writers)
     }
 
     /// The same summary, with a hash of the value at each of `pointers` in `object` (the
