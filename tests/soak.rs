@@ -36,7 +36,10 @@
 //!   (`soak.pod_surge_samples`) and ready Pods below replicas - maxUnavailable once a
 //!   Deployment settled (`soak.unavailable_violations`), from a Pod watch, are printed, not
 //!   asserted: kube-controller-manager shows transient Pod surges too (a scaled-down
-//!   ReplicaSet's Pods go after the other's new ones are made).
+//!   ReplicaSet's Pods go after the other's new ones are made). The three watches are
+//!   separate streams, one of which may be behind another (relisting after an apiserver
+//!   restart): a view of the ReplicaSets or the Pods older than the Deployment that
+//!   settled is held to the bounds before it.
 //!
 //! `SWITCHYARD_SOAK_PEER=kube-controller-manager` runs the same workload with
 //! kube-controller-manager's deployment, replicaset and garbage-collector controllers in

@@ -39,6 +39,10 @@ pub(crate) struct Tracked {
     /// separate streams, and its ReplicaSet watch may be seconds behind its Deployment
     /// watch (relisting after the apiserver restarted).
     pub(crate) settled_at: Option<(u64, i32)>,
+    /// The resourceVersion of the Deployment that armed the maxUnavailable bound: a view of
+    /// the Pods older than it is not held to the bound (the Pod watch may be behind, as the
+    /// ReplicaSet watch may).
+    pub(crate) armed_at: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -55,6 +59,10 @@ pub(crate) struct Invariants {
     /// Active Pods (not terminating, not finished) by uid.
     pub(crate) pods: HashMap<String, PodState>,
     pub(crate) relist: Option<HashMap<String, PodState>>,
+    /// The newest resourceVersion of the Pod view in `pods` (and of the one being listed
+    /// into `relist`).
+    pub(crate) pods_at: u64,
+    pub(crate) pods_relist_at: u64,
     /// `spec.replicas` of every ReplicaSet, by uid, with its Deployment's name.
     pub(crate) sets: HashMap<String, (String, i32)>,
     pub(crate) sets_relist: Option<HashMap<String, (String, i32)>>,
@@ -83,6 +91,8 @@ impl Invariants {
             deployments: HashMap::new(),
             pods: HashMap::new(),
             relist: None,
+            pods_at: 0,
+            pods_relist_at: 0,
             sets: HashMap::new(),
             sets_relist: None,
             sets_at: 0,
@@ -111,6 +121,7 @@ impl Invariants {
             allowance: replicas,
             armed: false,
             settled_at: None,
+            armed_at: 0,
         });
         tracked.armed = false;
         tracked.allowance = tracked.allowance.max(replicas);
@@ -136,6 +147,11 @@ impl Invariants {
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         let owner = controller_name(&pod.metadata).unwrap_or_default();
+        let rv = version(&pod.metadata);
+        match self.relist {
+            Some(_) => self.pods_relist_at = self.pods_relist_at.max(rv),
+            None => self.pods_at = self.pods_at.max(rv),
+        }
         let pods = self.relist.as_mut().unwrap_or(&mut self.pods);
         if is_active(pod) {
             pods.insert(uid, PodState { app, owner, ready });
@@ -163,9 +179,12 @@ impl Invariants {
             && status.available_replicas == want
             && status.replicas == want
         {
+            let rv = version(&deployment.metadata);
+            if !tracked.armed {
+                tracked.armed_at = rv;
+            }
             tracked.armed = true;
             if tracked.allowance > tracked.replicas {
-                let rv = version(&deployment.metadata);
                 tracked.settled_at = Some(match tracked.settled_at {
                     Some((at, before)) => (at.max(rv), before.max(tracked.allowance)),
                     None => (rv, tracked.allowance),
@@ -207,7 +226,10 @@ impl Invariants {
             self.pod_surge_samples += 1;
             violation = violation.or(Some("pod surge"));
         }
-        if tracked.armed && ready < tracked.replicas - MAX_UNAVAILABLE {
+        if tracked.armed
+            && self.pods_at >= tracked.armed_at
+            && ready < tracked.replicas - MAX_UNAVAILABLE
+        {
             self.unavailable_violations += 1;
             violation = Some("unavailable");
         }
@@ -311,11 +333,15 @@ pub(crate) fn watch_invariants(
                         .remove(&rs.metadata.uid.clone().unwrap_or_default());
                     seen.sets_at = seen.sets_at.max(version(&rs.metadata));
                 }
-                Seen::Pod(watcher::Event::Init) => seen.relist = Some(HashMap::new()),
+                Seen::Pod(watcher::Event::Init) => {
+                    seen.relist = Some(HashMap::new());
+                    seen.pods_relist_at = 0;
+                }
                 Seen::Pod(watcher::Event::InitApply(pod)) => seen.apply(&pod),
                 Seen::Pod(watcher::Event::InitDone) => {
                     if let Some(pods) = seen.relist.take() {
                         seen.pods = pods;
+                        seen.pods_at = seen.pods_at.max(seen.pods_relist_at);
                     }
                     seen.check_all();
                 }
@@ -328,6 +354,7 @@ pub(crate) fn watch_invariants(
                 Seen::Pod(watcher::Event::Delete(pod)) => {
                     seen.pods
                         .remove(&pod.metadata.uid.clone().unwrap_or_default());
+                    seen.pods_at = seen.pods_at.max(version(&pod.metadata));
                     if let Some(app) = pod.metadata.labels.as_ref().and_then(|l| l.get("app")) {
                         seen.check(&app.clone());
                     }
@@ -397,5 +424,51 @@ mod tests {
         // A set sized up after the Deployment settled is a violation.
         seen.replica_set(&replica_set("new", 3, 150));
         assert_eq!(seen.surge_violations, 1);
+    }
+
+    fn pod(name: &str, ready: bool, rv: u64) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "uid": name, "resourceVersion": rv.to_string(),
+                "labels": {"app": "d"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "new",
+                    "uid": "new", "controller": true}]},
+            "spec": {"containers": []},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pods_seen_before_a_deployment_settled_are_not_held_to_the_unavailable_bound() {
+        let mut seen = Invariants::new(Instant::now());
+        seen.scaling("d", 3);
+        // The Pods come up (RVs 100-150), the Deployment settles with all three available
+        // (RV 160). This test's Pod watch is behind: its view is still that of RV 120, where
+        // one of three is ready.
+        seen.apply(&pod("a", true, 100));
+        seen.apply(&pod("b", false, 110));
+        seen.apply(&pod("c", false, 120));
+        seen.deployment(&settled(3, 160));
+        seen.check("d");
+        assert_eq!(
+            seen.unavailable_violations, 0,
+            "a view of the Pods older than the settled Deployment: {:?}",
+            seen.first_violations
+        );
+        // The watch catches up.
+        seen.apply(&pod("b", true, 130));
+        seen.apply(&pod("c", true, 150));
+        seen.check("d");
+        assert_eq!(
+            seen.unavailable_violations, 0,
+            "{:?}",
+            seen.first_violations
+        );
+        // Two Pods turning unready after the Deployment settled is a violation.
+        seen.apply(&pod("b", false, 170));
+        seen.apply(&pod("c", false, 180));
+        seen.check("d");
+        assert_eq!(seen.unavailable_violations, 1);
     }
 }
