@@ -71,13 +71,12 @@ pub struct Writers {
 }
 
 impl Writers {
-    /// Reads `entries` (the object's `managedFields`, each entry as JSON) for `manager`.
-    pub fn of(manager: &str, entries: &[serde_json::Value]) -> Self {
+    /// Reads `entries` (each `managedFields` entry's manager and hash) for `manager`.
+    fn of(manager: &str, entries: &[(Option<&str>, u64)]) -> Self {
         let mut own: Option<u64> = None;
         let mut others = 0u64;
-        for entry in entries {
-            let hash = value_hash(entry);
-            if entry.get("manager").and_then(serde_json::Value::as_str) == Some(manager) {
+        for &(writer, hash) in entries {
+            if writer == Some(manager) {
                 own = Some(own.unwrap_or(0).wrapping_add(hash));
             } else {
                 others = others.wrapping_add(hash);
@@ -134,9 +133,17 @@ impl Summary {
     /// The same summary, with what `entries` (the object's `managedFields`, each entry as
     /// JSON) say of each of `managers` ([`Writers`]).
     pub fn with_writers(mut self, managers: &[Arc<str>], entries: &[serde_json::Value]) -> Self {
+        // Each entry hashed once, whatever the number of managers.
+        let hashed: Vec<(Option<&str>, u64)> = entries
+            .iter()
+            .map(|entry| {
+                let manager = entry.get("manager").and_then(serde_json::Value::as_str);
+                (manager, value_hash(entry))
+            })
+            .collect();
         self.writers = managers
             .iter()
-            .map(|manager| (manager.clone(), Writers::of(manager, entries)))
+            .map(|manager| (manager.clone(), Writers::of(manager, &hashed)))
             .collect();
         self
     }
