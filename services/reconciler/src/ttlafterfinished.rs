@@ -4,7 +4,7 @@
 //! `switchyard_reconciler_core::ttlafterfinished`'s; this module reads and writes.
 //!
 //! ```text
-//!  keys: every change of a Job
+//!  keys: a Job made, finished (its Complete or Failed condition), or given another TTL
 //!  cache: Job ─ gone, being deleted, no TTL, not finished ─► Done
 //!     ─ not expired yet ─► RequeueAfter(time left)      (the queue holds it; nothing runs meanwhile)
 //!     ─► apiserver: the Job read again ─ not expired after all ─► Done / RequeueAfter
@@ -21,7 +21,10 @@ use switchyard_reconciler_core::ttlafterfinished::{Due, due};
 use tracing::{debug, info};
 
 use crate::builtin::{Builtin, Permission};
-use crate::sdk::{Action, Builder, Context, Controller, Error, Refusal, Request, Result, Watches};
+use crate::sdk::{
+    Action, Builder, Context, Controller, Error, Options, Predicate, Refusal, Request, Result,
+    Watches,
+};
 
 pub const NAME: &str = switchyard_work::builtin::TTL_AFTER_FINISHED;
 
@@ -40,9 +43,18 @@ pub const BUILTIN: Builtin = Builtin {
 /// through the watcher's cache; it records no Events, as kube-controller-manager's does not.
 pub const PERMISSIONS: &[Permission] = &[Permission::new("batch", &["jobs"], &["get", "delete"])];
 
-/// Every change of a Job keys it: a Job that finishes, or whose TTL changes.
+/// A Job keys it when made, when it finishes and when its TTL changes: kube-controller-
+/// manager's controller hears only of finished Jobs with a TTL (`needsCleanup`), not of the
+/// status writes the Job controller makes while a Job runs. A finished Job's conditions stay,
+/// so the change that finishes it is the one to hear of; the wait is a delayed key after it.
 pub fn watches() -> Watches {
-    Builder::for_::<Job>().named(NAME).into_watches()
+    Builder::for_with::<Job>(Options::default().predicates([
+        Predicate::FieldChanged("/spec/ttlSecondsAfterFinished".to_owned()),
+        Predicate::FieldChanged("/status/conditions[type=Complete]/status".to_owned()),
+        Predicate::FieldChanged("/status/conditions[type=Failed]/status".to_owned()),
+    ]))
+    .named(NAME)
+    .into_watches()
 }
 
 /// kube-controller-manager's TTL-after-finished controller.

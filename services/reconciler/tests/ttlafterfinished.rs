@@ -7,7 +7,9 @@
 //!   condition's transition;
 //! - `ttl-0`: deleted as soon as it finished;
 //! - `ttl-300`: not deleted while the test watches;
-//! - `no-ttl`: never deleted.
+//! - `no-ttl`: never deleted;
+//! - `ttl-later`: made without a TTL, given `ttlSecondsAfterFinished: 2` once it finished:
+//!   deleted 2 to 7 s after its finish.
 //!
 //! No garbage collector runs, so a Job deleted in the foreground stays, being deleted, with
 //! the `foregroundDeletion` finalizer: which shows the propagation the controller asked for.
@@ -24,7 +26,11 @@ use std::{
 
 use futures::future::join_all;
 use serde_json::json;
-use switchyard_k8s::{Api, Client, PostParams, k8s_openapi::api::batch::v1::Job};
+use switchyard_k8s::{
+    Api, Client, PostParams,
+    k8s_openapi::api::batch::v1::Job,
+    kube::api::{Patch, PatchParams},
+};
 use switchyard_testenv::{ControlPlane, TestNamespace};
 
 use support::WITHIN;
@@ -67,13 +73,20 @@ fn finished_at(job: &Job) -> Option<i64> {
         .map(|t| t.0.as_second())
 }
 
-/// Creates the Job and watches it until it is deleted or `WATCHED` has passed since it
-/// finished.
-async fn follow(client: &Client, namespace: &str, name: &str, ttl: Option<i32>) -> Outcome {
+/// Creates the Job with `ttl`, gives it `later` as its TTL once it finished, and watches it
+/// until it is deleted or `WATCHED` has passed since it finished.
+async fn follow(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    ttl: Option<i32>,
+    later: Option<i32>,
+) -> Outcome {
     let api: Api<Job> = Api::namespaced(client.clone(), namespace);
     api.create(&PostParams::default(), &job(name, ttl))
         .await
         .unwrap();
+    let ttl = ttl.or(later);
     let started = Instant::now();
     let mut finished_seen: Option<Instant> = None;
     loop {
@@ -95,6 +108,14 @@ async fn follow(client: &Client, namespace: &str, name: &str, ttl: Option<i32>) 
             };
         }
         if finished_at(&current).is_some() {
+            if finished_seen.is_none()
+                && let Some(later) = later
+            {
+                let patch = json!({"spec": {"ttlSecondsAfterFinished": later}});
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .unwrap();
+            }
             let seen = *finished_seen.get_or_insert_with(Instant::now);
             if seen.elapsed() >= WATCHED {
                 return Outcome {
@@ -120,14 +141,15 @@ async fn all(
     let namespace = TestNamespace::create(plane, client, prefix).await.unwrap();
     let ns = namespace.name().to_owned();
     let jobs = [
-        ("ttl-3", Some(3)),
-        ("ttl-0", Some(0)),
-        ("ttl-300", Some(300)),
-        ("no-ttl", None),
+        ("ttl-3", Some(3), None),
+        ("ttl-0", Some(0), None),
+        ("ttl-300", Some(300), None),
+        ("no-ttl", None, None),
+        ("ttl-later", None, Some(2)),
     ];
-    join_all(jobs.into_iter().map(|(name, ttl)| {
+    join_all(jobs.into_iter().map(|(name, ttl, later)| {
         let (client, ns) = (client.clone(), ns.clone());
-        async move { (name, follow(&client, &ns, name, ttl).await) }
+        async move { (name, follow(&client, &ns, name, ttl, later).await) }
     }))
     .await
     .into_iter()
@@ -154,6 +176,13 @@ async fn finished_jobs_are_deleted_after_their_ttl_as_under_kube_controller_mana
     let under_switchyard = all(plane, &client, "ttl-sy").await;
     // A deletion the foregroundDeletion finalizer holds answers 200 or 202 (accepted).
     let deleted = switchyard.requests("delete", &["200", "202"]).await;
+    let reconciles = switchyard
+        .reconciler
+        .metric(&format!(
+            r#"switchyard_reconcile_time_seconds_count{{controller="{}"}}"#,
+            switchyard_reconciler::ttlafterfinished::NAME
+        ))
+        .await;
     switchyard.stop().await;
 
     eprintln!("kube-controller-manager: {under_kcm:?}");
@@ -170,6 +199,17 @@ async fn finished_jobs_are_deleted_after_their_ttl_as_under_kube_controller_mana
     assert_eq!(under_kcm["ttl-0"], deleted_in_time);
     assert_eq!(under_kcm["ttl-300"], kept);
     assert_eq!(under_kcm["no-ttl"], kept);
+    assert_eq!(under_kcm["ttl-later"], deleted_in_time);
     assert_eq!(under_switchyard, under_kcm);
     assert!(deleted >= 2.0, "the reconciler deleted {deleted} jobs");
+    // As kube-controller-manager's, the controller hears of a Job when it is made, finishes
+    // or has its TTL changed, not of each status write the Job controller makes on the way:
+    // the 5 Jobs left from kube-controller-manager's half once as it starts, its own 5 when
+    // made and when finished, `ttl-later` when given its TTL, and the waits of `ttl-3` and
+    // `ttl-later` (twice each, should a delayed key come a hair early). Keyed by every Job
+    // change, it reconciled 26 times for 4 Jobs.
+    assert!(
+        reconciles <= 5.0 + 5.0 * 2.0 + 1.0 + 2.0 * 2.0,
+        "{reconciles} reconciles of the TTL-after-finished controller"
+    );
 }
