@@ -4,7 +4,7 @@
 //! `switchyard_reconciler_core::ttlafterfinished`'s; this module reads and writes.
 //!
 //! ```text
-//!  keys: a Job made, finished (its Complete or Failed condition), or given another TTL
+//!  keys: a Job with a TTL made, finished (its Complete or Failed condition), or given another TTL
 //!  cache: Job ─ gone, being deleted, no TTL, not finished ─► Done
 //!     ─ not expired yet ─► RequeueAfter(time left)      (the queue holds it; nothing runs meanwhile)
 //!     ─► apiserver: the Job read again ─ not expired after all ─► Done / RequeueAfter
@@ -43,19 +43,27 @@ pub const BUILTIN: Builtin = Builtin {
 /// through the watcher's cache; it records no Events, as kube-controller-manager's does not.
 pub const PERMISSIONS: &[Permission] = &[Permission::new("batch", &["jobs"], &["get", "delete"])];
 
-/// A Job keys it when made, when it finishes and when its TTL changes: kube-controller-
-/// manager's controller hears only of finished Jobs with a TTL (`needsCleanup`), not of the
-/// status writes the Job controller makes while a Job runs. A finished Job's conditions stay,
-/// so the change that finishes it is the one to hear of; the wait is a delayed key after it.
+/// A Job with a TTL keys it when made, when it finishes and when its TTL changes:
+/// kube-controller-manager's controller hears only of finished Jobs with a TTL
+/// (`needsCleanup`), not of Jobs without one nor of the status writes the Job controller
+/// makes while a Job runs. A finished Job's conditions stay, so the change that finishes it
+/// is the one to hear of; the wait is a delayed key after it.
 pub fn watches() -> Watches {
-    Builder::for_with::<Job>(Options::default().predicates([
-        Predicate::FieldChanged("/spec/ttlSecondsAfterFinished".to_owned()),
-        Predicate::FieldChanged("/status/conditions[type=Complete]/status".to_owned()),
-        Predicate::FieldChanged("/status/conditions[type=Failed]/status".to_owned()),
-    ]))
+    Builder::for_with::<Job>(
+        Options::default()
+            .field_selector(format!("{TTL_FIELD}!="))
+            .predicates([
+                Predicate::FieldChanged(format!("/{}", TTL_FIELD.replace('.', "/"))),
+                Predicate::FieldChanged("/status/conditions[type=Complete]/status".to_owned()),
+                Predicate::FieldChanged("/status/conditions[type=Failed]/status".to_owned()),
+            ]),
+    )
     .named(NAME)
     .into_watches()
 }
+
+/// The Job's TTL, as a field selector names it.
+const TTL_FIELD: &str = "spec.ttlSecondsAfterFinished";
 
 /// kube-controller-manager's TTL-after-finished controller.
 #[derive(Debug, Clone, Copy, Default)]
