@@ -72,18 +72,17 @@ impl EndpointsController {
     }
 }
 
-/// Every change of a Service; of a Pod its selector matches, held `batch_period`; the
+/// Every change of a Service; a change of a Pod its selector matches that an endpoint reads
+/// ([`crate::endpointslice::pod_changes`]), held `batch_period`; the
 /// creation, deletion or relabelling of the Endpoints of its name (its own updates key
 /// nothing: kube-controller-manager hears only of deletions).
 pub fn watches(batch_period: Duration) -> Watches {
-    let pods = if batch_period.is_zero() {
-        Options::default()
-    } else {
-        Options::default().batch_period(batch_period)
-    };
     Builder::for_::<Service>()
         .named(NAME)
-        .watches_with::<Pod>(Map::selector(), pods)
+        .watches_with::<Pod>(
+            Map::selector(),
+            crate::endpointslice::pod_changes(batch_period),
+        )
         .watches_with::<Endpoints>(
             Map::name(),
             Options::default().predicates([Predicate::LabelsChanged]),

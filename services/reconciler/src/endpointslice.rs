@@ -132,21 +132,16 @@ impl EndpointSliceController {
     }
 }
 
-/// Every change of a Service; of a Pod its selector matches (before or after the change),
-/// held `batch_period`; of a slice labelled with its name, held a second, unless the change
+/// Every change of a Service; a change of a Pod its selector matches (before or after the
+/// change) that an endpoint reads ([`pod_changes`]), held `batch_period`; of a slice labelled with its name, held a second, unless the change
 /// is this controller's own write (kube-controller-manager's `EndpointSliceTracker`, which
 /// keys a Service only for slices changed since its own last write: here the watcher reads
 /// who wrote from `managedFields`, and the slices are written as [`NAME`]). Nodes are cached
 /// for their zone, readiness and CPU; their changes key nothing.
 pub fn watches(batch_period: Duration) -> Watches {
-    let pods = if batch_period.is_zero() {
-        Options::default()
-    } else {
-        Options::default().batch_period(batch_period)
-    };
     Builder::for_::<Service>()
         .named(NAME)
-        .watches_with::<Pod>(Map::selector(), pods)
+        .watches_with::<Pod>(Map::selector(), pod_changes(batch_period))
         .watches_with::<EndpointSlice>(
             Map::label(SERVICE_NAME_LABEL),
             Options::default()
@@ -155,6 +150,27 @@ pub fn watches(batch_period: Duration) -> Watches {
         )
         .owns::<Node>()
         .into_watches()
+}
+
+/// The Pod changes that key the Services selecting the Pod, in this controller and the
+/// Endpoints controller, held `batch_period`: kube-controller-manager's
+/// `podEndpointsChanged`. Its labels (which Services select it), its deletion starting, its
+/// readiness and its IPs; and its phase, since a Pod that ended leaves the endpoints whatever
+/// its readiness said. Name, node, hostname, subdomain and ports are set before the Pod has
+/// an IP, and an annotation or a container's restart count keys nothing.
+pub fn pod_changes(batch_period: Duration) -> Options {
+    let options = Options::default().predicates([
+        Predicate::LabelsChanged,
+        Predicate::FieldChanged("/metadata/deletionTimestamp".to_owned()),
+        Predicate::FieldChanged("/status/conditions[type=Ready]/status".to_owned()),
+        Predicate::FieldChanged("/status/podIPs".to_owned()),
+        Predicate::FieldChanged("/status/phase".to_owned()),
+    ]);
+    if batch_period.is_zero() {
+        options
+    } else {
+        options.batch_period(batch_period)
+    }
 }
 
 impl Controller for EndpointSliceController {

@@ -751,6 +751,59 @@ async fn services_end_in_the_same_slices_and_endpoints_as_under_kube_controller_
         remirrored[MIRRORED].endpoints,
         under_switchyard.steps.last().unwrap()[MIRRORED].endpoints
     );
+    // A Pod change no endpoint reads (an annotation) keys no Service, as under
+    // kube-controller-manager (`podEndpointsChanged`).
+    let reconciles = async |controller: &str| {
+        switchyard
+            .reconciler
+            .metric(&format!(
+                r#"switchyard_reconcile_time_seconds_count{{controller="{controller}"}}"#
+            ))
+            .await
+    };
+    let counted = [
+        switchyard_reconciler::endpointslice::NAME,
+        switchyard_reconciler::endpoints::NAME,
+    ];
+    let count = async || {
+        let mut all = Vec::new();
+        for controller in counted {
+            all.push(reconciles(controller).await);
+        }
+        all
+    };
+    // Quiet first: the relabelled slice above keys `ext` a second later.
+    let (mut before, mut quiet_since) = (count().await, Instant::now());
+    let deadline = Instant::now() + WITHIN;
+    while quiet_since.elapsed() < Duration::from_secs(3) {
+        assert!(Instant::now() < deadline, "{counted:?} never quiet");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = count().await;
+        if now != before {
+            (before, quiet_since) = (now, Instant::now());
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), under_switchyard_ns.name());
+    for pod in pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items
+    {
+        pods.patch(
+            pod.metadata.name.as_deref().unwrap(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"note": "read by no endpoint"}}})),
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        count().await,
+        before,
+        "reconciles of {counted:?} after web's Pods were annotated"
+    );
     let created = switchyard.requests("create", &["201"]).await;
     switchyard.stop().await;
 
